@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages and Maven jars the test suite and the local stack need.  Idempotent and cached:
+# a package already installed is not touched; Kafka jars are fetched once into deploy/kafka/libs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PKGS=(syslog-ng-core syslog-ng-mod-rdkafka goaccess nftables python3-nftables ipset iproute2 chromium
+      crowdsec-firewall-bouncer docker-compose maven openjdk-17-jre-headless fail2ban curl)
+missing=()
+for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  echo "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  # the image's policy-rc.d keeps services from starting; we run everything as plain processes anyway
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+if [ -x deploy/kafka/install.sh ]; then bash deploy/kafka/install.sh; fi

@@ -1,0 +1,232 @@
+"""One configuration file for the whole pipeline (YAML), validated with pydantic-settings.
+
+Resolution order (later wins): built-in defaults < ``forumpulse.yaml`` (``--config`` or ``$FORUMPULSE_CONFIG``)
+< environment variables ``FORUMPULSE_<SECTION>__<KEY>`` (e.g. ``FORUMPULSE_STORE__URL=clickhouse://...``,
+``FORUMPULSE_PRIVACY__CLIENT_IP=truncate``).  Every key is documented in ``docs/configuration.md``.
+
+Sections owned by other modules (``detectors``, ``actions``) are kept as plain mappings here and validated by
+their owners' models through :func:`register_section_validator`, so ``forumpulse config check`` reports every
+error with its key and reason.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+DEFAULT_STRIP_PARAMS = [
+    "sid", "s", "PHPSESSID", "phpsessid", "session", "sessionid", "session_id", "token", "access_token",
+    "auth", "authtoken", "api_key", "apikey", "key", "password", "passwd", "pwd", "csrf", "_xfToken", "hash",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StoreConfig(_Strict):
+    url: str = Field("chdb:./data/chdb", description="chdb:PATH (embedded, default) or clickhouse://user:pass@host:8123/db")
+
+
+class SiteConfig(_Strict):
+    name: str = Field("forum", description="site name stored in every row")
+    timezone: str = Field("UTC", description="IANA time zone for daily/weekly seasonality and holidays")
+    country: str | None = Field(None, description="ISO country code for the `holidays` calendar, e.g. MY")
+    subdivision: str | None = Field(None, description="state/province code for the holidays calendar")
+    holiday_periods: list[HolidayPeriod] = Field(default_factory=list, description="extra holiday periods (festival weeks)")
+    engines: list[str] = Field(
+        default_factory=list,
+        description="forum engines whose URL rules apply (vbulletin, phpbb, xenforo, discourse, smf, mybb, invision, flarum); empty = all",
+    )
+    hosts: list[str] = Field(default_factory=list, description="virtual host names that belong to this site")
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {v!r} (use an IANA name such as Asia/Kuala_Lumpur)") from None
+        return v
+
+
+class HolidayPeriod(_Strict):
+    name: str
+    start: str = Field(description="first day, YYYY-MM-DD (site time zone)")
+    end: str = Field(description="last day, YYYY-MM-DD, inclusive")
+
+
+SiteConfig.model_rebuild()
+
+
+class SourceConfig(_Strict):
+    name: str = Field(description="source name (syslog-ng tags messages with it)")
+    site: str = Field("forum", description="site this source belongs to")
+    format: str = Field(
+        "auto",
+        description="preset (combined, common, vhost_combined, combined_d, nginx_combined, squid, squid_combined), "
+        "'apache:<LogFormat>', 'nginx:<log_format>', or 'auto' (per-line detection among presets)",
+    )
+    paths: list[str] = Field(default_factory=list, description="files or globs syslog-ng follows for this source")
+    origin_host: str | None = Field(None, description="host name to record when the transport does not carry one")
+
+
+class PrivacyConfig(_Strict):
+    strip_params: list[str] = Field(default_factory=lambda: list(DEFAULT_STRIP_PARAMS),
+                                    description="query parameters removed from url, query and referer before storage")
+    client_ip: Literal["keep", "truncate", "pseudonymize"] = Field(
+        "keep", description="how client addresses are stored (detectors always see the real address in the stream)")
+    truncate_ipv4_prefix: int = Field(24, ge=0, le=32)
+    truncate_ipv6_prefix: int = Field(48, ge=0, le=128)
+    pseudonym_key: SecretStr | None = Field(None, description="secret key for keyed pseudonymisation (HMAC-SHA256)")
+
+
+class RetentionConfig(_Strict):
+    raw_days: int = Field(90, ge=0, description="raw `requests` rows, by log time; 0 = keep forever")
+    rollup_days: int = Field(730, ge=0, description="per-minute rollups; 0 = keep forever")
+    quarantine_days: int = Field(30, ge=0)
+    stats_days: int = Field(30, ge=0)
+
+    def migration_params(self) -> dict[str, int]:
+        return {"raw_ttl_days": self.raw_days, "rollup_ttl_days": self.rollup_days,
+                "quarantine_ttl_days": self.quarantine_days, "stats_ttl_days": self.stats_days}
+
+
+class TopicGroup(_Strict):
+    name: str
+    site: str = "forum"
+    topic_ids: list[int] = Field(default_factory=list)
+    title_pattern: str | None = Field(None, description="regular expression matched against topic titles")
+
+
+class TopicsConfig(_Strict):
+    rules_file: str | None = Field(None, description="extra/override topic URL rules (YAML); built-in rules always load")
+    groups: list[TopicGroup] = Field(default_factory=list)
+    titles_csv: str | None = Field(None, description="CSV site,topic_id,title[,forum] loaded into topic_titles")
+    post_map_csv: str | None = Field(None, description="CSV post_id,topic_id for phpBB viewtopic.php?p=N")
+
+
+class BotsConfig(_Strict):
+    extra_patterns: list[str] = Field(default_factory=list, description="regular expressions for site-specific bots")
+    static_extensions: list[str] = Field(default_factory=list, description="extra static file extensions")
+
+
+class KafkaConfig(_Strict):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    raw_topic: str = "weblogs.raw"
+    dead_letter_topic: str = "weblogs.raw.dlq"
+    events_topic: str = "weblogs.events"
+    decisions_topic: str = "weblogs.decisions"
+    group_id: str = "forumpulse-loader"
+
+
+class IngestConfig(_Strict):
+    batch_lines: int = Field(100_000, ge=1, description="lines per columnar insert")
+    max_line_bytes: int = Field(65_536, ge=256, description="longer lines are quarantined as line_too_long")
+
+
+_SECTION_VALIDATORS: dict[str, Callable[[Any], Any]] = {}
+
+
+def register_section_validator(section: str, validator: Callable[[Any], Any]) -> None:
+    """Modules owning a free-form section (``detectors``, ``actions``) register a pydantic ``model_validate``."""
+    _SECTION_VALIDATORS[section] = validator
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self.data: dict[str, Any] = {}
+        if path is not None:
+            loaded = yaml.safe_load(path.read_text()) or {}
+            if not isinstance(loaded, dict):
+                raise ValueError(f"{path}: the top level must be a mapping")
+            self.data = loaded
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self.data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FORUMPULSE_", env_nested_delimiter="__", extra="forbid")
+
+    store: StoreConfig = Field(default_factory=StoreConfig)  # type: ignore[arg-type]
+    sites: list[SiteConfig] = Field(default_factory=lambda: [SiteConfig()])  # type: ignore[call-arg]
+    sources: list[SourceConfig] = Field(default_factory=list)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)  # type: ignore[arg-type]
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    topics: TopicsConfig = Field(default_factory=TopicsConfig)  # type: ignore[arg-type]
+    bots: BotsConfig = Field(default_factory=BotsConfig)
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    detectors: dict[str, Any] = Field(default_factory=dict, description="detector thresholds (validated by forumpulse.detectors)")
+    actions: dict[str, Any] = Field(default_factory=dict, description="firewall/webhook actions (validated by forumpulse.detectors)")
+
+    _yaml_path: Path | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlSource(settings_cls, _CURRENT_PATH))
+
+    def site(self, name: str) -> SiteConfig:
+        for s in self.sites:
+            if s.name == name:
+                return s
+        return SiteConfig(name=name)  # type: ignore[call-arg]
+
+
+_CURRENT_PATH: Path | None = None
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Load settings from ``path`` (or ``$FORUMPULSE_CONFIG``), environment and ``overrides``.
+
+    Raises :class:`ConfigError` with one line per problem (``key: reason``).
+    """
+    global _CURRENT_PATH
+    p = path or os.environ.get("FORUMPULSE_CONFIG")
+    _CURRENT_PATH = Path(p) if p else None
+    try:
+        if _CURRENT_PATH is not None and not _CURRENT_PATH.is_file():
+            raise ConfigError([f"config: file {_CURRENT_PATH} does not exist"])
+        try:
+            settings = Settings(**overrides)
+        except ValidationError as exc:
+            raise ConfigError([f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]) from None
+        except (yaml.YAMLError, ValueError) as exc:
+            raise ConfigError([f"config: {exc}"]) from None
+    finally:
+        _CURRENT_PATH = None
+    problems = []
+    for section, validator in _SECTION_VALIDATORS.items():
+        try:
+            validator(getattr(settings, section))
+        except ValidationError as exc:
+            problems += [f"{section}.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+class ConfigError(ValueError):
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid configuration:\n  " + "\n  ".join(problems))

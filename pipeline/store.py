@@ -1,0 +1,322 @@
+"""One small store interface, two backends: embedded chDB (default) and a ClickHouse server (clickhouse-connect).
+
+Both run the same SQL.  Inserts are columnar (Arrow tables), never row-by-row text.
+
+``open_store(url)`` accepts:
+
+* ``chdb:PATH`` — the real ClickHouse engine in this process, data under ``PATH`` (default ``chdb:./data/chdb``).
+  Only ONE process may open a chDB folder.  We hold an exclusive ``flock`` on ``PATH/.forumpulse.lock`` for the
+  life of the store, so a second process gets :class:`StoreBusy` naming the owner pid and what to do, instead of
+  chDB's opaque "Error initializing EmbeddedServer".  Inside the owning process one store may be shared by
+  several threads (queries are serialised by a lock; chDB's session is thread-safe for this pattern).
+* ``clickhouse://user:pass@host:8123/db`` (``clickhouses://`` for TLS) — a ClickHouse server over HTTP.
+
+Guarantees: ``insert`` either stores the whole Arrow table as one block or raises; with ``dedup_token`` a
+replayed identical insert is stored once (tables carry ``non_replicated_deduplication_window``; dependent
+materialized views are deduplicated too).  ``insert`` does not retry: callers that must not lose data
+(the consumer) retry with backoff and keep the same token.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+
+DEFAULT_STORE = "chdb:./data/chdb"
+DEFAULT_DATABASE = "forumpulse"
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "schemas" / "migrations"
+
+_INSERT_SETTINGS = {
+    "insert_deduplicate": 1,
+    "deduplicate_blocks_in_dependent_materialized_views": 1,
+}
+
+
+class StoreError(RuntimeError):
+    """The store refused or failed an operation."""
+
+
+class StoreBusy(StoreError):
+    """The chDB folder is owned by another process."""
+
+
+class StoreUnavailable(StoreError):
+    """The server cannot be reached (retry later; nothing was written)."""
+
+
+class Store(Protocol):
+    url: str
+    database: str
+
+    def command(self, sql: str) -> None: ...
+
+    def query_rows(self, sql: str) -> list[tuple[Any, ...]]: ...
+
+    def query_arrow(self, sql: str) -> pa.Table: ...
+
+    def insert(self, table: str, data: pa.Table, dedup_token: str | None = None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _settings_clause(settings: dict[str, Any]) -> str:
+    parts = []
+    for k, v in settings.items():
+        if not re.fullmatch(r"[a-z_0-9]+", k):
+            raise ValueError(f"bad setting name {k!r}")
+        parts.append(f"{k} = " + (str(v) if isinstance(v, int) else "'" + str(v).replace("'", "\\'") + "'"))
+    return " SETTINGS " + ", ".join(parts) if parts else ""
+
+
+class ChdbStore:
+    """Embedded ClickHouse engine (chDB) owning ``path``.  See module docstring for the one-owner rule."""
+
+    def __init__(self, path: str, database: str = DEFAULT_DATABASE) -> None:
+        self.path = str(Path(path).resolve())
+        self.url = f"chdb:{path}"
+        self.database = database
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        self._lockfile = open(Path(self.path) / ".forumpulse.lock", "a+")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lockfile.seek(0)
+            owner = self._lockfile.read().strip() or "unknown"
+            self._lockfile.close()
+            raise StoreBusy(
+                f"the chDB data folder {self.path} is in use by another process (pid {owner}). chDB lets only one "
+                "process open a folder: stop that process, send the work to it (the owner process `forumpulse run` "
+                "serves an HTTP API and a ClickHouse-compatible endpoint), or use --store clickhouse://... "
+                "pointing at it or at a ClickHouse server."
+            ) from None
+        self._lockfile.seek(0)
+        self._lockfile.truncate()
+        self._lockfile.write(str(os.getpid()))
+        self._lockfile.flush()
+        from chdb import session as chs
+
+        try:
+            self._sess = chs.Session(self.path)
+        except Exception as exc:  # chDB raises a bare RuntimeError here
+            fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
+            self._lockfile.close()
+            raise StoreBusy(f"chDB could not open {self.path}: {exc}") from exc
+        self._lock = threading.RLock()
+        self._closed = False
+        self._sess.query(f"CREATE DATABASE IF NOT EXISTS {database}")
+        self._sess.query(f"USE {database}")
+
+    def _run(self, sql: str, fmt: str = "CSV") -> Any:
+        with self._lock:
+            if self._closed:
+                raise StoreError("store is closed")
+            try:
+                return self._sess.query(sql, fmt)
+            except Exception as exc:
+                raise StoreError(f"{exc}\nSQL: {sql[:2000]}") from exc
+
+    def command(self, sql: str) -> None:
+        self._run(sql)
+
+    def query_arrow(self, sql: str) -> pa.Table:
+        res = self._run(sql, "ArrowTable")
+        return res if isinstance(res, pa.Table) else pa.table({})
+
+    def query_rows(self, sql: str) -> list[tuple[Any, ...]]:
+        t = self.query_arrow(sql)
+        cols = [c.to_pylist() for c in t.columns]
+        return list(zip(*cols, strict=True)) if cols else []
+
+    def insert(self, table: str, data: pa.Table, dedup_token: str | None = None) -> None:
+        if data.num_rows == 0:
+            return
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9.]*", table):
+            raise ValueError(f"bad table name {table!r}")
+        settings = dict(_INSERT_SETTINGS)
+        if dedup_token:
+            settings["insert_deduplication_token"] = dedup_token
+        cols = ", ".join(f"`{c}`" for c in data.column_names)
+        # chDB's Python() table function reads the local variable named in the SQL.
+        fp_insert_data = data  # noqa: F841
+        with self._lock:
+            if self._closed:
+                raise StoreError("store is closed")
+            try:
+                self._sess.query(
+                    f"INSERT INTO {table} ({cols}) SELECT {cols} FROM Python(fp_insert_data)"
+                    + _settings_clause(settings)
+                )
+            except Exception as exc:
+                raise StoreError(f"insert into {table} failed: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._sess.close()
+            finally:
+                fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
+                self._lockfile.close()
+
+
+class ClickHouseStore:
+    """A ClickHouse server (or the owner process's compatible endpoint) through clickhouse-connect over HTTP."""
+
+    def __init__(self, url: str) -> None:
+        import clickhouse_connect
+
+        u = urlparse(url)
+        self.url = url
+        self.database = (u.path or "").strip("/") or DEFAULT_DATABASE
+        secure = u.scheme == "clickhouses"
+        try:
+            admin = clickhouse_connect.get_client(
+                host=u.hostname or "127.0.0.1",
+                port=u.port or (8443 if secure else 8123),
+                username=unquote(u.username or "default"),
+                password=unquote(u.password or ""),
+                secure=secure,
+                autogenerate_session_id=False,
+            )
+            admin.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
+            admin.close()
+            self._client = clickhouse_connect.get_client(
+                host=u.hostname or "127.0.0.1",
+                port=u.port or (8443 if secure else 8123),
+                username=unquote(u.username or "default"),
+                password=unquote(u.password or ""),
+                database=self.database,
+                secure=secure,
+                autogenerate_session_id=False,
+            )
+        except Exception as exc:
+            raise StoreUnavailable(f"cannot reach ClickHouse at {u.hostname}:{u.port}: {exc}") from exc
+
+    def command(self, sql: str) -> None:
+        try:
+            self._client.command(sql)
+        except Exception as exc:
+            raise StoreError(f"{exc}\nSQL: {sql[:2000]}") from exc
+
+    def query_arrow(self, sql: str) -> pa.Table:
+        try:
+            return self._client.query_arrow(sql, use_strings=True)
+        except Exception as exc:
+            raise StoreError(f"{exc}\nSQL: {sql[:2000]}") from exc
+
+    def query_rows(self, sql: str) -> list[tuple[Any, ...]]:
+        try:
+            return [tuple(r) for r in self._client.query(sql).result_rows]
+        except Exception as exc:
+            raise StoreError(f"{exc}\nSQL: {sql[:2000]}") from exc
+
+    def insert(self, table: str, data: pa.Table, dedup_token: str | None = None) -> None:
+        if data.num_rows == 0:
+            return
+        settings: dict[str, Any] = dict(_INSERT_SETTINGS)
+        if dedup_token:
+            settings["insert_deduplication_token"] = dedup_token
+        try:
+            self._client.insert_arrow(table, data, settings=settings)
+        except Exception as exc:
+            raise StoreError(f"insert into {table} failed: {exc}") from exc
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def open_store(url: str = DEFAULT_STORE) -> Store:
+    """Open ``chdb:PATH`` or ``clickhouse[s]://user:pass@host:port/db``; raises StoreBusy/StoreUnavailable."""
+    if url.startswith("chdb:"):
+        return ChdbStore(url[len("chdb:") :] or "./data/chdb")
+    if url.startswith(("clickhouse://", "clickhouses://")):
+        return ClickHouseStore(url)
+    raise ValueError(f"unknown store URL {url!r}: use chdb:PATH or clickhouse://user:pass@host:8123/db")
+
+
+# --------------------------------------------------------------------------------------------- migrations
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    text: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+
+def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    out = []
+    for p in sorted(directory.glob("*.sql")):
+        m = re.match(r"(\d{4})_(.+)\.sql$", p.name)
+        if not m:
+            raise ValueError(f"migration file {p.name} must be named NNNN_name.sql")
+        out.append(Migration(int(m.group(1)), m.group(2), p.read_text()))
+    versions = [m.version for m in out]
+    if len(set(versions)) != len(versions):
+        raise ValueError("two migration files share a version number")
+    return out
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a migration into statements: strips ``--`` comment lines, splits on ``;`` at line ends."""
+    body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    return [s.strip() for s in re.split(r";\s*(?:\n|$)", body) if s.strip()]
+
+
+DEFAULT_PARAMS = {"raw_ttl_days": 90, "rollup_ttl_days": 730, "quarantine_ttl_days": 30, "stats_ttl_days": 30}
+_TTL_PLACEHOLDER = re.compile(r"\{(raw|rollup|quarantine|stats)_ttl:([^{}]+)\}")
+
+
+def render(m: Migration, params: dict[str, Any] | None = None) -> list[str]:
+    """Statements of ``m`` with retention placeholders filled (``*_ttl_days`` = 0 means no TTL)."""
+    values = {**DEFAULT_PARAMS, **(params or {})}
+
+    def ttl(match: re.Match[str]) -> str:
+        days = int(values[f"{match.group(1)}_ttl_days"])
+        return f"TTL {match.group(2)} + INTERVAL {days} DAY" if days > 0 else ""
+
+    return [_TTL_PLACEHOLDER.sub(ttl, s) for s in split_statements(m.text)]
+
+
+def migrate(store: Store, params: dict[str, Any] | None = None) -> list[Migration]:
+    """Apply every migration not yet recorded in ``schema_migrations``.  Idempotent; returns what ran.
+
+    A recorded migration whose file changed since (checksum differs) is an error: write a new migration
+    instead of editing an applied one.
+    """
+    store.command(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version UInt32, name String, checksum String, "
+        "applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = MergeTree ORDER BY version"
+    )
+    done = {int(v): c for v, c in store.query_rows("SELECT version, checksum FROM schema_migrations")}
+    ran = []
+    for m in load_migrations():
+        if m.version in done:
+            if done[m.version] != m.checksum:
+                raise StoreError(
+                    f"migration {m.version:04d}_{m.name} was changed after it was applied "
+                    f"(checksum {done[m.version]} recorded, {m.checksum} now): add a new migration instead"
+                )
+            continue
+        for stmt in render(m, params):
+            store.command(stmt)
+        store.command(
+            f"INSERT INTO schema_migrations (version, name, checksum) VALUES ({m.version}, '{m.name}', '{m.checksum}')"
+        )
+        ran.append(m)
+    return ran

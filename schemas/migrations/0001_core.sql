@@ -1,0 +1,343 @@
+-- forumpulse schema, migration 0001: raw requests, quarantine, per-minute rollups, detections, decisions,
+-- pipeline statistics, source liveness, topic titles/groups.
+--
+-- Placeholders filled by `forumpulse db migrate` from configuration (retention section):
+-- {raw_ttl:EXPR}, {rollup_ttl:EXPR}, {quarantine_ttl:EXPR}, {stats_ttl:EXPR} become
+-- `TTL EXPR + INTERVAL N DAY`, or nothing when that retention is 0 (keep forever).  Retention counts from the
+-- log's own timestamp: archived logs older than the raw retention are dropped on insert (ingest warns).
+-- Statements end with `;` at a line end; every statement is idempotent (IF NOT EXISTS), so a half-applied
+-- migration can be re-run.
+--
+-- Conventions: timestamps are UTC; strings that the record contract allows to be None are stored as ''
+-- (except elapsed_ms, which is Nullable because 0 ms is a real value); client_ip is IPv6 (IPv4 is stored
+-- IPv4-mapped, ::ffff:a.b.c.d) and `client` is the human form.
+
+CREATE TABLE IF NOT EXISTS requests
+(
+    ts            DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(3)),
+    site          LowCardinality(String),
+    origin_host   LowCardinality(String),
+    origin_file   LowCardinality(String),
+    source_format LowCardinality(String),
+    client_ip     IPv6 CODEC(ZSTD(3)),
+    client_host   String CODEC(ZSTD(3)),
+    ident         LowCardinality(String),
+    user          String CODEC(ZSTD(3)),
+    method        LowCardinality(String),
+    url           String CODEC(ZSTD(3)),
+    path          String CODEC(ZSTD(3)),
+    protocol      LowCardinality(String),
+    status        UInt16 CODEC(T64, ZSTD(3)),
+    bytes         UInt64 CODEC(T64, ZSTD(3)),
+    referer       String CODEC(ZSTD(3)),
+    user_agent    LowCardinality(String),
+    elapsed_ms    Nullable(Float32) CODEC(ZSTD(3)),
+    cache_result  LowCardinality(String),
+    hierarchy     LowCardinality(String),
+    upstream      LowCardinality(String),
+    content_type  LowCardinality(String),
+    vhost         LowCardinality(String),
+    topic_id      UInt64 CODEC(T64, ZSTD(3)),
+    page_kind     LowCardinality(String),
+    is_static     Bool,
+    is_bot        Bool,
+    bot_name      LowCardinality(String),
+    query         String ALIAS if(position(url, '?') > 0, substring(url, position(url, '?') + 1), ''),
+    client        String ALIAS if(client_host != '', client_host, replaceRegexpOne(toString(client_ip), '^::ffff:', ''))
+)
+ENGINE = MergeTree
+PARTITION BY toYYYYMMDD(ts)
+ORDER BY (site, toStartOfHour(ts), topic_id, client_ip, ts)
+{raw_ttl:toDateTime(ts)}
+SETTINGS non_replicated_deduplication_window = 1000;
+
+CREATE TABLE IF NOT EXISTS quarantine
+(
+    ingested_at   DateTime64(3, 'UTC'),
+    site          LowCardinality(String),
+    origin_host   LowCardinality(String),
+    origin_file   LowCardinality(String),
+    source_format LowCardinality(String),
+    reason        LowCardinality(String),
+    detail        String,
+    raw           String CODEC(ZSTD(3)),
+    line_no       UInt64,
+    source_ref    String
+)
+ENGINE = MergeTree
+PARTITION BY toYYYYMMDD(ingested_at)
+ORDER BY (site, reason, ingested_at)
+{quarantine_ttl:toDateTime(ingested_at)}
+SETTINGS non_replicated_deduplication_window = 1000;
+
+-- Site totals per minute.  "pageviews" are human, non-static requests; "visitors" are distinct human clients.
+CREATE TABLE IF NOT EXISTS site_minute
+(
+    site            LowCardinality(String),
+    minute          DateTime('UTC'),
+    requests        SimpleAggregateFunction(sum, UInt64),
+    bytes           SimpleAggregateFunction(sum, UInt64),
+    pageviews       SimpleAggregateFunction(sum, UInt64),
+    topic_views     SimpleAggregateFunction(sum, UInt64),
+    replies         SimpleAggregateFunction(sum, UInt64),
+    bot_requests    SimpleAggregateFunction(sum, UInt64),
+    static_requests SimpleAggregateFunction(sum, UInt64),
+    status_1xx      SimpleAggregateFunction(sum, UInt64),
+    status_2xx      SimpleAggregateFunction(sum, UInt64),
+    status_3xx      SimpleAggregateFunction(sum, UInt64),
+    status_4xx      SimpleAggregateFunction(sum, UInt64),
+    status_5xx      SimpleAggregateFunction(sum, UInt64),
+    status_none     SimpleAggregateFunction(sum, UInt64),
+    elapsed_sum_ms  SimpleAggregateFunction(sum, Float64),
+    elapsed_count   SimpleAggregateFunction(sum, UInt64),
+    visitors        AggregateFunction(uniq, IPv6)
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toYYYYMM(minute)
+ORDER BY (site, minute)
+{rollup_ttl:minute}
+SETTINGS non_replicated_deduplication_window = 1000;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS site_minute_mv TO site_minute AS
+SELECT
+    site,
+    toStartOfMinute(ts) AS minute,
+    count() AS requests,
+    sum(bytes) AS bytes,
+    countIf(NOT is_bot AND NOT is_static) AS pageviews,
+    countIf(NOT is_bot AND page_kind = 'topic_view') AS topic_views,
+    countIf(NOT is_bot AND page_kind = 'reply') AS replies,
+    countIf(is_bot) AS bot_requests,
+    countIf(is_static) AS static_requests,
+    countIf(status >= 100 AND status < 200) AS status_1xx,
+    countIf(status >= 200 AND status < 300) AS status_2xx,
+    countIf(status >= 300 AND status < 400) AS status_3xx,
+    countIf(status >= 400 AND status < 500) AS status_4xx,
+    countIf(status >= 500) AS status_5xx,
+    countIf(status < 100) AS status_none,
+    sum(ifNull(elapsed_ms, 0)) AS elapsed_sum_ms,
+    countIf(elapsed_ms IS NOT NULL) AS elapsed_count,
+    uniqStateIf(client_ip, NOT is_bot) AS visitors
+FROM requests
+GROUP BY site, minute;
+
+-- Per forum topic per minute (rows with a topic only).  views/replies/visitors count humans; bot_views bots.
+CREATE TABLE IF NOT EXISTS topic_minute
+(
+    site      LowCardinality(String),
+    topic_id  UInt64,
+    minute    DateTime('UTC'),
+    views     SimpleAggregateFunction(sum, UInt64),
+    replies   SimpleAggregateFunction(sum, UInt64),
+    bot_views SimpleAggregateFunction(sum, UInt64),
+    visitors  AggregateFunction(uniq, IPv6)
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toYYYYMM(minute)
+ORDER BY (site, minute, topic_id)
+{rollup_ttl:minute}
+SETTINGS non_replicated_deduplication_window = 1000;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS topic_minute_mv TO topic_minute AS
+SELECT
+    site,
+    topic_id,
+    toStartOfMinute(ts) AS minute,
+    countIf(NOT is_bot AND page_kind = 'topic_view') AS views,
+    countIf(NOT is_bot AND page_kind = 'reply') AS replies,
+    countIf(is_bot AND page_kind = 'topic_view') AS bot_views,
+    uniqStateIf(client_ip, NOT is_bot) AS visitors
+FROM requests
+WHERE topic_id != 0
+GROUP BY site, topic_id, minute;
+
+-- Per client address per minute (top clients, flood forensics).
+CREATE TABLE IF NOT EXISTS client_minute
+(
+    site       LowCardinality(String),
+    minute     DateTime('UTC'),
+    client_ip  IPv6,
+    requests   SimpleAggregateFunction(sum, UInt64),
+    bytes      SimpleAggregateFunction(sum, UInt64),
+    status_4xx SimpleAggregateFunction(sum, UInt64),
+    status_5xx SimpleAggregateFunction(sum, UInt64),
+    bot_requests SimpleAggregateFunction(sum, UInt64)
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toYYYYMM(minute)
+ORDER BY (site, minute, client_ip)
+{rollup_ttl:minute}
+SETTINGS non_replicated_deduplication_window = 1000;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS client_minute_mv TO client_minute AS
+SELECT
+    site,
+    toStartOfMinute(ts) AS minute,
+    client_ip,
+    count() AS requests,
+    sum(bytes) AS bytes,
+    countIf(status >= 400 AND status < 500) AS status_4xx,
+    countIf(status >= 500) AS status_5xx,
+    countIf(is_bot) AS bot_requests
+FROM requests
+GROUP BY site, minute, client_ip;
+
+-- Per network prefix per minute: IPv4 /24 (stored as ::ffff:a.b.c.0, prefix_len 24) and IPv6 /64.
+CREATE TABLE IF NOT EXISTS prefix_minute
+(
+    site       LowCardinality(String),
+    minute     DateTime('UTC'),
+    prefix     IPv6,
+    prefix_len UInt8,
+    requests   SimpleAggregateFunction(sum, UInt64),
+    clients    AggregateFunction(uniq, IPv6)
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toYYYYMM(minute)
+ORDER BY (site, minute, prefix_len, prefix)
+{rollup_ttl:minute}
+SETTINGS non_replicated_deduplication_window = 1000;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS prefix_minute_mv TO prefix_minute AS
+SELECT
+    site,
+    toStartOfMinute(ts) AS minute,
+    IPv6CIDRToRange(client_ip, if(IPv6CIDRToRange(client_ip, 96).1 = toIPv6('::ffff:0.0.0.0'), 120, 64)).1 AS prefix,
+    toUInt8(if(IPv6CIDRToRange(client_ip, 96).1 = toIPv6('::ffff:0.0.0.0'), 24, 64)) AS prefix_len,
+    count() AS requests,
+    uniqState(client_ip) AS clients
+FROM requests
+WHERE client_host = ''
+GROUP BY site, minute, prefix, prefix_len;
+
+-- Transfer rate and response time per origin host / upstream / response-size class per minute (rows that log
+-- elapsed time only).  rate_q is bytes per second of responses with elapsed_ms > 0.
+CREATE TABLE IF NOT EXISTS transfer_minute
+(
+    site           LowCardinality(String),
+    origin_host    LowCardinality(String),
+    upstream       LowCardinality(String),
+    size_class     LowCardinality(String),
+    minute         DateTime('UTC'),
+    requests       SimpleAggregateFunction(sum, UInt64),
+    bytes          SimpleAggregateFunction(sum, UInt64),
+    elapsed_sum_ms SimpleAggregateFunction(sum, Float64),
+    status_5xx     SimpleAggregateFunction(sum, UInt64),
+    elapsed_q      AggregateFunction(quantilesTDigest(0.5, 0.95, 0.99), Float32),
+    rate_q         AggregateFunction(quantilesTDigest(0.05, 0.5, 0.95), Float32)
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toYYYYMM(minute)
+ORDER BY (site, origin_host, upstream, size_class, minute)
+{rollup_ttl:minute}
+SETTINGS non_replicated_deduplication_window = 1000;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS transfer_minute_mv TO transfer_minute AS
+SELECT
+    site,
+    origin_host,
+    upstream,
+    multiIf(b < 102400, 'lt100k', b < 1048576, '100k-1m', b < 10485760, '1m-10m', 'ge10m') AS size_class,
+    toStartOfMinute(ts) AS minute,
+    count() AS requests,
+    sum(b) AS bytes,
+    sum(e) AS elapsed_sum_ms,
+    countIf(status >= 500) AS status_5xx,
+    quantilesTDigestState(0.5, 0.95, 0.99)(e) AS elapsed_q,
+    quantilesTDigestStateIf(0.05, 0.5, 0.95)(toFloat32(b * 1000 / e), e > 0) AS rate_q
+FROM (SELECT site, origin_host, upstream, ts, status, bytes AS b, assumeNotNull(elapsed_ms) AS e
+      FROM requests WHERE elapsed_ms IS NOT NULL)
+GROUP BY site, origin_host, upstream, size_class, minute;
+
+CREATE TABLE IF NOT EXISTS detections
+(
+    id         String,
+    kind       LowCardinality(String),
+    site       LowCardinality(String),
+    scope      String,
+    start_ts   DateTime64(3, 'UTC'),
+    end_ts     Nullable(DateTime64(3, 'UTC')),
+    peak_ts    DateTime64(3, 'UTC'),
+    observed   Float64,
+    expected   Float64,
+    score      Float64,
+    label      LowCardinality(String),
+    state      LowCardinality(String),
+    detail     String,
+    updated_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(updated_at)
+PARTITION BY toYYYYMM(start_ts)
+ORDER BY (site, kind, id);
+
+CREATE TABLE IF NOT EXISTS decisions
+(
+    id          String,
+    created_at  DateTime64(3, 'UTC'),
+    decided_at  DateTime64(3, 'UTC'),
+    first_seen  DateTime64(3, 'UTC'),
+    expires_at  DateTime64(3, 'UTC'),
+    site        LowCardinality(String),
+    action      LowCardinality(String),
+    value       String,
+    scope       LowCardinality(String),
+    reason      LowCardinality(String),
+    duration_s  UInt32,
+    mode        LowCardinality(String),
+    origin      LowCardinality(String),
+    evidence    String
+)
+ENGINE = MergeTree
+PARTITION BY toYYYYMM(decided_at)
+ORDER BY (site, decided_at, value);
+
+CREATE TABLE IF NOT EXISTS pipeline_stats
+(
+    ts               DateTime64(3, 'UTC'),
+    component        LowCardinality(String),
+    instance         LowCardinality(String),
+    lines_in         UInt64,
+    loaded           UInt64,
+    quarantined      UInt64,
+    batch_latency_ms Float64,
+    lag              Int64,
+    freshness_s      Float64
+)
+ENGINE = MergeTree
+PARTITION BY toYYYYMMDD(ts)
+ORDER BY (component, instance, ts)
+{stats_ttl:toDateTime(ts)};
+
+CREATE TABLE IF NOT EXISTS source_liveness
+(
+    site              LowCardinality(String),
+    origin_host       LowCardinality(String),
+    origin_file       LowCardinality(String),
+    last_line_ts      DateTime64(3, 'UTC'),
+    last_heartbeat_ts DateTime64(3, 'UTC'),
+    lines             UInt64,
+    updated_at        DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(updated_at)
+ORDER BY (site, origin_host, origin_file);
+
+CREATE TABLE IF NOT EXISTS topic_titles
+(
+    site       LowCardinality(String),
+    topic_id   UInt64,
+    title      String,
+    forum      String,
+    updated_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(updated_at)
+ORDER BY (site, topic_id);
+
+CREATE TABLE IF NOT EXISTS topic_groups
+(
+    site       LowCardinality(String),
+    group_name LowCardinality(String),
+    topic_id   UInt64,
+    updated_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(updated_at)
+ORDER BY (site, group_name, topic_id);
