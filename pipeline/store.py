@@ -7,8 +7,9 @@ Both run the same SQL.  Inserts are columnar (Arrow tables), never row-by-row te
 * ``chdb:PATH`` — the real ClickHouse engine in this process, data under ``PATH`` (default ``chdb:./data/chdb``).
   Only ONE process may open a chDB folder.  We hold an exclusive ``flock`` on ``PATH/.forumpulse.lock`` for the
   life of the store, so a second process gets :class:`StoreBusy` naming the owner pid and what to do, instead of
-  chDB's opaque "Error initializing EmbeddedServer".  Inside the owning process one store may be shared by
-  several threads (queries are serialised by a lock; chDB's session is thread-safe for this pattern).
+  chDB's opaque "Error initializing EmbeddedServer".  chDB also serves only ONE folder per process; stores on
+  the same folder in one process share the engine (see :class:`ChdbStore`).  Inside the owning process stores
+  may be shared by several threads (queries are serialised by a lock).
 * ``clickhouse://user:pass@host:8123/db`` (``clickhouses://`` for TLS) — a ClickHouse server over HTTP.
 
 Guarantees: ``insert`` either stores the whole Arrow table as one block or raises; with ``dedup_token`` a
@@ -77,15 +78,15 @@ def _settings_clause(settings: dict[str, Any]) -> str:
     return " SETTINGS " + ", ".join(parts) if parts else ""
 
 
-class ChdbStore:
-    """Embedded ClickHouse engine (chDB) owning ``path``.  See module docstring for the one-owner rule."""
+class _ChdbEngine:
+    """The one chDB session of this process for one data folder, shared by every ChdbStore on that folder."""
 
-    def __init__(self, path: str, database: str = DEFAULT_DATABASE) -> None:
-        self.path = str(Path(path).resolve())
-        self.url = f"chdb:{path}"
-        self.database = database
-        Path(self.path).mkdir(parents=True, exist_ok=True)
-        self._lockfile = open(Path(self.path) / ".forumpulse.lock", "a+")  # noqa: SIM115 - held for life
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.refs = 0
+        self.lock = threading.RLock()
+        self.current_db: str | None = None
+        self._lockfile = open(Path(path) / ".forumpulse.lock", "a+")  # noqa: SIM115 - held for life
         try:
             fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -93,7 +94,7 @@ class ChdbStore:
             owner = self._lockfile.read().strip() or "unknown"
             self._lockfile.close()
             raise StoreBusy(
-                f"the chDB data folder {self.path} is in use by another process (pid {owner}). chDB lets only one "
+                f"the chDB data folder {path} is in use by another process (pid {owner}). chDB lets only one "
                 "process open a folder: stop that process, send the work to it (the owner process `forumpulse run` "
                 "serves an HTTP API and a ClickHouse-compatible endpoint), or use --store clickhouse://... "
                 "pointing at it or at a ClickHouse server."
@@ -105,22 +106,70 @@ class ChdbStore:
         from chdb import session as chs
 
         try:
-            self._sess = chs.Session(self.path)
+            self.sess = chs.Session(path)
         except Exception as exc:  # chDB raises a bare RuntimeError here
-            fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
-            self._lockfile.close()
-            raise StoreBusy(f"chDB could not open {self.path}: {exc}") from exc
-        self._lock = threading.RLock()
+            self._release()
+            raise StoreBusy(f"chDB could not open {path}: {exc}") from exc
+
+    def _release(self) -> None:
+        fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
+        self._lockfile.close()
+
+    def close(self) -> None:
+        try:
+            self.sess.close()
+        finally:
+            self._release()
+
+
+_ENGINES: dict[str, _ChdbEngine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+class ChdbStore:
+    """Embedded ClickHouse engine (chDB) on ``path``, using ``database``.
+
+    chDB serves ONE data folder per process (a second folder fails inside chDB), and one process per folder (we
+    hold a flock).  Several ChdbStore objects on the same folder in one process share one engine (reference
+    counted; queries serialised by a lock), each with its own database — tests isolate by database, not folder.
+    """
+
+    def __init__(self, path: str, database: str = DEFAULT_DATABASE) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*", database):
+            raise ValueError(f"bad database name {database!r}")
+        self.path = str(Path(path).resolve())
+        self.url = f"chdb:{path}"
+        self.database = database
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        with _ENGINES_LOCK:
+            eng = _ENGINES.get(self.path)
+            if eng is None:
+                if _ENGINES:
+                    other = next(iter(_ENGINES))
+                    raise StoreError(
+                        f"chDB serves one data folder per process and {other} is open here; close it before opening "
+                        f"{self.path} (in tests use the `store` fixture of tests/conftest.py: one folder per test "
+                        "session, a fresh database per test)"
+                    )
+                eng = _ENGINES[self.path] = _ChdbEngine(self.path)
+            eng.refs += 1
+        self._eng = eng
         self._closed = False
-        self._sess.query(f"CREATE DATABASE IF NOT EXISTS {database}")
-        self._sess.query(f"USE {database}")
+        with eng.lock:
+            eng.sess.query(f"CREATE DATABASE IF NOT EXISTS {database}")
+
+    def _use(self) -> None:
+        if self._closed:
+            raise StoreError("store is closed")
+        if self._eng.current_db != self.database:
+            self._eng.sess.query(f"USE {self.database}")
+            self._eng.current_db = self.database
 
     def _run(self, sql: str, fmt: str = "CSV") -> Any:
-        with self._lock:
-            if self._closed:
-                raise StoreError("store is closed")
+        with self._eng.lock:
+            self._use()
             try:
-                return self._sess.query(sql, fmt)
+                return self._eng.sess.query(sql, fmt)
             except Exception as exc:
                 raise StoreError(f"{exc}\nSQL: {sql[:2000]}") from exc
 
@@ -136,6 +185,11 @@ class ChdbStore:
         cols = [c.to_pylist() for c in t.columns]
         return list(zip(*cols, strict=True)) if cols else []
 
+    def query_format(self, sql: str, fmt: str) -> bytes:
+        """Run ``sql`` and return the result serialised in ClickHouse output format ``fmt`` (e.g. TSV, JSON)."""
+        res = self._run(sql, fmt)
+        return bytes(res.bytes()) if hasattr(res, "bytes") else bytes(res)
+
     def insert(self, table: str, data: pa.Table, dedup_token: str | None = None) -> None:
         if data.num_rows == 0:
             return
@@ -147,11 +201,10 @@ class ChdbStore:
         cols = ", ".join(f"`{c}`" for c in data.column_names)
         # chDB's Python() table function reads the local variable named in the SQL.
         fp_insert_data = data  # noqa: F841
-        with self._lock:
-            if self._closed:
-                raise StoreError("store is closed")
+        with self._eng.lock:
+            self._use()
             try:
-                self._sess.query(
+                self._eng.sess.query(
                     f"INSERT INTO {table} ({cols}) SELECT {cols} FROM Python(fp_insert_data)"
                     + _settings_clause(settings)
                 )
@@ -159,15 +212,14 @@ class ChdbStore:
                 raise StoreError(f"insert into {table} failed: {exc}") from exc
 
     def close(self) -> None:
-        with self._lock:
+        with _ENGINES_LOCK:
             if self._closed:
                 return
             self._closed = True
-            try:
-                self._sess.close()
-            finally:
-                fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
-                self._lockfile.close()
+            self._eng.refs -= 1
+            if self._eng.refs == 0:
+                _ENGINES.pop(self._eng.path, None)
+                self._eng.close()
 
 
 class ClickHouseStore:
@@ -236,10 +288,15 @@ class ClickHouseStore:
         self._client.close()
 
 
-def open_store(url: str = DEFAULT_STORE) -> Store:
-    """Open ``chdb:PATH`` or ``clickhouse[s]://user:pass@host:port/db``; raises StoreBusy/StoreUnavailable."""
+def open_store(url: str = DEFAULT_STORE, database: str | None = None) -> Store:
+    """Open ``chdb:PATH`` (optionally ``chdb:PATH?database=NAME``) or ``clickhouse[s]://user:pass@host:port/db``.
+
+    Raises StoreBusy (folder owned by another process), StoreUnavailable (server down), StoreError.
+    """
     if url.startswith("chdb:"):
-        return ChdbStore(url[len("chdb:") :] or "./data/chdb")
+        rest = url[len("chdb:") :]
+        path, _, q = rest.partition("?database=")
+        return ChdbStore(path or "./data/chdb", database or q or DEFAULT_DATABASE)
     if url.startswith(("clickhouse://", "clickhouses://")):
         return ClickHouseStore(url)
     raise ValueError(f"unknown store URL {url!r}: use chdb:PATH or clickhouse://user:pass@host:8123/db")

@@ -1,0 +1,139 @@
+"""Schema migrations apply from zero on the real engine, are idempotent, and match what the code writes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pytest
+from forumpulse.pipeline.store import (
+    Migration,
+    StoreError,
+    load_migrations,
+    migrate,
+    open_store,
+    render,
+)
+from forumpulse.pipeline.tables import QUARANTINE_SCHEMA, REQUESTS_SCHEMA
+
+EXPECTED_TABLES = {
+    "requests", "quarantine", "site_minute", "topic_minute", "client_minute", "prefix_minute", "transfer_minute",
+    "detections", "decisions", "pipeline_stats", "source_liveness", "topic_titles", "topic_groups",
+    "schema_migrations",
+}
+
+# Arrow type written by the code -> ClickHouse column type the schema must have.
+CH_TYPE = {
+    pa.timestamp("ms", tz="UTC"): {"DateTime64(3, 'UTC')"},
+    pa.string(): {"String", "LowCardinality(String)", "IPv6"},
+    pa.binary(): {"String"},
+    pa.uint16(): {"UInt16"},
+    pa.uint64(): {"UInt64"},
+    pa.float32(): {"Nullable(Float32)"},
+    pa.bool_(): {"Bool"},
+}
+
+
+def test_migrations_apply_from_zero_and_are_idempotent(empty_store):
+    st = empty_store
+    if True:
+        ran = migrate(st)
+        assert [m.version for m in ran] == [m.version for m in load_migrations()]
+        tables = {r[0] for r in st.query_rows("SHOW TABLES")}
+        assert tables >= EXPECTED_TABLES
+        assert migrate(st) == []  # second run applies nothing
+        recorded = st.query_rows("SELECT version, checksum FROM schema_migrations ORDER BY version")
+        assert [(int(v), c) for v, c in recorded] == [(m.version, m.checksum) for m in load_migrations()]
+
+
+@pytest.mark.parametrize(("table", "schema"), [("requests", REQUESTS_SCHEMA), ("quarantine", QUARANTINE_SCHEMA)])
+def test_tables_match_what_the_code_writes(module_store, table, schema):
+    cols = {n: t for n, t in module_store.query_rows(
+        f"SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '{table}' "
+        "AND default_kind != 'ALIAS'")}
+    assert set(schema.names) == set(cols), f"{table}: code writes {sorted(schema.names)}, table has {sorted(cols)}"
+    for f in schema:
+        assert cols[f.name] in CH_TYPE[f.type], f"{table}.{f.name}: code writes {f.type}, table has {cols[f.name]}"
+
+
+def test_changed_applied_migration_is_refused(store, monkeypatch):
+    edited = [Migration(m.version, m.name, m.text + "\n-- edited") for m in load_migrations()]
+    monkeypatch.setattr("forumpulse.pipeline.store.load_migrations", lambda: edited)
+    with pytest.raises(StoreError, match="changed after it was applied"):
+        migrate(store)
+
+
+def test_retention_placeholders_render():
+    m = load_migrations()[0]
+    def requests_ddl(params: dict[str, int]) -> str:
+        return next(s for s in render(m, params) if s.startswith("CREATE TABLE IF NOT EXISTS requests"))
+
+    with_ttl, without = requests_ddl({"raw_ttl_days": 7}), requests_ddl({"raw_ttl_days": 0})
+    assert "TTL toDateTime(ts) + INTERVAL 7 DAY" in with_ttl
+    assert "TTL" not in without
+    assert "_ttl:" not in with_ttl and "_ttl:" not in without
+
+
+def _rows(n: int, base_ms: int) -> pa.Table:
+    return pa.table({
+        "ts": pa.array([base_ms + i * 1000 for i in range(n)], pa.timestamp("ms", tz="UTC")),
+        "site": ["f"] * n,
+        "client_ip": [f"10.0.{i % 3}.{i % 7}" for i in range(n)],
+        "url": [f"/threads/x.{i % 4}/" for i in range(n)],
+        "path": [f"/threads/x.{i % 4}/" for i in range(n)],
+        "status": pa.array([200] * n, pa.uint16()),
+        "bytes": pa.array([100] * n, pa.uint64()),
+        "topic_id": pa.array([i % 4 for i in range(n)], pa.uint64()),
+        "page_kind": ["topic_view"] * n,
+        "is_static": [False] * n,
+        "is_bot": [False] * n,
+    })
+
+
+def test_replayed_block_is_stored_once_in_table_and_every_rollup(module_store):
+    st = module_store
+    st.command("TRUNCATE TABLE requests")
+    for t in ("site_minute", "topic_minute", "client_minute", "prefix_minute"):
+        st.command(f"TRUNCATE TABLE {t}")
+    now = int(time.time() * 1000)
+    block = _rows(500, now)
+    st.insert("requests", block, dedup_token="batch-1")
+    st.insert("requests", block, dedup_token="batch-1")  # replay after a crash
+    st.insert("requests", _rows(10, now), dedup_token="batch-2")
+    assert st.query_rows("SELECT count() FROM requests") == [(510,)]
+    assert st.query_rows("SELECT sum(requests) FROM site_minute") == [(510,)]
+    assert st.query_rows("SELECT sum(requests) FROM client_minute") == [(510,)]
+    assert st.query_rows("SELECT sum(requests) FROM prefix_minute") == [(510,)]
+    topic_views = st.query_rows("SELECT sum(views) FROM topic_minute")[0][0]
+    assert topic_views == st.query_rows("SELECT count() FROM requests WHERE topic_id != 0")[0][0]
+
+
+def test_second_process_gets_a_clear_busy_error(store, chdb_path):
+    code = (
+        "import sys\nfrom forumpulse.pipeline.store import open_store, StoreBusy\n"
+        f"try:\n    open_store('chdb:{chdb_path}')\nexcept StoreBusy as e:\n    print(e); sys.exit(7)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 7, r.stderr
+    assert "in use by another process" in r.stdout and "forumpulse run" in r.stdout
+
+
+def test_second_folder_in_one_process_is_refused_clearly(store, tmp_path):
+    with pytest.raises(StoreError, match="one data folder per process"):
+        open_store(f"chdb:{tmp_path}")
+
+
+def test_stores_on_one_folder_share_the_engine_with_separate_databases(chdb_path):
+    a = open_store(f"chdb:{chdb_path}", database="share_a")
+    b = open_store(f"chdb:{chdb_path}", database="share_b")
+    try:
+        a.command("CREATE TABLE IF NOT EXISTS x (v UInt8) ENGINE = Memory")
+        b.command("CREATE TABLE IF NOT EXISTS x (v UInt8) ENGINE = Memory")
+        a.command("INSERT INTO x VALUES (1)")
+        assert a.query_rows("SELECT count() FROM x") == [(1,)]
+        assert b.query_rows("SELECT count() FROM x") == [(0,)]
+    finally:
+        a.close()
+        b.close()
