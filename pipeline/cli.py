@@ -1,3 +1,259 @@
-"""placeholder"""
+"""The ``forumpulse`` command line.  Each subcommand's ``--help`` explains it; ``docs/`` has the background."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(
+    help="forumpulse: traffic analytics for community sites. squid/Apache/nginx access logs -> (syslog-ng -> Kafka ->) "
+    "ClickHouse, attributed to forum topics; topic surges, holiday dips, outages and floods detected; firewall "
+    "triggers, Grafana dashboards and editorial reports.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+db_app = typer.Typer(help="Schema and reference data: migrations, topic titles and groups.", no_args_is_help=True)
+config_app = typer.Typer(help="Configuration file: check it, show the effective values.", no_args_is_help=True)
+detect_app = typer.Typer(help="Detectors: traffic events over history, a generic series, DoS replay.", no_args_is_help=True)
+report_app = typer.Typer(help="Editorial reports (self-contained HTML with charts).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(config_app, name="config")
+app.add_typer(detect_app, name="detect")
+app.add_typer(report_app, name="report")
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="YAML configuration file (default: $FORUMPULSE_CONFIG, else built-in defaults)")
+]
+StoreOpt = Annotated[
+    str | None, typer.Option("--store", help="chdb:PATH (embedded, default chdb:./data/chdb) or clickhouse://user:pass@host:8123/db")
+]
+
+
+def _settings(config: Path | None, store: str | None = None) -> Any:
+    from forumpulse.pipeline.config import ConfigError, load_settings
+
+    try:
+        s = load_settings(config)
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    if store:
+        s.store.url = store
+    return s
+
+
+def _open(settings: Any) -> Any:
+    from forumpulse.pipeline.store import StoreBusy, StoreUnavailable, open_store
+
+    try:
+        return open_store(settings.store.url)
+    except (StoreBusy, StoreUnavailable) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(3) from None
+
+
+@app.command()
+def parse(
+    file: Annotated[str, typer.Argument(help="log file to parse, or - for standard input")] = "-",
+    fmt: Annotated[str, typer.Option("--format", "-f", help="preset (combined, common, vhost_combined, combined_d, "
+                                     "nginx_combined, squid, squid_combined), 'apache:<LogFormat>', 'nginx:<log_format>' or 'auto'")] = "auto",
+    site: Annotated[str, typer.Option(help="site name to put in the records")] = "forum",
+    config: ConfigOpt = None,
+) -> None:
+    """Print one JSON object per input line, in order: the canonical record, or {"error": reason, "line": raw}.
+
+    Records carry every contract field (ts in UTC with milliseconds, derived topic_id/page_kind/is_bot...), with
+    the privacy filter applied to url, query and referer as it would be before storage.
+    """
+    from forumpulse.pipeline.process import Processor, SourceContext, record_dicts
+
+    settings = _settings(config)
+    proc = Processor(settings)
+    ctx = SourceContext(site=site, origin_host="", origin_file=file if file != "-" else "stdin", format=fmt)
+    fh = sys.stdin.buffer if file == "-" else open(file, "rb")  # noqa: SIM115
+    out = sys.stdout
+    base = 0
+    try:
+        while True:
+            lines = fh.readlines(4 << 20)
+            if not lines:
+                break
+            batch = proc.process(lines, ctx, line_no_base=base)
+            for d in record_dicts(batch, base):
+                out.write(json.dumps(d, ensure_ascii=False) + "\n")
+            base += len(lines)
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
+
+
+@app.command()
+def ingest(
+    files: Annotated[list[str], typer.Argument(help="log files (.gz ok), or - for standard input")],
+    fmt: Annotated[str | None, typer.Option("--format", "-f", help="log format for all files (default: from the "
+                                            "configured source matching the path, else per-line auto-detection)")] = None,
+    site: Annotated[str | None, typer.Option(help="site name (default: configured source or first site)")] = None,
+    origin_host: Annotated[str | None, typer.Option(help="host that wrote the logs (default: this host)")] = None,
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+) -> None:
+    """Load access logs into the store with a progress bar; print per-file counts (read, loaded, quarantined, rate).
+
+    Lines that do not parse go to the `quarantine` table with their reason; read == loaded + quarantined is
+    checked for every file.  Re-ingesting the same file stores nothing twice (deduplicated blocks).
+    """
+    from forumpulse.pipeline.ingest import ingest_paths
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    settings = _settings(config, store)
+    st = _open(settings)
+    console = Console(stderr=True)
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                      TimeRemainingColumn(), console=console, transient=False) as progress:
+
+            def on_file(name: str, size: int) -> Callable[[int], None]:
+                task = progress.add_task(Path(name).name, total=size or None)
+                return lambda n: progress.advance(task, n)
+
+            results = ingest_paths(st, settings, files, fmt=fmt, site=site, origin_host=origin_host, on_file=on_file)
+    finally:
+        st.close()
+    _print_counts(results)
+
+
+def _print_counts(results: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="ingested")
+    for col in ("file", "read", "loaded", "quarantined", "lines/s", "quarantine reasons"):
+        t.add_column(col, justify="right" if col not in ("file", "quarantine reasons") else "left")
+    for r in results:
+        reasons = ", ".join(f"{k}={v}" for k, v in r.by_reason.most_common())
+        t.add_row(r.name, f"{r.read:,}", f"{r.loaded:,}", f"{r.quarantined:,}", f"{r.rate:,.0f}", reasons)
+    Console().print(t)
+    for r in results:
+        if r.expired:
+            typer.echo(f"warning: {r.name}: {r.expired:,} rows are older than retention.raw_days and were dropped by "
+                       "the table TTL (set retention.raw_days: 0 to keep archives)", err=True)
+
+
+@db_app.command("migrate")
+def db_migrate(config: ConfigOpt = None, store: StoreOpt = None) -> None:
+    """Apply pending schema migrations (idempotent; records what ran in schema_migrations)."""
+    from forumpulse.pipeline.store import migrate
+
+    settings = _settings(config, store)
+    st = _open(settings)
+    try:
+        ran = migrate(st, settings.retention.migration_params())
+        rows = st.query_rows("SELECT version, name, applied_at FROM schema_migrations ORDER BY version")
+    finally:
+        st.close()
+    typer.echo(f"applied now: {', '.join(f'{m.version:04d}_{m.name}' for m in ran) or 'nothing (up to date)'}")
+    for v, n, at in rows:
+        typer.echo(f"  {int(v):04d}_{n}  applied {at}")
+
+
+@db_app.command("load-titles")
+def db_load_titles(
+    csv: Annotated[Path, typer.Argument(help="CSV with columns site,topic_id,title[,forum]")],
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+) -> None:
+    """Load topic titles (names for topic ids) and resolve the configured topic groups into topic_groups."""
+    from forumpulse.pipeline.enrich import load_topic_titles, topic_group_rows
+    from forumpulse.pipeline.ingest import ensure_schema
+
+    settings = _settings(config, store)
+    st = _open(settings)
+    try:
+        ensure_schema(st, settings)
+        titles = load_topic_titles(str(csv))
+        st.insert("topic_titles", titles)
+        groups = topic_group_rows(settings, titles)
+        st.insert("topic_groups", groups)
+    finally:
+        st.close()
+    typer.echo(f"loaded {titles.num_rows:,} topic titles and {groups.num_rows:,} topic-group memberships")
+
+
+@config_app.command("check")
+def config_check(config: ConfigOpt = None) -> None:
+    """Validate the configuration file; print every problem as `key: reason` (exit 2 when invalid)."""
+    _load_plugins()
+    s = _settings(config)
+    typer.echo(f"configuration OK: {len(s.sites)} site(s), {len(s.sources)} source(s), store {s.store.url}")
+
+
+@config_app.command("show")
+def config_show(config: ConfigOpt = None) -> None:
+    """Print the effective configuration (defaults, file and environment merged) as JSON; secrets masked."""
+    s = _settings(config)
+    typer.echo(s.model_dump_json(indent=2))
+
+
+@app.command()
+def demo(
+    data: Annotated[Path, typer.Option(help="folder for the simulated logs and the chDB store")] = Path("data"),
+    weeks: Annotated[int, typer.Option(help="weeks of simulated traffic (several, for a weekly baseline)")] = 4,
+    lines_per_day: Annotated[int, typer.Option(help="average access lines per day")] = 60_000,
+    seed: Annotated[int, typer.Option(help="random seed (same seed, same logs)")] = 7,
+) -> None:
+    """The main job end to end with no servers: simulate weeks of forum traffic (an election-night event, a holiday
+    week, an outage, floods) -> ingest into chDB under ./data -> run the detectors -> print a summary and point
+    at an event report."""
+    from forumpulse.pipeline.demo import run_demo
+
+    run_demo(data_dir=data, weeks=weeks, lines_per_day=lines_per_day, seed=seed)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Commands written in other modules (detectors, live path, reports).  Registered by name so this module stays the
+# one place that lists the command line.
+_PLUGINS: list[tuple[typer.Typer, str, str, str]] = [
+    (app, "simulate", "forumpulse.pipeline.simulate", "simulate_command"),
+    (app, "run", "forumpulse.pipeline.owner", "run_command"),
+    (app, "consume", "forumpulse.pipeline.consumer", "consume_command"),
+    (detect_app, "history", "forumpulse.detectors.traffic", "detect_history_command"),
+    (detect_app, "series", "forumpulse.detectors.series", "detect_series_command"),
+    (detect_app, "dos", "forumpulse.detectors.dos", "dos_command"),
+    (report_app, "event", "forumpulse.dashboards.report", "report_event_command"),
+    (report_app, "daily", "forumpulse.dashboards.report", "report_daily_command"),
+]
+_loaded = False
+
+
+def _load_plugins() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for target, name, module, attr in _PLUGINS:
+        fn = getattr(importlib.import_module(module), attr)
+        target.command(name)(fn)
+
+
 def main() -> None:
-    pass
+    _load_plugins()
+    app()
+
+
+if __name__ == "__main__":
+    main()

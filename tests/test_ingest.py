@@ -1,0 +1,110 @@
+"""File ingestion into the real engine: independent counts, quarantine with raw bytes, privacy, idempotence."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from forumpulse.pipeline.ingest import ingest_paths
+from forumpulse.pipeline.process import Processor, SourceContext, record_dicts
+from forumpulse.pipeline.record import DROP_REASONS, RECORD_FIELDS
+
+FIX = Path(__file__).parent / "fixtures"
+MIXED = FIX / "ingest" / "mixed.log"
+NASA = FIX / "parse" / "NASA_access_log_Aug95.partial_damaged.log"
+
+
+def count_lines(path: Path) -> int:
+    """Lines as a reader independent of the loader sees them: newline count, plus a last unterminated line."""
+    data = path.read_bytes()
+    return data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+
+
+def table_count(store, table: str) -> int:
+    return int(store.query_rows(f"SELECT count() FROM {table}")[0][0])
+
+
+@pytest.mark.parametrize("fmt", ["common", "auto"])
+def test_nasa_damaged_sample_quarantines_exactly_its_89_broken_lines(store, settings, fmt):
+    assert NASA.is_file(), "fixture missing: tests/fixtures/parse/NASA_access_log_Aug95.partial_damaged.log"
+    [c] = ingest_paths(store, settings, [str(NASA)], fmt=fmt, site="nasa")
+    expected_lines = count_lines(NASA)
+    assert expected_lines == 1930
+    loaded, quarantined = table_count(store, "requests"), table_count(store, "quarantine")
+    assert (c.read, c.loaded, c.quarantined) == (expected_lines, loaded, quarantined)
+    assert quarantined == 89
+    assert loaded + quarantined == expected_lines
+    # hostnames as clients are kept as client_host, not lost
+    assert int(store.query_rows("SELECT countIf(client_host != '') FROM requests")[0][0]) > 0
+
+
+def test_mixed_file_every_line_accounted_with_named_reasons_and_raw_bytes(store, settings):
+    [c] = ingest_paths(store, settings, [str(MIXED)], fmt="combined", site="forum", origin_host="web1")
+    raw_lines = MIXED.read_bytes().split(b"\n")[:-1]
+    assert c.read == len(raw_lines) == table_count(store, "requests") + table_count(store, "quarantine")
+    assert (table_count(store, "requests"), table_count(store, "quarantine")) == (6, 4)
+    q = store.query_rows("SELECT line_no, reason, raw FROM quarantine ORDER BY line_no")
+    assert [int(n) for n, _, _ in q] == [5, 6, 7, 9]
+    for n, reason, raw in q:
+        assert reason in DROP_REASONS
+        assert raw == raw_lines[int(n)], "quarantine must keep the raw bytes exactly"
+    reasons = {int(n): r for n, r, _ in q}
+    assert reasons[6] == "empty_line"
+    assert reasons[7] == "not_access_log"
+    # privacy: the session parameter is gone from url and referer, the rest is kept
+    url, ref = store.query_rows("SELECT url, referer FROM requests WHERE url LIKE '%page-3%'")[0]
+    assert url == "/threads/election-night-live.4411/page-3"
+    assert ref == "https://forum.example/threads/election-night-live.4411/"
+    # attribution
+    kinds = dict(store.query_rows("SELECT page_kind, count() FROM requests GROUP BY page_kind"))
+    assert kinds["topic_view"] == 3 and kinds["reply"] == 1 and kinds["static"] == 1
+    assert store.query_rows("SELECT topic_id FROM requests WHERE page_kind = 'reply'") == [(4411,)]
+    assert store.query_rows("SELECT bot_name FROM requests WHERE is_bot") == [("Googlebot",)]
+    assert store.query_rows("SELECT client FROM requests WHERE method = 'POST'") == [("2001:db8:5::17",)]
+
+
+def test_reingesting_the_same_file_stores_nothing_twice(store, settings):
+    ingest_paths(store, settings, [str(MIXED)], fmt="combined")
+    before = (table_count(store, "requests"), table_count(store, "quarantine"),
+              store.query_rows("SELECT sum(requests) FROM site_minute")[0][0])
+    ingest_paths(store, settings, [str(MIXED)], fmt="combined")
+    after = (table_count(store, "requests"), table_count(store, "quarantine"),
+             store.query_rows("SELECT sum(requests) FROM site_minute")[0][0])
+    assert before == after == (6, 4, 6)
+
+
+def test_records_keep_input_order_and_contract_fields(settings):
+    lines = MIXED.read_bytes().split(b"\n")[:-1]
+    batch = Processor(settings).process(lines, SourceContext(format="combined"))
+    out = record_dicts(batch)
+    assert len(out) == len(lines)
+    for i, d in enumerate(out):
+        if i in (5, 6, 7, 9):
+            assert set(d) == {"error", "detail", "line"} and d["error"] in DROP_REASONS
+        else:
+            assert list(d) == list(RECORD_FIELDS)
+    assert out[0]["ts"] == "2026-03-12T12:01:02.000Z"  # +0800 local -> UTC, millisecond precision
+    assert out[1]["query"] == "" and out[2]["client_ip"] == "2001:db8:5::17"
+
+
+def test_parse_command_prints_one_json_object_per_line(tmp_path):
+    exe = Path(sys.executable).with_name("forumpulse")
+    r = subprocess.run([str(exe), "parse", "--format", "combined", str(MIXED)], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    out = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert len(out) == count_lines(MIXED)
+    assert ["error" in d for d in out] == [False] * 5 + [True, True, True, False, True]
+
+
+def test_ingest_command_end_to_end_on_its_own_store(tmp_path):
+    exe = Path(sys.executable).with_name("forumpulse")
+    cfg = tmp_path / "fp.yaml"
+    cfg.write_text("retention:\n  raw_days: 0\n")
+    r = subprocess.run([str(exe), "ingest", "--config", str(cfg), "--store", f"chdb:{tmp_path / 'db'}",
+                        "--format", "combined", str(MIXED)], capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode()
+    text = r.stdout.decode()
+    assert "mixed.log" in text and " 6 " in text and " 4 " in text
