@@ -194,6 +194,20 @@ def db_load_titles(
     typer.echo(f"loaded {titles.num_rows:,} topic titles and {groups.num_rows:,} topic-group memberships")
 
 
+@db_app.command("cluster-ddl")
+def db_cluster_ddl(
+    cluster: Annotated[str, typer.Option(help="cluster name as in the servers' remote_servers config")] = "forum_cluster",
+    database: Annotated[str, typer.Option(help="database to create the tables in")] = "forumpulse",
+    config: ConfigOpt = None,
+) -> None:
+    """Print the cluster variant of the schema (ReplicatedMergeTree + Distributed, ON CLUSTER), generated from
+    the same migrations; run it once with clickhouse-client --multiquery."""
+    from forumpulse.pipeline.cluster import cluster_sql
+
+    settings = _settings(config)
+    typer.echo(cluster_sql(cluster, database, settings.retention.migration_params()), nl=False)
+
+
 @config_app.command("check")
 def config_check(config: ConfigOpt = None) -> None:
     """Validate the configuration file; print every problem as `key: reason` (exit 2 when invalid)."""

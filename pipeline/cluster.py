@@ -1,0 +1,96 @@
+"""Cluster variant of the schema, generated from the same migrations (never written by hand).
+
+For a ClickHouse cluster every table ``T`` of the migrations becomes:
+
+* ``T_local``: the same columns on every shard, engine ``Replicated<Engine>`` (Keeper path
+  ``/clickhouse/tables/{shard}/<db>/T_local``, replica ``{replica}``), created ``ON CLUSTER``;
+* ``T``: a ``Distributed`` table over ``T_local`` with the same name the single-node schema uses, so every query
+  (dashboards, detectors, reports) runs unchanged.
+
+``requests`` is sharded by ``cityHash64(client_ip)``: all lines of one client land on one shard, so per-client
+and (for IPv4 /24 mostly) per-prefix questions are answered shard-locally, and the materialized views — created on
+every shard, reading ``requests_local`` and writing the rollups' ``_local`` tables — keep per-client rollups
+local.  Topic share is a sum over shards anyway (``sum``/``uniqMerge`` over the Distributed rollups are exact).
+
+Deduplication: replicated tables deduplicate insert blocks by default (``insert_deduplication_token`` works as on
+one node), so the single-node ``non_replicated_deduplication_window`` setting is dropped.
+
+Misuse to avoid: insert into ``T`` (Distributed) or into ``T_local`` on a shard chosen by the same key — never
+both; and do not create the single-node schema on a cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from forumpulse.pipeline.store import load_migrations, render
+
+#: sharding keys by table; tables not named here are spread with rand() (small, query-only tables)
+SHARDING_KEYS = {
+    "requests": "cityHash64(client_ip)",
+    "client_minute": "cityHash64(client_ip)",
+    "prefix_minute": "cityHash64(prefix)",
+    "quarantine": "cityHash64(raw)",
+}
+
+_CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\s*\n?\((.*)\)\s*ENGINE\s*=\s*(\w+)(\(([^)]*)\))?(.*)$", re.S)
+_CREATE_MV = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+) TO (\w+) AS(.*)$", re.S)
+
+
+def _replicated(engine: str, args: str | None, db: str, table: str) -> str:
+    path = f"'/clickhouse/tables/{{shard}}/{db}/{table}', '{{replica}}'"
+    inner = f", {args}" if args and args.strip() else ""
+    return f"Replicated{engine}({path}{inner})"
+
+
+def cluster_statements(cluster: str, database: str, params: dict[str, Any] | None = None) -> list[str]:
+    """DDL statements, in order, that create the forumpulse schema on ``cluster`` in ``database``."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*", cluster) or not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*", database):
+        raise ValueError("cluster and database must be plain identifiers")
+    out = [f"CREATE DATABASE IF NOT EXISTS {database} ON CLUSTER {cluster}"]
+    tables: list[str] = []
+    for m in load_migrations():
+        for stmt in render(m, params):
+            t = _CREATE_TABLE.match(stmt)
+            if t:
+                name, columns, engine, _, args, rest = t.groups()
+                rest = re.sub(r"\n?SETTINGS non_replicated_deduplication_window = \d+", "", rest)
+                local = f"{name}_local"
+                out.append(
+                    f"CREATE TABLE IF NOT EXISTS {database}.{local} ON CLUSTER {cluster}\n({columns})\n"
+                    f"ENGINE = {_replicated(engine, args, database, local)}{rest.rstrip()}"
+                )
+                key = SHARDING_KEYS.get(name, "rand()")
+                out.append(
+                    f"CREATE TABLE IF NOT EXISTS {database}.{name} ON CLUSTER {cluster} AS {database}.{local}\n"
+                    f"ENGINE = Distributed({cluster}, {database}, {local}, {key})"
+                )
+                tables.append(name)
+                continue
+            v = _CREATE_MV.match(stmt)
+            if v:
+                name, target, select = v.groups()
+                select = re.sub(r"\bFROM (\w+)\b", lambda mm: f"FROM {database}.{mm.group(1)}_local"
+                                if mm.group(1) in tables else mm.group(0), select)
+                out.append(
+                    f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.{name} ON CLUSTER {cluster} "
+                    f"TO {database}.{target}_local AS{select}"
+                )
+                continue
+            raise ValueError(f"migration {m.version:04d}: statement the cluster generator does not know:\n{stmt[:300]}")
+    out.append(
+        f"CREATE TABLE IF NOT EXISTS {database}.schema_migrations ON CLUSTER {cluster} (version UInt32, name String, "
+        "checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
+        f"ENGINE = ReplicatedMergeTree('/clickhouse/tables/{{shard}}/{database}/schema_migrations', '{{replica}}') "
+        "ORDER BY version"
+    )
+    return out
+
+
+def cluster_sql(cluster: str, database: str, params: dict[str, Any] | None = None) -> str:
+    header = (
+        f"-- forumpulse schema for ClickHouse cluster '{cluster}', database '{database}'.\n"
+        "-- GENERATED by `forumpulse db cluster-ddl` from schemas/migrations: do not edit.\n\n"
+    )
+    return header + ";\n\n".join(cluster_statements(cluster, database, params)) + ";\n"
