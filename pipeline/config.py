@@ -11,13 +11,16 @@ error with its key and reason.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_STRIP_PARAMS = [
@@ -31,6 +34,8 @@ class _Strict(BaseModel):
 
 
 class StoreConfig(_Strict):
+    """Where rows are stored."""
+
     url: str = Field("chdb:./data/chdb", description="chdb:PATH (embedded, default) or clickhouse://user:pass@host:8123/db")
 
 
@@ -59,7 +64,7 @@ class SiteConfig(_Strict):
 
 
 class HolidayPeriod(_Strict):
-    name: str
+    name: str = Field(description="what the period is, e.g. Chinese New Year week")
     start: str = Field(description="first day, YYYY-MM-DD (site time zone)")
     end: str = Field(description="last day, YYYY-MM-DD, inclusive")
 
@@ -80,20 +85,24 @@ class SourceConfig(_Strict):
 
 
 class PrivacyConfig(_Strict):
+    """What is removed or masked before storage."""
+
     strip_params: list[str] = Field(default_factory=lambda: list(DEFAULT_STRIP_PARAMS),
                                     description="query parameters removed from url, query and referer before storage")
     client_ip: Literal["keep", "truncate", "pseudonymize"] = Field(
         "keep", description="how client addresses are stored (detectors always see the real address in the stream)")
-    truncate_ipv4_prefix: int = Field(24, ge=0, le=32)
-    truncate_ipv6_prefix: int = Field(48, ge=0, le=128)
+    truncate_ipv4_prefix: int = Field(24, ge=0, le=32, description="with client_ip=truncate: IPv4 bits kept (24 = a.b.c.0)")
+    truncate_ipv6_prefix: int = Field(48, ge=0, le=128, description="with client_ip=truncate: IPv6 bits kept")
     pseudonym_key: SecretStr | None = Field(None, description="secret key for keyed pseudonymisation (HMAC-SHA256)")
 
 
 class RetentionConfig(_Strict):
+    """How long rows are kept (ClickHouse TTL, applied by `db migrate`)."""
+
     raw_days: int = Field(90, ge=0, description="raw `requests` rows, by log time; 0 = keep forever")
     rollup_days: int = Field(730, ge=0, description="per-minute rollups; 0 = keep forever")
-    quarantine_days: int = Field(30, ge=0)
-    stats_days: int = Field(30, ge=0)
+    quarantine_days: int = Field(30, ge=0, description="quarantined lines, by ingest time; 0 = keep forever")
+    stats_days: int = Field(30, ge=0, description="pipeline_stats rows; 0 = keep forever")
 
     def migration_params(self) -> dict[str, int]:
         return {"raw_ttl_days": self.raw_days, "rollup_ttl_days": self.rollup_days,
@@ -101,34 +110,42 @@ class RetentionConfig(_Strict):
 
 
 class TopicGroup(_Strict):
-    name: str
-    site: str = "forum"
-    topic_ids: list[int] = Field(default_factory=list)
+    name: str = Field(description="group name shown in dashboards and reports, e.g. election")
+    site: str = Field("forum", description="site the topics belong to")
+    topic_ids: list[int] = Field(default_factory=list, description="member topic ids")
     title_pattern: str | None = Field(None, description="regular expression matched against topic titles")
 
 
 class TopicsConfig(_Strict):
+    """Forum topic attribution: rules, groups, titles."""
+
     rules_file: str | None = Field(None, description="extra/override topic URL rules (YAML); built-in rules always load")
-    groups: list[TopicGroup] = Field(default_factory=list)
+    groups: list[TopicGroup] = Field(default_factory=list, description="named topic groups (by ids or title pattern)")
     titles_csv: str | None = Field(None, description="CSV site,topic_id,title[,forum] loaded into topic_titles")
     post_map_csv: str | None = Field(None, description="CSV post_id,topic_id for phpBB viewtopic.php?p=N")
 
 
 class BotsConfig(_Strict):
+    """Bot and static-asset classification additions."""
+
     extra_patterns: list[str] = Field(default_factory=list, description="regular expressions for site-specific bots")
     static_extensions: list[str] = Field(default_factory=list, description="extra static file extensions")
 
 
 class KafkaConfig(_Strict):
-    bootstrap_servers: str = "127.0.0.1:9092"
-    raw_topic: str = "weblogs.raw"
-    dead_letter_topic: str = "weblogs.raw.dlq"
-    events_topic: str = "weblogs.events"
-    decisions_topic: str = "weblogs.decisions"
-    group_id: str = "forumpulse-loader"
+    """The live path's Kafka topics."""
+
+    bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers (host:port, comma-separated)")
+    raw_topic: str = Field("weblogs.raw", description="raw access lines from syslog-ng (contract schemas/contracts)")
+    dead_letter_topic: str = Field("weblogs.raw.dlq", description="lines that could not be parsed, with their reason")
+    events_topic: str = Field("weblogs.events", description="traffic detections")
+    decisions_topic: str = Field("weblogs.decisions", description="firewall decisions (bans, unbans)")
+    group_id: str = Field("forumpulse-loader", description="consumer group of the loaders")
 
 
 class IngestConfig(_Strict):
+    """Batching and limits of the loaders."""
+
     batch_lines: int = Field(100_000, ge=1, description="lines per columnar insert")
     max_line_bytes: int = Field(65_536, ge=256, description="longer lines are quarantined as line_too_long")
 
@@ -230,3 +247,42 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    text = text or str(annotation).replace("typing.", "")
+    return re.sub(r"forumpulse\.pipeline\.config\.", "", text).replace("pydantic.types.", "")
+
+
+def reference_rows(model: type[BaseModel] = Settings, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key, type, default, description) for every key, nested sections flattened with dots (lists use ``[]``)."""
+    rows: list[tuple[str, str, str, str]] = []
+    for name, f in model.model_fields.items():
+        key = f"{prefix}{name}"
+        ann = f.annotation
+        inner = getattr(ann, "__args__", (None,))[0] if getattr(ann, "__origin__", None) is list else None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.append((key, "section", "", f.description or ann.__doc__ or ""))
+            rows += reference_rows(ann, key + ".")
+            continue
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            rows.append((key, f"list of {inner.__name__}", "", f.description or ""))
+            rows += reference_rows(inner, key + "[].")
+            continue
+        default = f.default_factory() if f.default_factory is not None else f.default  # type: ignore[call-arg]
+        shown = "required" if default is PydanticUndefined else json.dumps(
+            default if not isinstance(default, SecretStr) else "***", default=str)
+        rows.append((key, _type_name(ann), shown, f.description or ""))
+    return rows
+
+
+def markdown_reference() -> str:
+    """The key reference of docs/configuration.md (generated; tests check the committed file is current)."""
+    out = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, typ, default, desc in reference_rows():
+        if len(default) > 60:
+            default = default[:57] + "..."
+        out.append(f"| `{key}` | {typ.replace('|', 'or')} | `{default}` | {desc.replace('|', '/')} |" if default
+                   else f"| `{key}` | {typ.replace('|', 'or')} | | {desc.replace('|', '/')} |")
+    return "\n".join(out) + "\n"
