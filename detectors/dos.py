@@ -1,0 +1,883 @@
+"""Streaming DoS and abuse detection in stream time (log timestamps), vectorised per batch.
+
+Data flow: columnar :class:`Batch` (from ParsedLine records, an Arrow table or numpy columns) ->
+:class:`DosDetector.process` evaluates every rule of ``rules/dos.yaml`` over sliding windows of whole seconds
+(state carried between batches, so batch boundaries never hide a flood) -> :class:`Candidate` ->
+:class:`DecisionManager` applies the false-ban controls (allowlist, verified crawlers, active-ban dedupe,
+observe mode, circuit breaker), escalation for repeat offenders, and hands :class:`Decision` objects to the
+sinks (``decisions`` table, JSON lines, Kafka) and the actions (nftables, ipset, webhook, decision API).
+
+Guarantees: the same input in the same order gives the same decisions (no wall clock in detection; wall time is
+only ``created_at``).  Lines arriving late (older than the current window) still count in their own second as
+long as that second is inside the carried window.  Lines without ``client_ip`` are ignored.
+Misuse: one detector instance must see *all* lines of the clients it judges (prefix and distributed rules need
+every partition) -- see docs/dos.md for scaling beyond one process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import logging
+import re
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+from forumpulse.detectors.dos_rules import DosConfig, Rule, RuleSet, load_rules
+from forumpulse.pipeline.record import ParsedLine
+
+log = logging.getLogger(__name__)
+
+_BIG = np.int64(1 << 34)  # key code * _BIG + second: seconds since the epoch fit in 34 bits until year 2514
+_COLUMNS = ("ts", "client_ip", "method", "path", "query", "status", "user_agent")
+
+
+# --------------------------------------------------------------------------------------------- batch
+
+
+@dataclass
+class Batch:
+    """Columnar lines: ``ts`` int64 ms UTC; strings as object arrays ('' for None); ``status`` int.
+
+    ``is_static`` is optional (the enricher's flag); when absent the rules' ``static`` pattern decides.
+    """
+
+    ts: np.ndarray
+    client_ip: np.ndarray
+    method: np.ndarray
+    path: np.ndarray
+    query: np.ndarray
+    status: np.ndarray
+    user_agent: np.ndarray
+    is_static: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @classmethod
+    def from_columns(cls, cols: dict[str, Any]) -> Batch:
+        def s(name: str) -> np.ndarray:
+            a = pd.Series(cols[name], dtype=object).fillna("")
+            return a.to_numpy(dtype=object)
+
+        st = cols.get("is_static")
+        return cls(
+            ts=np.asarray(cols["ts"], dtype=np.int64),
+            client_ip=s("client_ip"), method=s("method"), path=s("path"), query=s("query"),
+            status=np.asarray(cols["status"], dtype=np.int64), user_agent=s("user_agent"),
+            is_static=None if st is None else np.asarray(st, dtype=bool),
+        )
+
+    @classmethod
+    def from_records(cls, records: Sequence[ParsedLine]) -> Batch:
+        return cls.from_columns({c: [getattr(r, c) for r in records] for c in _COLUMNS})
+
+    @classmethod
+    def from_arrow(cls, table: Any) -> Batch:
+        cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in _COLUMNS}
+        if "is_static" in table.column_names:
+            cols["is_static"] = table.column("is_static").to_numpy(zero_copy_only=False)
+        ts = cols["ts"]
+        if np.issubdtype(np.asarray(ts).dtype, np.datetime64):
+            cols["ts"] = np.asarray(ts).astype("datetime64[ms]").astype(np.int64)
+        return cls.from_columns(cols)
+
+    def take(self, idx: np.ndarray) -> Batch:
+        return Batch(self.ts[idx], self.client_ip[idx], self.method[idx], self.path[idx], self.query[idx],
+                     self.status[idx], self.user_agent[idx], None if self.is_static is None else self.is_static[idx])
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+_V4 = re.compile(r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?:\.(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}")
+
+
+def prefix_of(ip: str) -> str:
+    """IPv4 -> its /24, IPv6 -> its /64 (IPv4-mapped IPv6 counts as IPv4).  Raises ValueError on non-IPs."""
+    if _V4.fullmatch(ip):
+        return ip.rpartition(".")[0] + ".0/24"
+    a = ipaddress.ip_address(ip)
+    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
+        a = a.ipv4_mapped
+    n = 24 if a.version == 4 else 64
+    return str(ipaddress.ip_network(f"{a}/{n}", strict=False))
+
+
+def iso_ms(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _factorize(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    codes, uniques = pd.factorize(a, sort=False)
+    return codes.astype(np.int64), np.asarray(uniques, dtype=object)
+
+
+class _Keys:
+    """Maps carried (string) keys and batch codes into one integer space for a window update."""
+
+    def __init__(self, uniques: np.ndarray, carried: np.ndarray) -> None:
+        idx = pd.Index(uniques).get_indexer(carried) if len(carried) else np.empty(0, dtype=np.int64)
+        missing = carried[idx < 0] if len(carried) else carried
+        extra, _ = (np.unique(missing), None) if len(missing) else (np.empty(0, dtype=object), None)
+        self.table = np.concatenate([uniques, extra.astype(object)]) if len(extra) else uniques
+        self.carried_codes = idx.astype(np.int64)
+        if len(extra):
+            pos = pd.Index(extra).get_indexer(carried[idx < 0])
+            self.carried_codes[idx < 0] = len(uniques) + pos
+
+
+class _CountWindow:
+    """Per-key request counts over the last ``w`` whole seconds, carried across batches."""
+
+    def __init__(self, w: int) -> None:
+        self.w = w
+        self.tail = pd.DataFrame({"key": pd.Series(dtype=object), "sec": pd.Series(dtype=np.int64),
+                                  "n": pd.Series(dtype=np.int64), "t0": pd.Series(dtype=np.int64)})
+
+    def update(self, codes: np.ndarray, uniques: np.ndarray, secs: np.ndarray, ts: np.ndarray,
+               watermark_sec: int) -> tuple[pd.DataFrame, np.ndarray]:
+        """Returns (rows of (key, sec) touched by this batch with n, win, first_ts; key table)."""
+        keys = _Keys(uniques, self.tail["key"].to_numpy(dtype=object))
+        comp = codes * _BIG + secs
+        cur = pd.DataFrame({"c": comp, "t": ts}).groupby("c", sort=False)["t"].agg(["size", "min"])
+        old_c = keys.carried_codes * _BIG + self.tail["sec"].to_numpy(dtype=np.int64)
+        allc = np.concatenate([cur.index.to_numpy(dtype=np.int64), old_c])
+        alln = np.concatenate([cur["size"].to_numpy(dtype=np.int64), self.tail["n"].to_numpy(dtype=np.int64)])
+        allt = np.concatenate([cur["min"].to_numpy(dtype=np.int64), self.tail["t0"].to_numpy(dtype=np.int64)])
+        new = np.concatenate([np.ones(len(cur), dtype=bool), np.zeros(len(old_c), dtype=bool)])
+        g = pd.DataFrame({"c": allc, "n": alln, "t0": allt, "new": new}).groupby("c", sort=True).agg(
+            n=("n", "sum"), t0=("t0", "min"), new=("new", "max"))
+        c = g.index.to_numpy(dtype=np.int64)
+        n = g["n"].to_numpy(dtype=np.int64)
+        t0 = g["t0"].to_numpy(dtype=np.int64)
+        cum = np.cumsum(n)
+        lo = np.searchsorted(c, c - self.w + 1, side="left")
+        before = np.where(lo > 0, cum[np.maximum(lo - 1, 0)], 0)
+        win = cum - before
+        key = c // _BIG
+        sec = c % _BIG
+        keep = sec > watermark_sec - self.w
+        self.tail = pd.DataFrame({"key": keys.table[key[keep]], "sec": sec[keep], "n": n[keep], "t0": t0[keep]})
+        m = g["new"].to_numpy(dtype=bool)
+        out = pd.DataFrame({"key": key[m], "sec": sec[m], "n": n[m], "win": win[m], "first_ts": t0[lo[m]]})
+        return out, keys.table
+
+
+class _DistinctWindow:
+    """Per-key number of distinct values over the last ``w`` whole seconds, carried across batches."""
+
+    def __init__(self, w: int) -> None:
+        self.w = w
+        self.tail = pd.DataFrame({"key": pd.Series(dtype=object), "val": pd.Series(dtype=object),
+                                  "sec": pd.Series(dtype=np.int64)})
+
+    def update(self, codes: np.ndarray, uniques: np.ndarray, vcodes: np.ndarray, vuniques: np.ndarray,
+               secs: np.ndarray, watermark_sec: int) -> tuple[pd.DataFrame, np.ndarray]:
+        keys = _Keys(uniques, self.tail["key"].to_numpy(dtype=object))
+        vals = _Keys(vuniques, self.tail["val"].to_numpy(dtype=object))
+        nv = np.int64(max(len(vals.table), 1))
+        k = np.concatenate([codes, keys.carried_codes])
+        v = np.concatenate([vcodes, vals.carried_codes])
+        s = np.concatenate([secs, self.tail["sec"].to_numpy(dtype=np.int64)])
+        new_q = np.unique(codes * _BIG + secs)  # query points: (key, sec) touched by this batch
+        pair = k * nv + v
+        o = np.lexsort((s, pair))
+        pr, sc = pair[o], s[o]
+        if len(pr) > 1:
+            uniq = np.ones(len(pr), dtype=bool)
+            uniq[1:] = (pr[1:] != pr[:-1]) | (sc[1:] != sc[:-1])
+            pr, sc = pr[uniq], sc[uniq]
+        # intervals of "alive" seconds per (key, value): a sighting at s keeps the value in windows ending
+        # s .. s+w-1; consecutive sightings at most w apart merge.
+        start = np.ones(len(pr), dtype=bool)
+        end = np.ones(len(pr), dtype=bool)
+        if len(pr) > 1:
+            cont = (pr[1:] == pr[:-1]) & (sc[1:] - sc[:-1] <= self.w)
+            start[1:] = ~cont
+            end[:-1] = ~cont
+        kk = pr // nv
+        ev_c = np.concatenate([kk[start] * _BIG + sc[start], kk[end] * _BIG + sc[end] + self.w])
+        ev_d = np.concatenate([np.ones(int(start.sum()), dtype=np.int64), -np.ones(int(end.sum()), dtype=np.int64)])
+        order = np.argsort(ev_c, kind="stable")
+        ev_c, cum = ev_c[order], np.cumsum(ev_d[order])
+        pos = np.searchsorted(ev_c, new_q, side="right")
+        dist = np.where(pos > 0, cum[np.maximum(pos - 1, 0)], 0)
+        keep = sc > watermark_sec - self.w
+        self.tail = pd.DataFrame({"key": keys.table[kk[keep]], "val": vals.table[(pr % nv)[keep]], "sec": sc[keep]})
+        return pd.DataFrame({"key": new_q // _BIG, "sec": new_q % _BIG, "distinct": dist}), keys.table
+
+
+class _Baseline:
+    """Learned per-address rate (EWMA of completed minutes) and number of users (distinct busy UAs)."""
+
+    def __init__(self, rules: RuleSet) -> None:
+        self.cfg = rules.baseline
+        self.rate: dict[str, float] = {}
+        self.users: dict[str, float] = {}
+        self.seen: dict[str, int] = {}
+        self.tainted: dict[str, int] = {}
+        self.pending = pd.DataFrame({"ip": pd.Series(dtype=object), "minute": pd.Series(dtype=np.int64),
+                                     "ua": pd.Series(dtype=object), "n": pd.Series(dtype=np.int64)})
+        self._last_prune = 0
+
+    def update(self, ip: np.ndarray, ua: np.ndarray, secs: np.ndarray, watermark_sec: int) -> None:
+        cur = pd.DataFrame({"ip": ip, "minute": secs // 60, "ua": ua, "n": 1})
+        allr = pd.concat([self.pending, cur], ignore_index=True) if len(self.pending) else cur
+        g = allr.groupby(["ip", "minute", "ua"], sort=False)["n"].sum().reset_index()
+        wm = watermark_sec // 60
+        done = g[g["minute"] < wm]
+        self.pending = g[g["minute"] >= wm]
+        if len(done):
+            # only addresses busy enough to ever raise a threshold are learned (keeps this O(busy addresses))
+            floor = self.cfg.min_requests_per_user * self.cfg.users_per_unit
+            per = done.groupby(["ip", "minute"], sort=False)["n"].sum()
+            per = per[per >= floor]
+            if len(per):
+                busy = done[done["n"] >= self.cfg.min_requests_per_user].groupby(["ip", "minute"]).size()
+                users = busy.reindex(per.index, fill_value=0)
+                a = self.cfg.alpha
+                ips = per.index.get_level_values(0).tolist()
+                mins = per.index.get_level_values(1).tolist()
+                for addr, minute, total, u in zip(ips, mins, per.tolist(), users.tolist(), strict=True):
+                    if self.tainted.get(addr, -1) >= minute * 60:
+                        continue
+                    r = total / 60.0
+                    self.rate[addr] = a * r + (1 - a) * self.rate.get(addr, r)
+                    self.users[addr] = a * u + (1 - a) * self.users.get(addr, u)
+                    self.seen[addr] = minute * 60
+        if watermark_sec - self._last_prune > 600:
+            self._last_prune = watermark_sec
+            old = [k for k, v in self.seen.items() if v < watermark_sec - self.cfg.forget_after_s]
+            for k in old:
+                self.rate.pop(k, None), self.users.pop(k, None), self.seen.pop(k, None)
+            self.tainted = {k: v for k, v in self.tainted.items() if v >= watermark_sec - self.cfg.forget_after_s}
+
+    def taint(self, addr: str, until_sec: int) -> None:
+        """Stop learning from ``addr`` (it was decided against) so an attack never raises its own threshold."""
+        self.tainted[addr] = max(self.tainted.get(addr, 0), until_sec)
+
+    def scale(self, addr: str, base_rate_per_s: float) -> float:
+        c = self.cfg
+        by_rate = c.headroom * self.rate.get(addr, 0.0) / base_rate_per_s if base_rate_per_s > 0 else 1.0
+        by_users = self.users.get(addr, 0.0) / c.users_per_unit
+        return float(min(c.max_scale, max(1.0, by_rate, by_users)))
+
+
+# --------------------------------------------------------------------------------------------- crawlers
+
+#: Crawlers that publish reverse-DNS verification: UA regex -> accepted host name suffixes.
+CRAWLER_DOMAINS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (r"Googlebot|Google-InspectionTool|GoogleOther|AdsBot-Google|Mediapartners-Google|APIs-Google",
+     (".googlebot.com", ".google.com", ".googleusercontent.com")),
+    (r"bingbot|BingPreview|msnbot|adidxbot", (".search.msn.com",)),
+    (r"Applebot", (".applebot.apple.com",)),
+    (r"YandexBot|YandexImages|YandexMobileBot|Yandex", (".yandex.ru", ".yandex.net", ".yandex.com")),
+    (r"Baiduspider", (".baidu.com", ".baidu.jp")),
+    (r"DuckDuckBot", (".duckduckgo.com",)),
+    (r"SeznamBot", (".seznam.cz",)),
+    (r"Slurp", (".crawl.yahoo.net",)),
+    (r"PetalBot", (".petalsearch.com", ".aspiegel.com")),
+    (r"facebookexternalhit|meta-externalagent", (".facebook.com", ".fbsv.net")),
+)
+
+
+class Resolver(Protocol):
+    def reverse(self, ip: str) -> list[str]: ...
+
+    def forward(self, host: str) -> list[str]: ...
+
+
+class SocketResolver:
+    """System resolver with a timeout per lookup (lookups run in a small thread pool)."""
+
+    def __init__(self, timeout_s: float = 2.0) -> None:
+        self.timeout_s = timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fp-dns")
+
+    def reverse(self, ip: str) -> list[str]:
+        try:
+            host, aliases, _ = self._pool.submit(socket.gethostbyaddr, ip).result(timeout=self.timeout_s)
+            return [host, *aliases]
+        except Exception:
+            return []
+
+    def forward(self, host: str) -> list[str]:
+        try:
+            infos = self._pool.submit(socket.getaddrinfo, host, None).result(timeout=self.timeout_s)
+            return sorted({str(i[4][0]) for i in infos})
+        except Exception:
+            return []
+
+
+class CrawlerVerifier:
+    """Is (ip, user agent) a verified search-engine crawler?  Cached per ip for ``cache_ttl_s`` (wall time).
+
+    ``mode='dns'``: the UA names a known crawler AND the reverse name of ip ends in that crawler's domain AND
+    that name resolves forward to ip.  ``mode='ua'``: the UA match alone (spoofable: use only when DNS is not
+    available).  ``mode='off'``: never.
+    """
+
+    def __init__(self, mode: str = "dns", resolver: Resolver | None = None, cache_ttl_s: int = 3600,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.mode = mode
+        self.resolver = resolver if resolver is not None else SocketResolver()
+        self.ttl = cache_ttl_s
+        self.clock = clock
+        self.rx = [(re.compile(p), d) for p, d in CRAWLER_DOMAINS]
+        self.cache: dict[tuple[str, int], tuple[float, bool]] = {}
+        self.lookups = 0
+
+    def crawler_for(self, ua: str) -> int | None:
+        for i, (rx, _) in enumerate(self.rx):
+            if rx.search(ua):
+                return i
+        return None
+
+    def verified(self, ip: str, user_agents: Iterable[str]) -> bool:
+        if self.mode == "off":
+            return False
+        idx = {i for ua in user_agents if (i := self.crawler_for(ua)) is not None}
+        if not idx:
+            return False
+        if self.mode == "ua":
+            return True
+        return any(self._dns(ip, i) for i in idx)
+
+    def _dns(self, ip: str, i: int) -> bool:
+        now = self.clock()
+        hit = self.cache.get((ip, i))
+        if hit and now - hit[0] < self.ttl:
+            return hit[1]
+        self.lookups += 1
+        ok = False
+        for name in self.resolver.reverse(ip):
+            name = name.rstrip(".").lower()
+            if name.endswith(self.rx[i][1]) and ip in self.resolver.forward(name):
+                ok = True
+                break
+        self.cache[(ip, i)] = (now, ok)
+        return ok
+
+
+# --------------------------------------------------------------------------------------------- decisions
+
+
+@dataclass
+class Candidate:
+    rule: str
+    value: str
+    scope: str
+    decided_at: int
+    first_seen: int
+    duration_s: int
+    evidence: dict[str, Any]
+    user_agents: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Decision:
+    """One row of the ``decisions`` table (times in ms UTC).  ``action`` is ``ban`` or ``unban``."""
+
+    id: str
+    created_at: int
+    decided_at: int
+    first_seen: int
+    expires_at: int
+    site: str
+    action: str
+    value: str
+    scope: str
+    reason: str
+    duration_s: int
+    mode: str
+    origin: str
+    evidence: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """The replay output object (``forumpulse detect dos``) and the Kafka/JSON-lines payload."""
+        return {
+            "id": self.id, "action": self.action, "value": self.value, "scope": self.scope, "reason": self.reason,
+            "decided_at": iso_ms(self.decided_at), "first_seen": iso_ms(self.first_seen),
+            "expires_at": iso_ms(self.expires_at), "duration_s": self.duration_s, "mode": self.mode,
+            "site": self.site, "origin": self.origin, "created_at": iso_ms(self.created_at),
+            "evidence": self.evidence,
+        }
+
+
+class DecisionSink(Protocol):
+    def emit(self, decision: Decision) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Action(Protocol):
+    """An enforcement point.  Must validate ``value`` itself (never trust it to be an address)."""
+
+    name: str
+
+    def ban(self, decision: Decision) -> None: ...
+
+    def unban(self, decision: Decision) -> None: ...
+
+
+class DecisionManager:
+    """False-ban controls, TTL/escalation, circuit breaker, observe mode; fans decisions out.
+
+    Times are stream time (ms).  ``submit`` returns the Decision it made or None (allowlisted, verified crawler,
+    already banned).  Action failures are logged and counted in ``action_errors``; they never stop detection.
+    """
+
+    def __init__(self, config: DosConfig | None = None, sinks: Sequence[DecisionSink] = (),
+                 actions: Sequence[Action] = (), verifier: CrawlerVerifier | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.cfg = config or DosConfig()  # type: ignore[call-arg]
+        self.sinks = list(sinks)
+        self.actions = list(actions)
+        self.verifier = verifier or CrawlerVerifier(self.cfg.crawlers.verify,
+                                                    cache_ttl_s=self.cfg.crawlers.cache_ttl_s)
+        self.wall = wall_clock
+        self.allow = [ipaddress.ip_network(n) for n in self.cfg.allowlist]
+        self.active: dict[str, Decision] = {}
+        self.offences: dict[str, deque[int]] = {}
+        self.minute_bans: dict[int, int] = {}
+        self.decisions: list[Decision] = []
+        self.suppressed: dict[str, int] = {"allowlist": 0, "crawler": 0, "active": 0}
+        self.action_errors = 0
+
+    def is_allowlisted(self, value: str) -> bool:
+        try:
+            net = ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            return True  # not an address: never act on it
+        if isinstance(net, ipaddress.IPv6Network) and net.prefixlen == 128 and net.network_address.ipv4_mapped:
+            net = ipaddress.ip_network(str(net.network_address.ipv4_mapped))
+        return any(net.version == a.version and (net.subnet_of(a) or a.subnet_of(net))  # type: ignore[arg-type]
+                   for a in self.allow)
+
+    def submit(self, c: Candidate) -> Decision | None:
+        self.expire(c.decided_at)
+        if c.value in self.active:
+            self.suppressed["active"] += 1
+            return None
+        if self.is_allowlisted(c.value):
+            self.suppressed["allowlist"] += 1
+            return None
+        if c.scope == "ip" and self.verifier.verified(c.value, c.user_agents):
+            self.suppressed["crawler"] += 1
+            return None
+        esc = self.cfg.escalation
+        hist = self.offences.setdefault(c.value, deque())
+        while hist and hist[0] < c.decided_at - esc.window_s * 1000:
+            hist.popleft()
+        duration = int(min(esc.max_duration_s, c.duration_s * esc.factor ** len(hist)))
+        hist.append(c.decided_at)
+        minute = c.decided_at // 60_000
+        self.minute_bans[minute] = self.minute_bans.get(minute, 0) + 1
+        if len(self.minute_bans) > 10:
+            for k in sorted(self.minute_bans)[:-5]:
+                del self.minute_bans[k]
+        mode = self.cfg.mode
+        if mode == "enforce" and self.minute_bans[minute] > self.cfg.max_bans_per_minute:
+            mode = "breaker"
+            log.warning("dos circuit breaker: more than %d bans in minute %s; %s not enforced",
+                        self.cfg.max_bans_per_minute, iso_ms(minute * 60_000), c.value)
+        d = Decision(
+            id=uuid.uuid4().hex, created_at=int(self.wall() * 1000), decided_at=c.decided_at,
+            first_seen=c.first_seen, expires_at=c.decided_at + duration * 1000, site=self.cfg.site, action="ban",
+            value=c.value, scope=c.scope, reason=c.rule, duration_s=duration, mode=mode, origin="forumpulse",
+            evidence={**c.evidence, "offence": len(hist)},
+        )
+        self.active[c.value] = d
+        self._dispatch(d)
+        return d
+
+    def expire(self, now_ms: int) -> list[Decision]:
+        """Forget bans whose expiry (stream time) has passed; the firewall sets expire them on their own."""
+        gone = [d for d in self.active.values() if d.expires_at <= now_ms]
+        for d in gone:
+            del self.active[d.value]
+        return gone
+
+    def unban(self, value: str, reason: str = "manual", now_ms: int | None = None) -> Decision | None:
+        """Manual unban: removes the active ban (if any) and tells every sink and action."""
+        d = self.active.pop(value, None)
+        if d is None:
+            return None
+        now = int(self.wall() * 1000) if now_ms is None else now_ms
+        u = Decision(id=uuid.uuid4().hex, created_at=int(self.wall() * 1000), decided_at=now, first_seen=d.first_seen,
+                     expires_at=now, site=d.site, action="unban", value=d.value, scope=d.scope, reason=reason,
+                     duration_s=0, mode=d.mode, origin="forumpulse", evidence={"ban_id": d.id})
+        self._dispatch(u)
+        return u
+
+    def _dispatch(self, d: Decision) -> None:
+        self.decisions.append(d)
+        for s in self.sinks:
+            s.emit(d)
+        if d.mode != "enforce":
+            return
+        for a in self.actions:
+            try:
+                a.ban(d) if d.action == "ban" else a.unban(d)
+            except Exception as exc:
+                self.action_errors += 1
+                log.error("action %s failed for %s %s: %s", getattr(a, "name", a), d.action, d.value, exc)
+
+    def flush(self) -> None:
+        for s in self.sinks:
+            s.flush()
+
+
+# --------------------------------------------------------------------------------------------- sinks
+
+
+class JsonLinesSink:
+    """Appends one JSON object per decision to a text stream (or a path)."""
+
+    def __init__(self, out: Any) -> None:
+        self._own = isinstance(out, str)
+        self.out = open(out, "a", encoding="utf-8") if isinstance(out, str) else out  # noqa: SIM115
+
+    def emit(self, decision: Decision) -> None:
+        self.out.write(json.dumps(decision.to_json(), sort_keys=True) + "\n")
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def close(self) -> None:
+        self.flush()
+        if self._own:
+            self.out.close()
+
+
+class StoreSink:
+    """Buffers decisions and inserts them into the ``decisions`` table (one Arrow block per flush)."""
+
+    def __init__(self, store: Any, flush_every: int = 100) -> None:
+        self.store = store
+        self.flush_every = flush_every
+        self.buf: list[Decision] = []
+
+    def emit(self, decision: Decision) -> None:
+        self.buf.append(decision)
+        if len(self.buf) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buf:
+            return
+        import pyarrow as pa
+
+        ts = pa.timestamp("ms", tz="UTC")
+        b, self.buf = self.buf, []
+        t = pa.table({
+            "id": [d.id for d in b],
+            "created_at": pa.array([d.created_at for d in b], ts),
+            "decided_at": pa.array([d.decided_at for d in b], ts),
+            "first_seen": pa.array([d.first_seen for d in b], ts),
+            "expires_at": pa.array([d.expires_at for d in b], ts),
+            "site": [d.site for d in b], "action": [d.action for d in b], "value": [d.value for d in b],
+            "scope": [d.scope for d in b], "reason": [d.reason for d in b],
+            "duration_s": pa.array([d.duration_s for d in b], pa.uint32()),
+            "mode": [d.mode for d in b], "origin": [d.origin for d in b],
+            "evidence": [json.dumps(d.evidence, sort_keys=True) for d in b],
+        })
+        token = "decisions-" + hashlib.sha256("".join(d.id for d in b).encode()).hexdigest()[:24]
+        self.store.insert("decisions", t, dedup_token=token)
+
+    def close(self) -> None:
+        self.flush()
+
+
+class KafkaSink:
+    """Publishes decisions as JSON on ``topic`` (default ``weblogs.decisions``), keyed by the banned value.
+
+    ``producer`` may be injected (anything with ``produce(topic, value=, key=)``, ``poll`` and ``flush``);
+    otherwise a confluent-kafka Producer is made from ``bootstrap_servers``.
+    """
+
+    def __init__(self, bootstrap_servers: str = "127.0.0.1:9092", topic: str = "weblogs.decisions",
+                 producer: Any = None) -> None:
+        if producer is None:
+            from confluent_kafka import Producer
+
+            producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
+                                 "linger.ms": 20})
+        self.producer = producer
+        self.topic = topic
+
+    def emit(self, decision: Decision) -> None:
+        self.producer.produce(self.topic, value=json.dumps(decision.to_json(), sort_keys=True).encode(),
+                              key=decision.value.encode())
+        self.producer.poll(0)
+
+    def flush(self) -> None:
+        self.producer.flush(10)
+
+    def close(self) -> None:
+        self.flush()
+
+
+# --------------------------------------------------------------------------------------------- detector
+
+
+class DosDetector:
+    """Evaluates every rule on each batch, keeping window state between batches (stream time).
+
+    ``process(batch)`` returns the decisions made for this batch (after the manager's controls).
+    ``stats`` counts lines seen/ignored and candidates per rule.
+    """
+
+    def __init__(self, rules: RuleSet | None = None, manager: DecisionManager | None = None) -> None:
+        self.rules = rules or load_rules()
+        self.manager = manager or DecisionManager()
+        self.rx = self.rules.compiled
+        self.windows: dict[str, tuple[Any, ...]] = {}
+        for r in self.rules.rules:
+            if r.kind == "count":
+                self.windows[r.name] = (_CountWindow(r.window_s),)
+            elif r.kind == "distinct":
+                self.windows[r.name] = (_DistinctWindow(r.window_s), _CountWindow(r.window_s))
+            else:
+                self.windows[r.name] = (_CountWindow(r.window_s), _DistinctWindow(r.window_s),
+                                        _CountWindow(r.window_s))
+        self.baseline = _Baseline(self.rules)
+        self.watermark_ms = 0
+        self.stats: dict[str, int] = {"lines": 0, "ignored": 0, **{r.name: 0 for r in self.rules.rules}}
+
+    # -- feature columns, computed once per batch
+    def _field(self, b: Batch, name: str, cache: dict[str, Any]) -> np.ndarray:
+        if name not in cache:
+            if name == "path_query":
+                q = b.query
+                cache[name] = np.where(q != "", b.path + "?" + q, b.path)
+            else:
+                cache[name] = {"path": b.path, "query": b.query, "user_agent": b.user_agent}[name]
+        return cache[name]  # type: ignore[no-any-return]
+
+    def _codes(self, b: Batch, name: str, cache: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        k = "codes:" + name
+        if k not in cache:
+            cache[k] = _factorize(self._field(b, name, cache))
+        return cache[k]  # type: ignore[no-any-return]
+
+    def _pattern(self, b: Batch, name: str, cache: dict[str, Any]) -> np.ndarray:
+        k = "pattern:" + name
+        if k not in cache:
+            p = self.rules.patterns[name]
+            codes, uniq = self._codes(b, p.field, cache)
+            rx = self.rx[name]
+            hit = np.fromiter((rx.search(u) is not None for u in uniq), dtype=bool, count=len(uniq))
+            cache[k] = hit[codes] if len(codes) else np.zeros(0, dtype=bool)
+        return cache[k]  # type: ignore[no-any-return]
+
+    def _mask(self, r: Rule, b: Batch, cache: dict[str, Any]) -> np.ndarray:
+        m = np.ones(len(b), dtype=bool)
+        f = r.filter
+        if f.static is not None:
+            st = b.is_static if b.is_static is not None else self._pattern(b, "static", cache)
+            m &= st if f.static else ~st
+        if f.status_in:
+            m &= np.isin(b.status, f.status_in)
+        if f.method_in:
+            m &= np.isin(b.method, f.method_in)
+        if f.pattern:
+            m &= self._pattern(b, f.pattern, cache)
+        return m
+
+    def process(self, batch: Batch) -> list[Decision]:
+        n0 = len(batch)
+        self.stats["lines"] += n0
+        if n0 == 0:
+            return []
+        ok = batch.client_ip != ""
+        if not ok.all():
+            self.stats["ignored"] += int((~ok).sum())
+            batch = batch.take(np.flatnonzero(ok))
+        if len(batch) == 0:
+            return []
+        order = np.argsort(batch.ts, kind="stable")
+        if not (order == np.arange(len(order))).all():
+            batch = batch.take(order)
+        self.watermark_ms = max(self.watermark_ms, int(batch.ts[-1]))
+        wm_sec = self.watermark_ms // 1000
+        secs = batch.ts // 1000
+        cache: dict[str, Any] = {}
+        ip_codes, ip_uniq = _factorize(batch.client_ip)
+        cache["ip"] = (ip_codes, ip_uniq)
+        out: list[Decision] = []
+        nonstatic = self._mask_static(batch, cache)
+        self.baseline.update(batch.client_ip[nonstatic], batch.user_agent[nonstatic], secs[nonstatic], wm_sec)
+        for r in self.rules.rules:
+            m = self._mask(r, batch, cache)
+            if not m.any():
+                continue
+            for c in self._evaluate(r, batch, m, secs, wm_sec, cache):
+                self.stats[r.name] += 1
+                d = self.manager.submit(c)
+                if d is not None:
+                    out.append(d)
+                    if c.scope == "ip":
+                        self.baseline.taint(c.value, (d.expires_at // 1000))
+        return out
+
+    def _mask_static(self, b: Batch, cache: dict[str, Any]) -> np.ndarray:
+        st = b.is_static if b.is_static is not None else self._pattern(b, "static", cache)
+        return ~st
+
+    def _keys(self, r: Rule, b: Batch, cache: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        ip_codes, ip_uniq = cache["ip"]
+        if r.kind == "distributed":
+            return self._codes(b, "path", cache)
+        if r.key == "ip":
+            return ip_codes, ip_uniq
+        if "prefix" not in cache:
+            pre = []
+            for u in ip_uniq:
+                try:
+                    pre.append(prefix_of(u))
+                except ValueError:
+                    pre.append("")
+            pc, pu = _factorize(np.asarray(pre, dtype=object))
+            cache["prefix"] = (pc[ip_codes], pu)
+        return cache["prefix"]  # type: ignore[no-any-return]
+
+    def _evaluate(self, r: Rule, b: Batch, m: np.ndarray, secs: np.ndarray, wm_sec: int,
+                  cache: dict[str, Any]) -> Iterator[Candidate]:
+        idx = np.flatnonzero(m)
+        kcodes, kuniq = self._keys(r, b, cache)
+        kc, s, ts = kcodes[idx], secs[idx], b.ts[idx]
+        win = self.windows[r.name]
+        if r.kind == "count":
+            res, table = win[0].update(kc, kuniq, s, ts, wm_sec)
+            res["value"] = res["win"]
+        elif r.kind == "distinct":
+            vc, vu = self._codes(b, r.distinct_of or "path", cache)
+            dres, table = win[0].update(kc, kuniq, vc[idx], vu, s, wm_sec)
+            cres, _ = win[1].update(kc, kuniq, s, ts, wm_sec)
+            res = cres.merge(dres, on=["key", "sec"], how="left")
+            res["value"] = res["distinct"].fillna(0)
+            if r.min_ratio is not None:
+                res = res[res["distinct"] >= r.min_ratio * res["win"]]
+        else:
+            yield from self._distributed(r, b, idx, kc, kuniq, s, ts, wm_sec, cache)
+            return
+        hits = res[res["value"] >= r.threshold]
+        if r.key == "prefix" and r.min_clients > 1 and len(hits):
+            ip_codes = cache["ip"][0][idx]
+            dwin = self.windows.setdefault(r.name + ":clients", (_DistinctWindow(r.window_s),))[0]
+            dres, _ = dwin.update(kc, kuniq, ip_codes, cache["ip"][1], s, wm_sec)
+            hits = hits.merge(dres, on=["key", "sec"], how="left")
+            hits = hits[hits["distinct"] >= r.min_clients]
+        elif r.key == "prefix" and r.min_clients > 1:
+            dwin = self.windows.setdefault(r.name + ":clients", (_DistinctWindow(r.window_s),))[0]
+            dwin.update(kc, kuniq, cache["ip"][0][idx], cache["ip"][1], s, wm_sec)
+        if hits.empty:
+            return
+        for key_code, grp in hits.groupby("key", sort=False):
+            value = str(table[key_code])
+            if not value:
+                continue
+            thr = r.threshold
+            if r.scale == "baseline":
+                sc = self.baseline.scale(value, r.threshold / r.window_s)
+                thr = r.threshold * sc
+                grp = grp[grp["value"] >= thr]
+                if grp.empty:
+                    continue
+            row = grp.sort_values("sec").iloc[0]
+            yield self._candidate(r, b, idx, kc, int(key_code), value, row, thr)
+
+    def _candidate(self, r: Rule, b: Batch, idx: np.ndarray, kc: np.ndarray, key_code: int, value: str,
+                   row: Any, thr: float) -> Candidate:
+        sec = int(row["sec"])
+        sel = idx[(kc == key_code) & (b.ts[idx] // 1000 == sec)]
+        if r.kind == "count" and len(sel):
+            k = int(thr) - (int(row["win"]) - int(row["n"]))
+            trig = sel[min(max(k, 1), len(sel)) - 1]
+        else:
+            trig = sel[-1] if len(sel) else idx[-1]
+        in_win = idx[(kc == key_code) & (b.ts[idx] // 1000 > sec - r.window_s) & (b.ts[idx] <= b.ts[trig])]
+        samples = [f"{b.method[i]} {b.path[i]}{'?' + b.query[i] if b.query[i] else ''} {b.status[i]}"
+                   for i in in_win[:3]]
+        uas = sorted({str(b.user_agent[i]) for i in in_win[:50]})
+        first = int(row["first_ts"]) if "first_ts" in row and not pd.isna(row["first_ts"]) else int(b.ts[in_win[0]])
+        ev = {"rule": r.name, "window_s": r.window_s, "threshold": round(thr, 2),
+              "count": int(row["win"]), "samples": samples, "user_agents": uas[:5]}
+        if "distinct" in row and not pd.isna(row["distinct"]):
+            ev["distinct"] = int(row["distinct"])
+        return Candidate(rule=r.name, value=value, scope=r.scope, decided_at=int(b.ts[trig]),
+                         first_seen=min(first, int(b.ts[trig])), duration_s=r.duration_s, evidence=ev,
+                         user_agents=uas)
+
+    def _distributed(self, r: Rule, b: Batch, idx: np.ndarray, tc: np.ndarray, tuniq: np.ndarray,
+                     s: np.ndarray, ts: np.ndarray, wm_sec: int, cache: dict[str, Any]) -> Iterator[Candidate]:
+        cnt_w, cli_w, pair_w = self.windows[r.name]
+        ip_codes, ip_uniq = cache["ip"]
+        ipc = ip_codes[idx]
+        res, table = cnt_w.update(tc, tuniq, s, ts, wm_sec)
+        dres, _ = cli_w.update(tc, tuniq, ipc, ip_uniq, s, wm_sec)
+        res = res.merge(dres, on=["key", "sec"], how="left")
+        # per-client counts only for "warm" targets (>= 1/4 of the threshold): keeps the pair state small
+        warm = res.loc[res["win"] * 4 >= r.threshold, "key"].unique()
+        wm = np.isin(tc, warm)
+        nip = np.int64(len(ip_uniq) + 1)
+        pair_codes, pair_uniq = _factorize(tc[wm] * nip + ipc[wm])
+        names = np.asarray([f"{tuniq[p // nip]}\x00{ip_uniq[p % nip]}" for p in pair_uniq], dtype=object)
+        pres, ptable = pair_w.update(pair_codes, names, s[wm], ts[wm], wm_sec)
+        hits = res[(res["win"] >= r.threshold) & (res["distinct"] >= r.min_clients)]
+        if hits.empty:
+            return
+        pres = pres.assign(name=ptable[pres["key"].to_numpy()])
+        for key_code, grp in hits.groupby("key", sort=False):
+            target = str(table[key_code])
+            row = grp.sort_values("sec").iloc[0]
+            sec = int(row["sec"])
+            pre = target + "\x00"
+            cand = pres[(pres["sec"] >= sec) & pres["name"].str.startswith(pre) & (pres["win"] >= r.per_client_min)]
+            for name, g2 in cand.groupby("name", sort=False):
+                ip = str(name)[len(pre):]
+                prow = g2.sort_values("sec").iloc[0]
+                sel = idx[(ipc == pd.Index(ip_uniq).get_loc(ip)) & (tc == key_code)]
+                k = min(r.per_client_min, len(sel)) - 1
+                t_at = max(int(b.ts[sel[k]]), sec * 1000) if len(sel) else sec * 1000
+                ev = {"rule": r.name, "window_s": r.window_s, "target": target, "target_count": int(row["win"]),
+                      "target_clients": int(row["distinct"]), "count": int(prow["win"]),
+                      "threshold": r.per_client_min,
+                      "samples": [f"{b.method[i]} {b.path[i]} {b.status[i]}" for i in sel[:3]]}
+                uas = sorted({str(b.user_agent[i]) for i in sel[:50]})
+                yield Candidate(rule=r.name, value=ip, scope="ip", decided_at=t_at,
+                                first_seen=int(prow["first_ts"]), duration_s=r.duration_s, evidence=ev,
+                                user_agents=uas)
+
+
+def detect_records(records: Iterable[ParsedLine], detector: DosDetector | None = None,
+                   batch_lines: int = 50_000) -> Iterator[Decision]:
+    """Replay helper: feed records in stream order in batches; yields decisions as they are made."""
+    det = detector or DosDetector()
+    buf: list[ParsedLine] = []
+    for rec in records:
+        buf.append(rec)
+        if len(buf) >= batch_lines:
+            yield from det.process(Batch.from_records(buf))
+            buf = []
+    if buf:
+        yield from det.process(Batch.from_records(buf))
+    det.manager.flush()
+
+
+__all__ = ["Action", "Batch", "Candidate", "CrawlerVerifier", "Decision", "DecisionManager", "DecisionSink",
+           "DosDetector", "JsonLinesSink", "KafkaSink", "StoreSink", "detect_records", "iso_ms", "prefix_of"]

@@ -1,0 +1,237 @@
+"""DoS/abuse rules as data (``detectors/rules/dos.yaml``) and the ``detectors.dos`` / ``actions`` config models.
+
+:func:`load_rules` validates the rules file (every pattern compiles, every rule names known patterns, windows
+and thresholds are positive) and raises :class:`ValueError` naming the rule and field on misuse.
+:class:`DosConfig` (section ``detectors.dos``) and :class:`ActionsConfig` (section ``actions``) are registered
+with :func:`forumpulse.pipeline.config.register_section_validator` when this module is imported, so
+``forumpulse config check`` reports their errors.  Secrets (decision API key, webhook HMAC secret) have no
+defaults: they come from the configuration file or ``FORUMPULSE_ACTIONS__...`` environment variables.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from forumpulse.pipeline.config import register_section_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+RULES_PATH = Path(__file__).resolve().parent / "rules" / "dos.yaml"
+CASES_DIR = Path(__file__).resolve().parent / "rules" / "dos_cases"
+
+PatternField = Literal["path", "query", "path_query", "user_agent"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Pattern(_Strict):
+    field: PatternField
+    regex: str
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"regular expression does not compile: {exc}") from None
+        return v
+
+
+class RuleFilter(_Strict):
+    static: bool | None = Field(None, description="true: only static files, false: only non-static, null: both")
+    status_in: list[int] | None = None
+    method_in: list[str] | None = None
+    pattern: str | None = Field(None, description="name of a pattern in the `patterns` section")
+
+
+class Rule(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    description: str
+    kind: Literal["count", "distinct", "distributed"]
+    key: Literal["ip", "prefix"] = "ip"
+    target: Literal["path"] = "path"
+    distinct_of: PatternField | None = None
+    filter: RuleFilter = Field(default_factory=RuleFilter)  # type: ignore[arg-type]
+    window_s: int = Field(ge=1, le=3600)
+    threshold: float = Field(gt=0)
+    min_ratio: float | None = Field(None, gt=0, le=1)
+    min_clients: int = Field(1, ge=1)
+    per_client_min: int = Field(1, ge=1)
+    scale: Literal["none", "baseline"] = "none"
+    scope: Literal["ip", "range"] = "ip"
+    duration_s: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Rule:
+        if self.kind == "distinct" and self.distinct_of is None:
+            raise ValueError("a distinct rule needs distinct_of")
+        if self.scope == "range" and self.key != "prefix":
+            raise ValueError("scope range needs key prefix")
+        if self.kind == "distributed" and self.scope != "ip":
+            raise ValueError("a distributed rule bans clients (scope ip)")
+        return self
+
+
+class Baseline(_Strict):
+    alpha: float = Field(0.3, gt=0, le=1)
+    headroom: float = Field(4.0, ge=1)
+    users_per_unit: float = Field(4, gt=0)
+    min_requests_per_user: int = Field(2, ge=1)
+    max_scale: float = Field(10.0, ge=1)
+    forget_after_s: int = Field(3600, ge=60)
+
+
+class RuleSet(_Strict):
+    version: int
+    patterns: dict[str, Pattern]
+    baseline: Baseline = Field(default_factory=Baseline)  # type: ignore[arg-type]
+    rules: list[Rule]
+
+    @model_validator(mode="after")
+    def _refs(self) -> RuleSet:
+        names = [r.name for r in self.rules]
+        if len(set(names)) != len(names):
+            raise ValueError("rule names must be unique")
+        if "static" not in self.patterns:
+            raise ValueError("the `static` pattern is required (it defines static files)")
+        for r in self.rules:
+            if r.filter.pattern is not None and r.filter.pattern not in self.patterns:
+                raise ValueError(f"rule {r.name}: unknown pattern {r.filter.pattern!r}")
+        return self
+
+    @cached_property
+    def compiled(self) -> dict[str, re.Pattern[str]]:
+        return {k: re.compile(p.regex) for k, p in self.patterns.items()}
+
+
+def load_rules(path: str | Path | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> RuleSet:
+    """Load and validate a rules file (default: the built-in ``rules/dos.yaml``).
+
+    ``overrides`` maps rule name -> field values (from ``detectors.dos.rule_overrides``), e.g.
+    ``{"client_flood": {"threshold": 50}}``; naming an unknown rule raises ValueError.
+    """
+    data = yaml.safe_load(Path(path or RULES_PATH).read_text())
+    if overrides:
+        by_name = {r["name"]: r for r in data.get("rules", [])}
+        for name, fields in overrides.items():
+            if name not in by_name:
+                raise ValueError(f"rule_overrides: unknown rule {name!r}")
+            by_name[name].update(fields)
+    return RuleSet.model_validate(data)
+
+
+# --------------------------------------------------------------------------------------------- config
+
+
+def _network(v: str) -> str:
+    try:
+        return str(ipaddress.ip_network(v, strict=False))
+    except ValueError:
+        raise ValueError(f"{v!r} is not an IP address or CIDR") from None
+
+
+class CrawlerConfig(_Strict):
+    verify: Literal["dns", "ua", "off"] = Field(
+        "dns", description="dns: UA match + reverse DNS + forward confirmation; ua: trust the UA; off: no exemption")
+    cache_ttl_s: int = Field(3600, ge=1)
+    timeout_s: float = Field(2.0, gt=0)
+
+
+class EscalationConfig(_Strict):
+    factor: float = Field(4.0, ge=1, description="each repeat offence multiplies the ban duration")
+    window_s: int = Field(86_400, ge=60, description="offences older than this are forgotten")
+    max_duration_s: int = Field(7 * 86_400, ge=60)
+
+
+class DosConfig(_Strict):
+    """Section ``detectors.dos``."""
+
+    enabled: bool = True
+    rules_file: str | None = Field(None, description="rules YAML; default the built-in rules/dos.yaml")
+    rule_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    mode: Literal["enforce", "observe"] = Field("enforce", description="observe: record decisions, apply none")
+    allowlist: list[str] = Field(default_factory=list, description="CIDRs never banned (own infra, CDNs, NATs)")
+    crawlers: CrawlerConfig = Field(default_factory=CrawlerConfig)  # type: ignore[arg-type]
+    escalation: EscalationConfig = Field(default_factory=EscalationConfig)  # type: ignore[arg-type]
+    max_bans_per_minute: int = Field(30, ge=1, description="circuit breaker: more bans in one stream minute are "
+                                     "recorded with mode=breaker and not enforced")
+    site: str = "forum"
+
+    _norm = field_validator("allowlist")(lambda cls, v: [_network(x) for x in v])
+
+
+class NftablesConfig(_Strict):
+    enabled: bool = False
+    table: str = Field("forumpulse", pattern=r"^[A-Za-z][A-Za-z0-9_]{0,30}$")
+    set_v4: str = Field("ban_v4", pattern=r"^[A-Za-z][A-Za-z0-9_]{0,30}$")
+    set_v6: str = Field("ban_v6", pattern=r"^[A-Za-z][A-Za-z0-9_]{0,30}$")
+    hook_priority: int = -10
+
+
+class IpsetConfig(_Strict):
+    enabled: bool = False
+    set_v4: str = Field("forumpulse4", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
+    set_v6: str = Field("forumpulse6", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
+    iptables_rule: bool = Field(True, description="insert an iptables INPUT rule dropping members of the sets")
+
+
+class WebhookConfig(_Strict):
+    enabled: bool = False
+    url: str = ""
+    secret: SecretStr | None = Field(None, description="HMAC-SHA256 key (no default; set in config or env)")
+    retries: int = Field(4, ge=0, le=10)
+    backoff_s: float = Field(0.5, ge=0)
+    timeout_s: float = Field(5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _needs(self) -> WebhookConfig:
+        if self.enabled and (not self.url.startswith(("http://", "https://")) or self.secret is None):
+            raise ValueError("an enabled webhook needs an http(s) url and a secret")
+        return self
+
+
+class DecisionApiConfig(_Strict):
+    enabled: bool = False
+    listen: str = Field("127.0.0.1:8090", description="HOST:PORT of the CrowdSec-compatible decision stream")
+    api_key: SecretStr | None = Field(None, description="bouncer API key (X-Api-Key); no default")
+
+    @model_validator(mode="after")
+    def _needs(self) -> DecisionApiConfig:
+        if self.enabled and self.api_key is None:
+            raise ValueError("an enabled decision API needs api_key")
+        return self
+
+
+class ActionsConfig(_Strict):
+    """Section ``actions``."""
+
+    nftables: NftablesConfig = Field(default_factory=NftablesConfig)  # type: ignore[arg-type]
+    ipset: IpsetConfig = Field(default_factory=IpsetConfig)  # type: ignore[arg-type]
+    webhook: WebhookConfig = Field(default_factory=WebhookConfig)  # type: ignore[arg-type]
+    decision_api: DecisionApiConfig = Field(default_factory=DecisionApiConfig)  # type: ignore[arg-type]
+    jsonl_path: str | None = Field(None, description="also append every decision to this JSON-lines file")
+    kafka: bool = Field(False, description="publish decisions on kafka.decisions_topic")
+
+
+class DetectorsSection(BaseModel):
+    """The part of section ``detectors`` this module owns (other detectors validate their own keys)."""
+
+    model_config = ConfigDict(extra="allow")
+    dos: DosConfig = Field(default_factory=DosConfig)  # type: ignore[arg-type]
+
+
+register_section_validator("actions", ActionsConfig.model_validate)
+
+
+def _validate_detectors(v: Any) -> Any:
+    return DetectorsSection.model_validate(v)
+
+
+register_section_validator("detectors", _validate_detectors)
