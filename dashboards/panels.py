@@ -1,0 +1,380 @@
+"""Panel SQL and the ClickHouse query type for grafana-foundation-sdk.
+
+The SDK has no ClickHouse query type; :class:`ClickHouseQuery` is a small builder that emits the JSON the
+grafana-clickhouse-datasource plugin (v4) stores for a SQL-editor query:
+
+``{"refId", "datasource": {"type": "grafana-clickhouse-datasource", "uid"}, "editorType": "sql", "rawSql",
+"format", "queryType"}``
+
+``format`` is grafana-plugin-sdk-go ``sqlutil.FormatQueryOption``: **0 time series** (long frames are converted
+to wide, one series per string column value), **1 table**, 2 logs, 3 traces, 4 multi.  ``queryType`` is the
+plugin's editor hint (``timeSeries`` / ``table``).
+
+Every SQL here reads ClickHouse only: the per-minute rollups (``site_minute``, ``topic_minute``,
+``client_minute``, ``prefix_minute``, ``transfer_minute`` — AggregatingMergeTree, so ``sum()`` over the
+SimpleAggregateFunction columns, ``uniqMerge(visitors)``, ``quantilesTDigestMerge(...)(elapsed_q)``) for time
+panels, ``detections`` / ``source_liveness`` / ``topic_*`` (ReplacingMergeTree, read with ``FINAL`` or
+``argMax``), and ``decisions`` / ``quarantine`` / ``pipeline_stats``.
+
+Variables used: ``site`` (single), ``metric`` (views | replies | visitors), ``group`` (multi, All),
+``topic`` (single topic id).  Detections that concern one topic are expected to carry ``scope = 'topic:<id>'``
+(group surges ``group:<name>``); the event list links topic events to the topic drill-down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog import variants as cogvariants
+
+DATASOURCE_TYPE = "grafana-clickhouse-datasource"
+DATASOURCE_UID = "forumpulse-clickhouse"
+FORMAT_TIME_SERIES = 0
+FORMAT_TABLE = 1
+
+
+class ClickHouseDataquery(cogvariants.Dataquery):
+    """The plugin's SQL query model (only the fields a raw-SQL query needs)."""
+
+    def __init__(self, raw_sql: str, fmt: int, ref_id: str = "A", uid: str = DATASOURCE_UID) -> None:
+        if fmt not in (0, 1, 2, 3, 4):
+            raise ValueError("format must be a sqlutil.FormatQueryOption (0..4)")
+        self.raw_sql = raw_sql
+        self.format = fmt
+        self.ref_id = ref_id
+        self.uid = uid
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "refId": self.ref_id,
+            "datasource": {"type": DATASOURCE_TYPE, "uid": self.uid},
+            "editorType": "sql",
+            "format": self.format,
+            "queryType": "timeSeries" if self.format == FORMAT_TIME_SERIES else "table",
+            "rawSql": self.raw_sql,
+        }
+
+
+class ClickHouseQuery(cogbuilder.Builder[cogvariants.Dataquery]):
+    """Builder for :class:`ClickHouseDataquery` (``.with_target(ClickHouseQuery(sql).table())``)."""
+
+    def __init__(self, raw_sql: str) -> None:
+        self._q = ClickHouseDataquery(raw_sql.strip(), FORMAT_TIME_SERIES)
+
+    def table(self) -> ClickHouseQuery:
+        self._q.format = FORMAT_TABLE
+        return self
+
+    def time_series(self) -> ClickHouseQuery:
+        self._q.format = FORMAT_TIME_SERIES
+        return self
+
+    def ref_id(self, ref_id: str) -> ClickHouseQuery:
+        self._q.ref_id = ref_id
+        return self
+
+    def build(self) -> cogvariants.Dataquery:
+        return self._q
+
+
+# ------------------------------------------------------------------------------------------------ SQL pieces
+
+SITE = "site = ${site:singlequote}"
+TOPIC = "toUInt64(${topic:singlequote})"
+
+
+def metric_expr(prefix: str = "") -> str:
+    """The ``$metric`` value of topic_minute rows (views/replies: sum; visitors: uniqMerge)."""
+    p = prefix
+    return (
+        f"multiIf(${{metric:singlequote}} = 'replies', toFloat64(sum({p}replies)), "
+        f"${{metric:singlequote}} = 'visitors', toFloat64(uniqMerge({p}visitors)), toFloat64(sum({p}views)))"
+    )
+
+
+#: The forum-wide denominator of ``$metric`` from site_minute (human topic views / replies / visitors).
+SITE_METRIC = (
+    "multiIf(${metric:singlequote} = 'replies', toFloat64(sum(replies)), "
+    "${metric:singlequote} = 'visitors', toFloat64(uniqMerge(visitors)), toFloat64(sum(topic_views)))"
+)
+
+TITLES = (
+    "SELECT topic_id, argMax(title, updated_at) AS title, argMax(forum, updated_at) AS forum "
+    f"FROM topic_titles WHERE {SITE} GROUP BY topic_id"
+)
+GROUPS = f"SELECT topic_id, group_name FROM topic_groups FINAL WHERE {SITE} AND group_name IN (${{group:singlequote}})"
+TOP_TOPICS = (
+    f"SELECT topic_id FROM topic_minute WHERE {SITE} AND $__timeFilter(minute) "
+    f"GROUP BY topic_id ORDER BY {metric_expr()} DESC, topic_id LIMIT 10"
+)
+SITE_TOTALS = (
+    f"SELECT $__timeInterval(minute) AS time, {SITE_METRIC} AS total FROM site_minute "
+    f"WHERE {SITE} AND $__timeFilter(minute) GROUP BY time"
+)
+TOPIC_LABEL = "concat('#', toString(s.topic_id), if(t.title = '', '', concat(' ', t.title)))"
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    """One panel: kind (timeseries | table | stat), title, SQL, width/height, unit, stacking, links."""
+
+    kind: str
+    title: str
+    sql: str
+    w: int = 12
+    h: int = 8
+    unit: str | None = None
+    stacked: bool = False
+    description: str = ""
+    links: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def fmt(self) -> int:
+        return FORMAT_TIME_SERIES if self.kind == "timeseries" else FORMAT_TABLE
+
+
+OPS_PANELS: list[PanelSpec] = [
+    PanelSpec("timeseries", "Requests per second", f"""
+SELECT $__timeInterval(minute) AS time, sum(requests) / $__interval_s AS requests_per_s
+FROM site_minute
+WHERE {SITE} AND $__timeFilter(minute)
+GROUP BY time ORDER BY time""", unit="reqps"),
+    PanelSpec("timeseries", "Bytes per second", f"""
+SELECT $__timeInterval(minute) AS time, sum(bytes) / $__interval_s AS bytes_per_s
+FROM site_minute
+WHERE {SITE} AND $__timeFilter(minute)
+GROUP BY time ORDER BY time""", unit="Bps"),
+    PanelSpec("timeseries", "Status mix (requests per interval)", f"""
+SELECT $__timeInterval(minute) AS time,
+       sum(status_1xx) AS s1xx, sum(status_2xx) AS s2xx, sum(status_3xx) AS s3xx,
+       sum(status_4xx) AS s4xx, sum(status_5xx) AS s5xx, sum(status_none) AS no_status
+FROM site_minute
+WHERE {SITE} AND $__timeFilter(minute)
+GROUP BY time ORDER BY time""", stacked=True),
+    PanelSpec("timeseries", "Error ratio", f"""
+SELECT $__timeInterval(minute) AS time,
+       sum(status_4xx) / greatest(sum(requests), 1) AS client_error_ratio,
+       sum(status_5xx) / greatest(sum(requests), 1) AS server_error_ratio
+FROM site_minute
+WHERE {SITE} AND $__timeFilter(minute)
+GROUP BY time ORDER BY time""", unit="percentunit"),
+    PanelSpec("table", "Top clients", f"""
+SELECT if(client_ip = toIPv6('::'), '(hostname clients)', replaceRegexpOne(toString(client_ip), '^::ffff:', '')) AS client,
+       sum(requests) AS requests_total, sum(bytes) AS bytes_total, sum(status_4xx) AS errors_4xx,
+       sum(status_5xx) AS errors_5xx, sum(bot_requests) AS bot_requests_total,
+       round(requests_total / greatest(dateDiff('second', $__fromTime, $__toTime), 1), 3) AS avg_rps
+FROM client_minute
+WHERE {SITE} AND $__timeFilter(minute)
+GROUP BY client_ip ORDER BY requests_total DESC, client LIMIT 25"""),
+    PanelSpec("table", "Top prefixes", f"""
+SELECT concat(replaceRegexpOne(toString(prefix), '^::ffff:', ''), '/', toString(prefix_len)) AS network,
+       sum(requests) AS requests_total, uniqMerge(clients) AS distinct_clients
+FROM prefix_minute
+WHERE {SITE} AND $__timeFilter(minute)
+GROUP BY prefix, prefix_len ORDER BY requests_total DESC, network LIMIT 25"""),
+    PanelSpec("table", "Active bans (at end of range)", f"""
+SELECT value, scope, reason, mode, origin, decided_at, expires_at,
+       dateDiff('second', $__toTime, expires_at) AS remaining_s
+FROM decisions
+WHERE {SITE} AND action = 'ban' AND decided_at <= $__toTime AND expires_at > $__toTime
+ORDER BY decided_at DESC, value LIMIT 100"""),
+    PanelSpec("table", "Recent decisions", f"""
+SELECT decided_at, action, value, scope, reason, duration_s, mode, origin
+FROM decisions
+WHERE {SITE} AND $__timeFilter(decided_at)
+ORDER BY decided_at DESC, value LIMIT 50"""),
+    PanelSpec("timeseries", "Quarantined lines per second", f"""
+SELECT $__timeInterval(ingested_at) AS time, reason, count() / $__interval_s AS lines_per_s
+FROM quarantine
+WHERE {SITE} AND $__timeFilter(ingested_at)
+GROUP BY time, reason ORDER BY time, reason""", stacked=True),
+    PanelSpec("timeseries", "Pipeline lag (messages)", """
+SELECT $__timeInterval(ts) AS time, concat(component, '/', instance) AS consumer, max(lag) AS lag
+FROM pipeline_stats
+WHERE $__timeFilter(ts)
+GROUP BY time, consumer ORDER BY time, consumer"""),
+    PanelSpec("timeseries", "Freshness (seconds behind the log)", """
+SELECT $__timeInterval(ts) AS time, concat(component, '/', instance) AS consumer, max(freshness_s) AS freshness_s
+FROM pipeline_stats
+WHERE $__timeFilter(ts)
+GROUP BY time, consumer ORDER BY time, consumer""", unit="s"),
+    PanelSpec("table", "Source liveness", f"""
+SELECT origin_host, origin_file, last_line_ts, last_heartbeat_ts, lines,
+       dateDiff('second', last_line_ts, $__toTime) AS line_age_s,
+       dateDiff('second', last_heartbeat_ts, $__toTime) AS heartbeat_age_s,
+       multiIf(heartbeat_age_s > 300 AND line_age_s > 300, 'silent',
+               line_age_s > 300, 'idle (heartbeats only)', 'live') AS status
+FROM source_liveness FINAL
+WHERE {SITE}
+ORDER BY status DESC, origin_host, origin_file"""),
+    PanelSpec("timeseries", "Response time percentiles", f"""
+SELECT time, q[1] AS p50_ms, q[2] AS p95_ms, q[3] AS p99_ms
+FROM (
+    SELECT $__timeInterval(minute) AS time, quantilesTDigestMerge(0.5, 0.95, 0.99)(elapsed_q) AS q
+    FROM transfer_minute
+    WHERE {SITE} AND $__timeFilter(minute)
+    GROUP BY time
+)
+ORDER BY time""", unit="ms"),
+    PanelSpec("timeseries", "Transfer rate percentiles (responses >= 100 kB)", f"""
+SELECT time, q[1] AS p05_Bps, q[2] AS p50_Bps, q[3] AS p95_Bps
+FROM (
+    SELECT $__timeInterval(minute) AS time, quantilesTDigestMerge(0.05, 0.5, 0.95)(rate_q) AS q
+    FROM transfer_minute
+    WHERE {SITE} AND $__timeFilter(minute) AND size_class != 'lt100k'
+    GROUP BY time
+)
+ORDER BY time""", unit="Bps"),
+]
+
+TOPIC_LINK = (
+    "/d/forumpulse-topics/forum-topics?var-site=${site}&var-metric=${metric}&var-topic=${__data.fields.topic_id}"
+    "&${__url_time_range}"
+)
+EVENT_LINK = (
+    "/d/forumpulse-topics/forum-topics?var-site=${site}&var-topic=${__data.fields.topic_id}"
+    "&from=${__data.fields.link_from_ms}&to=${__data.fields.link_to_ms}"
+)
+
+TOPIC_PANELS: list[PanelSpec] = [
+    PanelSpec("timeseries", "Top topics: $metric (stacked)", f"""
+SELECT s.time AS time, {TOPIC_LABEL} AS topic, s.value AS value
+FROM (
+    SELECT $__timeInterval(minute) AS time, topic_id, {metric_expr()} AS value
+    FROM topic_minute
+    WHERE {SITE} AND $__timeFilter(minute) AND topic_id IN ({TOP_TOPICS})
+    GROUP BY time, topic_id
+) AS s
+LEFT JOIN ({TITLES}) AS t ON s.topic_id = t.topic_id
+ORDER BY time, topic""", stacked=True),
+    PanelSpec("timeseries", "Top topics: share of forum $metric (%)", f"""
+SELECT s.time AS time, {TOPIC_LABEL} AS topic, round(100 * s.value / d.total, 4) AS share_pct
+FROM (
+    SELECT $__timeInterval(minute) AS time, topic_id, {metric_expr()} AS value
+    FROM topic_minute
+    WHERE {SITE} AND $__timeFilter(minute) AND topic_id IN ({TOP_TOPICS})
+    GROUP BY time, topic_id
+) AS s
+INNER JOIN ({SITE_TOTALS}) AS d ON s.time = d.time
+LEFT JOIN ({TITLES}) AS t ON s.topic_id = t.topic_id
+WHERE d.total > 0
+ORDER BY time, topic""", unit="percent", stacked=True),
+    PanelSpec("timeseries", "Topic groups: $metric (stacked)", f"""
+SELECT $__timeInterval(tm.minute) AS time, g.group_name AS topic_group, {metric_expr('tm.')} AS value
+FROM topic_minute AS tm
+INNER JOIN ({GROUPS}) AS g ON tm.topic_id = g.topic_id
+WHERE tm.{SITE} AND $__timeFilter(tm.minute)
+GROUP BY time, topic_group ORDER BY time, topic_group""", stacked=True),
+    PanelSpec("timeseries", "Topic groups: share of forum $metric (%)", f"""
+SELECT s.time AS time, s.topic_group AS topic_group, round(100 * s.value / d.total, 4) AS share_pct
+FROM (
+    SELECT $__timeInterval(tm.minute) AS time, g.group_name AS topic_group, {metric_expr('tm.')} AS value
+    FROM topic_minute AS tm
+    INNER JOIN ({GROUPS}) AS g ON tm.topic_id = g.topic_id
+    WHERE tm.{SITE} AND $__timeFilter(tm.minute)
+    GROUP BY time, topic_group
+) AS s
+INNER JOIN ({SITE_TOTALS}) AS d ON s.time = d.time
+WHERE d.total > 0
+ORDER BY time, topic_group""", unit="percent", stacked=True),
+    PanelSpec("table", "Top topics", f"""
+SELECT p.topic_id AS topic_id, t.title AS title, t.forum AS forum, p.views AS views, p.replies AS replies,
+       p.visitors AS visitors, p.bot_views AS bot_views,
+       round(100 * p.views / greatest(d.total_views, 1), 2) AS views_share_pct,
+       p.peak_minute AS peak_minute, p.peak_views AS peak_views
+FROM (
+    SELECT topic_id, sum(mv) AS views, sum(mr) AS replies, uniqMerge(vs) AS visitors, sum(mb) AS bot_views,
+           argMax(minute, mv) AS peak_minute, max(mv) AS peak_views
+    FROM (
+        SELECT topic_id, minute, sum(views) AS mv, sum(replies) AS mr, sum(bot_views) AS mb,
+               uniqMergeState(visitors) AS vs
+        FROM topic_minute
+        WHERE {SITE} AND $__timeFilter(minute)
+        GROUP BY topic_id, minute
+    )
+    GROUP BY topic_id
+) AS p
+LEFT JOIN ({TITLES}) AS t ON p.topic_id = t.topic_id
+CROSS JOIN (SELECT sum(topic_views) AS total_views FROM site_minute WHERE {SITE} AND $__timeFilter(minute)) AS d
+ORDER BY views DESC, topic_id LIMIT 25""", w=24, links=(("Open topic", TOPIC_LINK),)),
+    PanelSpec("timeseries", "Selected topic: activity", f"""
+SELECT $__timeInterval(minute) AS time, sum(views) AS views, sum(replies) AS replies,
+       uniqMerge(visitors) AS visitors, sum(bot_views) AS bot_views
+FROM topic_minute
+WHERE {SITE} AND topic_id = {TOPIC} AND $__timeFilter(minute)
+GROUP BY time ORDER BY time"""),
+    PanelSpec("timeseries", "Selected topic: share of forum traffic (%)", f"""
+SELECT s.time AS time,
+       round(100 * s.views / greatest(d.views, 1), 4) AS views_share_pct,
+       round(100 * s.replies / greatest(d.replies, 1), 4) AS replies_share_pct,
+       round(100 * s.visitors / greatest(d.visitors, 1), 4) AS visitors_share_pct
+FROM (
+    SELECT $__timeInterval(minute) AS time, sum(views) AS views, sum(replies) AS replies,
+           uniqMerge(visitors) AS visitors
+    FROM topic_minute
+    WHERE {SITE} AND topic_id = {TOPIC} AND $__timeFilter(minute)
+    GROUP BY time
+) AS s
+INNER JOIN (
+    SELECT $__timeInterval(minute) AS time, sum(topic_views) AS views, sum(replies) AS replies,
+           uniqMerge(visitors) AS visitors
+    FROM site_minute
+    WHERE {SITE} AND $__timeFilter(minute)
+    GROUP BY time
+) AS d ON s.time = d.time
+ORDER BY time""", unit="percent"),
+    PanelSpec("timeseries", "Humans vs bots (requests per interval)", f"""
+SELECT $__timeInterval(minute) AS time, sum(requests) - sum(bot_requests) AS human_requests,
+       sum(bot_requests) AS bot_requests_n, sum(pageviews) AS human_pageviews
+FROM site_minute
+WHERE {SITE} AND $__timeFilter(minute)
+GROUP BY time ORDER BY time"""),
+    PanelSpec("table", "Detected events", f"""
+SELECT id, kind, scope, label, state, start_ts, end_ts, peak_ts, round(observed, 4) AS observed,
+       round(expected, 4) AS expected, round(score, 2) AS score,
+       toUInt64OrZero(extract(scope, '^topic:([0-9]+)')) AS topic_id,
+       toUnixTimestamp64Milli(start_ts) - 3600000 AS link_from_ms,
+       toUnixTimestamp64Milli(coalesce(end_ts, peak_ts)) + 3600000 AS link_to_ms
+FROM detections FINAL
+WHERE {SITE} AND start_ts <= $__toTime AND coalesce(end_ts, peak_ts) >= $__fromTime
+ORDER BY start_ts DESC, id LIMIT 100""", w=24, links=(("Open topic at event time", EVENT_LINK),)),
+]
+
+#: Detections drawn on every time panel of both dashboards (columns the plugin maps: time, timeEnd, text, tags).
+ANNOTATION_SQL = f"""
+SELECT toDateTime(start_ts) AS time, toDateTime(coalesce(end_ts, peak_ts)) AS timeEnd,
+       concat(kind, ' ', scope, ': ', label, ' (score ', toString(round(score, 2)), ')') AS text,
+       [toString(kind), toString(label)] AS tags
+FROM detections FINAL
+WHERE {SITE} AND start_ts <= $__toTime AND coalesce(end_ts, peak_ts) >= $__fromTime
+ORDER BY time"""
+
+SITE_VARIABLE_SQL = "SELECT DISTINCT site FROM site_minute ORDER BY site"
+GROUP_VARIABLE_SQL = f"SELECT DISTINCT group_name FROM topic_groups FINAL WHERE {SITE} ORDER BY group_name"
+TOPIC_VARIABLE_SQL = (
+    "SELECT topic_id, concat('#', toString(topic_id), ' ', argMax(title, updated_at)) AS label "
+    f"FROM topic_titles WHERE {SITE} GROUP BY topic_id ORDER BY topic_id"
+)
+METRICS = ("views", "replies", "visitors")
+
+
+def all_specs() -> dict[str, list[PanelSpec]]:
+    return {"forumpulse-ops": OPS_PANELS, "forumpulse-topics": TOPIC_PANELS}
+
+
+def sql_variables() -> dict[str, str]:
+    """Variable name -> its query SQL (query variables run through the plugin like panels)."""
+    return {"site": SITE_VARIABLE_SQL, "group": GROUP_VARIABLE_SQL, "topic": TOPIC_VARIABLE_SQL}
+
+
+def annotation_json(uid: str = DATASOURCE_UID) -> dict[str, Any]:
+    return {
+        "name": "Detections",
+        "datasource": {"type": DATASOURCE_TYPE, "uid": uid},
+        "enable": True,
+        "hide": False,
+        "iconColor": "rgba(255, 96, 96, 1)",
+        "target": ClickHouseDataquery(ANNOTATION_SQL.strip(), FORMAT_TABLE, "Anno", uid).to_json(),
+    }

@@ -1,0 +1,588 @@
+"""Dashboards as code: structure of the committed JSON, and every panel's SQL run on chDB with known answers.
+
+Each panel's rawSql goes through the plugin's semantics (forumpulse.dashboards.macros: variables, then macros)
+and runs on the real schema (migration 0001) filled with synthetic traffic; the expected answer is computed here
+from the Python rows, not from SQL.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+import test_dashboards_fixture as fx
+from forumpulse.dashboards import build
+from forumpulse.dashboards.macros import QueryContext, TemplateVar, render_query
+from forumpulse.pipeline.store import migrate, open_store
+
+DASH_DIR = Path(build.__file__).resolve().parent
+T0, T1 = fx.T0, fx.T0 + timedelta(minutes=180)
+NOW = T1  # the dashboard range ends here
+
+
+def load_dashboards() -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(DASH_DIR.glob("forumpulse-*.json"))}
+
+
+# ---------------------------------------------------------------------------------------------- structure
+
+
+def test_committed_json_is_fresh() -> None:
+    fresh = build.render_all()
+    assert sorted(fresh) == sorted(f"{k}.json" for k in load_dashboards())
+    for name, text in fresh.items():
+        assert (DASH_DIR / name).read_text() == text, f"{name} is stale: run python -m forumpulse.dashboards.build"
+
+
+def test_check_mode_detects_stale(tmp_path: Path) -> None:
+    assert build.main(["--out", str(tmp_path), "--check"]) == 1
+    assert build.main(["--out", str(tmp_path)]) == 0
+    assert build.main(["--out", str(tmp_path), "--check"]) == 0
+    (tmp_path / "forumpulse-ops.json").write_text("{}")
+    assert build.main(["--out", str(tmp_path), "--check"]) == 1
+
+
+def _provisioned_uid() -> str:
+    doc = yaml.safe_load((DASH_DIR / "provisioning/datasources/forumpulse-clickhouse.yaml").read_text())
+    (ds,) = doc["datasources"]
+    assert ds["type"] == "grafana-clickhouse-datasource"
+    for key in ("host", "port", "protocol", "username", "defaultDatabase", "secure"):
+        assert key in ds["jsonData"], key
+    assert ds["secureJsonData"]["password"].startswith("${"), "password must come from the environment"
+    return str(ds["uid"])
+
+
+def _walk_datasources(node: Any) -> list[dict[str, Any]]:
+    out = []
+    if isinstance(node, dict):
+        if isinstance(node.get("datasource"), dict):
+            out.append(node["datasource"])
+        for v in node.values():
+            out += _walk_datasources(v)
+    elif isinstance(node, list):
+        for v in node:
+            out += _walk_datasources(v)
+    return out
+
+
+def test_structure() -> None:
+    uid = _provisioned_uid()
+    prov = yaml.safe_load((DASH_DIR / "provisioning/dashboards/forumpulse.yaml").read_text())
+    assert prov["providers"][0]["type"] == "file"
+    dashes = load_dashboards()
+    assert set(dashes) == {"forumpulse-ops", "forumpulse-topics"}
+    for name, d in dashes.items():
+        assert d["uid"] == name
+        refs = _walk_datasources(d)
+        assert refs, name
+        for ref in refs:
+            if ref.get("type") == "grafana":
+                continue
+            assert ref == {"type": "grafana-clickhouse-datasource", "uid": uid}, (name, ref)
+        ids = [p["id"] for p in d["panels"]]
+        assert len(ids) == len(set(ids)), f"duplicate panel ids in {name}"
+        cells: dict[tuple[int, int], int] = {}
+        for p in d["panels"]:
+            g = p["gridPos"]
+            assert g["x"] >= 0 and g["w"] > 0 and g["h"] > 0 and g["x"] + g["w"] <= 24, (name, p["title"], g)
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    assert (x, y) not in cells, f"{name}: panel {p['id']} overlaps panel {cells[(x, y)]}"
+                    cells[(x, y)] = p["id"]
+            (t,) = p["targets"]
+            assert t["editorType"] == "sql" and t["rawSql"].strip()
+            assert t["format"] == (0 if p["type"] == "timeseries" else 1), p["title"]
+            assert "FROM requests" not in t["rawSql"], "panels must read rollups, not raw requests"
+        anns = [a for a in d["annotations"]["list"] if a.get("builtIn") != 1]
+        assert len(anns) == 1 and "detections FINAL" in anns[0]["target"]["rawSql"]
+        link_panels = [p for p in d["panels"] if p.get("fieldConfig", {}).get("defaults", {}).get("links")]
+        if name == "forumpulse-topics":
+            assert any("var-topic=${__data.fields.topic_id}" in lk["url"]
+                       for p in link_panels for lk in p["fieldConfig"]["defaults"]["links"])
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    store = open_store(f"chdb:{tmp_path_factory.mktemp('dash_chdb')}")
+    migrate(store, {"raw_ttl_days": 0, "rollup_ttl_days": 0, "quarantine_ttl_days": 0, "stats_ttl_days": 0})
+    tr = fx.make_traffic()
+    fx.load_requests(store, tr.rows)
+    # quarantine: 2 truncated lines per minute in 10..19, 1 bad_timestamp in minute 50
+    q = [{"ingested_at": T0 + timedelta(minutes=m, seconds=s), "site": fx.SITE, "origin_host": "web1",
+          "origin_file": "a.log", "source_format": "combined", "reason": r, "detail": "", "raw": "x", "line_no": 1,
+          "source_ref": ""}
+         for m in range(10, 20) for s, r in ((5, "truncated"), (35, "truncated"))]
+    q.append(dict(q[0], ingested_at=T0 + timedelta(minutes=50, seconds=1), reason="bad_timestamp"))
+    store.insert("quarantine", fx.ts_table(q, ("ingested_at",), {"line_no": pa.uint64()}))
+    stats = [{"ts": T0 + timedelta(minutes=m, seconds=s), "component": "consumer", "instance": "c1", "lines_in": 100,
+              "loaded": 100, "quarantined": 0, "batch_latency_ms": 5.0, "lag": (m * 7 + s) % 500 + (4000 if m == 90 else 0),
+              "freshness_s": float((m % 13) + s / 10)} for m in range(180) for s in (0, 30)]
+    store.insert("pipeline_stats", fx.ts_table(stats, ("ts",), {"lines_in": pa.uint64(), "loaded": pa.uint64(),
+                                                               "quarantined": pa.uint64(), "lag": pa.int64()}))
+
+    def live(host: str, line_age: int, hb_age: int, lines: int, upd: int) -> dict[str, Any]:
+        return {"site": fx.SITE, "origin_host": host, "origin_file": "/var/log/access.log",
+                "last_line_ts": NOW - timedelta(seconds=line_age), "last_heartbeat_ts": NOW - timedelta(seconds=hb_age),
+                "lines": lines, "updated_at": NOW - timedelta(seconds=upd)}
+
+    lt = ("last_line_ts", "last_heartbeat_ts", "updated_at")
+    store.insert("source_liveness", fx.ts_table([live("web1", 4000, 4000, 5, 4000)], lt, {"lines": pa.uint64()}))
+    store.insert("source_liveness", fx.ts_table([live("web1", 30, 10, 9000, 5), live("web2", 900, 20, 700, 5),
+                                                 live("web3", 3600, 3600, 50, 5)], lt, {"lines": pa.uint64()}))
+    titles = [{"site": fx.SITE, "topic_id": k, "title": v, "forum": "news" if k < 103 else "misc",
+               "updated_at": T0} for k, v in fx.TOPICS.items()]
+    store.insert("topic_titles", fx.ts_table([dict(titles[0], title="Old title", updated_at=T0 - timedelta(days=1))],
+                                             ("updated_at",), {"topic_id": pa.uint64()}))
+    store.insert("topic_titles", fx.ts_table(titles, ("updated_at",), {"topic_id": pa.uint64()}))
+    groups = [{"site": fx.SITE, "group_name": g, "topic_id": t, "updated_at": T0}
+              for g, ts in fx.GROUPS.items() for t in ts]
+    store.insert("topic_groups", fx.ts_table(groups, ("updated_at",), {"topic_id": pa.uint64()}))
+    for batch in fx.detections_rows():
+        store.insert("detections", fx.ts_table(batch, ("start_ts", "end_ts", "peak_ts", "updated_at")))
+    dec = [
+        ("d1", 10, 60 * 60, "ban", "192.0.2.10"),         # expired at minute 70: recent only
+        ("d2", 36, 4 * 3600, "ban", fx.FLOOD_CLIENT),     # active at the end of range
+        ("d3", -600, 48 * 3600, "ban", "198.18.0.0/24"),  # decided before the range, still active
+        ("d4", 100, 600, "log", "203.0.113.9"),           # not a ban
+    ]
+    drows = [{"id": i, "created_at": T0 + timedelta(minutes=m), "decided_at": T0 + timedelta(minutes=m),
+              "first_seen": T0 + timedelta(minutes=m - 1), "expires_at": T0 + timedelta(minutes=m, seconds=dur),
+              "site": fx.SITE, "action": act, "value": v, "scope": "range" if "/" in v else "ip", "reason": "flood",
+              "duration_s": dur, "mode": "enforce", "origin": "forumpulse", "evidence": "{}"} for i, m, dur, act, v in dec]
+    store.insert("decisions", fx.ts_table(drows, ("created_at", "decided_at", "first_seen", "expires_at"),
+                                          {"duration_s": pa.uint32()}))
+    yield store, tr, q, stats, dec
+    store.close()
+
+
+def variables(metric: str = "views", topic: str = "101", groups: tuple[str, ...] = ("election", "sports")) -> dict[str, TemplateVar]:
+    return {"site": TemplateVar("site", fx.SITE), "metric": TemplateVar("metric", metric),
+            "topic": TemplateVar("topic", topic), "group": TemplateVar("group", list(groups))}
+
+
+def run(store: Any, sql: str, interval_s: int = 60, **kw: Any) -> list[dict[str, Any]]:
+    rendered = render_query(sql, QueryContext(T0, T1, interval_s * 1000), variables(**kw))
+    t = store.query_arrow(rendered)
+    return [dict(zip(t.column_names, r, strict=True)) for r in zip(*[c.to_pylist() for c in t.columns], strict=True)] if t.num_columns else []
+
+
+def minute_of(t: datetime | int) -> int:
+    if isinstance(t, int):  # chDB returns DateTime columns as epoch seconds in Arrow
+        t = datetime.fromtimestamp(t, UTC)
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return int((t - T0).total_seconds() // 60)
+
+
+def by_minute(rows: list[dict[str, Any]], pred: Callable[[dict[str, Any]], bool] = lambda r: True) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if pred(r):
+            out[minute_of(r["ts"])].append(r)
+    return out
+
+
+def series(res: list[dict[str, Any]], col: str) -> dict[int, float]:
+    return {minute_of(r["time"]): r[col] for r in res}
+
+
+def approx_dict(got: dict[Any, float], want: dict[Any, float], tol: float = 1e-6) -> None:
+    assert set(got) == set(want), (sorted(set(got) ^ set(want)))[:10]
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=tol, abs=tol), (k, got[k], want[k])
+
+
+def is_human_topic_kind(r: dict[str, Any], kind: str) -> bool:
+    return not r["is_bot"] and r["page_kind"] == kind
+
+
+def visitor(r: dict[str, Any]) -> str:
+    return fx.mapped(r["client_ip"])
+
+
+# ----------------------------------------------------------------------------------------- panel checks
+
+CHECKS: dict[str, Callable[[Any, str], None]] = {}
+
+
+def check(title: str) -> Callable[[Callable[[Any, str], None]], Callable[[Any, str], None]]:
+    def deco(f: Callable[[Any, str], None]) -> Callable[[Any, str], None]:
+        CHECKS[title] = f
+        return f
+    return deco
+
+
+@check("Requests per second")
+def _rps(w: Any, sql: str) -> None:
+    store, tr = w[0], w[1]
+    bm = by_minute(tr.rows)
+    approx_dict(series(run(store, sql), "requests_per_s"), {m: len(v) / 60 for m, v in bm.items()})
+    five: Counter[int] = Counter()
+    for m, v in bm.items():
+        five[m // 5 * 5] += len(v)
+    approx_dict(series(run(store, sql, interval_s=300), "requests_per_s"), {m: c / 300 for m, c in five.items()})
+    assert max(series(run(store, sql), "requests_per_s").items(), key=lambda kv: kv[1])[0] in range(30, 40)
+
+
+@check("Bytes per second")
+def _bps(w: Any, sql: str) -> None:
+    approx_dict(series(run(w[0], sql), "bytes_per_s"),
+                {m: sum(r["bytes"] for r in v) / 60 for m, v in by_minute(w[1].rows).items()})
+
+
+def status_class(s: int) -> str:
+    return "no_status" if s < 100 else f"s{s // 100}xx"
+
+
+@check("Status mix (requests per interval)")
+def _status(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    for cls in ("s2xx", "s3xx", "s4xx", "s5xx"):
+        want = {m: float(sum(status_class(r["status"]) == cls for r in v)) for m, v in by_minute(w[1].rows).items()}
+        approx_dict({k: float(v) for k, v in series(res, cls).items()}, want)
+    assert sum(series(res, "s5xx").values()) > 0
+
+
+@check("Error ratio")
+def _err(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    bm = by_minute(w[1].rows)
+    approx_dict(series(res, "server_error_ratio"), {m: sum(r["status"] >= 500 for r in v) / len(v) for m, v in bm.items()})
+    approx_dict(series(res, "client_error_ratio"),
+                {m: sum(400 <= r["status"] < 500 for r in v) / len(v) for m, v in bm.items()})
+    assert {m for m, v in series(res, "server_error_ratio").items() if v > 0} <= set(range(120, 125))
+
+
+@check("Top clients")
+def _top_clients(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    cnt: Counter[str] = Counter()
+    for r in w[1].rows:
+        cnt["(hostname clients)" if r["client_host"] else r["client_ip"]] += 1
+    want = sorted(cnt.items(), key=lambda kv: (-kv[1], kv[0]))[:25]
+    assert res[0]["client"] == fx.FLOOD_CLIENT
+    assert [(r["client"], r["requests_total"]) for r in res] == want
+    flood = res[0]
+    assert flood["errors_4xx"] == 250 and flood["bot_requests_total"] == 0
+    assert flood["avg_rps"] == pytest.approx(round(500 / (180 * 60), 3))
+
+
+@check("Top prefixes")
+def _top_prefixes(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    reqs: Counter[str] = Counter()
+    clients: dict[str, set[str]] = defaultdict(set)
+    for r in w[1].rows:
+        if r["client_host"]:
+            continue
+        ip = r["client_ip"]
+        net = ip.rsplit(".", 1)[0] + ".0/24" if ":" not in ip else "2001:db8::/64"
+        reqs[net] += 1
+        clients[net].add(ip)
+    want = sorted(reqs.items(), key=lambda kv: (-kv[1], kv[0]))
+    assert [(r["network"], r["requests_total"]) for r in res] == want
+    assert {r["network"]: r["distinct_clients"] for r in res} == {k: len(v) for k, v in clients.items()}
+
+
+@check("Active bans (at end of range)")
+def _bans(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    want = [v for _i, m, dur, act, v in sorted(w[4], key=lambda d: -d[1])
+            if act == "ban" and T0 + timedelta(minutes=m) <= T1 < T0 + timedelta(minutes=m, seconds=dur)]
+    assert [r["value"] for r in res] == want == [fx.FLOOD_CLIENT, "198.18.0.0/24"]
+    assert res[0]["remaining_s"] == 36 * 60 + 4 * 3600 - 180 * 60
+
+
+@check("Recent decisions")
+def _recent(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    want = [(v, act) for _i, m, _d, act, v in sorted(w[4], key=lambda d: -d[1]) if 0 <= m <= 180]
+    assert [(r["value"], r["action"]) for r in res] == want
+
+
+@check("Quarantined lines per second")
+def _quar(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    want: Counter[tuple[int, str]] = Counter((minute_of(r["ingested_at"]), r["reason"]) for r in w[2])
+    got = {(minute_of(r["time"]), r["reason"]): r["lines_per_s"] for r in res}
+    approx_dict(got, {k: v / 60 for k, v in want.items()})
+
+
+def _stats_check(w: Any, sql: str, col: str, key: str) -> None:
+    res = run(w[0], sql)
+    want: dict[int, float] = {}
+    for s in w[3]:
+        m = minute_of(s["ts"])
+        want[m] = max(want.get(m, float("-inf")), float(s[key]))
+    assert {r["consumer"] for r in res} == {"consumer/c1"}
+    approx_dict({minute_of(r["time"]): float(r[col]) for r in res}, want)
+
+
+@check("Pipeline lag (messages)")
+def _lag(w: Any, sql: str) -> None:
+    _stats_check(w, sql, "lag", "lag")
+    res = run(w[0], sql)
+    assert minute_of(max(res, key=lambda r: r["lag"])["time"]) == 90
+
+
+@check("Freshness (seconds behind the log)")
+def _fresh(w: Any, sql: str) -> None:
+    _stats_check(w, sql, "freshness_s", "freshness_s")
+
+
+@check("Source liveness")
+def _liveness(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    got = {r["origin_host"]: (r["status"], r["lines"], r["line_age_s"]) for r in res}
+    assert got == {"web1": ("live", 9000, 30), "web2": ("idle (heartbeats only)", 700, 900), "web3": ("silent", 50, 3600)}
+
+
+def _quartiles(vals: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(sorted(vals), n=4, method="inclusive")
+    return q[0], q[2]
+
+
+@check("Response time percentiles")
+def _latency(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    bm = by_minute(w[1].rows, lambda r: r["elapsed_ms"] is not None)
+    assert set(series(res, "p50_ms")) == set(bm)
+    for r in res:
+        vals = [x["elapsed_ms"] for x in bm[minute_of(r["time"])]]
+        lo, hi = _quartiles(vals)
+        assert lo - 1e-3 <= r["p50_ms"] <= hi + 1e-3, (r, lo, hi)
+        assert r["p50_ms"] <= r["p95_ms"] + 1e-3 <= r["p99_ms"] + 2e-3
+        assert min(vals) - 1e-3 <= r["p99_ms"] <= max(vals) + 1e-3
+    slow = [r["p50_ms"] for r in res if 150 <= minute_of(r["time"]) < 160]
+    assert len(slow) == 10 and min(slow) >= 400 and max(v for m, v in series(res, "p50_ms").items() if not 150 <= m < 160) <= 80
+
+
+@check("Transfer rate percentiles (responses >= 100 kB)")
+def _rate(w: Any, sql: str) -> None:
+    res = run(w[0], sql, interval_s=3600)
+    hours: dict[int, list[float]] = defaultdict(list)
+    for r in w[1].rows:
+        if r["elapsed_ms"] and r["bytes"] >= 102400:
+            hours[minute_of(r["ts"]) // 60 * 60].append(r["bytes"] * 1000 / r["elapsed_ms"])
+    assert set(series(res, "p50_Bps")) == set(hours)
+    for r in res:
+        lo, hi = _quartiles(hours[minute_of(r["time"])])
+        assert lo * 0.999 <= r["p50_Bps"] <= hi * 1.001
+        assert r["p05_Bps"] <= r["p50_Bps"] <= r["p95_Bps"]
+
+
+def topic_metric(rows: list[dict[str, Any]], metric: str) -> float:
+    if metric == "visitors":
+        return float(len({visitor(r) for r in rows if not r["is_bot"]}))
+    kind = "reply" if metric == "replies" else "topic_view"
+    return float(sum(is_human_topic_kind(r, kind) for r in rows))
+
+
+def site_total(rows: list[dict[str, Any]], metric: str) -> float:
+    if metric == "visitors":
+        return float(len({visitor(r) for r in rows if not r["is_bot"]}))
+    return topic_metric(rows, metric)
+
+
+def label(t: int) -> str:
+    return f"#{t} {fx.TOPICS[t]}"
+
+
+def expected_topic_series(tr: fx.Traffic, metric: str, share: bool) -> dict[tuple[int, str], float]:
+    out = {}
+    for m, v in by_minute(tr.rows).items():
+        total = site_total(v, metric)
+        for t in fx.TOPICS:
+            tv = [r for r in v if r["topic_id"] == t]
+            if not tv:
+                continue
+            val = topic_metric(tv, metric)
+            if share:
+                if total > 0:
+                    out[(m, label(t))] = round(100 * val / total, 4)
+            else:
+                out[(m, label(t))] = val
+    return out
+
+
+@check("Top topics: $metric (stacked)")
+def _topics_abs(w: Any, sql: str) -> None:
+    for metric in ("views", "replies", "visitors"):
+        res = run(w[0], sql, metric=metric)
+        got = {(minute_of(r["time"]), r["topic"]): r["value"] for r in res}
+        approx_dict(got, expected_topic_series(w[1], metric, share=False))
+
+
+@check("Top topics: share of forum $metric (%)")
+def _topics_share(w: Any, sql: str) -> None:
+    for metric in ("views", "replies", "visitors"):
+        res = run(w[0], sql, metric=metric)
+        got = {(minute_of(r["time"]), r["topic"]): r["share_pct"] for r in res}
+        approx_dict(got, expected_topic_series(w[1], metric, share=True), tol=1e-4)
+    res = run(w[0], sql, metric="views")
+    peak = max((r for r in res if r["topic"] == label(fx.EVENT_TOPIC)), key=lambda r: r["share_pct"])
+    assert 70 <= minute_of(peak["time"]) <= 90 and peak["share_pct"] > 50
+
+
+def expected_group(tr: fx.Traffic, metric: str, share: bool, groups: tuple[str, ...]) -> dict[tuple[int, str], float]:
+    out = {}
+    for m, v in by_minute(tr.rows).items():
+        total = site_total(v, metric)
+        for g in groups:
+            gv = [r for r in v if r["topic_id"] in fx.GROUPS[g]]
+            if not gv:
+                continue
+            val = topic_metric(gv, metric)
+            if share:
+                if total > 0:
+                    out[(m, g)] = round(100 * val / total, 4)
+            else:
+                out[(m, g)] = val
+    return out
+
+
+@check("Topic groups: $metric (stacked)")
+def _groups_abs(w: Any, sql: str) -> None:
+    for metric in ("views", "replies", "visitors"):
+        res = run(w[0], sql, metric=metric)
+        got = {(minute_of(r["time"]), r["topic_group"]): r["value"] for r in res}
+        approx_dict(got, expected_group(w[1], metric, False, ("election", "sports")))
+    one = run(w[0], sql, groups=("sports",))
+    assert {r["topic_group"] for r in one} == {"sports"}
+
+
+@check("Topic groups: share of forum $metric (%)")
+def _groups_share(w: Any, sql: str) -> None:
+    for metric in ("views", "replies", "visitors"):
+        res = run(w[0], sql, metric=metric)
+        got = {(minute_of(r["time"]), r["topic_group"]): r["share_pct"] for r in res}
+        approx_dict(got, expected_group(w[1], metric, True, ("election", "sports")), tol=1e-4)
+    # the event group's relative share at its peak minute equals the fixture's value
+    want = expected_group(w[1], "views", True, ("election",))
+    peak_m, peak_v = max(((m, v) for (m, _g), v in want.items()), key=lambda kv: (kv[1], -kv[0]))
+    res = run(w[0], sql, metric="views", groups=("election",))
+    top = max(res, key=lambda r: (r["share_pct"], -minute_of(r["time"])))
+    assert (minute_of(top["time"]), top["share_pct"]) == (peak_m, pytest.approx(peak_v, abs=1e-4))
+    assert 70 <= peak_m <= 90
+
+
+@check("Top topics")
+def _top_topics(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    rows = w[1].rows
+    total_views = sum(is_human_topic_kind(r, "topic_view") for r in rows)
+    want = []
+    for t in fx.TOPICS:
+        tv = [r for r in rows if r["topic_id"] == t]
+        per_min = Counter(minute_of(r["ts"]) for r in tv if is_human_topic_kind(r, "topic_view"))
+        views = sum(per_min.values())
+        want.append({"topic_id": t, "title": fx.TOPICS[t], "views": views,
+                     "replies": sum(is_human_topic_kind(r, "reply") for r in tv),
+                     "visitors": len({visitor(r) for r in tv if not r["is_bot"]}),
+                     "bot_views": sum(r["is_bot"] for r in tv),
+                     "views_share_pct": round(100 * views / total_views, 2),
+                     "peak_views": max(per_min.values()),
+                     "peak_minutes": {m for m, c in per_min.items() if c == max(per_min.values())}})
+    want.sort(key=lambda d: (-d["views"], d["topic_id"]))
+    assert [r["topic_id"] for r in res] == [d["topic_id"] for d in want]
+    assert res[0]["topic_id"] == fx.EVENT_TOPIC
+    for got, exp in zip(res, want, strict=True):
+        peaks = exp.pop("peak_minutes")
+        assert minute_of(got["peak_minute"]) in peaks
+        for k, v in exp.items():
+            assert got[k] == pytest.approx(v), (k, got, exp)
+
+
+@check("Selected topic: activity")
+def _topic_activity(w: Any, sql: str) -> None:
+    res = run(w[0], sql, topic="101")
+    bm = by_minute(w[1].rows, lambda r: r["topic_id"] == 101)
+    approx_dict({m: float(v) for m, v in series(res, "views").items()},
+                {m: topic_metric(v, "views") for m, v in bm.items()})
+    approx_dict({m: float(v) for m, v in series(res, "replies").items()},
+                {m: topic_metric(v, "replies") for m, v in bm.items()})
+    approx_dict({m: float(v) for m, v in series(res, "visitors").items()},
+                {m: topic_metric(v, "visitors") for m, v in bm.items()})
+    approx_dict({m: float(v) for m, v in series(res, "bot_views").items()},
+                {m: float(sum(r["is_bot"] for r in v)) for m, v in bm.items()})
+    other = run(w[0], sql, topic="105")
+    assert sum(r["views"] for r in other) < sum(r["views"] for r in res)
+
+
+@check("Selected topic: share of forum traffic (%)")
+def _topic_share(w: Any, sql: str) -> None:
+    res = run(w[0], sql, topic="101")
+    bm = by_minute(w[1].rows)
+    for r in res:
+        v = bm[minute_of(r["time"])]
+        tv = [x for x in v if x["topic_id"] == 101]
+        for metric, col in (("views", "views_share_pct"), ("replies", "replies_share_pct"), ("visitors", "visitors_share_pct")):
+            exp = round(100 * topic_metric(tv, metric) / max(site_total(v, metric), 1), 4)
+            assert r[col] == pytest.approx(exp, abs=1e-4), (metric, minute_of(r["time"]))
+    assert len(res) == len(by_minute(w[1].rows, lambda r: r["topic_id"] == 101))
+
+
+@check("Humans vs bots (requests per interval)")
+def _humans_bots(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    bm = by_minute(w[1].rows)
+    approx_dict({m: float(v) for m, v in series(res, "bot_requests_n").items()},
+                {m: float(sum(r["is_bot"] for r in v)) for m, v in bm.items()})
+    approx_dict({m: float(v) for m, v in series(res, "human_requests").items()},
+                {m: float(sum(not r["is_bot"] for r in v)) for m, v in bm.items()})
+    approx_dict({m: float(v) for m, v in series(res, "human_pageviews").items()},
+                {m: float(sum(not r["is_bot"] and not r["is_static"] for r in v)) for m, v in bm.items()})
+
+
+@check("Detected events")
+def _events(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    assert [r["id"] for r in res] == ["det-group-election", "det-topic-101"]
+    topic = res[1]
+    assert (topic["state"], topic["observed"], topic["topic_id"]) == ("closed", 0.41, 101)
+    assert topic["link_from_ms"] == int((T0 + timedelta(minutes=62 - 60)).timestamp() * 1000)
+    assert topic["link_to_ms"] == int((T0 + timedelta(minutes=98 + 60)).timestamp() * 1000)
+    assert res[0]["topic_id"] == 0
+
+
+def test_every_panel_has_a_checked_answer(world: Any) -> None:
+    seen = []
+    for name, d in load_dashboards().items():
+        for p in d["panels"]:
+            title = p["title"]
+            assert title in CHECKS, f"{name}: panel {title!r} has no checked answer in tests/test_dashboards.py"
+            CHECKS[title](world, p["targets"][0]["rawSql"])
+            seen.append(title)
+    assert sorted(seen) == sorted(CHECKS), "a check exists for a panel that is gone"
+
+
+def test_annotations_and_variables(world: Any) -> None:
+    store = world[0]
+    for d in load_dashboards().values():
+        (ann,) = [a for a in d["annotations"]["list"] if a.get("builtIn") != 1]
+        res = run(store, ann["target"]["rawSql"])
+        assert [r["text"] for r in res] == ["topic_surge topic:101: surge (score 7.5)",
+                                            "group_surge group:election: surge (score 6.2)"]
+        assert minute_of(res[0]["timeEnd"]) == 98 and res[0]["tags"] == ["topic_surge", "surge"]
+        tvars = {v["name"]: v for v in d["templating"]["list"]}
+        assert [r["site"] for r in run(store, tvars["site"]["query"])] == [fx.SITE]
+    tvars = {v["name"]: v for v in load_dashboards()["forumpulse-topics"]["templating"]["list"]}
+    assert [r["group_name"] for r in run(store, tvars["group"]["query"])] == sorted(fx.GROUPS)
+    topics = run(store, tvars["topic"]["query"])
+    assert [(r["topic_id"], r["label"]) for r in topics] == [(t, label(t)) for t in sorted(fx.TOPICS)]
+    assert tvars["group"]["multi"] and tvars["group"]["includeAll"]
+    assert tvars["metric"]["query"].split(",") == ["views", "replies", "visitors"]
