@@ -38,6 +38,15 @@ from forumpulse.pipeline.record import ParsedLine
 
 log = logging.getLogger(__name__)
 
+
+def _typer_option(default: Any, *names: str, help: str = "") -> Any:
+    """typer.Option when typer is importable (it is a dependency); keeps this module importable without it."""
+    try:
+        import typer
+    except ImportError:  # pragma: no cover
+        return default
+    return typer.Option(default, *names, help=help)
+
 _BIG = np.int64(1 << 34)  # key code * _BIG + second: seconds since the epoch fit in 34 bits until year 2514
 _COLUMNS = ("ts", "client_ip", "method", "path", "query", "status", "user_agent")
 
@@ -721,17 +730,21 @@ class DosDetector:
         out: list[Decision] = []
         nonstatic = self._mask_static(batch, cache)
         self.baseline.update(batch.client_ip[nonstatic], batch.user_agent[nonstatic], secs[nonstatic], wm_sec)
+        cands: list[Candidate] = []
         for r in self.rules.rules:
             m = self._mask(r, batch, cache)
             if not m.any():
                 continue
             for c in self._evaluate(r, batch, m, secs, wm_sec, cache):
                 self.stats[r.name] += 1
-                d = self.manager.submit(c)
-                if d is not None:
-                    out.append(d)
-                    if c.scope == "ip":
-                        self.baseline.taint(c.value, (d.expires_at // 1000))
+                cands.append(c)
+        # submit in stream order so TTLs, escalation and the breaker see time move forward only
+        for c in sorted(cands, key=lambda c: c.decided_at):
+            d = self.manager.submit(c)
+            if d is not None:
+                out.append(d)
+                if c.scope == "ip":
+                    self.baseline.taint(c.value, (d.expires_at // 1000))
         return out
 
     def _mask_static(self, b: Batch, cache: dict[str, Any]) -> np.ndarray:
@@ -881,3 +894,72 @@ def detect_records(records: Iterable[ParsedLine], detector: DosDetector | None =
 
 __all__ = ["Action", "Batch", "Candidate", "CrawlerVerifier", "Decision", "DecisionManager", "DecisionSink",
            "DosDetector", "JsonLinesSink", "KafkaSink", "StoreSink", "detect_records", "iso_ms", "prefix_of"]
+
+
+# --------------------------------------------------------------------------------------------- replay / CLI
+
+
+def parse_file(path: str, fmt: str = "auto") -> Iterator[ParsedLine]:
+    """Parsed records of a log file (``-`` = stdin) with the pipeline's parsers; drops are skipped and counted
+    in ``parse_file.drops`` of the last call.  Trailing whitespace is stripped before parsing."""
+    import sys
+
+    from forumpulse.pipeline.formats import get_parser  # lazy: the CLI imports this module at start
+
+    parse = get_parser(fmt).parse
+    fh = sys.stdin if path == "-" else open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
+    drops = 0
+    try:
+        for line in fh:
+            r = parse(line.rstrip())
+            if isinstance(r, ParsedLine):
+                yield r
+            else:
+                drops += 1
+    finally:
+        _drops[path] = drops
+        if fh is not sys.stdin:
+            fh.close()
+
+
+_drops: dict[str, int] = {}
+
+
+def build_detector(config_path: str | None = None, rules_file: str | None = None, mode: str | None = None,
+                   sinks: Sequence[DecisionSink] = (), actions: Sequence[Action] = (),
+                   verifier: CrawlerVerifier | None = None) -> DosDetector:
+    """A detector from the configuration file (section ``detectors.dos``) with the given sinks/actions."""
+    cfg = DosConfig()  # type: ignore[call-arg]
+    if config_path is not None:
+        from forumpulse.pipeline.config import load_settings
+
+        cfg = DosConfig.model_validate(load_settings(config_path).detectors.get("dos", {}))
+    if mode is not None:
+        cfg = cfg.model_copy(update={"mode": mode})
+    rules = load_rules(rules_file or cfg.rules_file, cfg.rule_overrides)
+    mgr = DecisionManager(cfg, sinks=sinks, actions=actions, verifier=verifier)
+    return DosDetector(rules, mgr)
+
+
+def dos_command(
+    input: str = _typer_option("-", "--input", "-i", help="log file to replay in stream time (- = stdin)"),
+    format: str = _typer_option("auto", "--format", "-f", help="log format preset or spec (see `forumpulse parse`)"),
+    config: str | None = _typer_option(None, "--config", "-c", help="forumpulse.yaml (section detectors.dos)"),
+    rules: str | None = _typer_option(None, "--rules", help="rules YAML instead of the built-in dos.yaml"),
+    observe: bool = _typer_option(False, "--observe", help="observe-only: record decisions, apply nothing"),
+    crawler_verify: str | None = _typer_option(None, "--crawler-verify", help="dns | ua | off (overrides config)"),
+) -> None:
+    """Replay a log through the DoS detector; print one JSON object per decision (no firewall actions)."""
+    import sys
+
+    sink = JsonLinesSink(sys.stdout)
+    verifier = None
+    if crawler_verify is not None:
+        verifier = CrawlerVerifier(crawler_verify)
+    det = build_detector(config, rules, "observe" if observe else None, sinks=[sink], verifier=verifier)
+    for _ in detect_records(parse_file(input, format), det):
+        pass
+    sink.flush()
+    print(json.dumps({"summary": {"lines": det.stats["lines"], "unparsed": _drops.get(input, 0),
+                                  "decisions": len(det.manager.decisions),
+                                  "suppressed": det.manager.suppressed}}), file=sys.stderr)

@@ -1,0 +1,270 @@
+"""Out-of-band enforcement of DoS decisions: nftables set, ipset, signed webhook.
+
+Every action validates the decision value with :mod:`ipaddress` and builds its command from the parsed
+object (``str(ip_network)``), never from log text; commands run as argument lists (no shell).  Set elements
+carry per-element timeouts, so bans expire in the kernel even if forumpulse stops.
+
+``netns`` (nftables/ipset): run the command inside that network namespace (``ip netns exec NS ...``); used by
+the namespace tests, ``None`` in production.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from forumpulse.detectors.dos import Decision
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
+
+
+class ActionError(RuntimeError):
+    pass
+
+
+def parse_value(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """Strictly parse a decision value (address or CIDR); IPv4-mapped IPv6 becomes IPv4.  Raises ActionError."""
+    try:
+        net = ipaddress.ip_network(value.strip(), strict=False)
+    except (ValueError, AttributeError):
+        raise ActionError(f"not an IP address or network: {value!r}") from None
+    if isinstance(net, ipaddress.IPv6Network) and net.prefixlen == 128 and net.network_address.ipv4_mapped:
+        net = ipaddress.ip_network(str(net.network_address.ipv4_mapped))
+    if net.prefixlen == 0:
+        raise ActionError("refusing to ban a whole address family")
+    return net
+
+
+def _name(v: str) -> str:
+    if not _NAME.fullmatch(v):
+        raise ActionError(f"bad table/set name {v!r}")
+    return v
+
+
+def _ns_prefix(netns: str | None) -> list[str]:
+    if netns is None:
+        return []
+    if not _NAME.fullmatch(netns):
+        raise ActionError(f"bad namespace name {netns!r}")
+    return ["ip", "netns", "exec", netns]
+
+
+def _run(argv: Sequence[str], stdin: str | None = None) -> str:
+    if shutil.which(argv[0]) is None:
+        raise ActionError(f"{argv[0]} is not installed (apt-get install nftables ipset iptables iproute2)")
+    p = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=30, check=False)
+    if p.returncode != 0:
+        raise ActionError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
+    return p.stdout
+
+
+def _element(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
+    full = net.prefixlen == net.max_prefixlen
+    return str(net.network_address) if full else str(net)
+
+
+class NftablesAction:
+    """``table inet T`` with sets ``ban_v4``/``ban_v6`` (flags interval,timeout) and an input chain dropping them.
+
+    ``ensure()`` creates them idempotently (also called lazily by the first ban).
+    """
+
+    name = "nftables"
+
+    def __init__(self, table: str = "forumpulse", set_v4: str = "ban_v4", set_v6: str = "ban_v6",
+                 hook_priority: int = -10, netns: str | None = None) -> None:
+        self.table, self.set_v4, self.set_v6 = _name(table), _name(set_v4), _name(set_v6)
+        self.prio = int(hook_priority)
+        self.pre = _ns_prefix(netns)
+        self._ready = False
+
+    def _nft(self, script: str) -> str:
+        return _run([*self.pre, "nft", "-f", "-"], stdin=script)
+
+    def ensure(self) -> None:
+        t = self.table
+        try:
+            _run([*self.pre, "nft", "-j", "list", "table", "inet", t])
+            exists = True
+        except ActionError:
+            exists = False
+        if not exists:
+            self._nft(
+                f"table inet {t} {{\n"
+                f"  set {self.set_v4} {{ type ipv4_addr; flags interval, timeout; }}\n"
+                f"  set {self.set_v6} {{ type ipv6_addr; flags interval, timeout; }}\n"
+                f"  chain input {{ type filter hook input priority {self.prio}; policy accept;\n"
+                f"    ip saddr @{self.set_v4} drop\n    ip6 saddr @{self.set_v6} drop\n  }}\n}}\n"
+            )
+        self._ready = True
+
+    def _set(self, net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
+        return self.set_v4 if net.version == 4 else self.set_v6
+
+    def ban(self, d: Decision) -> None:
+        net = parse_value(d.value)
+        if not self._ready:
+            self.ensure()
+        secs = max(1, int(d.duration_s))
+        el, st = _element(net), self._set(net)
+        # delete+add in one transaction so a repeat ban refreshes the timeout (add keeps the old one)
+        self._nft(f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n"
+                  f"delete element inet {self.table} {st} {{ {el} }}\n"
+                  f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n")
+
+    def unban(self, d: Decision) -> None:
+        net = parse_value(d.value)
+        try:
+            self._nft(f"delete element inet {self.table} {self._set(net)} {{ {_element(net)} }}\n")
+        except ActionError as exc:
+            if "No such file" not in str(exc) and "does not exist" not in str(exc):
+                raise
+
+    def elements(self) -> list[str]:
+        """Current elements of both sets (addresses/CIDRs as text)."""
+        out = []
+        for s in (self.set_v4, self.set_v6):
+            data = json.loads(_run([*self.pre, "nft", "-j", "list", "set", "inet", self.table, s]))
+            for x in data.get("nftables", []):
+                for el in x.get("set", {}).get("elem", []):
+                    v = el.get("elem", {}).get("val", el) if isinstance(el, dict) else el
+                    if isinstance(v, dict) and "prefix" in v:
+                        v = f"{v['prefix']['addr']}/{v['prefix']['len']}"
+                    out.append(str(v))
+        return out
+
+    def remove(self) -> None:
+        self._nft(f"delete table inet {self.table}\n")
+        self._ready = False
+
+
+class IpsetAction:
+    """``hash:net`` ipsets with default timeout support, plus (optionally) iptables INPUT DROP rules for them."""
+
+    name = "ipset"
+
+    def __init__(self, set_v4: str = "forumpulse4", set_v6: str = "forumpulse6", iptables_rule: bool = True,
+                 netns: str | None = None) -> None:
+        self.set_v4, self.set_v6 = _name(set_v4), _name(set_v6)
+        self.iptables_rule = iptables_rule
+        self.pre = _ns_prefix(netns)
+        self._ready = False
+
+    def ensure(self) -> None:
+        _run([*self.pre, "ipset", "create", self.set_v4, "hash:net", "family", "inet", "timeout", "0", "-exist"])
+        _run([*self.pre, "ipset", "create", self.set_v6, "hash:net", "family", "inet6", "timeout", "0", "-exist"])
+        if self.iptables_rule:
+            for tool, s in (("iptables", self.set_v4), ("ip6tables", self.set_v6)):
+                rule = ["INPUT", "-m", "set", "--match-set", s, "src", "-j", "DROP"]
+                check = subprocess.run([*self.pre, tool, "-C", *rule], capture_output=True, check=False)
+                if check.returncode != 0:
+                    _run([*self.pre, tool, "-I", *rule])
+        self._ready = True
+
+    def ban(self, d: Decision) -> None:
+        net = parse_value(d.value)
+        if not self._ready:
+            self.ensure()
+        s = self.set_v4 if net.version == 4 else self.set_v6
+        _run([*self.pre, "ipset", "add", s, _element(net), "timeout", str(max(1, int(d.duration_s))), "-exist"])
+
+    def unban(self, d: Decision) -> None:
+        net = parse_value(d.value)
+        s = self.set_v4 if net.version == 4 else self.set_v6
+        _run([*self.pre, "ipset", "del", s, _element(net), "-exist"])
+
+    def members(self) -> list[str]:
+        out = _run([*self.pre, "ipset", "list", self.set_v4]) + _run([*self.pre, "ipset", "list", self.set_v6])
+        members, on = [], False
+        for line in out.splitlines():
+            if line.startswith("Members:"):
+                on = True
+            elif on and line.strip():
+                members.append(line.split()[0])
+            elif line.startswith("Name:"):
+                on = False
+        return members
+
+
+def sign(secret: bytes, body: bytes) -> str:
+    """Value of the ``X-Forumpulse-Signature`` header: ``sha256=<hex HMAC-SHA256(secret, body)>``."""
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def verify_signature(secret: bytes, body: bytes, header: str | None) -> bool:
+    return header is not None and hmac.compare_digest(sign(secret, body), header)
+
+
+class WebhookAction:
+    """POSTs each decision as JSON with an HMAC-SHA256 signature header; retries 5xx/network errors with
+    exponential backoff (``backoff_s * 2**attempt``); 4xx are not retried.  Raises ActionError when it gives up.
+    """
+
+    name = "webhook"
+
+    def __init__(self, url: str, secret: str | bytes, retries: int = 4, backoff_s: float = 0.5,
+                 timeout_s: float = 5.0, sleep: Callable[[float], None] = time.sleep) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ActionError("webhook url must be http(s)")
+        if not secret:
+            raise ActionError("webhook secret is required")
+        self.url = url
+        self.secret = secret.encode() if isinstance(secret, str) else secret
+        self.retries, self.backoff_s, self.timeout_s, self.sleep = retries, backoff_s, timeout_s, sleep
+        self.attempts = 0
+
+    def _post(self, payload: dict[str, Any]) -> int:
+        body = json.dumps(payload, sort_keys=True).encode()
+        headers = {"Content-Type": "application/json", "X-Forumpulse-Signature": sign(self.secret, body),
+                   "X-Forumpulse-Event": str(payload.get("action", "")), "User-Agent": "forumpulse-dos/1"}
+        last = ""
+        for attempt in range(self.retries + 1):
+            self.attempts += 1
+            try:
+                req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    return int(resp.status)
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500:
+                    raise ActionError(f"webhook refused the decision: HTTP {exc.code}") from None
+                last = f"HTTP {exc.code}"
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(exc)
+            if attempt < self.retries:
+                self.sleep(self.backoff_s * 2**attempt)
+        raise ActionError(f"webhook failed after {self.retries + 1} attempts: {last}")
+
+    def ban(self, d: Decision) -> None:
+        parse_value(d.value)
+        self._post(d.to_json())
+
+    def unban(self, d: Decision) -> None:
+        parse_value(d.value)
+        self._post(d.to_json())
+
+
+def build_actions(cfg: Any, registry: Any = None) -> list[Any]:
+    """Actions enabled in an :class:`~forumpulse.detectors.dos_rules.ActionsConfig` (plus the decision API
+    registry, if given, which is itself an action)."""
+    acts: list[Any] = []
+    if cfg.nftables.enabled:
+        acts.append(NftablesAction(cfg.nftables.table, cfg.nftables.set_v4, cfg.nftables.set_v6,
+                                   cfg.nftables.hook_priority))
+    if cfg.ipset.enabled:
+        acts.append(IpsetAction(cfg.ipset.set_v4, cfg.ipset.set_v6, cfg.ipset.iptables_rule))
+    if cfg.webhook.enabled:
+        acts.append(WebhookAction(cfg.webhook.url, cfg.webhook.secret.get_secret_value(), cfg.webhook.retries,
+                                  cfg.webhook.backoff_s, cfg.webhook.timeout_s))
+    if registry is not None:
+        acts.append(registry)
+    return acts
