@@ -1,0 +1,214 @@
+"""Topic/page-kind and static rules: every fixture case in the YAML files is a test case."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from forumpulse.pipeline.config import Settings
+from forumpulse.pipeline.enrich import (
+    BUILTIN_ENGINES,
+    Enricher,
+    Rule,
+    RulesError,
+    StaticCase,
+    StaticClassifier,
+    TopicCase,
+    TopicRules,
+    builtin_rules_path,
+    load_post_map,
+    load_topic_rules,
+)
+from forumpulse.pipeline.record import PAGE_KINDS
+
+FIX = Path(__file__).parent / "fixtures" / "rules"
+BUILTIN = load_topic_rules(builtin_rules_path("topics.yaml"))
+USER = load_topic_rules(FIX / "site_rules.yaml", user=True)
+STATIC = StaticClassifier()
+ENRICHER = Enricher(Settings())
+
+
+def _cases(rules: list[Rule]) -> list[tuple[Rule, TopicCase]]:
+    return [(r, c) for r in rules for c in r.model.cases]
+
+
+def _id(rc: tuple[Rule, TopicCase]) -> str:
+    return f"{rc[0].id}:{rc[1].method} {rc[1].url}"
+
+
+CASES = _cases(BUILTIN)
+
+
+def test_every_rule_has_cases_and_every_engine_has_rules() -> None:
+    assert all(r.model.cases for r in BUILTIN), [r.id for r in BUILTIN if not r.model.cases]
+    assert {r.engine for r in BUILTIN} == set(BUILTIN_ENGINES)
+    assert {r.page_kind for r in BUILTIN} <= set(PAGE_KINDS)
+
+
+@pytest.mark.parametrize("rc", CASES, ids=[_id(rc) for rc in CASES])
+def test_builtin_case_answered_by_its_rule(rc: tuple[Rule, TopicCase]) -> None:
+    rule, case = rc
+    rules = TopicRules(BUILTIN, dict(case.post_map))
+    path, query = case.split()
+    topic, kind, got, _ = rules.classify(rules.select("forum", [rule.engine]), case.method, path, query)
+    assert (topic, kind, got.id if got else None) == (case.topic, case.kind, rule.id)
+    # With every engine on (the default), an earlier rule of another engine may answer -- with the same result.
+    topic, kind, got, _ = rules.classify(rules.select("forum"), case.method, path, query)
+    assert (topic, kind) == (case.topic, case.kind)
+    assert got is not None
+
+
+@pytest.mark.parametrize("rc", CASES, ids=[_id(rc) for rc in CASES])
+def test_builtin_rules_do_not_collide(rc: tuple[Rule, TopicCase]) -> None:
+    """No fixture URL is matched by two engines with different answers."""
+    _, case = rc
+    rules = TopicRules(BUILTIN, dict(case.post_map))
+    path, query = case.split()
+    answers = {}
+    for engine in BUILTIN_ENGINES:
+        topic, kind, got, _ = rules.classify(rules.select("forum", [engine]), case.method, path, query)
+        if got is not None:
+            answers[engine] = (topic, kind)
+    assert len(set(answers.values())) == 1, answers
+
+
+def test_derive_agrees_with_cases_through_the_cache() -> None:
+    """The cached hot path gives the same answers as the rules, on a second (warm) pass as well."""
+    enricher = Enricher(Settings())
+    plain = [c for _, c in CASES if not c.post_map]
+    for _ in range(2):
+        for c in plain:
+            path, query = c.split()
+            topic, kind, is_static, is_bot, bot_name = enricher.derive("forum", c.method, path, query, None, None)
+            assert (topic, kind, is_static, is_bot, bot_name) == (c.topic, c.kind, False, False, None), c.url
+
+
+def test_query_independent_results_are_cached_by_path_without_leaking_query_dependence() -> None:
+    e = Enricher(Settings(), cache_size=8)
+    # Path-only rule: session parameters must not matter.
+    for q in ("", "s=1", "s=2&_xfToken=x"):
+        assert e.derive("forum", "GET", "/threads/a.9/", q, None, None)[:2] == (9, "topic_view")
+    assert len(e._by_path) == 1 and len(e._by_query) == 0
+    # Query-dependent rule on the same path with different queries.
+    assert e.derive("forum", "GET", "/viewtopic.php", "t=5", None, None)[:2] == (5, "topic_view")
+    assert e.derive("forum", "GET", "/viewtopic.php", "t=6", None, None)[:2] == (6, "topic_view")
+    assert e.derive("forum", "GET", "/showthread.php", "tid=7", None, None)[:2] == (7, "topic_view")
+    assert e.derive("forum", "GET", "/showthread.php", "x=1", None, None)[:2] == (None, "other")
+    assert e.derive("forum", "GET", "/showthread.php", "t=8", None, None)[:2] == (8, "topic_view")
+    # The caches stay bounded.
+    for i in range(100):
+        e.derive("forum", "GET", f"/threads/a.{i}/", "", None, None)
+        e.derive("forum", "GET", "/viewtopic.php", f"t={i + 1}", None, None)
+    assert len(e._by_path) <= 16 and len(e._by_query) <= 16
+    assert e.derive("forum", "GET", "/viewtopic.php", "t=5", None, None)[:2] == (5, "topic_view")
+
+
+def test_index_php_routes() -> None:
+    rules = TopicRules(BUILTIN)
+    sel = rules.select("forum")
+    assert rules.classify(sel, "GET", "/forum/index.php", "threads/x.12/page-3&s=1")[:2] == (12, "topic_view")
+    assert rules.classify(sel, "GET", "/index.php", "/topic/77-x/")[:2] == (77, "topic_view")
+    # SMF parameters are not routes
+    assert rules.classify(sel, "GET", "/index.php", "topic=5.0")[:2] == (5, "topic_view")
+    # a file merely ending in index.php is not index.php
+    assert rules.classify(sel, "GET", "/myindex.php", "threads/x.12/")[:2] == (None, "other")
+
+
+def test_engine_selection_per_site() -> None:
+    s = Settings(sites=[{"name": "xf", "engines": ["xenforo"]}, {"name": "bb", "engines": ["phpbb", "mybb"]}])
+    e = Enricher(s)
+    assert e.derive("xf", "GET", "/threads/a.5/", "", None, None)[:2] == (5, "topic_view")
+    assert e.derive("xf", "GET", "/viewtopic.php", "t=5", None, None)[:2] == (None, "other")
+    assert e.derive("bb", "GET", "/viewtopic.php", "t=5", None, None)[:2] == (5, "topic_view")
+    assert e.derive("bb", "GET", "/showthread.php", "tid=6", None, None)[:2] == (6, "topic_view")
+    assert e.derive("bb", "GET", "/threads/a.5/", "", None, None)[:2] == (None, "other")
+    # an unconfigured site uses every engine
+    assert e.derive("other", "GET", "/d/9-x", "", None, None)[:2] == (9, "topic_view")
+    assert {r.engine for r in e.rules_for("bb")} == {"phpbb", "mybb"}
+
+
+USER_CASES = _cases(USER)
+
+
+@pytest.mark.parametrize("rc", USER_CASES, ids=[_id(rc) for rc in USER_CASES])
+def test_user_rules_file_cases(rc: tuple[Rule, TopicCase]) -> None:
+    rule, case = rc
+    e = Enricher(Settings(topics={"rules_file": str(FIX / "site_rules.yaml")},
+                          sites=[{"name": "news", "engines": ["xenforo"]}]))
+    site = sorted(rule.sites)[0] if rule.sites else "forum"
+    path, query = case.split()
+    assert e.classify(site, case.method, path, query) == (case.topic, case.kind, False, rule.id)
+
+
+def test_user_rules_override_and_site_restriction() -> None:
+    e = Enricher(Settings(topics={"rules_file": str(FIX / "site_rules.yaml")}))
+    # the user's xenforo.thread replaced the built-in one: /unread no longer a topic view
+    assert e.classify("forum", "GET", "/threads/a.5/unread", "") == (5, "other", False, "xenforo.thread_action")
+    assert sum(r.id == "xenforo.thread" for r in e.topics.rules) == 1
+    # restricted to site "news"
+    assert e.classify("news", "GET", "/article/42-x", "")[:2] == (42, "topic_view")
+    assert e.classify("forum", "GET", "/article/42-x", "")[:2] == (None, "other")
+
+
+def test_post_map_from_settings() -> None:
+    assert load_post_map(FIX / "post_map.csv") == {456: 123, 789: 124}
+    e = Enricher(Settings(topics={"post_map_csv": str(FIX / "post_map.csv")}))
+    assert e.derive("forum", "GET", "/viewtopic.php", "p=789", None, None)[:2] == (124, "topic_view")
+    assert e.derive("forum", "GET", "/viewtopic.php", "p=1", None, None)[:2] == (None, "topic_view")
+    assert e.derive("forum", "GET", "/viewtopic.php", "t=3&p=789", None, None)[:2] == (3, "topic_view")
+
+
+def test_bad_post_map_names_line(tmp_path: Path) -> None:
+    p = tmp_path / "pm.csv"
+    p.write_text("1,2\n3,x\n")
+    with pytest.raises(ValueError, match=r"pm.csv:2"):
+        load_post_map(p)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("version: 1\nrules:\n  - {id: a, engine: e, path: '(', page_kind: other}\n", "bad regular expression"),
+    ("version: 1\nrules:\n  - {id: a, engine: e, page_kind: page}\n", "unknown page_kind"),
+    ("version: 1\nrules:\n  - {id: a, engine: e, page_kind: other}\n  - {id: a, engine: e, page_kind: api}\n",
+     "duplicate rule id"),
+    ("version: 1\nrules:\n  - {id: a, engine: e, page_kind: other, topic: ['cookie:x']}\n", "unknown topic source"),
+    ("version: 1\nrules:\n  - {id: a, engine: e, path: 'x', page_kind: other, topic: [path]}\n",
+     "needs a \\(\\?P<topic>"),
+    ("version: 1\nrules:\n  - {id: a, engine: e, page_kind: other, colour: red}\n", "colour"),
+    ("- just a list\n", "top level must be a mapping"),
+])
+def test_invalid_rules_files_are_refused_with_a_reason(tmp_path: Path, body: str, message: str) -> None:
+    p = tmp_path / "rules.yaml"
+    p.write_text(body)
+    with pytest.raises(RulesError, match=message):
+        load_topic_rules(p)
+    with pytest.raises(RulesError, match=r"rules\.yaml"):
+        Enricher(Settings(topics={"rules_file": str(p)}))
+
+
+def test_topic_ids_out_of_range_are_none() -> None:
+    rules = TopicRules(BUILTIN)
+    sel = rules.select("forum")
+    assert rules.classify(sel, "GET", "/viewtopic.php", "t=0")[:2] == (None, "topic_view")
+    assert rules.classify(sel, "GET", "/viewtopic.php", "t=99999999999999999999")[:2] == (None, "topic_view")
+    assert rules.classify(sel, "GET", "/viewtopic.php", f"t={2**63 - 1}")[:2] == (2**63 - 1, "topic_view")
+
+
+# ------------------------------------------------------------------------------------------------ statics
+
+STATIC_CASES = STATIC.doc.cases
+
+
+@pytest.mark.parametrize("case", STATIC_CASES, ids=[f"{c.path} {c.content_type}" for c in STATIC_CASES])
+def test_static_case(case: StaticCase) -> None:
+    assert STATIC.path_is_static(case.path) or STATIC.content_type_is_static(case.content_type) or not case.static
+    _, kind, is_static, _, _ = ENRICHER.derive("forum", "GET", case.path, "", case.content_type, None)
+    assert is_static is case.static
+    assert (kind == "static") is case.static
+
+
+def test_static_content_type_never_overrides_a_topic_rule_and_extra_extensions_apply() -> None:
+    e = Enricher(Settings(bots={"static_extensions": ["rss", ".XML"]}))
+    assert e.derive("forum", "GET", "/threads/a.5/", "", "image/png", None)[:3] == (5, "topic_view", True)
+    assert e.derive("forum", "GET", "/feed.rss", "", None, None)[:3] == (None, "static", True)
+    assert e.derive("forum", "GET", "/sitemap.xml", "", None, None)[:3] == (None, "static", True)
+    assert Enricher(Settings()).derive("forum", "GET", "/feed.rss", "", None, None)[:3] == (None, "other", False)

@@ -1,0 +1,74 @@
+"""Topic titles and groups: tables shaped for `topic_titles` / `topic_groups` (inserted into real chDB)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from forumpulse.pipeline.config import Settings
+from forumpulse.pipeline.enrich import load_topic_titles, topic_group_rows
+from forumpulse.pipeline.store import Store
+
+FIX = Path(__file__).parent / "fixtures" / "rules"
+STAMP = datetime(2024, 11, 5, 12, 0, tzinfo=UTC)
+
+
+def test_load_topic_titles() -> None:
+    t = load_topic_titles(FIX / "topics.csv", updated_at=STAMP)
+    assert t.column_names == ["site", "topic_id", "title", "forum", "updated_at"]
+    rows = t.to_pylist()
+    assert len(rows) == 5
+    assert rows[0]["title"] == "General election 2024: live results, seats"
+    assert rows[4]["title"] == 'Ünïcode title with "quotes"' and rows[4]["forum"] == "Off-topic"
+    assert {(r["site"], r["topic_id"]) for r in rows} == {("forum", 1), ("forum", 2), ("forum", 3), ("news", 1),
+                                                          ("forum", 4)}
+    assert all(r["updated_at"] == STAMP for r in rows)
+    mtime = load_topic_titles(FIX / "topics.csv").column("updated_at")[0].as_py()
+    assert mtime == datetime.fromtimestamp(int((FIX / "topics.csv").stat().st_mtime * 1000) / 1000, tz=UTC)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("forum,x,Title\n", "topic_id 'x'"),
+    ("site,topic_id,title\nforum,1\n", ":2: expected"),
+    ("forum,0,Zero\n", "out of range"),
+])
+def test_bad_title_rows_name_the_line(tmp_path: Path, body: str, message: str) -> None:
+    p = tmp_path / "t.csv"
+    p.write_text(body)
+    with pytest.raises(ValueError, match=message):
+        load_topic_titles(p)
+
+
+def test_topic_group_rows_by_ids_and_title_pattern() -> None:
+    titles = load_topic_titles(FIX / "topics.csv", updated_at=STAMP)
+    s = Settings(topics={"groups": [
+        {"name": "election", "site": "forum", "topic_ids": [99], "title_pattern": "(?i)election"},
+        {"name": "budget", "site": "news", "title_pattern": "Budget"},
+        {"name": "ids-only", "site": "forum", "topic_ids": [3, 3]},
+    ]})
+    g = topic_group_rows(s, titles, updated_at=STAMP)
+    assert g.column_names == ["site", "group_name", "topic_id", "updated_at"]
+    got = {(r["site"], r["group_name"], r["topic_id"]) for r in g.to_pylist()}
+    assert got == {("forum", "election", 1), ("forum", "election", 2), ("forum", "election", 99),
+                   ("news", "budget", 1), ("forum", "ids-only", 3)}
+    assert g.num_rows == len(got)
+    # without titles only listed ids remain
+    assert topic_group_rows(s, None, updated_at=STAMP).num_rows == 2
+    bad = Settings(topics={"groups": [{"name": "x", "title_pattern": "("}]})
+    with pytest.raises(ValueError, match="title_pattern"):
+        topic_group_rows(bad, titles)
+
+
+def test_tables_insert_into_the_schema(store: Store) -> None:
+    titles = load_topic_titles(FIX / "topics.csv", updated_at=STAMP)
+    s = Settings(topics={"groups": [{"name": "election", "title_pattern": "(?i)election"}]})
+    store.insert("topic_titles", titles)
+    store.insert("topic_groups", topic_group_rows(s, titles, updated_at=STAMP))
+    rows = store.query_rows("SELECT site, topic_id, title, forum, toUnixTimestamp(updated_at) FROM topic_titles "
+                            "ORDER BY site, topic_id")
+    assert rows[0] == ("forum", 1, "General election 2024: live results, seats", "Politics",
+                       int(STAMP.timestamp()))
+    assert len(rows) == 5
+    assert store.query_rows("SELECT group_name, topic_id FROM topic_groups ORDER BY topic_id") == [
+        ("election", 1), ("election", 2)]
