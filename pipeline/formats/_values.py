@@ -17,8 +17,8 @@ CACHE_LIMIT = 200_000
 MONTHS = {m: i for i, m in enumerate(
     ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), start=1)}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-#: Accepted range for timestamps (ms): 1970-01-01 .. 2200-01-01; outside is ``bad_timestamp``.
-TS_MIN_MS = 0
+#: Accepted range for timestamps (ms): 1900-01-01 .. 2200-01-01; outside is ``bad_timestamp``.
+TS_MIN_MS = -2_208_988_800_000
 TS_MAX_MS = 7_258_118_400_000
 
 _CLF_RE = re.compile(r"\[?(\d{1,2})/([A-Za-z]{3})/(\d{4}):(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))? ([+-])(\d{2})(\d{2})\]?", re.ASCII)

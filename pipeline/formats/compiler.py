@@ -42,6 +42,7 @@ class Tok:
     slot: str = "ignore"
     kind: str = WORD
     conditional: bool = False  # Apache %400r style: may log "-" instead of the value
+    rank: int = 0  # among fields feeding the same slot the lowest rank wins (plain < %<X/%>X < conditional)
     parts: list[str] = field(default_factory=list)  # TIME_PARTS: component kind per inner group
     parts_rx: str = ""  # TIME_PARTS: inner regex with one group per component
     ts_kind: str = ""  # TIME_RAW: clf | iso | epoch
@@ -160,11 +161,12 @@ def _apache_field(mods: str, code: str) -> Tok:
         t = Tok(slot="content_type" if low == "content-type" else "ignore", kind=STR)
     elif code == "^":  # %^ti / %^to trailers (mod_log_config 2.5): ignored text
         t = Tok(kind=STR)
-    elif code in "pP":
+    elif code == "p":
         t = Tok(kind=NUM)
     else:  # e n C X L R f A ... and unknown letters: a field we skip
         t = Tok(kind=STR if code in "eniCo" else WORD)
     t.conditional = cond
+    t.rank = (2 if cond else 0) + (1 if final and code != "s" else 0)
     return t
 
 
@@ -445,11 +447,13 @@ def generate_converter(toks: list[Tok], require_time: bool = True) -> Callable[[
     """Emit and compile ``convert(groups) -> ParsedLine | Drop`` for a token list."""
     slots: dict[str, list[int]] = {}
     time_groups: list[tuple[str, int]] = []  # (kind, group index)
+    ranks: dict[int, int] = {}
     gi = 0
     for t in toks:
         if t.literal is not None:
             continue
         slots.setdefault(t.slot, []).append(gi)
+        ranks[gi] = t.rank
         if t.slot == "time":
             if t.kind == TIME_CLF:
                 time_groups.append(("clf", gi))
@@ -459,6 +463,8 @@ def generate_converter(toks: list[Tok], require_time: bool = True) -> Callable[[
                 for j, k in enumerate(t.parts):
                     time_groups.append((k, gi + 1 + j))
         gi += _n_groups(t)
+    for lst in slots.values():
+        lst.sort(key=lambda k: ranks[k])
 
     L: list[str] = ["def convert(g):"]
     ns: dict[str, object] = {
