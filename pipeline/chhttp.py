@@ -381,6 +381,9 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ChError(115, f"Code: 115. DB::Exception: Unknown setting {k} (UNKNOWN_SETTING)", 400)
         qparam = params.get("query")
         gw = self.server.gateway
+        if gw is None:
+            raise ChError(48, "Code: 48. DB::Exception: this owner stores into a ClickHouse server: query that "
+                          "server directly (NOT_IMPLEMENTED)", 501)
         t0 = time.perf_counter()
         if qparam is not None:
             m = _INSERT_FORMAT.match(qparam)
@@ -423,6 +426,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _query(self, sql: str, fmt: str, database: str | None, settings: dict[str, str]) -> tuple[bytes, dict[str, Any]]:
         if not re.fullmatch(r"[A-Za-z0-9_]+", fmt):
             raise ChError(73, f"Code: 73. DB::Exception: Unknown format {fmt} (UNKNOWN_FORMAT)", 400)
+        assert self.server.gateway is not None
         return self.server.gateway.execute(sql, fmt, database, settings)
 
 
@@ -435,7 +439,8 @@ class ClickHouseHTTPServer(ThreadingHTTPServer):
     def __init__(self, store: Any, host: str = "127.0.0.1", port: int = 8123, *, password: str | None = None,
                  display_name: str = "forumpulse-owner", routes: dict[tuple[str, str], Route] | None = None,
                  access_log: Callable[[str], None] | None = None) -> None:
-        self.gateway = EngineGateway(store)
+        #: None when the owner's store is a ClickHouse server (query it directly; only extra routes are served)
+        self.gateway: EngineGateway | None = EngineGateway(store) if hasattr(store, "_eng") else None
         self.password = password
         self.display_name = display_name
         self.routes: dict[tuple[str, str], Route] = dict(routes or {})
@@ -448,7 +453,8 @@ class ClickHouseHTTPServer(ThreadingHTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
-        self.gateway.close()
+        if self.gateway is not None:
+            self.gateway.close()
 
 
 def start_server(store: Any, host: str = "127.0.0.1", port: int = 8123, **kwargs: Any) -> ClickHouseHTTPServer:

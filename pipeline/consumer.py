@@ -1,0 +1,840 @@
+"""The live loader: Kafka ``weblogs.raw`` → process → store, with an exactly-once *effect* on every table.
+
+``forumpulse consume`` runs one :class:`LiveConsumer` (a confluent-kafka group member); the owner process
+(``forumpulse run --consume``) hosts one next to the engine.  Several consumers scale out in one group, each
+writing to a ClickHouse server or to the owner's ClickHouse-compatible endpoint.
+
+How a batch is loaded (per Kafka partition, offsets ``first..last``, at most ``batch_lines`` messages):
+
+1. the range is recorded in ``consumer_batches`` (migration 0002) — *before* any row is inserted;
+2. messages are split by source (envelope, :mod:`forumpulse.pipeline.contracts`), each source's lines go through
+   the pure :class:`~forumpulse.pipeline.process.Processor`; heartbeats update liveness; values that are not
+   envelopes go to the dead-letter topic;
+3. ``requests`` and ``quarantine`` are inserted as one block each with ``insert_deduplication_token =
+   fp1:<topic>:<partition>:<first>-<last>:<table>`` (ClickHouse deduplicates the block in the table and in every
+   materialized view fed by it);
+4. quarantined lines are also produced to the dead-letter topic (flushed), then the offset ``last+1`` is
+   committed synchronously; then detector hooks see the batch's ``stream`` table.
+
+After a crash (kill -9 at any point), a rebalance or a store outage, the next owner of the partition reads the
+recorded ranges at or after its committed offset and cuts its first batches at exactly those offsets: same
+blocks, same tokens, stored once.  Quarantine rows take ``ingested_at`` from the newest Kafka timestamp of the
+batch (not the wall clock), so a replayed block is identical.
+
+Guarantees: every message of the topic ends as exactly one row of ``requests`` or ``quarantine`` or one
+dead-letter message (bad envelope) or one heartbeat; rollups count each line once.  At-least-once (not exactly-
+once) for side channels: the dead-letter topic, ``pipeline_stats``, ``source_liveness.lines`` (approximate) and
+detector hooks may see a replayed batch twice.
+
+Backpressure: a store error (server down, owner restarting, insert refused) pauses every assigned partition and
+retries the same batch with exponential backoff (``backoff_max_s``), forever, while still polling Kafka so the
+group membership stays alive; memory is bounded by ``batch_lines`` per assigned partition (a partition whose
+buffer is full is paused) plus librdkafka's fetch queue (``queued.max.messages.kbytes``).  Nothing is dropped.
+
+Rebalances: static membership (``instance_id`` → ``group.instance.id``) lets a restarted consumer take its
+partitions back at once; ``session_timeout_ms`` (default 6 s, the broker minimum) bounds how long a dead member
+stalls its partitions.  On revocation buffered, uncommitted messages are dropped (the next owner re-reads them).
+
+Limits (documented, not hidden): a consumer that is *frozen* (SIGSTOP, a debugger) past its session timeout and
+then resumes may insert one batch the new owner has cut differently (Kafka offers no fencing for an external
+store without transactions); kill -9 and crashes are safe.  Different consumer groups must not load the same
+topic into the same database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from forumpulse.pipeline.config import Settings, load_settings
+from forumpulse.pipeline.contracts import HEARTBEAT_FORMAT, split_raw
+from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
+from forumpulse.pipeline.store import Store, StoreError, migrate, open_store
+
+log = logging.getLogger("forumpulse.consumer")
+
+BATCHES_SCHEMA = pa.schema([
+    ("group_id", pa.string()), ("topic", pa.string()), ("partition", pa.uint32()),
+    ("first_offset", pa.uint64()), ("last_offset", pa.uint64()), ("messages", pa.uint32()),
+    ("instance", pa.string()), ("created_at", pa.timestamp("ms", tz="UTC")),
+])
+LIVENESS_SCHEMA = pa.schema([
+    ("site", pa.string()), ("origin_host", pa.string()), ("origin_file", pa.string()),
+    ("last_line_ts", pa.timestamp("ms", tz="UTC")), ("last_heartbeat_ts", pa.timestamp("ms", tz="UTC")),
+    ("lines", pa.uint64()), ("updated_at", pa.timestamp("ms", tz="UTC")),
+])
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What a hook learns about a batch besides its rows."""
+
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    replay: bool
+
+
+#: A detector hook: called after a batch is committed with the batch's ``stream`` table (real client addresses,
+#: ``requests`` columns + ``query``).  Runs on the consumer thread: keep it fast (hand off to a queue for heavy
+#: work).  Exceptions are logged and counted, never stop loading.  May see a replayed batch twice.
+StreamHook = Callable[[pa.Table, BatchInfo], None]
+
+
+@dataclass
+class ConsumerOptions:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic: str = "weblogs.raw"
+    dead_letter_topic: str | None = "weblogs.raw.dlq"
+    group_id: str = "forumpulse-loader"
+    instance_id: str | None = None
+    batch_lines: int = 20_000
+    max_wait_s: float = 1.0
+    poll_messages: int = 10_000
+    session_timeout_ms: int = 6_000
+    max_poll_interval_ms: int = 300_000
+    queued_max_kbytes: int = 16_384
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 5.0
+    stats_interval_s: float = 10.0
+    liveness_interval_s: float = 2.0
+    dead_letter_quarantined: bool = True
+    kafka_config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> ConsumerOptions:
+        k = settings.kafka
+        base: dict[str, Any] = {
+            "bootstrap_servers": k.bootstrap_servers, "topic": k.raw_topic, "dead_letter_topic": k.dead_letter_topic,
+            "group_id": k.group_id, "batch_lines": min(settings.ingest.batch_lines, 50_000),
+        }
+        base.update({key: v for key, v in overrides.items() if v is not None})
+        return cls(**base)
+
+
+class _Revoked(Exception):
+    """The partition being flushed was revoked while we waited: abandon the batch (the next owner replays)."""
+
+
+class _Part:
+    __slots__ = ("first_seen", "msgs", "plan")
+
+    def __init__(self) -> None:
+        self.msgs: list[Any] = []
+        self.plan: deque[tuple[int, int]] | None = None  # None = not loaded yet
+        self.first_seen = 0.0
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class LiveConsumer:
+    """One Kafka group member loading into ``store``.  Call :meth:`run`; :meth:`stop` (any thread) ends it.
+
+    Misuse: one LiveConsumer per thread (the Processor and the Kafka client are not shared); do not give two
+    live consumers the same ``instance_id`` (Kafka fences the older one).
+    """
+
+    def __init__(self, settings: Settings, store: Store, options: ConsumerOptions | None = None,
+                 hooks: Sequence[StreamHook] = (), metrics: PipelineMetrics | None = None,
+                 processor: Any = None) -> None:
+        from forumpulse.pipeline.process import Processor
+
+        self.settings = settings
+        self.store = store
+        self.opt = options or ConsumerOptions.from_settings(settings)
+        self.instance = self.opt.instance_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.hooks = list(hooks)
+        self.metrics = metrics or PipelineMetrics("consumer", self.instance)
+        self.processor = processor or Processor(settings)
+        self._stop = threading.Event()
+        self._parts: dict[tuple[str, int], _Part] = {}
+        self._paused: set[tuple[str, int]] = set()
+        self._global_pause = False
+        self._buffered = 0
+        self._flushing: tuple[str, int] | None = None
+        self._flush_revoked = False
+        self._next_offset: dict[tuple[str, int], int] = {}
+        self._liveness: dict[tuple[str, str, str], list[int]] = {}  # key -> [last_line_ms, last_hb_ms, lines]
+        self._liveness_dirty: set[tuple[str, str, str]] = set()
+        self._liveness_loaded = False
+        self._last_message = time.monotonic()
+        self._consumer: Any = None
+        self._producer: Any = None
+        self.hook_errors = 0
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def _kafka_config(self) -> dict[str, Any]:
+        o = self.opt
+        conf: dict[str, Any] = {
+            "bootstrap.servers": o.bootstrap_servers,
+            "group.id": o.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": o.session_timeout_ms,
+            "heartbeat.interval.ms": max(500, o.session_timeout_ms // 3),
+            "max.poll.interval.ms": o.max_poll_interval_ms,
+            "queued.max.messages.kbytes": o.queued_max_kbytes,
+            "client.id": f"forumpulse-consumer-{self.instance}",
+        }
+        if o.instance_id:
+            conf["group.instance.id"] = o.instance_id
+        conf.update(o.kafka_config)
+        return conf
+
+    def run(self, idle_exit_s: float | None = None) -> dict[str, Any]:
+        """Consume until :meth:`stop` (or, with ``idle_exit_s``, until caught up and idle that long).
+
+        Returns the metrics summary.  On stop, full and timed-out batches are flushed and committed; a partial
+        replay batch is left for the next owner (it is not committed).
+        """
+        from confluent_kafka import Consumer, Producer
+
+        self._consumer = Consumer(self._kafka_config())
+        if self.opt.dead_letter_topic:
+            self._producer = Producer({"bootstrap.servers": self.opt.bootstrap_servers, "linger.ms": 20,
+                                       "compression.type": "lz4", "enable.idempotence": True,
+                                       **{k: v for k, v in self.opt.kafka_config.items() if k.startswith("security")
+                                          or k.startswith("sasl") or k.startswith("ssl")}})
+        self._consumer.subscribe([self.opt.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_revoke)
+        next_stats = time.monotonic() + self.opt.stats_interval_s
+        next_live = time.monotonic() + self.opt.liveness_interval_s
+        self._last_message = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                self._poll(0.1 if self._buffered else 0.5)
+                self._flush_ready(force=False)
+                now = time.monotonic()
+                if now >= next_live:
+                    self._write_liveness()
+                    next_live = now + self.opt.liveness_interval_s
+                if now >= next_stats:
+                    self._write_stats()
+                    next_stats = now + self.opt.stats_interval_s
+                if idle_exit_s is not None and self._idle_and_caught_up(idle_exit_s):
+                    log.info("caught up and idle for %.1f s: exiting", idle_exit_s)
+                    break
+            self._flush_ready(force=True)
+            self._write_liveness()
+            self._write_stats()
+        finally:
+            with contextlib.suppress(Exception):
+                self._consumer.close()
+            if self._producer is not None:
+                self._producer.flush(10)
+        return self.metrics.summary()
+
+    # ------------------------------------------------------------------------------------------ kafka side
+
+    def _poll(self, timeout: float) -> None:
+        msgs = self._consumer.consume(num_messages=self.opt.poll_messages, timeout=timeout)
+        if not msgs:
+            return
+        self._last_message = time.monotonic()
+        parts = self._parts
+        now = time.monotonic()
+        added = 0
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.fatal():
+                    from confluent_kafka import KafkaException
+
+                    raise KafkaException(err)
+                log.warning("kafka: %s", err)
+                continue
+            key = (m.topic(), m.partition())
+            p = parts.get(key)
+            if p is None:  # a message for a partition we were not told about (should not happen): take it
+                p = parts[key] = _Part()
+            if not p.msgs:
+                p.first_seen = now
+            p.msgs.append(m)
+            added += 1
+        self._buffered += added
+        self.metrics.set_buffered(self._buffered)
+        self._pause_full()
+
+    def _cap(self, p: _Part) -> int:
+        cap = self.opt.batch_lines
+        if p.plan:
+            first, last = p.plan[0]
+            cap = max(cap, last - first + 1)
+        return cap
+
+    def _pause_full(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        to_pause = [k for k, p in self._parts.items() if k not in self._paused and len(p.msgs) >= self._cap(p)]
+        if to_pause:
+            self._consumer.pause([TopicPartition(t, n) for t, n in to_pause])
+            self._paused.update(to_pause)
+            self.metrics.paused.set(1)
+
+    def _resume_drained(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        if self._global_pause:
+            return
+        ready = [k for k in self._paused if k in self._parts and len(self._parts[k].msgs) < self._cap(self._parts[k])]
+        ready += [k for k in self._paused if k not in self._parts]
+        if ready:
+            with contextlib.suppress(Exception):
+                self._consumer.resume([TopicPartition(t, n) for t, n in ready if (t, n) in self._parts])
+            self._paused.difference_update(ready)
+        if not self._paused:
+            self.metrics.paused.set(0)
+
+    def _pause_all(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._global_pause = True
+        self.metrics.paused.set(1)
+        keys = list(self._parts)
+        if keys:
+            with contextlib.suppress(Exception):
+                self._consumer.pause([TopicPartition(t, n) for t, n in keys])
+            self._paused.update(keys)
+
+    def _resume_all(self) -> None:
+        self._global_pause = False
+        self._resume_drained()
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self.metrics.rebalances.labels("assign").inc(len(partitions))
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            self._parts[key] = _Part()
+            self._paused.discard(key)
+        log.info("assigned %s", [f"{tp.topic}/{tp.partition}" for tp in partitions])
+        consumer.assign(partitions)
+        if self._global_pause and partitions:  # the store is down: do not start fetching the new partitions
+            self._paused.update((tp.topic, tp.partition) for tp in partitions)
+            with contextlib.suppress(Exception):
+                consumer.pause(partitions)
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        self.metrics.rebalances.labels("revoke").inc(len(partitions))
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            p = self._parts.pop(key, None)
+            if p is not None:
+                self._buffered -= len(p.msgs)
+            self._paused.discard(key)
+            self._next_offset.pop(key, None)
+            if self._flushing == key:
+                self._flush_revoked = True
+        self.metrics.set_buffered(self._buffered)
+        log.info("revoked %s", [f"{tp.topic}/{tp.partition}" for tp in partitions])
+
+    def _idle_and_caught_up(self, idle_s: float) -> bool:
+        if self._buffered or time.monotonic() - self._last_message < idle_s:
+            return False
+        assignment = self._consumer.assignment()
+        if not assignment:
+            return False
+        lag = self._compute_lag(assignment)
+        return lag == 0
+
+    def _compute_lag(self, assignment: list[Any] | None = None) -> int:
+        assignment = assignment if assignment is not None else self._consumer.assignment()
+        total = 0
+        for tp in assignment:
+            try:
+                _low, high = self._consumer.get_watermark_offsets(tp, timeout=2.0, cached=False)
+            except Exception:
+                return -1
+            pos = self._next_offset.get((tp.topic, tp.partition))
+            if pos is None:
+                committed = self._consumer.committed([tp], timeout=5.0)[0].offset
+                pos = committed if committed >= 0 else _low
+            total += max(0, high - pos)
+        self.metrics.set_lag(total)
+        return total
+
+    # ------------------------------------------------------------------------------------------ batching
+
+    def _load_plan(self, key: tuple[str, int], p: _Part) -> None:
+        start = p.msgs[0].offset()
+        sql = (
+            "SELECT first_offset, last_offset FROM consumer_batches FINAL WHERE group_id = "
+            f"{_sql_str(self.opt.group_id)} AND topic = {_sql_str(key[0])} AND partition = {key[1]} "
+            f"AND last_offset >= {start} ORDER BY first_offset"
+        )
+        self._flushing = key
+        self._flush_revoked = False
+        try:
+            rows = self._with_retry(lambda: self.store.query_rows(sql), key)
+        finally:
+            self._flushing = None
+        p.plan = deque((int(a), int(b)) for a, b in rows)
+        if p.plan:
+            log.info("replay plan for %s/%s from offset %d: %d batch(es) %s", key[0], key[1], start,
+                     len(p.plan), list(p.plan)[:5])
+
+    def _cut(self, p: _Part, now: float, force: bool) -> tuple[int, bool] | None:
+        """How many buffered messages form the next batch (and whether it is a replay), or None to wait."""
+        msgs = p.msgs
+        if not msgs:
+            return None
+        plan = p.plan
+        assert plan is not None
+        first_off = msgs[0].offset()
+        while plan and plan[0][1] < first_off:
+            plan.popleft()
+        if plan:
+            pf, pl = plan[0]
+            if pf > first_off:  # messages before the recorded range: a fresh batch that ends just before it
+                n = 0
+                while n < len(msgs) and msgs[n].offset() < pf:
+                    n += 1
+                return min(n, self.opt.batch_lines), False
+            if msgs[-1].offset() >= pl:
+                n = 0
+                while n < len(msgs) and msgs[n].offset() <= pl:
+                    n += 1
+                return n, True
+            return None  # wait for the rest of the recorded range (never flush a partial replay)
+        if len(msgs) >= self.opt.batch_lines:
+            return self.opt.batch_lines, False
+        if force or now - p.first_seen >= self.opt.max_wait_s:
+            return len(msgs), False
+        return None
+
+    def _flush_ready(self, force: bool) -> None:
+        progressed = True
+        while progressed and not (self._stop.is_set() and not force):
+            progressed = False
+            for key in list(self._parts):
+                p = self._parts.get(key)
+                if p is None or not p.msgs:
+                    continue
+                if p.plan is None:
+                    try:
+                        self._load_plan(key, p)
+                    except _Revoked:
+                        continue
+                cut = self._cut(p, time.monotonic(), force)
+                if cut is None or cut[0] == 0:
+                    continue
+                n, replay = cut
+                batch = p.msgs[:n]
+                try:
+                    self._flush(key, batch, replay)
+                except _Revoked:
+                    log.info("partition %s/%s revoked during its batch: left for the next owner", *key)
+                    continue
+                p2 = self._parts.get(key)
+                if p2 is p:
+                    del p.msgs[:n]
+                    self._buffered -= n
+                    if replay and p.plan:
+                        p.plan.popleft()
+                    p.first_seen = time.monotonic()
+                    progressed = True
+                self.metrics.set_buffered(self._buffered)
+            self._resume_drained()
+            if self._stop.is_set() and not force:
+                break
+
+    # ------------------------------------------------------------------------------------------ one batch
+
+    def _with_retry(self, fn: Callable[[], Any], key: tuple[str, int] | None) -> Any:
+        delay = self.opt.backoff_initial_s
+        paused_here = False
+        try:
+            while True:
+                try:
+                    return fn()
+                except StoreError as exc:
+                    self.metrics.record_store_error()
+                    log.warning("store error (retrying in %.1f s): %s", delay, str(exc).splitlines()[0][:300])
+                    if not paused_here:
+                        self._pause_all()
+                        paused_here = True
+                    self._flushing = key
+                    deadline = time.monotonic() + delay
+                    while time.monotonic() < deadline:
+                        # keep the group membership alive; paused partitions deliver nothing new
+                        self._poll(min(0.2, max(0.0, deadline - time.monotonic())))
+                        if key is not None and self._flush_revoked:
+                            raise _Revoked() from None
+                        if self._stop.is_set():  # shutting down: leave the batch uncommitted (replayed later)
+                            raise _Revoked() from None
+                    delay = min(self.opt.backoff_max_s, delay * 2)
+        finally:
+            if paused_here:
+                self._resume_all()
+
+    def _flush(self, key: tuple[str, int], msgs: list[Any], replay: bool) -> None:
+        t0 = time.perf_counter()
+        topic, partition = key
+        first, last = msgs[0].offset(), msgs[-1].offset()
+        token = f"fp1:{topic}:{partition}:{first}-{last}"
+        self._flushing = key
+        self._flush_revoked = False
+        try:
+            intent = pa.Table.from_pylist([{
+                "group_id": self.opt.group_id, "topic": topic, "partition": partition, "first_offset": first,
+                "last_offset": last, "messages": len(msgs), "instance": self.instance,
+                "created_at": int(time.time() * 1000),
+            }], schema=BATCHES_SCHEMA)
+            self._with_retry(lambda: self.store.insert("consumer_batches", intent, dedup_token=token + ":batch"), key)
+
+            groups: dict[tuple[bytes, bytes, bytes, bytes], tuple[list[int], list[bytes]]] = {}
+            bad: list[int] = []
+            heartbeats: dict[tuple[bytes, bytes, bytes], int] = {}
+            line_ts: dict[tuple[bytes, bytes, bytes], int] = {}
+            line_n: dict[tuple[bytes, bytes, bytes], int] = {}
+            hb_n = 0
+            batch_ts = 0
+            hb = HEARTBEAT_FORMAT.encode()
+            for i, m in enumerate(msgs):
+                ts = m.timestamp()[1]
+                if ts > batch_ts:
+                    batch_ts = ts
+                r = split_raw(m.value() or b"")
+                if r is None:
+                    bad.append(i)
+                    continue
+                src = (r[0], r[1], r[2])
+                if r[3] == hb:
+                    hb_n += 1
+                    if ts > heartbeats.get(src, 0):
+                        heartbeats[src] = ts
+                    continue
+                gk = (r[0], r[1], r[2], r[3])
+                g = groups.get(gk)
+                if g is None:
+                    g = groups[gk] = ([], [])
+                g[0].append(i)
+                g[1].append(r[4])
+                line_n[src] = line_n.get(src, 0) + 1
+                if ts > line_ts.get(src, 0):
+                    line_ts[src] = ts
+
+            from forumpulse.pipeline.process import SourceContext
+
+            req_parts, q_parts, stream_parts = [], [], []
+            loaded = quarantined = read = 0
+            by_reason: dict[str, int] = {}
+            newest: int | None = None
+            dlq: list[tuple[int, str, str]] = []
+            src_ref = f"kafka:{topic}/{partition}"
+            for (site, host, file, fmt), (idx, lines) in groups.items():
+                ctx = SourceContext(site=site.decode("utf-8", "backslashreplace"),
+                                    origin_host=host.decode("utf-8", "backslashreplace"),
+                                    origin_file=file.decode("utf-8", "backslashreplace"),
+                                    format=fmt.decode("utf-8", "backslashreplace"))
+                pb = self.processor.process(lines, ctx, line_no_base=0, source_ref=src_ref)
+                read += pb.read
+                loaded += pb.loaded
+                quarantined += pb.quarantined
+                for k, v in pb.by_reason.items():
+                    by_reason[k] = by_reason.get(k, 0) + v
+                if pb.newest_ts is not None:
+                    nts = _ts_ms(pb.newest_ts)
+                    newest = nts if newest is None or nts > newest else newest
+                if pb.requests.num_rows:
+                    req_parts.append(pb.requests)
+                    stream_parts.append(pb.stream)
+                if pb.quarantine.num_rows:
+                    q = pb.quarantine
+                    positions = [idx[int(n)] for n in q.column("line_no").to_pylist()]
+                    offsets = pa.array([msgs[j].offset() for j in positions], pa.uint64())
+                    q = q.set_column(q.schema.get_field_index("line_no"), "line_no", offsets)
+                    q = q.set_column(q.schema.get_field_index("ingested_at"), "ingested_at",
+                                     pa.array([batch_ts] * q.num_rows, pa.timestamp("ms", tz="UTC")))
+                    q_parts.append(q)
+                    if self.opt.dead_letter_quarantined:
+                        for j, reason, detail in zip(positions, q.column("reason").to_pylist(),
+                                                     q.column("detail").to_pylist(), strict=True):
+                            dlq.append((j, reason, detail))
+            for j in bad:
+                dlq.append((j, "bad_envelope", "not a weblogs.raw v1 envelope"))
+
+            if req_parts:
+                requests = pa.concat_tables(req_parts)
+                self._with_retry(lambda: self.store.insert("requests", requests, dedup_token=token + ":requests"), key)
+            if q_parts:
+                quarantine = pa.concat_tables(q_parts)
+                self._with_retry(
+                    lambda: self.store.insert("quarantine", quarantine, dedup_token=token + ":quarantine"), key)
+            if dlq:
+                self._dead_letter(key, msgs, dlq)
+            self._commit(topic, partition, last)
+            self._next_offset[key] = last + 1
+        finally:
+            self._flushing = None
+
+        # side channels (at-least-once): liveness, metrics, hooks
+        for src, ts in line_ts.items():
+            self._touch_liveness(src, line_ms=ts, n=line_n[src])
+        for src, ts in heartbeats.items():
+            self._touch_liveness(src, hb_ms=ts)
+        if hb_n:
+            self.metrics.record_heartbeats(hb_n)
+        self.metrics.record_batch(read + len(bad), loaded, quarantined, by_reason, time.perf_counter() - t0, newest,
+                                  replay)
+        if stream_parts and self.hooks:
+            stream = pa.concat_tables(stream_parts)
+            info = BatchInfo(topic, partition, first, last, replay)
+            for hook in self.hooks:
+                try:
+                    hook(stream, info)
+                except Exception:
+                    self.hook_errors += 1
+                    log.exception("stream hook %r failed", hook)
+
+    def _dead_letter(self, key: tuple[str, int], msgs: list[Any], items: list[tuple[int, str, str]]) -> None:
+        if self._producer is None or not self.opt.dead_letter_topic:
+            return
+        topic, partition = key
+        for j, reason, detail in items:
+            m = msgs[j]
+            headers = [("fp-reason", reason.encode()), ("fp-detail", detail.encode("utf-8", "replace")[:1000]),
+                       ("fp-source", f"{topic}/{partition}/{m.offset()}".encode())]
+            while True:
+                try:
+                    self._producer.produce(self.opt.dead_letter_topic, value=m.value(), key=m.key(), headers=headers)
+                    break
+                except BufferError:
+                    self._producer.poll(0.1)
+            self.metrics.record_dead_letter(reason)
+        delay = self.opt.backoff_initial_s
+        while self._producer.flush(10) > 0:  # the DLQ must hold the lines before their offsets are committed
+            log.warning("dead-letter topic not reachable, retrying")
+            self._pause_all()
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline:
+                self._poll(0.2)
+                if self._flush_revoked:
+                    self._resume_all()
+                    raise _Revoked()
+            delay = min(self.opt.backoff_max_s, delay * 2)
+        self._resume_all()
+
+    def _commit(self, topic: str, partition: int, last: int) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        if self._flush_revoked:
+            raise _Revoked()
+        try:
+            self._consumer.commit(offsets=[TopicPartition(topic, partition, last + 1)], asynchronous=False)
+        except KafkaException as exc:
+            # rebalance in progress / fenced: the rows are stored with their token; the next owner replays the
+            # recorded range and the store deduplicates it
+            self.metrics.record_commit_failure()
+            log.warning("offset commit for %s/%d failed (the batch will be replayed): %s", topic, partition, exc)
+
+    # ------------------------------------------------------------------------------------------ liveness, stats
+
+    def _touch_liveness(self, src: tuple[bytes, bytes, bytes], line_ms: int | None = None, hb_ms: int | None = None,
+                        n: int = 0) -> None:
+        key = tuple(x.decode("utf-8", "backslashreplace") for x in src)
+        st = self._liveness.setdefault(key, [0, 0, 0])  # type: ignore[arg-type]
+        if line_ms is not None and line_ms > st[0]:
+            st[0] = line_ms
+        if hb_ms is not None and hb_ms > st[1]:
+            st[1] = hb_ms
+        st[2] += n
+        self._liveness_dirty.add(key)  # type: ignore[arg-type]
+
+    def _write_liveness(self) -> None:
+        if not self._liveness_dirty:
+            return
+        try:
+            if not self._liveness_loaded:
+                # merge with what other consumers (and earlier runs) recorded, so the newest evidence wins
+                for site, host, file, ll, lh, n in self.store.query_rows(
+                    "SELECT site, origin_host, origin_file, toUnixTimestamp64Milli(max(last_line_ts)), "
+                    "toUnixTimestamp64Milli(max(last_heartbeat_ts)), max(lines) FROM source_liveness "
+                    "GROUP BY site, origin_host, origin_file"
+                ):
+                    st = self._liveness.setdefault((site, host, file), [0, 0, 0])
+                    st[0] = max(st[0], int(ll))
+                    st[1] = max(st[1], int(lh))
+                    st[2] += int(n)
+                self._liveness_loaded = True
+            now = int(time.time() * 1000)
+            rows = [{"site": k[0], "origin_host": k[1], "origin_file": k[2], "last_line_ts": v[0],
+                     "last_heartbeat_ts": v[1], "lines": v[2], "updated_at": now}
+                    for k, v in self._liveness.items() if k in self._liveness_dirty]
+            self.store.insert("source_liveness", pa.Table.from_pylist(rows, schema=LIVENESS_SCHEMA))
+            self._liveness_dirty.clear()
+        except StoreError as exc:  # liveness is a side channel: retried at the next interval
+            self.metrics.record_store_error()
+            log.warning("liveness write failed (will retry): %s", str(exc).splitlines()[0][:200])
+
+    def _write_stats(self) -> None:
+        with contextlib.suppress(Exception):
+            self._compute_lag()
+        row = self.metrics.stats_row()
+        try:
+            self.store.insert("pipeline_stats", stats_table([row]))
+        except StoreError as exc:
+            self.metrics.record_store_error()
+            log.warning("pipeline_stats write failed: %s", str(exc).splitlines()[0][:200])
+
+
+def _ts_ms(v: Any) -> int:
+    if isinstance(v, int):
+        return v
+    if hasattr(v, "timestamp"):
+        return int(v.timestamp() * 1000)
+    return int(v)
+
+
+# ---------------------------------------------------------------------------------------------- liveness view
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    site: str
+    origin_host: str
+    origin_file: str
+    state: str  # "live" | "silent" | "dead"
+    last_line_s_ago: float | None
+    last_heartbeat_s_ago: float | None
+
+
+def source_status(store: Store, now: float | None = None, quiet_after_s: float = 300.0,
+                  heartbeat_timeout_s: float = 180.0) -> list[SourceStatus]:
+    """Classify every source recorded in ``source_liveness``.
+
+    ``live``: a line arrived within ``quiet_after_s``.  ``silent``: no recent line, but the source (or its host,
+    via a heartbeat with an empty ``origin_file``) sent a heartbeat within ``heartbeat_timeout_s`` — the source
+    is up and simply has no traffic.  ``dead``: neither — the source, its host or the transport is down.
+    Times are Kafka message timestamps (arrival), not log timestamps.
+    """
+    now = time.time() if now is None else now
+    rows = store.query_rows(
+        "SELECT site, origin_host, origin_file, toUnixTimestamp64Milli(max(last_line_ts)), "
+        "toUnixTimestamp64Milli(max(last_heartbeat_ts)) FROM source_liveness GROUP BY site, origin_host, origin_file"
+    )
+    host_hb: dict[tuple[str, str], int] = {}
+    for site, host, file, _ll, lh in rows:
+        if file in ("", "-"):
+            host_hb[(site, host)] = max(host_hb.get((site, host), 0), int(lh))
+    out = []
+    for site, host, file, ll, lh in rows:
+        hb = max(int(lh), host_hb.get((site, host), 0))
+        line_ago = now - int(ll) / 1000 if int(ll) > 0 else None
+        hb_ago = now - hb / 1000 if hb > 0 else None
+        if line_ago is not None and line_ago <= quiet_after_s:
+            state = "live"
+        elif hb_ago is not None and hb_ago <= heartbeat_timeout_s:
+            state = "silent"
+        else:
+            state = "dead"
+        if file in ("", "-") and int(ll) == 0:
+            continue  # host-level heartbeat rows are folded into the sources above
+        out.append(SourceStatus(site, host, file, state, line_ago, hb_ago))
+    return sorted(out, key=lambda s: (s.site, s.origin_host, s.origin_file))
+
+
+# ---------------------------------------------------------------------------------------------- command
+
+
+def open_store_waiting(url: str, stop: threading.Event, database: str | None = None, migrate_params: dict[str, Any] | None = None,
+                       backoff_max_s: float = 5.0) -> Store:
+    """Open (and migrate) the store, retrying with backoff while it is unavailable (the owner restarting)."""
+    delay = 0.2
+    while True:
+        try:
+            st = open_store(url, database=database) if database else open_store(url)
+            if migrate_params is not None:
+                migrate(st, migrate_params)
+            return st
+        except StoreError as exc:
+            if stop.is_set():
+                raise
+            log.warning("store %s not available (retrying in %.1f s): %s", url, delay, str(exc).splitlines()[0][:200])
+            stop.wait(delay)
+            delay = min(backoff_max_s, delay * 2)
+
+
+def consume_command(
+    config: Path | None = None,
+    store: str | None = None,
+    bootstrap: str | None = None,
+    topic: str | None = None,
+    group: str | None = None,
+    instance_id: str | None = None,
+    batch_lines: int | None = None,
+    max_wait: float | None = None,
+    metrics_port: int | None = None,
+    idle_exit: float | None = None,
+    no_dead_letter: bool = False,
+) -> None:
+    """``forumpulse consume``: load Kafka ``weblogs.raw`` into the store until SIGTERM/SIGINT.
+
+    Typer-compatible (plain defaults; the integrator registers it with ``app.command("consume")``).  Prints one
+    JSON summary line on exit.  ``--idle-exit S`` stops once caught up and idle for S seconds (batch loads,
+    tests).  The store may be ``chdb:PATH`` (this process owns it) or ``clickhouse://…`` (a server or the
+    owner's endpoint; waits while it is unavailable).
+    """
+    logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings(config)
+    url = store or settings.store.url
+    stop = threading.Event()
+    holder: dict[str, LiveConsumer] = {}
+
+    def _signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: finishing the current batches", signum)
+        stop.set()
+        c = holder.get("c")
+        if c is not None:
+            c.stop()
+
+    signal.signal(signal.SIGTERM, _signal)
+    signal.signal(signal.SIGINT, _signal)
+    st = open_store_waiting(url, stop, migrate_params=settings.retention.migration_params())
+    opts = ConsumerOptions.from_settings(
+        settings, bootstrap_servers=bootstrap, topic=topic, group_id=group, instance_id=instance_id,
+        batch_lines=batch_lines, max_wait_s=max_wait,
+    )
+    if no_dead_letter:
+        opts.dead_letter_topic = None
+    consumer = LiveConsumer(settings, st, opts)
+    holder["c"] = consumer
+    if stop.is_set():
+        consumer.stop()
+    if metrics_port is not None:
+        consumer.metrics.serve(metrics_port)
+    try:
+        summary = consumer.run(idle_exit_s=idle_exit)
+    finally:
+        st.close()
+    print(json.dumps({"consumer": consumer.instance, **summary}), flush=True)
+
+
+if __name__ == "__main__":  # `python -m forumpulse.pipeline.consumer ...` (tests, before CLI wiring)
+    import typer
+
+    typer.run(consume_command)

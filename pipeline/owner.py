@@ -1,0 +1,216 @@
+"""The owner process (``forumpulse run``): the one process that owns the embedded store and hosts what needs it.
+
+chDB lets one process open a data folder and cannot listen on a port.  In embedded mode the owner opens
+``chdb:PATH``, applies migrations, and serves on one HTTP port (default 127.0.0.1:8123):
+
+* the ClickHouse-compatible endpoint (:mod:`forumpulse.pipeline.chhttp`): other commands and other consumers use
+  ``--store clickhouse://127.0.0.1:8123/forumpulse``; curl, clickhouse-connect and Grafana's ClickHouse plugin
+  (HTTP mode, within the documented subset) query it;
+* ``GET /fp/health`` (JSON: pid, store, uptime, consumer totals), ``GET /fp/sources`` (live/silent/dead per
+  source, see :func:`forumpulse.pipeline.consumer.source_status`), ``GET /metrics`` (Prometheus text).
+
+With ``--consume`` it also runs a :class:`~forumpulse.pipeline.consumer.LiveConsumer` in a thread (the
+embedded deployment's loader).  Other components (detectors, decisions, reports) plug in as *owner services*:
+``register_owner_service(fn)`` before :func:`run_command`; each ``fn(ctx)`` gets an :class:`OwnerContext` and
+may add stream hooks (fed by the consumer), HTTP routes and background threads that stop on ``ctx.stop``.
+
+Shutdown (SIGTERM/SIGINT): the consumer finishes and commits its current batches, services are told to stop,
+the HTTP server stops accepting, and the store is closed (the folder lock is released).  A kill -9 loses
+nothing: uncommitted batches are replayed by the next run (see :mod:`forumpulse.pipeline.consumer`).
+
+With a ``clickhouse://`` store (a real server) the owner still hosts the consumer, services and the ``/fp``
+routes; the ClickHouse endpoint then answers 501 (query the server directly).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forumpulse.pipeline.chhttp import ClickHouseHTTPServer, RequestInfo, Route
+from forumpulse.pipeline.config import Settings, load_settings
+from forumpulse.pipeline.consumer import (
+    ConsumerOptions,
+    LiveConsumer,
+    StreamHook,
+    open_store_waiting,
+    source_status,
+)
+from forumpulse.pipeline.metrics import PipelineMetrics
+from forumpulse.pipeline.store import Store
+
+log = logging.getLogger("forumpulse.owner")
+
+
+@dataclass
+class OwnerContext:
+    """What an owner service receives.  Add to ``hooks`` / ``routes`` during setup (before the consumer starts)."""
+
+    settings: Settings
+    store: Store
+    stop: threading.Event
+    hooks: list[StreamHook] = field(default_factory=list)
+    routes: dict[tuple[str, str], Route] = field(default_factory=dict)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+
+OwnerService = Callable[[OwnerContext], None]
+_SERVICES: list[OwnerService] = []
+
+
+def register_owner_service(service: OwnerService) -> None:
+    """Register a component the owner hosts (called once per ``forumpulse run`` with the context)."""
+    _SERVICES.append(service)
+
+
+class Owner:
+    """Owns the store and the HTTP port.  ``start()`` then ``wait()``; ``stop()`` from any thread or a signal."""
+
+    def __init__(self, settings: Settings, store_url: str | None = None, host: str = "127.0.0.1", port: int = 8123,
+                 password: str | None = None, consume: bool = False,
+                 consumer_options: ConsumerOptions | None = None, services: list[OwnerService] | None = None) -> None:
+        self.settings = settings
+        self.store_url = store_url or settings.store.url
+        self.host = host
+        self.port = port
+        self.password = password
+        self.consume = consume
+        self.consumer_options = consumer_options
+        self.services = list(_SERVICES if services is None else services)
+        self.stop_event = threading.Event()
+        self.metrics = PipelineMetrics("owner", f"{os.uname().nodename}-{os.getpid()}")
+        self.started = time.time()
+        self.store: Store | None = None
+        self.server: ClickHouseHTTPServer | None = None
+        self.consumer: LiveConsumer | None = None
+        self._consumer_thread: threading.Thread | None = None
+        self.ctx: OwnerContext | None = None
+
+    # ------------------------------------------------------------------------------------------ routes
+
+    def _health(self, _req: RequestInfo) -> tuple[int, str, bytes]:
+        body = {
+            "status": "stopping" if self.stop_event.is_set() else "ok", "pid": os.getpid(),
+            "store": self.store_url, "uptime_s": round(time.time() - self.started, 1),
+            "consumer": self.consumer.metrics.summary() if self.consumer else None,
+        }
+        return 200, "application/json", json.dumps(body).encode()
+
+    def _sources(self, req: RequestInfo) -> tuple[int, str, bytes]:
+        assert self.store is not None
+        quiet = float(req.params.get("quiet_after_s", 300))
+        hb = float(req.params.get("heartbeat_timeout_s", 180))
+        rows = [asdict(s) for s in source_status(self.store, quiet_after_s=quiet, heartbeat_timeout_s=hb)]
+        return 200, "application/json", json.dumps(rows).encode()
+
+    def _metrics(self, _req: RequestInfo) -> tuple[int, str, bytes]:
+        out = self.metrics.exposition()
+        if self.consumer is not None:
+            out += self.consumer.metrics.exposition()
+        return 200, "text/plain; version=0.0.4; charset=utf-8", out
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.store = open_store_waiting(self.store_url, self.stop_event,
+                                        migrate_params=self.settings.retention.migration_params())
+        ctx = self.ctx = OwnerContext(self.settings, self.store, self.stop_event)
+        for service in self.services:
+            service(ctx)
+        routes: dict[tuple[str, str], Route] = {
+            ("GET", "/fp/health"): self._health, ("GET", "/fp/sources"): self._sources,
+            ("GET", "/metrics"): self._metrics, **ctx.routes,
+        }
+        self.server = ClickHouseHTTPServer(self.store, self.host, self.port, password=self.password, routes=routes)
+        self.port = self.server.port
+        threading.Thread(target=self.server.serve_forever, name="owner-http", daemon=True).start()
+        log.info("owner serving on http://%s:%d (store %s)", self.host, self.port, self.store_url)
+        if self.consume:
+            opts = self.consumer_options or ConsumerOptions.from_settings(self.settings)
+            self.consumer = LiveConsumer(self.settings, self.store, opts, hooks=ctx.hooks)
+            self._consumer_thread = threading.Thread(target=self._run_consumer, name="owner-consumer", daemon=True)
+            self._consumer_thread.start()
+
+    def _run_consumer(self) -> None:
+        assert self.consumer is not None
+        try:
+            self.consumer.run()
+        except Exception:
+            log.exception("consumer failed: stopping the owner")
+            self.stop_event.set()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def wait(self) -> None:
+        while not self.stop_event.wait(0.5):
+            pass
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        self.stop_event.set()
+        if self.consumer is not None:
+            self.consumer.stop()
+        if self._consumer_thread is not None:
+            self._consumer_thread.join(120)
+        if self.ctx is not None:
+            for t in self.ctx.threads:
+                t.join(30)
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        log.info("owner stopped")
+
+
+def run_command(
+    config: Path | None = None,
+    store: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8123,
+    password_env: str | None = None,
+    consume: bool = False,
+    instance_id: str | None = None,
+    bootstrap: str | None = None,
+) -> None:
+    """``forumpulse run``: own the store, serve the ClickHouse-compatible endpoint and /fp routes until SIGTERM.
+
+    Typer-compatible.  ``--password-env NAME`` requires the password in environment variable NAME on every
+    request (use it whenever ``--host`` is not 127.0.0.1).  ``--consume`` also loads Kafka in this process.
+    """
+    logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings(config)
+    password = os.environ.get(password_env) if password_env else None
+    if password_env and not password:
+        raise SystemExit(f"--password-env {password_env}: the variable is empty or not set")
+    if host not in ("127.0.0.1", "::1", "localhost") and not password:
+        log.warning("serving on %s without a password: anyone reaching the port can run any SQL", host)
+    opts = ConsumerOptions.from_settings(settings, instance_id=instance_id, bootstrap_servers=bootstrap)
+    owner = Owner(settings, store, host, port, password, consume, opts)
+
+    def _signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: shutting down", signum)
+        owner.stop()
+
+    signal.signal(signal.SIGTERM, _signal)
+    signal.signal(signal.SIGINT, _signal)
+    owner.start()
+    print(json.dumps({"owner": os.getpid(), "port": owner.port, "store": owner.store_url}), flush=True)
+    owner.wait()
+
+
+if __name__ == "__main__":  # `python -m forumpulse.pipeline.owner ...` (tests, before CLI wiring)
+    import typer
+
+    typer.run(run_command)
