@@ -1,0 +1,431 @@
+"""Streaming anomaly scoring and seasonal event detection for one time series.
+
+Two layers, both *streaming*: whatever is computed for row ``t`` uses rows ``<= t`` only (checked in
+``tests/test_series_detector.py`` by truncating the input and comparing).
+
+1. :func:`anomaly_scores` — a generic per-row anomaly score in ``[0, 1]`` for any numeric series (CPU, latency,
+   tweet counts...).  Robust level and step deviations against a trailing median/MAD, turned into a tail
+   probability against the trailing distribution of those deviations (an "anomaly likelihood"), mapped to
+   ``min(1, -log10(p)/10)``; after an alarm (score >= ``alarm``) the score is capped just below ``alarm`` for
+   ``suppress`` rows so one incident raises one alarm.  This is what ``--scores`` prints and what NAB scores.
+2. :class:`SeasonalDetector` — events on a *count* series (requests per minute) against a seasonal baseline in
+   the site's time zone: the same time of day on the previous ``baseline_days`` days of the same day type
+   (workday / weekend-or-holiday, from :mod:`forumpulse.detectors.calendar`), median per bucket, so earlier
+   anomalies do not move it.  Emits ``spike``, ``dip`` (labelled ``holiday`` on calendar holidays / holiday
+   periods, else ``unexplained``) and ``outage`` (rows present with ~zero traffic while the series is alive).
+   Rows that are *absent* are "no data": never a dip (the caller reports pipeline gaps separately).
+
+Parameters come from ``detectors/rules/traffic.yaml`` (section ``series`` and ``site``); they were chosen on the
+NASA-1995 trace and the simulator, not fitted to NAB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+FloatArray = npt.NDArray[np.float64]
+
+
+# ------------------------------------------------------------------------------------------------ detections
+
+
+@dataclass
+class Detection:
+    """One event, printed as a JSON line and stored in the ``detections`` table.
+
+    ``id`` is stable across updates of the same event (site, kind, scope, start), so the ReplacingMergeTree
+    keeps the latest state.  ``end`` is ``None`` while the event is open.
+    """
+
+    kind: str
+    scope: str
+    start: datetime
+    end: datetime | None
+    peak_ts: datetime
+    observed: float
+    expected: float
+    score: float
+    label: str
+    detail: dict[str, Any] = field(default_factory=dict)
+    site: str = ""
+    state: str = "open"
+
+    @property
+    def id(self) -> str:
+        key = f"{self.site}|{self.kind}|{self.scope}|{self.start.isoformat()}"
+        return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        out = {
+            "id": self.id, "kind": self.kind, "site": self.site, "scope": self.scope,
+            "start": _iso(self.start), "end": _iso(self.end) if self.end else None, "peak_ts": _iso(self.peak_ts),
+            "observed": round(self.observed, 4), "expected": round(self.expected, 4),
+            "score": round(self.score, 4), "label": self.label, "state": self.state, "detail": d["detail"],
+        }
+        return json.dumps(out, sort_keys=False, default=str)
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --------------------------------------------------------------------------------------- generic anomaly score
+
+
+@dataclass(frozen=True)
+class ScoreParams:
+    long_window: int = 600      # rows of history for the robust level/scale
+    short_window: int = 3       # rows averaged for the level deviation
+    likelihood_window: int = 1000  # rows of raw-score history for the tail probability
+    likelihood_short: int = 5   # rows averaged before the tail probability
+    min_history: int = 30       # rows before any score is non-zero
+    alarm: float = 0.5          # shipped threshold (p = 1e-5)
+    suppress: int = 150         # rows after an alarm during which the score stays below `alarm`
+
+
+def _norm_sf(z: FloatArray) -> FloatArray:
+    from scipy.special import ndtr  # scipy ships with statsmodels (a pinned dependency)
+
+    return np.asarray(ndtr(-z), dtype=np.float64)
+
+
+def anomaly_scores(values: Sequence[float] | FloatArray, params: ScoreParams | None = None) -> FloatArray:
+    """Per-row anomaly score in ``[0, 1]``; row ``t`` depends on rows ``<= t`` only.  NaN values are carried
+    forward (a missing value is not evidence).  O(n log w) with pandas rolling windows plus one O(n) pass."""
+    p = params or ScoreParams()
+    x = pd.Series(np.asarray(values, dtype=np.float64)).ffill().fillna(0.0)
+    n = len(x)
+    if n == 0:
+        return np.zeros(0)
+    hist = x.shift(p.short_window)
+    med = hist.rolling(p.long_window, min_periods=p.min_history).median()
+    mad = (hist - med).abs().rolling(p.long_window, min_periods=p.min_history).median()
+    spread = x.rolling(p.long_window, min_periods=2).max() - x.rolling(p.long_window, min_periods=2).min()
+    floor = 1e-3 * spread.shift(1).fillna(0.0) + 1e-9 + 1e-4 * med.abs()
+    scale = np.maximum(1.4826 * mad, floor)
+    z_level = (x.rolling(p.short_window, min_periods=1).mean() - med) / scale
+    d = x.diff().abs()
+    dmed = d.shift(1).rolling(p.long_window, min_periods=p.min_history).median()
+    z_step = d / np.maximum(1.4826 * dmed, floor)
+    raw = np.maximum(z_level.abs(), 0.5 * z_step).clip(upper=1e6).fillna(0.0)
+    r_hist = raw.shift(1)
+    mu = r_hist.rolling(p.likelihood_window, min_periods=p.min_history).mean()
+    sd = r_hist.rolling(p.likelihood_window, min_periods=p.min_history).std()
+    short = raw.rolling(p.likelihood_short, min_periods=1).mean()
+    z = ((short - mu) / np.maximum(sd.fillna(1.0), 1.0)).fillna(0.0).to_numpy()
+    pv = _norm_sf(z)
+    score = np.clip(-np.log10(np.maximum(pv, 1e-300)) / 10.0, 0.0, 1.0)
+    score[: p.min_history] = 0.0
+    return _suppress(score, p.alarm, p.suppress)
+
+
+def _suppress(score: FloatArray, alarm: float, rows: int) -> FloatArray:
+    out = score.copy()
+    cap = np.nextafter(alarm, 0.0)
+    until = -1
+    for i in range(len(out)):
+        if i <= until:
+            if out[i] >= alarm:
+                out[i] = cap
+        elif out[i] >= alarm:
+            until = i + rows
+    return out
+
+
+def score_events(ts: Sequence[datetime], score: FloatArray, values: FloatArray, alarm: float,
+                 scope: str = "series") -> list[Detection]:
+    """Alarms of :func:`anomaly_scores` as ``anomaly`` detections (one per alarm row)."""
+    out = []
+    for i in np.flatnonzero(score >= alarm):
+        t = ts[int(i)]
+        out.append(Detection("anomaly", scope, t, t, t, float(values[int(i)]), math.nan, float(score[int(i)]),
+                             "unexplained", state="closed"))
+    return out
+
+
+# ------------------------------------------------------------------------------------- seasonal event detector
+
+
+@dataclass(frozen=True)
+class SeasonalParams:
+    bucket_minutes: int = 30        # trailing window evaluated every step (spikes)
+    dip_bucket_minutes: int = 180   # trailing window for dips
+    baseline_days: int = 4          # previous same-type days whose median is the baseline
+    min_baseline_days: int = 1
+    spike_ratio: float = 2.0        # observed / expected
+    spike_z: float = 8.0            # (observed - expected) / sqrt(expected), Poisson-like excess
+    spike_min_excess: float = 50.0  # absolute excess over the trailing window
+    dip_ratio: float = 0.4          # unexplained dips: observed / expected at most this
+    holiday_dip_ratio: float = 0.85  # on holidays: at most this to report a holiday dip
+    dip_z: float = 8.0
+    outage_fraction: float = 0.05   # minute below this fraction of its expectation counts as "down"
+    outage_min_minutes: int = 60
+    merge_minutes: int = 60         # a new event within this long after the previous one (same kind) continues it
+    end_ratio: float = 0.5          # an event ends when the deviation falls below this share of its threshold
+
+
+DayKind = str  # "workday" | "offday"
+
+
+class SeasonalDetector:
+    """Streaming events on a per-minute count series (see module docstring).
+
+    Feed minutes in time order with :meth:`update` (absent minutes are simply not fed: no data).  ``calendar``
+    answers ``is_holiday(date)`` / ``holiday_name(date)`` / ``is_offday(date)`` in the site's time zone.
+    Detections are yielded when opened, when their peak grows, and when closed (same ``id`` each time).
+    """
+
+    def __init__(self, tz: str = "UTC", calendar: Any = None, params: SeasonalParams | None = None,
+                 scope: str = "site", site: str = "") -> None:
+        from forumpulse.detectors.calendar import SiteCalendar
+
+        self.tz = ZoneInfo(tz)
+        self.cal = calendar if calendar is not None else SiteCalendar(None)
+        self.p = params or SeasonalParams()
+        self.scope = scope
+        self.site = site
+        # per local day: minute-of-day -> count (NaN = no data / excluded from baselines)
+        self.days: dict[date, FloatArray] = {}
+        self.excluded: dict[date, npt.NDArray[np.bool_]] = {}  # minutes kept out of baselines (outages)
+        self._recent_closed: dict[str, Detection] = {}
+        self.open: dict[str, Detection] = {}
+        self.closed: list[Detection] = []
+        self._down_run: list[datetime] = []
+        self._last_ts: datetime | None = None
+
+    # -- baseline -------------------------------------------------------------------------------------
+    def _day_kind(self, d: date) -> DayKind:
+        return "offday" if self.cal.is_offday(d) else "workday"
+
+    def _reference_days(self, d: date, kind: DayKind) -> list[date]:
+        out = []
+        for back in range(1, 43):
+            c = d - timedelta(days=back)
+            if c in self.days and self._day_kind(c) == kind and not self.cal.is_holiday(c):
+                out.append(c)
+                if len(out) == self.p.baseline_days:
+                    break
+        return out
+
+    def expected(self, local: datetime, minutes: int, kind: DayKind | None = None) -> tuple[float, int]:
+        """Expected count over the ``minutes`` ending at ``local`` (inclusive), and how many days it used."""
+        sums = self._reference_sums(local, minutes, kind)
+        return (float(np.median(sums)), len(sums)) if sums else (math.nan, 0)
+
+    def _reference_sums(self, local: datetime, minutes: int, kind: DayKind | None = None) -> list[float]:
+        d = local.date()
+        refs = self._reference_days(d, kind or self._day_kind(d))
+        if len(refs) < self.p.min_baseline_days:
+            return []
+        end = local.hour * 60 + local.minute
+        sums = []
+        for r in refs:
+            arr = np.where(self.excluded[r], np.nan, self.days[r])
+            lo = end - minutes + 1
+            seg = arr[max(lo, 0): end + 1]
+            if lo < 0:  # window spans midnight: take the tail of the previous calendar day of that ref
+                prev = self.days.get(r - timedelta(days=1))
+                if prev is not None:
+                    prev = np.where(self.excluded[r - timedelta(days=1)], np.nan, prev)
+                    seg = np.concatenate([prev[1440 + lo:], seg])
+            valid = seg[~np.isnan(seg)]
+            if len(valid) >= 0.8 * minutes:
+                sums.append(float(valid.mean()) * minutes)
+        return sums
+
+    def _observed(self, local: datetime, minutes: int, raw: bool = False) -> tuple[float, int]:
+        d = local.date()
+        end = local.hour * 60 + local.minute
+        arr = self.days[d] if raw else np.where(self.excluded[d], np.nan, self.days[d])
+        lo = end - minutes + 1
+        seg = arr[max(lo, 0): end + 1]
+        prev = d - timedelta(days=1)
+        if lo < 0 and prev in self.days:
+            pa = self.days[prev] if raw else np.where(self.excluded[prev], np.nan, self.days[prev])
+            seg = np.concatenate([pa[1440 + lo:], seg])
+        valid = seg[~np.isnan(seg)]
+        return float(valid.sum()), len(valid)
+
+    # -- streaming ------------------------------------------------------------------------------------
+    def update(self, ts: datetime, count: float) -> Iterator[Detection]:
+        """Feed one minute (UTC-aware ``ts``); yields detections opened/updated/closed at this minute."""
+        if self._last_ts is not None and ts <= self._last_ts:
+            raise ValueError(f"minutes must be fed in increasing time order ({ts} after {self._last_ts})")
+        local = ts.astimezone(self.tz)
+        d = local.date()
+        if d not in self.days:
+            self.days[d] = np.full(1440, np.nan)
+            self.excluded[d] = np.zeros(1440, dtype=bool)
+        idx = local.hour * 60 + local.minute
+        self.days[d][idx] = count
+        gap = self._last_ts is not None and (ts - self._last_ts) > timedelta(minutes=self.p.outage_min_minutes)
+        self._last_ts = ts
+        if gap:  # no data: close whatever was open at the last seen minute, never call it a dip
+            yield from self._close_all(ts, "no_data")
+        yield from self._outage(ts, local, count)
+        if "outage" in self.open:
+            self.excluded[d][idx] = True  # keep outage minutes out of future baselines
+            return
+        yield from self._spike(ts, local)
+        yield from self._dip(ts, local)
+
+    def _close_all(self, ts: datetime, reason: str) -> Iterator[Detection]:
+        for k in list(self.open):
+            det = self.open.pop(k)
+            det.end = self._last_seen_end(det)
+            det.state = "closed"
+            det.detail["closed_by"] = reason
+            self.closed.append(det)
+            yield det
+
+    def _last_seen_end(self, det: Detection) -> datetime:
+        return det.detail.pop("_last", det.peak_ts)
+
+    def _outage(self, ts: datetime, local: datetime, count: float) -> Iterator[Detection]:
+        exp, n = self.expected(local, 1)
+        if n == 0 and "outage" not in self.open:
+            return
+        down = count <= self.p.outage_fraction * (exp if not math.isnan(exp) else 0.0) or count == 0
+        if "outage" in self.open:
+            det = self.open["outage"]
+            recent = self._observed(local, 15, raw=True)[0]
+            exp15, _ = self.expected(local, 15)
+            if not down and not math.isnan(exp15) and recent >= 0.5 * exp15:
+                yield self._close("outage", ts)
+            else:
+                det.observed += count
+                det.expected += 0.0 if math.isnan(exp) else exp
+                det.detail["_last"] = ts
+            return
+        if down and not math.isnan(exp) and exp >= 1.0:
+            self._down_run.append(ts)
+        else:
+            self._down_run = []
+        if len(self._down_run) >= self.p.outage_min_minutes:
+            start = self._down_run[0]
+            obs, _ = self._observed(local, len(self._down_run))
+            e, _ = self.expected(local, len(self._down_run))
+            # what was open (a dip, a spike) is superseded by the outage
+            for k in ("dip", "spike"):
+                self.open.pop(k, None)
+            det = Detection("outage", self.scope, start, None, start, obs, e, 1.0, "outage",
+                            {"down_minutes": len(self._down_run)}, site=self.site)
+            self._down_run = []
+            yield self._open("outage", det, start)
+
+    def _open(self, kind: str, det: Detection, ts: datetime) -> Detection:
+        """Open ``det`` unless the previous event of this kind ended less than ``merge_minutes`` ago: then that
+        one continues (same id)."""
+        prev = self._recent_closed.get(kind)
+        if prev is not None and prev.end is not None and ts - prev.end <= timedelta(minutes=self.p.merge_minutes):
+            prev.end, prev.state = None, "open"
+            if prev in self.closed:
+                self.closed.remove(prev)
+            det = prev
+        self.open[kind] = det
+        return det
+
+    def _close(self, kind: str, ts: datetime) -> Detection:
+        det = self.open.pop(kind)
+        det.end, det.state = ts, "closed"
+        det.detail.pop("_last", None)
+        self.closed.append(det)
+        self._recent_closed[kind] = det
+        return det
+
+    def _spike(self, ts: datetime, local: datetime) -> Iterator[Detection]:
+        m = self.p.bucket_minutes
+        obs, have = self._observed(local, m)
+        refs = self._reference_sums(local, m)
+        if not refs or have < 0.8 * m:
+            return
+        exp = max(float(np.median(refs)), 1.0)
+        bound = max(max(refs), 1.0)  # conservative: above every recent same-type day
+        ratio = obs / exp
+        z = (obs - bound) / math.sqrt(bound)
+        hit = (obs / bound >= self.p.spike_ratio and z >= self.p.spike_z
+               and obs - bound >= self.p.spike_min_excess)
+        det = self.open.get("spike")
+        score = min(1.0, max(z, 0.0) / (2 * self.p.spike_z))
+        if det is None:
+            if hit:
+                new = Detection("spike", self.scope, ts, None, ts, obs, exp, score, "spike",
+                                {"ratio": round(ratio, 3), "window_minutes": m}, site=self.site)
+                yield self._open("spike", new, ts)
+            return
+        det.detail["_last"] = ts
+        if ratio > det.observed / max(det.expected, 1.0):
+            det.observed, det.expected, det.peak_ts = obs, exp, ts
+            det.score = max(det.score, score)
+            det.detail["ratio"] = round(ratio, 3)
+        if obs / bound < 1.0 + (self.p.spike_ratio - 1.0) * self.p.end_ratio:
+            yield self._close("spike", ts)
+
+    def _dip(self, ts: datetime, local: datetime) -> Iterator[Detection]:
+        m = self.p.dip_bucket_minutes
+        d = local.date()
+        holiday = self.cal.is_holiday(d)
+        obs, have = self._observed(local, m)
+        # on a holiday, "expected" is what a normal day of that weekday kind would have been
+        kind = "workday" if holiday and self.cal.is_weekday_workday(d) else None
+        refs = self._reference_sums(local, m, kind)
+        det = self.open.get("dip")
+        if not refs or have < 0.8 * m:
+            return
+        exp = float(np.median(refs))
+        bound = min(refs)  # conservative: below every recent same-type day
+        if bound < 1.0:
+            return
+        obs_scaled = obs * m / have
+        ratio = obs_scaled / exp
+        z = (bound - obs_scaled) / math.sqrt(bound)
+        limit = self.p.holiday_dip_ratio if holiday else self.p.dip_ratio
+        hit = obs_scaled / bound <= limit and z >= self.p.dip_z
+        if det is None:
+            if hit:
+                label = "holiday" if holiday else "unexplained"
+                detail: dict[str, Any] = {"ratio": round(ratio, 3), "window_minutes": m}
+                if holiday:
+                    detail["holiday"] = self.cal.holiday_name(d)
+                new = Detection("dip", self.scope, ts, None, ts, obs_scaled, exp,
+                                min(1.0, (1 - ratio) / (1 - limit) / 2), label, detail, site=self.site)
+                yield self._open("dip", new, ts)
+            return
+        det.detail["_last"] = ts
+        if ratio < det.observed / max(det.expected, 1.0):
+            det.observed, det.expected, det.peak_ts = obs_scaled, exp, ts
+            det.detail["ratio"] = round(ratio, 3)
+        end_limit = 1.0 - (1.0 - limit) * self.p.end_ratio
+        if obs_scaled / bound > end_limit or (det.label == "holiday" and not holiday):
+            yield self._close("dip", ts)
+
+    def finish(self) -> Iterator[Detection]:
+        """Close nothing, report still-open events as they are (``state`` = ``open``)."""
+        for det in self.open.values():
+            det.detail.pop("_last", None)
+            yield det
+
+
+def run_seasonal(ts: Sequence[datetime], counts: Sequence[float], tz: str, calendar: Any = None,
+                 params: SeasonalParams | None = None, scope: str = "site", site: str = "") -> list[Detection]:
+    """Run :class:`SeasonalDetector` over a whole series; returns the final state of every event."""
+    det = SeasonalDetector(tz, calendar, params, scope, site)
+    latest: dict[str, Detection] = {}
+    for t, c in zip(ts, counts, strict=True):
+        for d in det.update(t, float(c)):
+            latest[d.id] = d
+    for d in det.finish():
+        latest[d.id] = d
+    return sorted(latest.values(), key=lambda d: d.start)

@@ -1,0 +1,564 @@
+"""Traffic event detectors over the ClickHouse rollups (``site_minute``, ``topic_minute``, ``transfer_minute``,
+``source_liveness``), live (:meth:`TrafficDetector.run_once` every minute) and over history (:func:`detect_history`).
+
+Detectors (thresholds in ``detectors/rules/traffic.yaml``; fixture cases in ``detectors/rules/traffic_cases/``):
+
+* ``spike`` / ``dip`` / ``outage`` per site — :class:`forumpulse.detectors.series.SeasonalDetector` fed with the
+  *answered* requests per minute (``requests - 5xx - no status``), so an error storm reads as zero traffic.  Dips
+  on calendar holidays / holiday periods are labelled ``holiday``, others ``unexplained``.
+* ``outage`` — answered traffic ~0 while the site's log sources are alive (lines with errors, or heartbeats in
+  ``source_liveness`` without lines) for ``health.outage_min_minutes``.
+* ``pipeline_gap`` — no lines and no heartbeats (absent minutes): reported for ops (``scope = pipeline``), never
+  fed to the traffic detectors as zeros, so a gap is never a dip.
+* ``topic_surge`` — per topic and per topic group (``topic_groups`` table + ``Settings.topics.groups``): the
+  share of human topic views in the last ``window_minutes`` against the share over the previous
+  ``baseline_hours``, and the view rate against its own baseline rate; lifecycle start -> peak -> end; detail
+  carries views, replies, visitors, peak share, magnitude.
+* ``transfer_regression`` / ``latency_regression`` — per (origin_host, upstream, large size class) per window:
+  median transfer rate (bytes/s) and p95 response time against the median of the previous windows.
+
+Every detection has a stable ``id`` (site, kind, scope, start) so the ``detections`` ReplacingMergeTree keeps its
+latest state; it is printed as a JSON line, inserted, and handed to an optional ``producer`` hook
+(``callable(topic, key, value)``, the live path wires Kafka ``weblogs.events``).
+
+Guarantees: only complete minutes (``< now`` truncated to the minute, minus ``lag_minutes``) are read; running
+``run_once`` twice for the same ``now`` adds nothing new; history and live use the same code path.
+Misuse: one ``TrafficDetector`` per store and process (it keeps per-site state in memory).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any
+
+import pyarrow as pa
+import typer
+import yaml
+from forumpulse.detectors.calendar import SiteCalendar
+from forumpulse.detectors.series import (
+    Detection,
+    ScoreParams,
+    SeasonalDetector,
+    SeasonalParams,
+)
+from pydantic import BaseModel, ConfigDict, Field
+
+RULES_FILE = Path(__file__).resolve().parent / "rules" / "traffic.yaml"
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+@lru_cache(maxsize=8)
+def _load_yaml(path: str) -> dict[str, Any]:
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict) or data.get("version") != 1:
+        raise ValueError(f"{path}: expected a mapping with version: 1")
+    return data
+
+
+def load_rules(path: str | Path | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Rules from ``traffic.yaml`` (or ``path``) with per-section ``overrides``; unknown keys are errors."""
+    rules = copy.deepcopy(_load_yaml(str(path or RULES_FILE)))
+    for section, values in (overrides or {}).items():
+        if section not in rules or not isinstance(rules[section], dict):
+            raise ValueError(f"unknown traffic rule section {section!r}")
+        for k, v in values.items():
+            if k not in rules[section]:
+                raise ValueError(f"unknown traffic rule {section}.{k}")
+            rules[section][k] = v
+    return rules
+
+
+def score_params(rules: dict[str, Any]) -> ScoreParams:
+    return ScoreParams(**rules["series"])
+
+
+def seasonal_params(rules: dict[str, Any], rollup: bool = False) -> SeasonalParams:
+    p = dict(rules["site"])
+    if rollup:
+        p["outage_min_minutes"] = rules["health"]["outage_min_minutes"]
+    return SeasonalParams(**p)
+
+
+class TrafficSettings(BaseModel):
+    """``Settings.detectors.traffic``."""
+
+    model_config = ConfigDict(extra="forbid")
+    rules_file: str | None = Field(None, description="replacement for detectors/rules/traffic.yaml")
+    thresholds: dict[str, dict[str, Any]] = Field(default_factory=dict, description="section -> key -> value overrides")
+    enabled: list[str] = Field(default_factory=lambda: ["site", "topic", "transfer"],
+                               description="detectors to run: site (spike/dip/outage/pipeline_gap), topic, transfer")
+    history_days: int = Field(15, ge=1, le=60, description="days of rollups loaded to warm the baselines at start")
+    lag_minutes: int = Field(1, ge=0, description="minutes behind now considered not yet complete")
+
+    def rules(self) -> dict[str, Any]:
+        return load_rules(self.rules_file, self.thresholds)
+
+
+class DetectorsSection(BaseModel):
+    """The ``detectors`` section: ``traffic`` here; other keys belong to other detector modules."""
+
+    model_config = ConfigDict(extra="allow")
+    traffic: TrafficSettings = Field(default_factory=TrafficSettings)  # type: ignore[arg-type]
+
+
+def validate_detectors_section(value: Any) -> DetectorsSection:
+    section = DetectorsSection.model_validate(value or {})
+    section.traffic.rules()  # unknown override keys raise ValueError -> reported by config check
+    return section
+
+
+def _register() -> None:
+    from forumpulse.pipeline.config import register_section_validator
+
+    register_section_validator("detectors", validate_detectors_section)
+
+
+_register()
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def _sql_ts(t: datetime) -> str:
+    return f"toDateTime('{_utc(t):%Y-%m-%d %H:%M:%S}', 'UTC')"
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+DETECTION_SCHEMA = pa.schema([
+    ("id", pa.string()), ("kind", pa.string()), ("site", pa.string()), ("scope", pa.string()),
+    ("start_ts", pa.timestamp("ms", tz="UTC")), ("end_ts", pa.timestamp("ms", tz="UTC")),
+    ("peak_ts", pa.timestamp("ms", tz="UTC")), ("observed", pa.float64()), ("expected", pa.float64()),
+    ("score", pa.float64()), ("label", pa.string()), ("state", pa.string()), ("detail", pa.string()),
+    ("updated_at", pa.timestamp("ms", tz="UTC")),
+])
+
+
+def detections_table(dets: Iterable[Detection], now: datetime) -> pa.Table:
+    rows = [{
+        "id": d.id, "kind": d.kind, "site": d.site, "scope": d.scope, "start_ts": _utc(d.start),
+        "end_ts": _utc(d.end) if d.end else None, "peak_ts": _utc(d.peak_ts), "observed": float(d.observed),
+        "expected": float(d.expected), "score": float(d.score), "label": d.label, "state": d.state,
+        "detail": json.dumps({k: v for k, v in d.detail.items() if not k.startswith("_")}, default=str),
+        "updated_at": _utc(now),
+    } for d in dets]
+    return pa.Table.from_pylist(rows, schema=DETECTION_SCHEMA)
+
+
+# ------------------------------------------------------------------------------------------------ topic surge
+
+
+@dataclass
+class _TopicState:
+    """Per-minute topic views: the trailing window and the baseline period before it, with running sums
+    (O(topics of the minute) per push)."""
+
+    window: int
+    baseline: int
+    win: deque[tuple[datetime, dict[str, tuple[int, int]], int]] = field(default_factory=deque)
+    base: deque[tuple[datetime, dict[str, tuple[int, int]], int]] = field(default_factory=deque)
+    base_sum: dict[str, int] = field(default_factory=dict)
+    base_total: int = 0
+    win_sum: dict[str, int] = field(default_factory=dict)
+    win_replies: dict[str, int] = field(default_factory=dict)
+    win_total: int = 0
+
+    def push(self, minute: datetime, views: dict[str, tuple[int, int]], total: int) -> None:
+        self.win.append((minute, views, total))
+        for k, (v, r) in views.items():
+            self.win_sum[k] = self.win_sum.get(k, 0) + v
+            self.win_replies[k] = self.win_replies.get(k, 0) + r
+        self.win_total += total
+        while self.win and self.win[0][0] <= minute - timedelta(minutes=self.window):
+            item = self.win.popleft()
+            for k, (v, r) in item[1].items():
+                self.win_sum[k] -= v
+                self.win_replies[k] -= r
+                if self.win_sum[k] <= 0 and self.win_replies[k] <= 0:
+                    del self.win_sum[k], self.win_replies[k]
+                self.base_sum[k] = self.base_sum.get(k, 0) + v
+            self.win_total -= item[2]
+            self.base_total += item[2]
+            self.base.append(item)
+        while self.base and self.base[0][0] <= minute - timedelta(minutes=self.window + self.baseline):
+            _, old, tot = self.base.popleft()
+            for k, (v, _r) in old.items():
+                self.base_sum[k] -= v
+                if self.base_sum[k] <= 0:
+                    del self.base_sum[k]
+            self.base_total -= tot
+
+    @property
+    def baseline_minutes(self) -> int:
+        return max(1, len(self.base))
+
+
+class TopicSurgeDetector:
+    """Surges of topics and topic groups from per-minute human topic views (see module docstring)."""
+
+    def __init__(self, rules: dict[str, Any], groups: dict[str, set[int]], site: str) -> None:
+        self.r = rules["topic"]
+        self.groups = groups
+        self.site = site
+        self.state = _TopicState(int(self.r["window_minutes"]), int(self.r["baseline_hours"]) * 60)
+        self.open: dict[str, Detection] = {}
+
+    def update(self, minute: datetime, topic_views: dict[int, tuple[int, int]], total_views: int) -> Iterator[Detection]:
+        views: dict[str, tuple[int, int]] = {f"topic:{t}": vr for t, vr in topic_views.items()}
+        for g, members in self.groups.items():
+            v = sum(topic_views[t][0] for t in members if t in topic_views)
+            r = sum(topic_views[t][1] for t in members if t in topic_views)
+            if v or r:
+                views[f"group:{g}"] = (v, r)
+        self.state.push(minute, views, total_views)
+        st = self.state
+        win_total = max(st.win_total, 1)
+        base_total = st.base_total
+        scopes = set(st.win_sum) | set(self.open)
+        for scope in sorted(scopes):
+            v = st.win_sum.get(scope, 0)
+            share = v / win_total
+            if base_total > 0 and scope in st.base_sum:
+                base_share = st.base_sum[scope] / base_total
+            else:
+                base_share = float(self.r["new_topic_share"])
+            base_share = max(base_share, float(self.r["new_topic_share"]) / 10)
+            rate = v / st.window
+            base_rate = st.base_sum.get(scope, 0) / st.baseline_minutes
+            det = self.open.get(scope)
+            if det is None:
+                if (v >= self.r["min_views"] and share >= self.r["min_share"]
+                        and share >= self.r["share_ratio"] * base_share
+                        and rate >= self.r["rate_ratio"] * max(base_rate, 1e-9)):
+                    det = Detection("topic_surge", scope, minute, None, minute, share, base_share,
+                                    min(1.0, share / base_share / (2 * self.r["share_ratio"])), "surge",
+                                    self._detail(scope, v, share, base_share, rate, base_rate), site=self.site)
+                    det.detail["peak_share"] = round(share, 5)
+                    self.open[scope] = det
+                    yield det
+                continue
+            if share > det.observed:
+                det.observed, det.peak_ts = share, minute
+                det.score = max(det.score, min(1.0, share / det.expected / (2 * self.r["share_ratio"])))
+                det.detail.update(self._detail(scope, v, share, det.expected, rate, base_rate))
+                det.detail["peak_share"] = round(share, 5)
+                yield det
+            if share < self.r["end_share_ratio"] * det.expected or v < self.r["min_views"] / 3:
+                det.end, det.state = minute, "closed"
+                del self.open[scope]
+                yield det
+
+    def _detail(self, scope: str, v: int, share: float, base_share: float, rate: float, base_rate: float) -> dict[str, Any]:
+        return {"views": v, "replies": self.state.win_replies.get(scope, 0), "share": round(share, 5),
+                "baseline_share": round(base_share, 6), "magnitude": round(share / base_share, 2),
+                "rate_per_min": round(rate, 2), "baseline_rate_per_min": round(base_rate, 4),
+                "window_minutes": self.state.window}
+
+
+# ------------------------------------------------------------------------------------------------ transfer
+
+
+class TransferDetector:
+    """Large-response transfer-rate collapses and p95 latency creep per (origin_host, upstream, size_class)."""
+
+    def __init__(self, rules: dict[str, Any], site: str) -> None:
+        self.r = rules["transfer"]
+        self.site = site
+        self.history: dict[str, deque[tuple[float, float]]] = {}
+        self.open: dict[tuple[str, str], Detection] = {}
+
+    def update(self, window_end: datetime, rows: list[tuple[str, str, str, int, float, float]]) -> Iterator[Detection]:
+        """``rows``: (origin_host, upstream, size_class, requests, median rate B/s, p95 elapsed ms) of one window."""
+        keep = int(self.r["baseline_hours"]) * 60 // int(self.r["window_minutes"])
+        seen = set()
+        for host, upstream, size_class, n, rate, p95 in rows:
+            scope = f"{host}|{upstream or '-'}|{size_class}"
+            seen.add(scope)
+            hist = self.history.setdefault(scope, deque(maxlen=keep))
+            if n >= self.r["min_requests"] and len(hist) >= self.r["min_baseline_windows"]:
+                rates = sorted(h[0] for h in hist)
+                lats = sorted(h[1] for h in hist)
+                base_rate, base_p95 = rates[len(rates) // 2], lats[len(lats) // 2]
+                yield from self._check(("transfer_regression", scope), window_end, rate, base_rate,
+                                       rate <= self.r["rate_drop_ratio"] * base_rate, n, "bytes_per_s_p50")
+                yield from self._check(("latency_regression", scope), window_end, p95, base_p95,
+                                       p95 >= self.r["latency_rise_ratio"] * base_p95, n, "elapsed_ms_p95")
+            if n >= self.r["min_requests"] and not any(k[1] == scope for k in self.open):
+                hist.append((rate, p95))  # regressions stay out of the baseline
+
+    def _check(self, key: tuple[str, str], ts: datetime, obs: float, exp: float, bad: bool, n: int,
+               metric: str) -> Iterator[Detection]:
+        det = self.open.get(key)
+        ratio = obs / exp if exp else float("inf")
+        if det is None and bad:
+            det = Detection(key[0], key[1], ts, None, ts, obs, exp, min(1.0, abs(1 - ratio)), "regression",
+                            {"metric": metric, "ratio": round(ratio, 3), "requests": n}, site=self.site)
+            self.open[key] = det
+            yield det
+        elif det is not None:
+            worse = obs < det.observed if key[0] == "transfer_regression" else obs > det.observed
+            if worse:
+                det.observed, det.peak_ts = obs, ts
+                det.detail["ratio"] = round(ratio, 3)
+            if not bad:
+                det.end, det.state = ts, "closed"
+                del self.open[key]
+                yield det
+
+
+# ------------------------------------------------------------------------------------------------ orchestration
+
+
+@dataclass
+class _SiteRuntime:
+    name: str
+    seasonal: SeasonalDetector
+    topics: TopicSurgeDetector
+    transfer: TransferDetector
+    cursor: datetime | None = None           # last minute fed (exclusive upper bound of what was read)
+    transfer_cursor: datetime | None = None
+    gap: Detection | None = None
+    last_seen: datetime | None = None
+
+
+Producer = Callable[[str, bytes, bytes], None]
+
+
+class TrafficDetector:
+    """All traffic detectors for the configured sites over one store.
+
+    ``run_once(store, now)`` reads the complete minutes landed since the previous call (the first call warms the
+    baselines with ``history_days`` of rollups), feeds every detector, and emits what changed: inserted into
+    ``detections``, printed as JSON lines when ``echo`` is set, and passed to ``producer`` (topic
+    ``events_topic``).  Returns the detections emitted by this call (latest state of each).
+    """
+
+    def __init__(self, settings: Any = None, producer: Producer | None = None, echo: bool = False,
+                 out: Any = None, rules: dict[str, Any] | None = None) -> None:
+        from forumpulse.pipeline.config import Settings
+
+        self.settings = settings if settings is not None else Settings()
+        section = validate_detectors_section(self.settings.detectors)
+        self.cfg = section.traffic
+        self.rules = rules if rules is not None else self.cfg.rules()
+        self.producer = producer
+        self.echo = echo
+        self.out = out or sys.stdout
+        self.events_topic = getattr(getattr(self.settings, "kafka", None), "events_topic", "weblogs.events")
+        self.sites: dict[str, _SiteRuntime] = {}
+
+    # -- setup ------------------------------------------------------------------------------------------
+    def _site(self, store: Any, name: str) -> _SiteRuntime:
+        rt = self.sites.get(name)
+        if rt is None:
+            sc = self.settings.site(name)
+            cal = SiteCalendar(sc.country, sc.subdivision, sc.holiday_periods)
+            rt = _SiteRuntime(
+                name,
+                SeasonalDetector(sc.timezone, cal, seasonal_params(self.rules, rollup=True), scope="site", site=name),
+                TopicSurgeDetector(self.rules, self._groups(store, name), name),
+                TransferDetector(self.rules, name),
+            )
+            self.sites[name] = rt
+        return rt
+
+    def _groups(self, store: Any, site: str) -> dict[str, set[int]]:
+        groups: dict[str, set[int]] = {}
+        for g in self.settings.topics.groups:
+            if g.site != site:
+                continue
+            ids = set(g.topic_ids)
+            if g.title_pattern:
+                rx = re.compile(g.title_pattern)
+                for tid, title in store.query_rows(
+                        f"SELECT topic_id, argMax(title, updated_at) FROM topic_titles WHERE site = {_q(site)} "
+                        "GROUP BY topic_id"):
+                    if rx.search(title or ""):
+                        ids.add(int(tid))
+            groups[g.name] = ids
+        for name, tid in store.query_rows(
+                f"SELECT group_name, topic_id FROM topic_groups FINAL WHERE site = {_q(site)}"):
+            groups.setdefault(str(name), set()).add(int(tid))
+        return groups
+
+    def _site_names(self, store: Any) -> list[str]:
+        names = {s.name for s in self.settings.sites}
+        names |= {str(r[0]) for r in store.query_rows("SELECT DISTINCT site FROM site_minute")}
+        return sorted(names)
+
+    # -- main entry ---------------------------------------------------------------------------------------
+    def run_once(self, store: Any, now: datetime | None = None) -> list[Detection]:
+        now = _utc(now or datetime.now(UTC))
+        until = now.replace(second=0, microsecond=0) - timedelta(minutes=self.cfg.lag_minutes)
+        emitted: dict[str, Detection] = {}
+        for name in self._site_names(store):
+            rt = self._site(store, name)
+            start = rt.cursor or (until - timedelta(days=self.cfg.history_days))
+            if start >= until:
+                continue
+            for d in self._advance(store, rt, start, until, now):
+                emitted[d.id] = d
+            rt.cursor = until
+        out = sorted(emitted.values(), key=lambda d: (d.start, d.kind, d.scope))
+        self._emit(store, out, now)
+        return out
+
+    def _advance(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime, now: datetime) -> Iterator[Detection]:
+        enabled = set(self.cfg.enabled)
+        site_rows = store.query_rows(
+            "SELECT minute, sum(requests), sum(status_5xx) + sum(status_none), sum(topic_views) FROM site_minute "
+            f"WHERE site = {_q(rt.name)} AND minute >= {_sql_ts(start)} AND minute < {_sql_ts(until)} "
+            "GROUP BY minute ORDER BY minute")
+        topic_rows: dict[datetime, dict[int, tuple[int, int]]] = {}
+        if "topic" in enabled:
+            for minute, tid, v, r in store.query_rows(
+                    "SELECT minute, topic_id, sum(views), sum(replies) FROM topic_minute "
+                    f"WHERE site = {_q(rt.name)} AND minute >= {_sql_ts(start)} AND minute < {_sql_ts(until)} "
+                    "GROUP BY minute, topic_id"):
+                topic_rows.setdefault(_utc(minute), {})[int(tid)] = (int(v), int(r))
+        health = self.rules["health"]
+        alive = self._heartbeat_alive(store, rt.name, now, health)
+        err_frac = float(health["error_statuses_fraction"])
+        for minute, req, err, tviews in site_rows:
+            minute = _utc(minute)
+            if "site" in enabled:
+                yield from self._gap_check(rt, minute, health)
+                answered = 0.0 if req and err / req >= err_frac else float(req - err)
+                yield from rt.seasonal.update(minute, answered)
+            rt.last_seen = minute
+            if "topic" in enabled:
+                yield from rt.topics.update(minute, topic_rows.get(minute, {}), int(tviews))
+        if "site" in enabled and rt.last_seen is not None:
+            tail = until - rt.last_seen - timedelta(minutes=1)
+            if tail >= timedelta(minutes=int(health["gap_min_minutes"])):
+                if alive:
+                    # lines stopped but the shippers heartbeat: the site answers nothing -> zeros (outage path)
+                    m = rt.last_seen + timedelta(minutes=1)
+                    while m < until:
+                        yield from rt.seasonal.update(m, 0.0)
+                        rt.last_seen = m
+                        m += timedelta(minutes=1)
+                elif rt.gap is None:
+                    rt.gap = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1), None,
+                                       rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0, "pipeline_gap",
+                                       {"reason": "no lines and no heartbeats"}, site=rt.name)
+                    yield rt.gap
+        if "transfer" in enabled:
+            yield from self._transfer(store, rt, start, until)
+
+    def _gap_check(self, rt: _SiteRuntime, minute: datetime, health: dict[str, Any]) -> Iterator[Detection]:
+        if rt.gap is not None:  # lines are back: the gap closes at the last silent minute
+            rt.gap.end, rt.gap.state = minute - timedelta(minutes=1), "closed"
+            yield rt.gap
+            rt.gap = None
+            return
+        if rt.last_seen is not None and minute - rt.last_seen > timedelta(minutes=int(health["gap_min_minutes"])):
+            g = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1),
+                          minute - timedelta(minutes=1), rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0,
+                          "pipeline_gap", {"reason": "no lines", "minutes": int((minute - rt.last_seen).total_seconds() // 60) - 1},
+                          site=rt.name, state="closed")
+            yield g
+
+    def _heartbeat_alive(self, store: Any, site: str, now: datetime, health: dict[str, Any]) -> bool:
+        rows = store.query_rows(
+            "SELECT max(last_heartbeat_ts) FROM (SELECT argMax(last_heartbeat_ts, updated_at) AS last_heartbeat_ts "
+            f"FROM source_liveness WHERE site = {_q(site)} GROUP BY origin_host, origin_file)")
+        if not rows or rows[0][0] is None:
+            return False
+        hb = _utc(rows[0][0])
+        return hb.year > 1970 and (now - hb).total_seconds() <= float(health["heartbeat_fresh_seconds"])
+
+    def _transfer(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime) -> Iterator[Detection]:
+        w = int(self.rules["transfer"]["window_minutes"])
+        classes = ", ".join(_q(c) for c in self.rules["transfer"]["size_classes"])
+        first = rt.transfer_cursor or start
+        rows = store.query_rows(
+            f"SELECT toStartOfInterval(minute, INTERVAL {w} MINUTE) AS w, origin_host, upstream, size_class, "
+            "sum(requests), quantilesTDigestMerge(0.05, 0.5, 0.95)(rate_q)[2], "
+            "quantilesTDigestMerge(0.5, 0.95, 0.99)(elapsed_q)[2] FROM transfer_minute "
+            f"WHERE site = {_q(rt.name)} AND size_class IN ({classes}) AND minute >= {_sql_ts(first)} "
+            f"AND minute < {_sql_ts(until)} GROUP BY w, origin_host, upstream, size_class ORDER BY w")
+        by: dict[datetime, list[tuple[str, str, str, int, float, float]]] = {}
+        for wstart, host, up, sc, n, rate, p95 in rows:
+            by.setdefault(_utc(wstart), []).append((str(host), str(up), str(sc), int(n), float(rate), float(p95)))
+        for wstart in sorted(by):
+            wend = wstart + timedelta(minutes=w)
+            if wend > until:  # incomplete window: read again next time
+                break
+            yield from rt.transfer.update(wend, by[wstart])
+            rt.transfer_cursor = wend
+
+    # -- output -----------------------------------------------------------------------------------------
+    def _emit(self, store: Any, dets: list[Detection], now: datetime) -> None:
+        if not dets:
+            return
+        store.insert("detections", detections_table(dets, now))
+        for d in dets:
+            line = d.to_json()
+            if self.echo:
+                print(line, file=self.out, flush=True)
+            if self.producer is not None:
+                self.producer(self.events_topic, d.id.encode(), line.encode())
+
+
+def detect_history(store: Any, start: datetime, end: datetime, settings: Any = None, echo: bool = False,
+                   out: Any = None) -> list[Detection]:
+    """Run every traffic detector over ``[start, end)`` (baselines warmed with ``history_days`` before ``start``);
+    returns the final state of each detection that started in the range."""
+    det = TrafficDetector(settings, echo=False, out=out)
+    warm = _utc(start) - timedelta(days=det.cfg.history_days)
+    det.cfg = det.cfg.model_copy(update={"lag_minutes": 0})
+    latest: dict[str, Detection] = {}
+    for name in det._site_names(store):
+        rt = det._site(store, name)
+        for d in det._advance(store, rt, warm, _utc(end), _utc(end)):
+            latest[d.id] = d
+        for d in rt.seasonal.finish():
+            latest[d.id] = d
+    out_list = [d for d in latest.values() if _utc(d.start) >= _utc(start)]
+    out_list.sort(key=lambda d: (d.start, d.kind, d.scope))
+    if out_list:
+        det._emit(store, out_list, datetime.now(UTC))
+    if echo:
+        for d in out_list:
+            print(d.to_json(), file=out or sys.stdout)
+    return out_list
+
+
+def detect_history_command(
+    from_: Annotated[str, typer.Option("--from", help="start (ISO date/time, UTC unless an offset is given)")] = "",
+    to: Annotated[str, typer.Option("--to", help="end, exclusive (default: now)")] = "",
+    config: Annotated[str | None, typer.Option("--config", help="forumpulse.yaml")] = None,
+    store_url: Annotated[str | None, typer.Option("--store", help="chdb:PATH or clickhouse://...")] = None,
+) -> None:
+    """Run the traffic detectors over the store's rollups for a time range; prints JSON lines."""
+    _history_cli(from_, to, config, store_url)
+
+
+def _history_cli(from_: str, to: str, config: str | None, store_url: str | None) -> None:
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.store import open_store
+
+    settings = load_settings(config)
+    start = _utc(datetime.fromisoformat(from_)) if from_ else datetime.now(UTC) - timedelta(days=1)
+    end = _utc(datetime.fromisoformat(to)) if to else datetime.now(UTC)
+    store = open_store(store_url or settings.store.url)
+    try:
+        detect_history(store, start, end, settings, echo=True)
+    finally:
+        store.close()
