@@ -728,8 +728,6 @@ class DosDetector:
         ip_codes, ip_uniq = _factorize(batch.client_ip)
         cache["ip"] = (ip_codes, ip_uniq)
         out: list[Decision] = []
-        nonstatic = self._mask_static(batch, cache)
-        self.baseline.update(batch.client_ip[nonstatic], batch.user_agent[nonstatic], secs[nonstatic], wm_sec)
         cands: list[Candidate] = []
         for r in self.rules.rules:
             m = self._mask(r, batch, cache)
@@ -745,6 +743,9 @@ class DosDetector:
                 out.append(d)
                 if c.scope == "ip":
                     self.baseline.taint(c.value, (d.expires_at // 1000))
+        # learn after judging: a batch is judged on what earlier batches taught, never on its own future
+        nonstatic = self._mask_static(batch, cache)
+        self.baseline.update(batch.client_ip[nonstatic], batch.user_agent[nonstatic], secs[nonstatic], wm_sec)
         return out
 
     def _mask_static(self, b: Batch, cache: dict[str, Any]) -> np.ndarray:
@@ -806,13 +807,28 @@ class DosDetector:
                 continue
             thr = r.threshold
             if r.scale == "baseline":
-                sc = self.baseline.scale(value, r.threshold / r.window_s)
+                sc = max(self.baseline.scale(value, r.threshold / r.window_s),
+                         self._provisional_scale(b, cache, int(key_code), int(grp["sec"].max())))
                 thr = r.threshold * sc
                 grp = grp[grp["value"] >= thr]
                 if grp.empty:
                     continue
             row = grp.sort_values("sec").iloc[0]
             yield self._candidate(r, b, idx, kc, int(key_code), value, row, thr)
+
+    def _provisional_scale(self, b: Batch, cache: dict[str, Any], ip_code: int, sec: int) -> float:
+        """Users behind an address seen in this batch (the learned baseline only knows earlier batches):
+        distinct user agents with >= min_requests_per_user requests in the 60 s up to ``sec``; capped at
+        ``provisional_max_scale`` so a UA-rotating tool cannot raise its own threshold far."""
+        c = self.rules.baseline
+        rows = np.flatnonzero(cache["ip"][0] == ip_code)
+        t = b.ts[rows] // 1000
+        rows = rows[(t <= sec) & (t > sec - 60)]
+        if len(rows) == 0:
+            return 1.0
+        counts = pd.Series(b.user_agent[rows]).value_counts()
+        users = int((counts >= c.min_requests_per_user).sum())
+        return float(min(c.provisional_max_scale, max(1.0, users / c.users_per_unit)))
 
     def _candidate(self, r: Rule, b: Batch, idx: np.ndarray, kc: np.ndarray, key_code: int, value: str,
                    row: Any, thr: float) -> Candidate:

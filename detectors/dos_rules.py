@@ -85,6 +85,7 @@ class Baseline(_Strict):
     users_per_unit: float = Field(4, gt=0)
     min_requests_per_user: int = Field(2, ge=1)
     max_scale: float = Field(10.0, ge=1)
+    provisional_max_scale: float = Field(3.0, ge=1, description="cap for users seen only in the current batch")
     forget_after_s: int = Field(3600, ge=60)
 
 
