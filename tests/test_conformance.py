@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from forumpulse.pipeline.formats import FormatParser, compile_spec, get_parser
 from forumpulse.pipeline.formats._values import clf_timestamp_ms
 from forumpulse.pipeline.record import DROP_REASONS, Drop, ParsedLine

@@ -107,7 +107,9 @@ def epoch_seconds_ms(text: str) -> int | None:
 
 # ---------------------------------------------------------------- clients
 
-_HOST_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})", re.ASCII)
+#: Hostname clients are checked leniently (old CLF logs hold odd names): ASCII letters, digits, ``_.-``, with at
+#: least one letter, at most 253 characters.  DNS syntax is not enforced (a cut name such as ``.jp`` passes).
+_HOST_RE = re.compile(r"[A-Za-z0-9_.-]{0,252}[A-Za-z][A-Za-z0-9_.-]{0,252}", re.ASCII)
 _client_cache: dict[str, tuple[str | None, str | None] | None] = {}
 
 
@@ -123,7 +125,7 @@ def classify_client(text: str) -> tuple[str | None, str | None] | None:
         ipaddress.ip_address(t.split("%", 1)[0] if ":" in t else t)
         res = (t, None)
     except ValueError:
-        if ":" not in t and _HOST_RE.fullmatch(t) and not t.replace(".", "").isdigit():
+        if len(t) <= 253 and _HOST_RE.fullmatch(t) is not None:
             res = (None, t)
     if len(_client_cache) >= CACHE_LIMIT:
         _client_cache.clear()

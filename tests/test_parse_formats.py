@@ -1,0 +1,174 @@
+"""Presets, custom Apache/nginx formats, squid native, auto-detection and real-log robustness."""
+
+from __future__ import annotations
+
+import pytest
+from forumpulse.pipeline.formats import PRESETS, get_parser, parse_lines
+from forumpulse.pipeline.record import Drop, ParsedLine
+
+COMBINED = ('127.0.0.1 - frank [10/Oct/2000:13:55:36 -0700] "GET /t/123?page=2 HTTP/1.1" 200 2326 '
+            '"http://example.com/" "Mozilla/5.0"')
+TS = 971211336000  # 2000-10-10T20:55:36Z
+
+
+def ok(spec: str, line: str) -> ParsedLine:
+    r = get_parser(spec).parse(line)
+    assert isinstance(r, ParsedLine), r
+    return r
+
+
+def drop(spec: str, line: str) -> str:
+    r = get_parser(spec).parse(line)
+    assert isinstance(r, Drop), r
+    assert "parser error" not in r.detail
+    return r.reason
+
+
+def test_presets_exist() -> None:
+    for name in ("common", "combined", "vhost_combined", "combined_d", "nginx_combined", "squid", "squid_combined"):
+        assert name in PRESETS
+        assert get_parser(name).name == name
+
+
+def test_combined_fields() -> None:
+    r = ok("combined", COMBINED)
+    assert r == ParsedLine(TS, "127.0.0.1", None, None, "frank", "GET", "/t/123?page=2", "/t/123", "page=2",
+                           "HTTP/1.1", 200, 2326, "http://example.com/", "Mozilla/5.0", None, None, None, None,
+                           None, None)
+
+
+def test_combined_d_and_vhost() -> None:
+    r = ok("combined_d", COMBINED + " 1500")
+    assert r.elapsed_ms == 1.5
+    r = ok("vhost_combined", "forum.example:443 " + COMBINED)
+    assert r.vhost == "forum.example" and r.client_ip == "127.0.0.1"
+
+
+def test_nginx_combined_and_custom_nginx() -> None:
+    assert ok("nginx_combined", COMBINED).status == 200
+    spec = ('nginx:$remote_addr [$time_iso8601] $host "$request" $status $bytes_sent $request_time '
+            '$upstream_addr "$http_user_agent"')
+    r = ok(spec, '2001:db8::1 [2024-01-02T03:04:05+01:00] f.example "POST /x HTTP/2.0" 201 99 0.250 '
+                 '10.0.0.2:8080 "curl/8"')
+    assert (r.ts, r.client_ip, r.vhost, r.method, r.status, r.bytes, r.elapsed_ms, r.upstream, r.user_agent) == (
+        1704161045000, "2001:db8::1", "f.example", "POST", 201, 99, 250.0, "10.0.0.2:8080", "curl/8")
+    r = ok("nginx:$msec $remote_addr $request_method $request_uri $status", "1700000000.123 1.2.3.4 GET /a?b=1 404")
+    assert (r.ts, r.path, r.query, r.status, r.upstream) == (1700000000123, "/a", "b=1", 404, None)
+
+
+def test_apache_directives() -> None:
+    fmt = 'apache:%a %{%Y-%m-%d %H:%M:%S}t.%{msec_frac}t %m %U%q %H %>s %B %{ms}T %v %{Content-Type}o %X %{foo}n'
+    r = ok(fmt, "10.1.2.3 2019-05-05 20:49:14.690 GET /a/b?x=1 HTTP/1.0 302 10 42 v.example text/html + zz")
+    assert (r.ts, r.method, r.url, r.path, r.query, r.protocol, r.status, r.bytes, r.elapsed_ms, r.vhost,
+            r.content_type) == (1557089354690, "GET", "/a/b?x=1", "/a/b", "x=1", "HTTP/1.0", 302, 10, 42.0,
+                                "v.example", "text/html")
+    r = ok('apache:%h %t "%r" %s %>s %b %T %% %{us}T', '1.2.3.4 [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.0" '
+                                                   '301 200 - 2 % 2100000')
+    assert (r.status, r.bytes, r.elapsed_ms) == (200, 0, 2100.0)
+
+
+def test_apache_custom_time_usec_and_epoch() -> None:
+    r = ok("apache:%h %{sec}t %>s", "1.2.3.4 1700000000 200")
+    assert r.ts == 1700000000000
+    r = ok("apache:%h %{usec}t %>s", "1.2.3.4 1700000000123456 200")
+    assert r.ts == 1700000000123
+    r = ok("apache:%h %{%d/%b/%Y:%H:%M:%S}t.%{usec_frac}t%{%z}t %>s", "1.2.3.4 06/May/2019:12:09:43.123456-0400 200")
+    assert r.ts == 1557158983123
+
+
+def test_squid_native() -> None:
+    line = "979992041.366    502 192.168.1.160 TCP_IMS_HIT/304 216 GET http://example.com/home2.html?a=b - NONE/- text/html"
+    r = ok("squid", line)
+    assert (r.ts, r.elapsed_ms, r.client_ip, r.cache_result, r.status, r.bytes, r.method, r.url, r.path, r.query,
+            r.user, r.hierarchy, r.upstream, r.content_type, r.protocol) == (
+        979992041366, 502.0, "192.168.1.160", "TCP_IMS_HIT", 304, 216, "GET", "http://example.com/home2.html?a=b",
+        "/home2.html", "a=b", None, "NONE", None, "text/html", "")
+
+
+@pytest.mark.parametrize(("tail", "ctype"), [(" -", None), (" :", None), ("", None), (" ", None),
+                                              (" image/png", "image/png")])
+def test_squid_content_types(tail: str, ctype: str | None) -> None:
+    r = ok("squid", "1677971734.079   1234 1.2.3.4 TCP_MISS/000 0 GET http://h/x - HIER_DIRECT/1.2.3.4" + tail)
+    assert r.content_type == ctype and r.status == 0
+
+
+def test_squid_url_with_spaces_timeout_and_mime_headers() -> None:
+    line = ("1677971734.079      5 ::1 TCP_MISS/200 39 GET http://h/a b c alice TIMEOUT_FIRST_UP_PARENT/p.example "
+            "text/plain [Host: h\\r\\nAccept: */*] [HTTP/1.1 200 OK\\r\\n]")
+    r = ok("squid", line)
+    assert (r.url, r.path, r.user, r.hierarchy, r.upstream, r.content_type, r.client_ip) == (
+        "http://h/a b c", "/a b c", "alice", "TIMEOUT_FIRST_UP_PARENT", "p.example", "text/plain", "::1")
+
+
+def test_squid_combined() -> None:
+    r = ok("squid_combined", COMBINED + " TCP_MISS:HIER_DIRECT")
+    assert (r.cache_result, r.hierarchy, r.status) == ("TCP_MISS", "HIER_DIRECT", 200)
+
+
+def test_auto_detects_and_caches() -> None:
+    p = get_parser("auto")
+    squid = "1677971734.079   1234 1.2.3.4 TCP_TUNNEL/200 39 CONNECT h:443 - HIER_DIRECT/1.2.3.4 -"
+    cases = [(COMBINED, "combined"), (squid, "squid"), (COMBINED + " 7", "combined_d"),
+             (COMBINED + " TCP_HIT:HIER_NONE", "squid_combined"), ("v.example:80 " + COMBINED, "vhost_combined"),
+             ('1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.0" 200 5', "common"),
+             (COMBINED + ' "10.0.0.1"', "nginx_main")]
+    for line, name in cases:
+        r = p.parse(line)
+        assert isinstance(r, ParsedLine), (line, r)
+        assert p.last_format == name
+    assert p.parse("").reason == "empty_line"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("line", [
+    '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET /a?q=\\"x\\" HTTP/1.1" 200 5 "-" "UA \\"quoted\\""',
+    '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET /a?q="x" HTTP/1.1" 200 5 "-" "U"A"',
+])
+def test_escaped_and_unescaped_quotes(line: str) -> None:
+    r = ok("combined", line)
+    assert r.method == "GET" and r.protocol == "HTTP/1.1" and r.path == "/a" and r.status == 200
+
+
+def test_binary_request_http09_dashes_ipv6_hostnames() -> None:
+    r = ok("combined", '1.2.3.4 - - [17/Oct/2023:05:57:49 +1100] "\\x16\\x03\\x01\\x01 \\x02" 400 - "-" "-"')
+    assert (r.method, r.url, r.path, r.protocol, r.bytes, r.referer, r.user_agent) == (
+        "", "\\x16\\x03\\x01\\x01 \\x02", "", "", 0, None, None)
+    r = ok("common", 'host.example.org - - [10/Oct/2000:13:55:36 -0700] "GET /" - -')
+    assert (r.client_ip, r.client_host, r.method, r.url, r.protocol, r.status, r.bytes) == (
+        None, "host.example.org", "GET", "/", "", 0, 0)
+    r = ok("common", '2001:db8::7 - - [10/Oct/2000:13:55:36 -0700] "GET http://h.example:8080/p?x HTTP/1.1" 200 1')
+    assert (r.client_ip, r.path, r.query) == ("2001:db8::7", "/p", "x")
+    assert ok("common", '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "" 400 0').url == ""
+
+
+def test_named_drops() -> None:
+    assert drop("combined", "") == "empty_line"
+    assert drop("combined", "   \n") == "empty_line"
+    assert drop("combined", COMBINED[:60]) == "truncated"
+    assert drop("combined", "hello world") in ("truncated", "no_format_matched")
+    assert drop("combined", "no such format here at all, sorry!") == "no_format_matched"
+    assert drop("combined", COMBINED.replace("Oct", "Okt")) == "bad_timestamp"
+    assert drop("combined", COMBINED.replace("127.0.0.1", "1.2.3.4.5:x")) == "bad_client"
+    assert drop("combined", COMBINED.replace(" 200 ", " 2000 ")) == "bad_number"
+    assert drop("auto", "[Wed Oct 11 14:32:52.123 2000] [core:error] [pid 1] [client 1.2.3.4:5] AH0: x") == "not_access_log"
+    assert drop("auto", '2021/04/01 13:02:31 [error] 31#31: *1 open() "/x" failed, client: 1.2.3.4') == "not_access_log"
+    assert get_parser("combined", max_line_bytes=100).parse(COMBINED + "x" * 100).reason == "line_too_long"  # type: ignore[union-attr]
+
+
+def test_long_url_and_newline() -> None:
+    url = "/t/" + "a" * 20000
+    r = ok("combined", COMBINED.replace("/t/123?page=2", url) + "\r\n")
+    assert r.path == url and r.user_agent == "Mozilla/5.0"
+
+
+def test_misuse_raises() -> None:
+    with pytest.raises(ValueError):
+        get_parser("no_such_preset")
+    with pytest.raises(ValueError):
+        get_parser("apache:%h %>s")  # no timestamp directive
+    with pytest.raises(ValueError):
+        get_parser("iis:whatever")
+
+
+def test_parse_lines() -> None:
+    out = list(parse_lines([COMBINED, "", COMBINED], "combined"))
+    assert [type(r).__name__ for r in out] == ["ParsedLine", "Drop", "ParsedLine"]
