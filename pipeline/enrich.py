@@ -54,10 +54,13 @@ __all__ = [
     "RulesError",
     "StaticClassifier",
     "TopicRules",
+    "benchmark_derive",
     "builtin_rules_path",
     "load_post_map",
     "load_topic_rules",
     "load_topic_titles",
+    "log_requests",
+    "synthetic_requests",
     "topic_group_rows",
 ]
 
@@ -516,17 +519,17 @@ class Enricher:
     def derive(self, site: str, method: str, path: str, query: str, content_type: str | None,
                user_agent: str | None) -> tuple[int | None, str, bool, bool, str | None]:
         """-> ``(topic_id, page_kind, is_static, is_bot, bot_name)``."""
-        topic, kind, is_static = self._page(site, method, path, query)
-        if not is_static and content_type and self.static.content_type_is_static(content_type):
+        topic, kind, is_static = (self._by_path.young.get((site, method, path))
+                                  or self._page(site, method, path, query))
+        if content_type and not is_static and self.static.content_type_is_static(content_type):
             is_static = True
             if kind == "other":
                 kind = "static"
         if not user_agent:
             self.empty_user_agents += 1
             return topic, kind, is_static, False, None
-        is_bot, bot_name = self.bots.detect(user_agent)
+        is_bot, bot_name = self.bots._cache.young.get(user_agent) or self.bots.detect(user_agent)
         return topic, kind, is_static, is_bot, bot_name
-
 
 # ================================================================================= topic titles and groups
 
@@ -604,3 +607,95 @@ def topic_group_rows(settings: Settings, titles: pa.Table | None = None,
     return pa.table({"site": [r[0] for r in ordered], "group_name": [r[1] for r in ordered],
                      "topic_id": [r[2] for r in ordered], "updated_at": [stamp] * len(ordered)},
                     schema=GROUPS_SCHEMA)
+
+
+# ================================================================================= benchmark
+
+_COMBINED = re.compile(r'^\S+ \S+ \S+ \[[^\]]*\] "(\S+) (\S+)[^"]*" \d+ \S+ "[^"]*" "([^"]*)"')
+
+
+def synthetic_requests(n: int, seed: int = 1, topics: int = 5000,
+                       user_agents: int = 3000) -> list[tuple[str, str, str, str | None, str | None]]:
+    """A XenForo-style request mix (method, path, query, content_type, user_agent) for benchmarks: Zipf topic
+    popularity, pages, replies, forums, search, login, statics after page views, API calls, session params,
+    a browser-UA pool plus crawlers."""
+    import random
+
+    rnd = random.Random(seed)
+    weights = [1 / (i + 1) for i in range(topics)]
+    browsers = [f"Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) "
+                f"Chrome/{100 + i % 40}.0.{i}.{i % 97} Safari/537.36" for i in range(user_agents)]
+    bots = ["Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
+            "Mozilla/5.0 (compatible; bingbot/2.0; +http://www.bing.com/bingbot.htm)",
+            "Mozilla/5.0 (compatible; AhrefsBot/7.0; +http://ahrefs.com/robot/)"]
+    statics = [("/styles/default/xenforo/logo.png", "image/png"), ("/js/xf/core-compiled.js", "application/javascript"),
+               ("/css.php", "text/css"), ("/favicon.ico", "image/x-icon")]
+    out: list[tuple[str, str, str, str | None, str | None]] = []
+    tids = rnd.choices(range(1, topics + 1), weights=weights, k=n)
+    for i in range(n):
+        ua = rnd.choice(bots) if rnd.random() < 0.15 else rnd.choice(browsers)
+        r = rnd.random()
+        tid = tids[i]
+        q = f"s={rnd.getrandbits(64):016x}" if rnd.random() < 0.05 else ""
+        if r < 0.45:
+            page = "" if rnd.random() < 0.7 else f"page-{rnd.randint(2, 20)}"
+            out.append(("GET", f"/threads/topic-title-{tid}.{tid}/{page}", q, "text/html; charset=utf-8", ua))
+        elif r < 0.47:
+            out.append(("POST", f"/threads/topic-title-{tid}.{tid}/add-reply",
+                        f"_xfToken={rnd.getrandbits(32)}", "application/json", ua))
+        elif r < 0.52:
+            out.append(("GET", f"/forums/forum-{tid % 30}.{tid % 30}/", q, "text/html", ua))
+        elif r < 0.54:
+            out.append(("GET", "/search/", f"q=word{rnd.randint(1, 5000)}", "text/html", ua))
+        elif r < 0.55:
+            out.append(("POST", "/login/login", "", "text/html", ua))
+        elif r < 0.60:
+            out.append(("GET", f"/api/threads/{tid}/", "", "application/json", ua))
+        elif r < 0.63:
+            out.append(("GET", "/", q, "text/html", ua))
+        elif r < 0.78:
+            out.append(("GET", f"/data/avatars/m/{tid % 100}/{tid}.jpg", "", "image/jpeg", ua))
+        else:
+            p, ct = rnd.choice(statics)
+            out.append(("GET", p, f"v={rnd.randint(1, 3)}", ct, ua))
+    return out
+
+
+def log_requests(path: str | Path) -> list[tuple[str, str, str, str | None, str | None]]:
+    """(method, path, query, None, user_agent) of each Apache combined line of ``path`` (benchmark input)."""
+    out: list[tuple[str, str, str, str | None, str | None]] = []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            m = _COMBINED.match(line)
+            if m:
+                p, _, q = m.group(2).partition("?")
+                out.append((m.group(1), p, q, None, m.group(3) if m.group(3) != "-" else None))
+    return out
+
+
+def benchmark_derive(requests: Sequence[tuple[str, str, str, str | None, str | None]],
+                     settings: Settings | None = None) -> dict[str, float]:
+    """derive() throughput (requests/s) over ``requests``: cold (fresh Enricher, first pass: every cache miss
+    is paid) and warm (second pass over the same requests)."""
+    import time
+
+    e = Enricher(settings or Settings())
+    result: dict[str, float] = {"requests": float(len(requests))}
+    for label in ("cold", "warm"):
+        t0 = time.perf_counter()
+        for m, p, q, ct, ua in requests:
+            e.derive("forum", m, p, q, ct, ua)
+        result[f"{label}_per_s"] = len(requests) / (time.perf_counter() - t0)
+    result["distinct_user_agents"] = float(len({r[4] for r in requests}))
+    result["distinct_page_keys"] = float(len({r[:3] for r in requests}))
+    return result
+
+
+if __name__ == "__main__":  # python -m forumpulse.pipeline.enrich [N | access.log ...]
+    import sys
+
+    args = sys.argv[1:] or ["200000"]
+    for arg in args:
+        reqs = synthetic_requests(int(arg)) if arg.isdigit() else log_requests(arg)
+        res = benchmark_derive(reqs)
+        print(f"{arg}: " + ", ".join(f"{k}={v:,.0f}" for k, v in res.items()))
