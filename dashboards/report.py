@@ -1,0 +1,473 @@
+"""Editorial reports: one self-contained HTML page (inline CSS, charts as base64 PNG, no network fetches) plus the
+PNG charts, for a topic, a topic group or a detected event; and a daily overview.
+
+Public API:
+
+* :func:`generate_event_report` ``(store, *, topic_id=None, group=None, event_id=None, time_from=None,
+  time_to=None, out_dir, site="forum", baseline_days=7) -> Path`` — exactly one of topic_id / group / event_id.
+  With ``event_id`` the scope and range come from ``detections`` (latest state, FINAL); the range is padded by a
+  quarter of the event's duration (at least one hour) on both sides.  Without a range the last 48 hours of data
+  are used.  Writes ``index.html``, ``views_replies.png``, ``share.png``, ``visitors.png``,
+  ``humans_bots.png`` into ``out_dir`` and returns the HTML path.  The detector may call it for topic surges.
+* :func:`generate_daily_report` ``(store, day, out_dir, site="forum") -> Path`` — the day's detections and top
+  topics.
+* :func:`report_event_command`, :func:`report_daily_command` — Typer-compatible command functions
+  (``forumpulse report event|daily``); the integrator registers them on the CLI app.
+
+What is in an event report: views and replies over time (absolute), their share of all topic views / replies
+(the rest of the forum is "all other topics"), unique visitors (human), peak time and peak share, a baseline
+comparison (the scope's share and hourly views over the ``baseline_days`` before the range), top referrer
+domains (referrers are privacy-scrubbed at ingest), humans vs bots, and a plain-language summary.  Everything is
+read from ClickHouse: the rollups for series, ``requests`` only for referrers.
+
+Guarantees: all numbers shown are computed by the SQL in this module (no sampling); times are UTC; the page
+references no external resource (no ``http(s)://`` in ``src``/``href`` attributes).  Misuse: a scope without
+data in the range raises :class:`ReportError` instead of writing an empty page.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from forumpulse.pipeline.store import DEFAULT_STORE, Store, open_store
+
+__all__ = [
+    "ReportError",
+    "generate_daily_report",
+    "generate_event_report",
+    "report_daily_command",
+    "report_event_command",
+]
+
+
+class ReportError(ValueError):
+    """The report cannot be produced (unknown event, no data, bad arguments)."""
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _ts(t: datetime) -> str:
+    return f"toDateTime({int(t.timestamp())})"
+
+
+def _utc(v: Any) -> datetime:
+    if isinstance(v, int | float):
+        return datetime.fromtimestamp(v, UTC)
+    if isinstance(v, datetime):
+        return v if v.tzinfo else v.replace(tzinfo=UTC)
+    raise TypeError(f"not a time: {v!r}")
+
+
+@dataclass
+class Scope:
+    kind: str  # topic | group
+    topic_id: int | None
+    group: str | None
+    label: str
+    topic_filter: str  # SQL predicate on topic_minute / requests topic_id
+
+
+def _scope(store: Store, site: str, topic_id: int | None, group: str | None) -> Scope:
+    if topic_id is not None:
+        rows = store.query_rows(
+            f"SELECT argMax(title, updated_at) FROM topic_titles WHERE site = {_q(site)} AND topic_id = {int(topic_id)}"
+        )
+        title = rows[0][0] if rows and rows[0][0] else ""
+        label = f"Topic #{topic_id}" + (f" “{title}”" if title else "")
+        return Scope("topic", int(topic_id), None, label, f"topic_id = {int(topic_id)}")
+    assert group is not None
+    members = [r[0] for r in store.query_rows(
+        f"SELECT topic_id FROM topic_groups FINAL WHERE site = {_q(site)} AND group_name = {_q(group)} ORDER BY topic_id")]
+    if not members:
+        raise ReportError(f"topic group {group!r} has no topics in topic_groups for site {site!r}")
+    return Scope("group", None, group, f"Topic group “{group}” ({len(members)} topics)",
+                 f"topic_id IN ({', '.join(str(int(t)) for t in members)})")
+
+
+def _event(store: Store, site: str, event_id: str) -> tuple[int | None, str | None, datetime, datetime, dict[str, Any]]:
+    rows = store.query_rows(
+        "SELECT scope, start_ts, coalesce(end_ts, peak_ts), kind, label, score, observed, expected, peak_ts "
+        f"FROM detections FINAL WHERE site = {_q(site)} AND id = {_q(event_id)}"
+    )
+    if not rows:
+        raise ReportError(f"no detection with id {event_id!r} for site {site!r}")
+    scope, start, end, kind, label, score, observed, expected, peak = rows[0]
+    start, end = _utc(start), _utc(end)
+    pad = max(timedelta(hours=1), (end - start) / 4)
+    meta = {"id": event_id, "kind": kind, "label": label, "score": score, "observed": observed,
+            "expected": expected, "peak": _utc(peak), "start": start, "end": end}
+    if scope.startswith("topic:"):
+        return int(scope.split(":", 1)[1]), None, start - pad, end + pad, meta
+    if scope.startswith("group:"):
+        return None, scope.split(":", 1)[1], start - pad, end + pad, meta
+    raise ReportError(f"detection {event_id!r} has scope {scope!r}; event reports need topic:<id> or group:<name>")
+
+
+def _bucket_seconds(span: timedelta) -> int:
+    # at most ~300 points per chart, whole minutes, rounded up to a "nice" width
+    raw = span.total_seconds() / 300
+    for b in (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400):
+        if b >= raw:
+            return b
+    return 86400
+
+
+@dataclass
+class EventData:
+    times: list[datetime]
+    views: list[float]
+    replies: list[float]
+    visitors: list[float]
+    bot_views: list[float]
+    site_views: list[float]
+    site_replies: list[float]
+    bucket_s: int
+    total_views: int
+    total_replies: int
+    total_visitors: int
+    total_bot_views: int
+    site_total_views: int
+    site_total_replies: int
+    base_share: float | None
+    base_views_per_hour: float | None
+    referrers: list[tuple[str, int]]
+
+
+def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, baseline_days: int) -> EventData:
+    b = _bucket_seconds(t1 - t0)
+    rng = f"minute >= {_ts(t0)} AND minute < {_ts(t1)}"
+    site_f = f"site = {_q(site)}"
+    rows = store.query_rows(f"""
+        SELECT s.time, s.views, s.replies, s.visitors, s.bot_views, d.views, d.replies FROM (
+            SELECT toStartOfInterval(minute, INTERVAL {b} second) AS time, sum(views) AS views,
+                   sum(replies) AS replies, uniqMerge(visitors) AS visitors, sum(bot_views) AS bot_views
+            FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {rng} GROUP BY time) AS s
+        INNER JOIN (
+            SELECT toStartOfInterval(minute, INTERVAL {b} second) AS time, sum(topic_views) AS views,
+                   sum(replies) AS replies
+            FROM site_minute WHERE {site_f} AND {rng} GROUP BY time) AS d ON s.time = d.time
+        ORDER BY s.time""")
+    if not rows:
+        raise ReportError(f"no traffic for {sc.label} between {t0:%Y-%m-%d %H:%M} and {t1:%Y-%m-%d %H:%M} UTC")
+    tot = store.query_rows(f"""
+        SELECT sum(views), sum(replies), uniqMerge(visitors), sum(bot_views)
+        FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {rng}""")[0]
+    site_tot = store.query_rows(f"SELECT sum(topic_views), sum(replies) FROM site_minute WHERE {site_f} AND {rng}")[0]
+    b0 = t0 - timedelta(days=baseline_days)
+    brng = f"minute >= {_ts(b0)} AND minute < {_ts(t0)}"
+    bv = store.query_rows(f"SELECT sum(views), count() FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {brng}")[0]
+    bs = store.query_rows(f"SELECT sum(topic_views), min(minute), max(minute) FROM site_minute WHERE {site_f} AND {brng}")[0]
+    base_share = base_vph = None
+    if bs[0]:
+        base_share = 100.0 * (bv[0] or 0) / bs[0]
+        hours = max((_utc(bs[2]) - _utc(bs[1])).total_seconds() / 3600 + 1 / 60, 1 / 60)
+        base_vph = (bv[0] or 0) / hours
+    refs = store.query_rows(f"""
+        SELECT domain(referer) AS d, count() AS n FROM requests
+        WHERE {site_f} AND {sc.topic_filter} AND ts >= {_ts(t0)} AND ts < {_ts(t1)} AND NOT is_bot AND referer != ''
+        GROUP BY d HAVING d != '' ORDER BY n DESC, d LIMIT 10""")
+    return EventData(
+        times=[_utc(r[0]) for r in rows], views=[float(r[1]) for r in rows], replies=[float(r[2]) for r in rows],
+        visitors=[float(r[3]) for r in rows], bot_views=[float(r[4]) for r in rows],
+        site_views=[float(r[5]) for r in rows], site_replies=[float(r[6]) for r in rows], bucket_s=b,
+        total_views=int(tot[0] or 0), total_replies=int(tot[1] or 0), total_visitors=int(tot[2] or 0),
+        total_bot_views=int(tot[3] or 0), site_total_views=int(site_tot[0] or 0),
+        site_total_replies=int(site_tot[1] or 0), base_share=base_share, base_views_per_hour=base_vph,
+        referrers=[(str(r[0]), int(r[1])) for r in refs],
+    )
+
+
+# ----------------------------------------------------------------------------------------------- charts
+
+
+def _fig() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9.6, 3.6), dpi=100)
+    ax.grid(True, alpha=0.3)
+    return plt, fig, ax
+
+
+def _save(plt: Any, fig: Any, path: Path) -> bytes:
+    import matplotlib.dates as mdates
+
+    for ax in fig.axes:
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%d %b\n%H:%M", tz=UTC))
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    data = buf.getvalue()
+    path.write_bytes(data)
+    return data
+
+
+def _share(a: list[float], b: list[float]) -> list[float]:
+    return [100.0 * x / y if y else 0.0 for x, y in zip(a, b, strict=True)]
+
+
+def _charts(d: EventData, out: Path, label: str) -> dict[str, bytes]:
+    per = "per minute" if d.bucket_s == 60 else f"per {d.bucket_s // 60} min"
+    charts = {}
+    plt, fig, ax = _fig()
+    ax.plot(d.times, d.views, label="views", color="#1f77b4", linewidth=1.6)
+    ax.plot(d.times, d.replies, label="replies", color="#ff7f0e", linewidth=1.6)
+    ax.set_title(f"{label}: views and replies {per}")
+    ax.legend(loc="upper left")
+    charts["views_replies.png"] = _save(plt, fig, out / "views_replies.png")
+
+    plt, fig, ax = _fig()
+    vs, rs = _share(d.views, d.site_views), _share(d.replies, d.site_replies)
+    ax.fill_between(d.times, vs, color="#1f77b4", alpha=0.35, label="share of all topic views")
+    ax.plot(d.times, rs, color="#ff7f0e", linewidth=1.4, label="share of all replies")
+    if d.base_share is not None:
+        ax.axhline(d.base_share, color="#555555", linestyle="--", linewidth=1, label="baseline view share")
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("%")
+    ax.set_title("Share against all other topics")
+    ax.legend(loc="upper left")
+    charts["share.png"] = _save(plt, fig, out / "share.png")
+
+    plt, fig, ax = _fig()
+    ax.bar(d.times, d.visitors, width=d.bucket_s / 86400 * 0.9, color="#2ca02c", label="unique visitors")
+    ax.set_title(f"Unique (human) visitors {per}")
+    charts["visitors.png"] = _save(plt, fig, out / "visitors.png")
+
+    plt, fig, ax = _fig()
+    ax.stackplot(d.times, d.views, d.bot_views, labels=["humans", "bots"], colors=["#1f77b4", "#d62728"], alpha=0.8)
+    ax.set_title("Topic views: humans vs bots")
+    ax.legend(loc="upper left")
+    charts["humans_bots.png"] = _save(plt, fig, out / "humans_bots.png")
+    return charts
+
+
+# ------------------------------------------------------------------------------------------------- HTML
+
+CSS = """
+body{font-family:Georgia,'Times New Roman',serif;max-width:1000px;margin:24px auto;color:#222;background:#fff;padding:0 16px}
+h1{font-size:28px;margin:0 0 4px} h2{font-size:20px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:28px}
+.meta{color:#666;font-size:14px} .summary{font-size:18px;line-height:1.5;background:#f6f6f2;padding:12px 16px}
+.figures{display:flex;flex-wrap:wrap;gap:12px;margin:12px 0} .fig{border:1px solid #ddd;padding:8px 12px;min-width:150px}
+.fig .v{font-size:24px;font-weight:bold} .fig .k{font-size:13px;color:#666}
+img.chart{width:960px;max-width:100%;display:block;margin:8px 0}
+table{border-collapse:collapse;font-size:15px} td,th{border-bottom:1px solid #eee;padding:4px 10px;text-align:left}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+"""
+
+
+def _fmt_t(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _n(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def _img(name: str, data: bytes, alt: str) -> str:
+    return (f'<img class="chart" id="chart-{name.removesuffix(".png")}" alt="{html.escape(alt)}" '
+            f'src="data:image/png;base64,{base64.b64encode(data).decode()}">')
+
+
+def generate_event_report(
+    store: Store, *, topic_id: int | None = None, group: str | None = None, event_id: str | None = None,
+    time_from: datetime | None = None, time_to: datetime | None = None, out_dir: Path, site: str = "forum",
+    baseline_days: int = 7,
+) -> Path:
+    """Write the event report for a topic, a topic group or a detection into ``out_dir``; returns index.html."""
+    if sum(x is not None for x in (topic_id, group, event_id)) != 1:
+        raise ReportError("give exactly one of topic_id, group, event_id")
+    meta: dict[str, Any] | None = None
+    if event_id is not None:
+        topic_id, group, t0, t1, meta = _event(store, site, event_id)
+        t0, t1 = time_from or t0, time_to or t1
+    else:
+        if time_to is None:
+            last = store.query_rows(f"SELECT max(minute) FROM site_minute WHERE site = {_q(site)}")
+            if not last or last[0][0] is None:
+                raise ReportError(f"no data for site {site!r}")
+            time_to = _utc(last[0][0]) + timedelta(minutes=1)
+        t0, t1 = time_from or time_to - timedelta(hours=48), time_to
+    t0, t1 = _utc(t0), _utc(t1)
+    if t1 <= t0:
+        raise ReportError("the range is empty (to <= from)")
+    sc = _scope(store, site, topic_id, group)
+    d = _collect(store, site, sc, t0, t1, baseline_days)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    charts = _charts(d, out, sc.label)
+
+    shares = _share(d.views, d.site_views)
+    ip = max(range(len(d.views)), key=lambda i: (d.views[i], -i))
+    isf = max(range(len(shares)), key=lambda i: (shares[i], -i))
+    overall_share = 100.0 * d.total_views / d.site_total_views if d.site_total_views else 0.0
+    bot_share = 100.0 * d.total_bot_views / max(d.total_views + d.total_bot_views, 1)
+    per = "minute" if d.bucket_s == 60 else f"{d.bucket_s // 60}-minute interval"
+    hours = (t1 - t0).total_seconds() / 3600
+    vph = d.total_views / hours
+    if d.base_share:
+        ratio = overall_share / d.base_share
+        base_txt = (f"That is {ratio:.1f}× its usual share of {d.base_share:.1f}% over the previous {baseline_days} days"
+                    f" ({_n(vph)} views per hour against {_n(d.base_views_per_hour or 0)} usually).")
+    elif d.base_share == 0.0:
+        base_txt = f"It had no views at all in the previous {baseline_days} days."
+        ratio = math.inf
+    else:
+        base_txt = f"There is no data from the previous {baseline_days} days to compare with."
+        ratio = math.nan
+    top_ref = f" Most visitors who arrived from elsewhere came from {d.referrers[0][0]}." if d.referrers else ""
+    summary = (
+        f"{sc.label} drew {_n(d.total_views)} views and {_n(d.total_replies)} replies from {_n(d.total_visitors)} "
+        f"people between {_fmt_t(t0)} and {_fmt_t(t1)} — {overall_share:.1f}% of all topic views on the forum. "
+        f"Interest peaked at {_fmt_t(d.times[ip])} with {_n(d.views[ip])} views in one {per}; its share of the "
+        f"forum's topic views peaked at {shares[isf]:.1f}% ({_fmt_t(d.times[isf])}). {base_txt}{top_ref}"
+    )
+    figs = [("total-views", _n(d.total_views), "views"), ("total-replies", _n(d.total_replies), "replies"),
+            ("total-visitors", _n(d.total_visitors), "unique visitors"),
+            ("peak-time", _fmt_t(d.times[ip]), f"peak views ({_n(d.views[ip])} per {per})"),
+            ("peak-share", f"{shares[isf]:.1f}%", "peak share of topic views"),
+            ("overall-share", f"{overall_share:.1f}%", "share over the whole range"),
+            ("baseline-share", "n/a" if d.base_share is None else f"{d.base_share:.1f}%",
+             f"baseline share ({baseline_days} days before)"),
+            ("baseline-ratio", "n/a" if math.isnan(ratio) else ("∞" if math.isinf(ratio) else f"{ratio:.1f}×"),
+             "against baseline"),
+            ("bot-share", f"{bot_share:.1f}%", "of views by bots")]
+    fig_html = "".join(f'<div class="fig" id="{i}"><div class="v">{html.escape(v)}</div><div class="k">'
+                       f"{html.escape(k)}</div></div>" for i, v, k in figs)
+    ref_rows = "".join(f"<tr><td>{html.escape(dm)}</td><td class=\"n\">{_n(n)}</td></tr>" for dm, n in d.referrers)
+    ev_html = ""
+    if meta:
+        ev_html = (f'<p class="meta" id="event-meta">Detection {html.escape(meta["id"])}: {html.escape(meta["kind"])} '
+                   f'({html.escape(meta["label"])}), {_fmt_t(meta["start"])} – {_fmt_t(meta["end"])}, '
+                   f'score {meta["score"]:.2f}</p>')
+    body = (
+        f"<h1 id=\"title\">{html.escape(sc.label)}</h1>"
+        f"<p class=\"meta\">{html.escape(site)} · {_fmt_t(t0)} – {_fmt_t(t1)} · generated by forumpulse</p>{ev_html}"
+        f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(summary)}</p>"
+        f"<div class=\"figures\">{fig_html}</div>"
+        f"<h2>Views and replies</h2>{_img('views_replies.png', charts['views_replies.png'], 'views and replies')}"
+        f"<h2>Share of forum traffic</h2>{_img('share.png', charts['share.png'], 'share against other topics')}"
+        f"<h2>Unique visitors</h2>{_img('visitors.png', charts['visitors.png'], 'unique visitors')}"
+        f"<h2>Humans and bots</h2>{_img('humans_bots.png', charts['humans_bots.png'], 'humans vs bots')}"
+        f"<p>Bots (known crawlers) made {_n(d.total_bot_views)} views ({bot_share:.1f}% of all views of this scope)."
+        "</p><h2>Top referrers</h2>"
+        + (f"<table id=\"referrers\"><tr><th>site</th><th>visits</th></tr>{ref_rows}</table>" if ref_rows
+           else "<p id=\"referrers\">No external referrers were recorded.</p>")
+        + "<p class=\"meta\">Counts are human requests unless stated; referrers are stored privacy-filtered. "
+        "Visitors are distinct client addresses.</p>"
+    )
+    path = out / "index.html"
+    path.write_text(_page(f"forumpulse report: {sc.label}", body), encoding="utf-8")
+    return path
+
+
+def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "forum") -> Path:
+    """The day's detections (latest state) and top topics by human views, as one HTML page; returns its path."""
+    t0 = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    t1 = t0 + timedelta(days=1)
+    events = store.query_rows(f"""
+        SELECT id, kind, scope, label, state, start_ts, peak_ts, score FROM detections FINAL
+        WHERE site = {_q(site)} AND start_ts < {_ts(t1)} AND coalesce(end_ts, peak_ts) >= {_ts(t0)}
+        ORDER BY score DESC, start_ts, id LIMIT 50""")
+    topics = store.query_rows(f"""
+        SELECT p.topic_id, t.title, p.views, p.replies, p.visitors FROM (
+            SELECT topic_id, sum(views) AS views, sum(replies) AS replies, uniqMerge(visitors) AS visitors
+            FROM topic_minute WHERE site = {_q(site)} AND minute >= {_ts(t0)} AND minute < {_ts(t1)}
+            GROUP BY topic_id) AS p
+        LEFT JOIN (SELECT topic_id, argMax(title, updated_at) AS title FROM topic_titles
+                   WHERE site = {_q(site)} GROUP BY topic_id) AS t ON p.topic_id = t.topic_id
+        ORDER BY p.views DESC, p.topic_id LIMIT 20""")
+    ev_rows = "".join(
+        f"<tr><td>{html.escape(str(i))}</td><td>{html.escape(str(k))}</td><td>{html.escape(str(s))}</td>"
+        f"<td>{html.escape(str(lb))}</td><td>{html.escape(str(st))}</td><td>{_fmt_t(_utc(a))}</td>"
+        f"<td>{_fmt_t(_utc(p))}</td><td class=\"n\">{sc:.2f}</td></tr>"
+        for i, k, s, lb, st, a, p, sc in events)
+    tp_rows = "".join(
+        f"<tr><td class=\"n\">{tid}</td><td>{html.escape(title or '')}</td><td class=\"n\">{_n(v)}</td>"
+        f"<td class=\"n\">{_n(r)}</td><td class=\"n\">{_n(u)}</td></tr>" for tid, title, v, r, u in topics)
+    body = (f"<h1 id=\"title\">Daily report {day.isoformat()}</h1><p class=\"meta\">{html.escape(site)} · UTC day</p>"
+            "<h2>Top events</h2>"
+            + (f"<table id=\"events\"><tr><th>id</th><th>kind</th><th>scope</th><th>label</th><th>state</th>"
+               f"<th>start</th><th>peak</th><th>score</th></tr>{ev_rows}</table>" if ev_rows
+               else "<p id=\"events\">No events were detected.</p>")
+            + "<h2>Top topics</h2>"
+            + f"<table id=\"topics\"><tr><th>topic</th><th>title</th><th>views</th><th>replies</th><th>visitors</th></tr>"
+            f"{tp_rows}</table>")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"daily-{day.isoformat()}.html"
+    path.write_text(_page(f"forumpulse daily report {day.isoformat()}", body), encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+def _parse_time(s: str | None) -> datetime | None:
+    if s is None:
+        return None
+    t = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def report_event_command(
+    out: Annotated[Path, typer.Option("--out", help="output folder (created)")],
+    topic: Annotated[int | None, typer.Option("--topic", help="topic id")] = None,
+    group: Annotated[str | None, typer.Option("--group", help="topic group name")] = None,
+    event: Annotated[str | None, typer.Option("--event", help="detection id")] = None,
+    from_: Annotated[str | None, typer.Option("--from", help="start, ISO 8601 (UTC if no offset)")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="end, ISO 8601 (UTC if no offset)")] = None,
+    store: Annotated[str, typer.Option("--store", help="chdb:PATH or clickhouse://...")] = DEFAULT_STORE,
+    site: Annotated[str, typer.Option("--site")] = "forum",
+) -> None:
+    """forumpulse report event --topic ID | --group NAME | --event ID [--from --to] --out DIR"""
+    st = open_store(store)
+    try:
+        path = generate_event_report(st, topic_id=topic, group=group, event_id=event, time_from=_parse_time(from_),
+                                     time_to=_parse_time(to), out_dir=out, site=site)
+    except ReportError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        st.close()
+    typer.echo(str(path))
+
+
+def report_daily_command(
+    out: Annotated[Path, typer.Option("--out", help="output folder (created)")],
+    day: Annotated[str | None, typer.Option("--day", help="YYYY-MM-DD (UTC); default: yesterday")] = None,
+    store: Annotated[str, typer.Option("--store")] = DEFAULT_STORE,
+    site: Annotated[str, typer.Option("--site")] = "forum",
+) -> None:
+    """forumpulse report daily [--day YYYY-MM-DD] --out DIR"""
+    d = date.fromisoformat(day) if day else (datetime.now(UTC) - timedelta(days=1)).date()
+    st = open_store(store)
+    try:
+        path = generate_daily_report(st, d, out, site=site)
+    finally:
+        st.close()
+    typer.echo(str(path))
+
+
+if __name__ == "__main__":  # python -m forumpulse.dashboards.report event ... (until the CLI wires it)
+    app = typer.Typer(add_completion=False)
+    app.command("event")(report_event_command)
+    app.command("daily")(report_daily_command)
+    app()

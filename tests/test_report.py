@@ -1,0 +1,141 @@
+"""Editorial event reports on a 48-hour topic surge (plus one baseline day): numbers against the Python rows."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).parent))
+import test_dashboards_fixture as fx
+from forumpulse.dashboards.report import ReportError, generate_daily_report, generate_event_report
+from forumpulse.pipeline.store import migrate, open_store
+
+T0 = fx.T0
+FROM, TO = T0 + timedelta(days=1), T0 + timedelta(days=3)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    store = open_store(f"chdb:{tmp_path_factory.mktemp('report_chdb')}")
+    migrate(store, {"raw_ttl_days": 0, "rollup_ttl_days": 0})
+    tr = fx.make_traffic(minutes=3 * 1440, event_start=1440, event_peak=2 * 1440 + 600, event_width=400,
+                         event_height=12, flood=False, seed=11)
+    fx.load_requests(store, tr.rows)
+    titles = [{"site": fx.SITE, "topic_id": k, "title": v, "forum": "f", "updated_at": T0} for k, v in fx.TOPICS.items()]
+    import pyarrow as pa
+    store.insert("topic_titles", fx.ts_table(titles, ("updated_at",), {"topic_id": pa.uint64()}))
+    groups = [{"site": fx.SITE, "group_name": g, "topic_id": t, "updated_at": T0} for g, ts in fx.GROUPS.items() for t in ts]
+    store.insert("topic_groups", fx.ts_table(groups, ("updated_at",), {"topic_id": pa.uint64()}))
+    det = [{"id": "ev-48h", "kind": "topic_surge", "site": fx.SITE, "scope": "topic:101", "start_ts": FROM + timedelta(hours=4),
+            "end_ts": TO - timedelta(hours=4), "peak_ts": T0 + timedelta(minutes=2 * 1440 + 600), "observed": 0.5,
+            "expected": 0.1, "score": 9.0, "label": "surge", "state": "closed", "detail": "{}", "updated_at": TO}]
+    store.insert("detections", fx.ts_table(det, ("start_ts", "end_ts", "peak_ts", "updated_at")))
+    yield store, tr
+    store.close()
+
+
+def human(r: dict[str, Any], kind: str) -> bool:
+    return not r["is_bot"] and r["page_kind"] == kind
+
+
+def in_range(r: dict[str, Any], t0: Any = FROM, t1: Any = TO) -> bool:
+    return bool(t0 <= r["ts"] < t1)
+
+
+def text_of(html: str, elem_id: str) -> str:
+    m = re.search(rf'id="{elem_id}"[^>]*>(.*?)</(?:p|div|h1|table)>', html, re.S)
+    assert m, elem_id
+    return re.sub(r"<[^>]+>", " ", m.group(1))
+
+
+def test_event_report_numbers(world: Any, tmp_path: Path) -> None:
+    store, tr = world
+    path = generate_event_report(store, topic_id=101, time_from=FROM, time_to=TO, out_dir=tmp_path)
+    page = path.read_text()
+    rows = [r for r in tr.rows if in_range(r)]
+    t101 = [r for r in rows if r["topic_id"] == 101]
+    views = sum(human(r, "topic_view") for r in t101)
+    replies = sum(human(r, "reply") for r in t101)
+    visitors = len({fx.mapped(r["client_ip"]) for r in t101 if not r["is_bot"]})
+    all_views = sum(human(r, "topic_view") for r in rows)
+    assert f"{views:,}" in text_of(page, "total-views")
+    assert f"{replies:,}" in text_of(page, "total-replies")
+    assert f"{visitors:,}" in text_of(page, "total-visitors")
+    assert f"{100 * views / all_views:.1f}%" in text_of(page, "overall-share")
+    # 48 h at 10-minute buckets: peak share bucket computed from the rows
+    buckets: dict[int, list[int]] = {}
+    for r in rows:
+        if human(r, "topic_view"):
+            b = int((r["ts"] - FROM).total_seconds() // 600)
+            c = buckets.setdefault(b, [0, 0])
+            c[0] += r["topic_id"] == 101
+            c[1] += 1
+    peak_b = max(buckets, key=lambda b: (buckets[b][0] / buckets[b][1], -b))
+    assert f"{100 * buckets[peak_b][0] / buckets[peak_b][1]:.1f}%" in text_of(page, "peak-share")
+    base = [r for r in tr.rows if r["ts"] < FROM and human(r, "topic_view")]
+    base_share = 100 * sum(r["topic_id"] == 101 for r in base) / len(base)
+    assert f"{base_share:.1f}%" in text_of(page, "baseline-share")
+    refs = Counter(r["referer"].split("/")[2] for r in t101 if not r["is_bot"] and r["referer"])
+    assert refs.most_common(1)[0][0] == "news.example.com"
+    table = text_of(page, "referrers")
+    assert table.index("news.example.com") < table.index("www.google.com")
+    assert f"{refs['news.example.com']:,}" in table
+    assert "Election results thread" in text_of(page, "title")
+    summary = text_of(page, "summary")
+    assert f"{views:,} views" in summary and "peaked" in summary
+    # self-contained: no external fetches, charts inline and as files
+    assert not re.search(r'(?:src|href)\s*=\s*"(?:https?:)?//', page)
+    assert page.count('src="data:image/png;base64,') == 4
+    for name in ("views_replies.png", "share.png", "visitors.png", "humans_bots.png"):
+        with Image.open(tmp_path / name) as im:
+            assert im.format == "PNG" and im.size[0] >= 900
+            assert len(im.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 10, f"{name} looks blank"
+    size = sum(p.stat().st_size for p in tmp_path.iterdir())
+    print(f"48-hour event report: index.html {path.stat().st_size} bytes, folder {size} bytes")
+
+
+def test_event_id_and_group(world: Any, tmp_path: Path) -> None:
+    store, tr = world
+    page = generate_event_report(store, event_id="ev-48h", out_dir=tmp_path / "ev").read_text()
+    assert "ev-48h" in text_of(page, "event-meta") and "Topic #101" in page
+    # range padded by a quarter of the 40 h event on both sides = the full 48 h + 2 h... from start-10h to end+10h
+    start, end = FROM + timedelta(hours=4), TO - timedelta(hours=4)
+    t0, t1 = start - (end - start) / 4, end + (end - start) / 4
+    views = sum(human(r, "topic_view") for r in tr.rows if r["topic_id"] == 101 and in_range(r, t0, t1))
+    assert f"{views:,}" in text_of(page, "total-views")
+    gpage = generate_event_report(store, group="election", time_from=FROM, time_to=TO, out_dir=tmp_path / "g").read_text()
+    gviews = sum(human(r, "topic_view") for r in tr.rows if r["topic_id"] in (101, 102) and in_range(r))
+    assert f"{gviews:,}" in text_of(gpage, "total-views") and "election" in text_of(gpage, "title")
+
+
+def test_errors(world: Any, tmp_path: Path) -> None:
+    store, _ = world
+    with pytest.raises(ReportError, match="exactly one"):
+        generate_event_report(store, out_dir=tmp_path)
+    with pytest.raises(ReportError, match="no detection"):
+        generate_event_report(store, event_id="nope", out_dir=tmp_path)
+    with pytest.raises(ReportError, match="no traffic"):
+        generate_event_report(store, topic_id=999, time_from=FROM, time_to=TO, out_dir=tmp_path)
+    with pytest.raises(ReportError, match="no topics"):
+        generate_event_report(store, group="nope", out_dir=tmp_path)
+
+
+def test_daily_report(world: Any, tmp_path: Path) -> None:
+    store, tr = world
+    day = (T0 + timedelta(days=2)).date()
+    page = generate_daily_report(store, day, tmp_path).read_text()
+    assert "ev-48h" in text_of(page, "events")
+    t0 = T0 + timedelta(days=2)
+    views = Counter(r["topic_id"] for r in tr.rows if in_range(r, t0, t0 + timedelta(days=1)) and human(r, "topic_view"))
+    (top, n), = views.most_common(1)
+    topics = text_of(page, "topics")
+    assert top == 101 and f"{n:,}" in topics and topics.index("Election") < topics.index("Garden")
+    empty = generate_daily_report(store, (T0 - timedelta(days=5)).date(), tmp_path).read_text()
+    assert "No events were detected" in empty
