@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,15 @@ from forumpulse.pipeline.enrich import (
     StaticClassifier,
     TopicCase,
     TopicRules,
+    benchmark_derive,
     builtin_rules_path,
     load_post_map,
     load_topic_rules,
+    synthetic_requests,
 )
 from forumpulse.pipeline.record import PAGE_KINDS
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 FIX = Path(__file__).parent / "fixtures" / "rules"
 BUILTIN = load_topic_rules(builtin_rules_path("topics.yaml"))
@@ -212,3 +217,31 @@ def test_static_content_type_never_overrides_a_topic_rule_and_extra_extensions_a
     assert e.derive("forum", "GET", "/feed.rss", "", None, None)[:3] == (None, "static", True)
     assert e.derive("forum", "GET", "/sitemap.xml", "", None, None)[:3] == (None, "static", True)
     assert Enricher(Settings()).derive("forum", "GET", "/feed.rss", "", None, None)[:3] == (None, "other", False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["GET", "POST", "", "HEAD"]), st.text(max_size=60), st.text(max_size=40),
+       st.one_of(st.none(), st.text(max_size=20)), st.one_of(st.none(), st.text(max_size=40)))
+def test_derive_never_raises_and_answers_within_the_contract(
+        method: str, path: str, query: str, ct: str | None, ua: str | None) -> None:
+    topic, kind, is_static, is_bot, bot_name = ENRICHER.derive("forum", method, path, query, ct, ua)
+    assert kind in PAGE_KINDS
+    assert topic is None or 0 < topic < 2**63
+    assert isinstance(is_static, bool) and isinstance(is_bot, bool)
+    assert (bot_name is not None) is is_bot
+
+
+def test_synthetic_mix_is_classified_as_generated() -> None:
+    """The benchmark's XenForo-style mix (the simulator's URL shapes) lands in the expected kinds."""
+    reqs = synthetic_requests(2000, seed=7)
+    e = Enricher(Settings())
+    kinds: Counter[str] = Counter()
+    for m, p, q, ct, ua in reqs:
+        topic, kind, is_static, _, _ = e.derive("forum", m, p, q, ct, ua)
+        kinds[kind] += 1
+        if p.startswith("/threads/"):
+            assert topic == int(p.split(".")[1].split("/")[0]) and kind in ("topic_view", "reply")
+        assert is_static is (kind == "static")
+    assert set(kinds) == {"topic_view", "reply", "forum", "search", "login", "api", "other", "static"}
+    res = benchmark_derive(reqs[:300])
+    assert res["requests"] == 300 and res["cold_per_s"] > 0 and res["warm_per_s"] > 0
