@@ -1,0 +1,35 @@
+-- Read-only ClickHouse user for Grafana (grafana-clickhouse-datasource), for ClickHouse SERVER deployments.
+--
+-- Not a schema migration: chDB (the embedded default) has no network listener and no users, and a password must
+-- never live in a versioned migration.  Run once as an admin on the server, with the password from your secret
+-- store, e.g.:
+--   clickhouse-client --param_pw="$FORUMPULSE_CH_PASSWORD" --queries-file deploy/clickhouse/grafana_user.sql
+-- (or paste it with the password filled in).  Database name: forumpulse (change it if you use another).
+--
+-- readonly = 2 allows the plugin to set per-query settings (max_execution_time etc., which clickhouse-go sends)
+-- while forbidding writes and DDL; the grants limit reads to the forumpulse tables the dashboards use.
+
+CREATE SETTINGS PROFILE IF NOT EXISTS forumpulse_grafana_ro
+    SETTINGS readonly = 2, max_execution_time = 60, max_result_rows = 1000000, result_overflow_mode = 'break';
+
+CREATE ROLE IF NOT EXISTS forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.site_minute TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.topic_minute TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.client_minute TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.prefix_minute TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.transfer_minute TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.detections TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.decisions TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.quarantine TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.pipeline_stats TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.source_liveness TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.topic_titles TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.topic_groups TO forumpulse_grafana_reader;
+-- the plugin's query editor lists databases/tables/columns
+GRANT SELECT ON system.databases TO forumpulse_grafana_reader;
+GRANT SELECT ON system.tables TO forumpulse_grafana_reader;
+GRANT SELECT ON system.columns TO forumpulse_grafana_reader;
+
+CREATE USER IF NOT EXISTS grafana_ro IDENTIFIED WITH sha256_password BY {pw:String}
+    DEFAULT ROLE forumpulse_grafana_reader SETTINGS PROFILE forumpulse_grafana_ro;
+GRANT forumpulse_grafana_reader TO grafana_ro;
