@@ -312,8 +312,8 @@ def check_case(cid: str, c: dict[str, Any]) -> list[str]:
         got = clf_timestamp_ms(line)
         if c["expect_error"]:
             return [] if got is None else [f"expected an error, got {got}"]
-        want = iso_ms(c["expected"]["timestamp"])
-        return [] if got == want else [f"ts {got} != {want}"]
+        want_ts = iso_ms(c["expected"]["timestamp"])
+        return [] if got == want_ts else [f"ts {got} != {want_ts}"]
     spec, want = expectation(cid, c)
     if cid in DIVERGENT:
         want = {"drop": DIVERGENT[cid][0]}

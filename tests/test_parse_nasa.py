@@ -44,7 +44,7 @@ def test_a_cut_line_is_truncated_and_its_tail_is_not_a_record() -> None:
     p = get_parser("common")
     head = 'haraway.ucet.ufl.edu - - [01/Aug/1995:00:02:20 -0400] "GET /fa'
     tail = 'cilities/mlp.html HTTP/1.0" 200 2653'
-    assert p.parse(head).reason == "truncated"  # type: ignore[union-attr]
-    assert p.parse(tail).reason == "no_format_matched"  # type: ignore[union-attr]
+    assert p.parse(head).reason == "truncated"
+    assert p.parse(tail).reason == "no_format_matched"
     whole = p.parse(head + tail)
     assert isinstance(whole, ParsedLine) and whole.url == "/facilities/mlp.html" and whole.bytes == 2653

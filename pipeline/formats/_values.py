@@ -229,8 +229,8 @@ def to_int(text: str | None, limit: int) -> int | None:
     return v if v <= limit else None
 
 
-def to_float(text: str | None, scale: float) -> float | None:
-    """float(text) * scale; ``None`` for ``-``/missing/garbage (elapsed is optional, never a drop by itself)."""
+def to_float(text: str | None, scale: float, div: float = 1.0) -> float | None:
+    """float(text) * scale / div (``div`` keeps ``%D`` microseconds exact: ``3695 / 1000 == 3.695``); ``None`` for ``-``/missing/garbage (elapsed is optional, never a drop by itself)."""
     if text is None or text == "-" or text == "":
         return None
     try:
@@ -239,4 +239,4 @@ def to_float(text: str | None, scale: float) -> float | None:
         return None
     if v != v or v < 0 or v == float("inf"):
         return None
-    return v * scale
+    return v * scale / div if div != 1.0 else v * scale

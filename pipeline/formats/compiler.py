@@ -556,7 +556,7 @@ def generate_converter(toks: list[Tok], require_time: bool = True) -> Callable[[
     else:
         L.append("    nbytes = 0")
     if "el_us" in slots:
-        el = f"to_float(g[{slots['el_us'][0]}], 0.001)"
+        el = f"to_float(g[{slots['el_us'][0]}], 1.0, 1000.0)"
     elif "el_ms" in slots:
         el = f"to_float(g[{slots['el_ms'][0]}], 1.0)"
     elif "el_s" in slots:
