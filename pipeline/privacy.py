@@ -100,10 +100,14 @@ class Privacy:
         self.mode = cfg.client_ip
         self._names = frozenset(cfg.strip_params)
         self._probe: re.Pattern[str] | None = None
+        self._probe_first: re.Pattern[str] | None = None
         if self._names:
             alts = "|".join(re.escape(n) for n in sorted(self._names, key=len, reverse=True))
-            # A listed name at the start of a parameter, followed by '=', a separator or the end.
-            self._probe = re.compile(rf"(?:^|[&;])(?:{alts})(?=[=&;]|$)")
+            # A listed name at the start of a parameter, followed by '=', a separator or the end.  Split in two
+            # (after a separator / at the start) because a pattern opening with a character class lets `re` scan
+            # quickly, ~1.6x faster than (?:^|[&;]) on this machine.
+            self._probe = re.compile(rf"[&;](?:{alts})(?=[=&;]|$)")
+            self._probe_first = re.compile(rf"(?:{alts})(?=[=&;]|$)")
         self._v4_prefix = cfg.truncate_ipv4_prefix
         self._v6_prefix = cfg.truncate_ipv6_prefix
         self._key = b""
@@ -125,7 +129,8 @@ class Privacy:
     def scrub_query(self, query: str) -> str:
         """``query`` without ``?``; returns it without the listed parameters (see module docstring)."""
         probe = self._probe
-        if probe is None or not query or probe.search(query) is None:
+        if probe is None or not query or (probe.search(query) is None
+                                          and self._probe_first.match(query) is None):  # type: ignore[union-attr]
             return query
         names = self._names
         tokens = _SEP.split(query)  # [part, sep, part, sep, ..., part]
