@@ -89,6 +89,7 @@ class Processor:
         derive = self.enricher.derive
         scrub_url = self.privacy.scrub_url
         scrub_ref = self.privacy.scrub_referer
+        scrub_query = self.privacy.scrub_query
         store_ip = self.privacy.store_ip
         site, ohost, ofile = ctx.site, ctx.origin_host, ctx.origin_file
         fixed_name = getattr(parser, "name", ctx.format)
@@ -107,6 +108,7 @@ class Processor:
             (ts, cip, chost, ident, user, method, url, path, query, proto, status, nbytes, ref, ua, elapsed,
              cache_result, hierarchy, upstream, ctype, vhost) = r
             fmt = parser.last_format if is_auto else fixed_name  # type: ignore[attr-defined]
+            query = scrub_query(query) if query else query
             topic_id, page_kind, is_static, is_bot, bot_name = derive(site, method, path, query, ctype, ua)
             if newest is None or ts > newest:
                 newest = ts
@@ -115,7 +117,7 @@ class Processor:
                 ts, site, ohost, ofile, fmt, store_ip(cip) if cip is not None else None, chost, ident, user,
                 method, scrub_url(url), path, proto, status, nbytes, scrub_ref(ref), ua, elapsed,
                 cache_result, hierarchy, upstream, ctype, vhost, topic_id or 0, page_kind, is_static, is_bot,
-                bot_name, self.privacy.scrub_query(query),
+                bot_name, query,
             ))
         full = _to_table(rows, STREAM_SCHEMA.names, STREAM_SCHEMA)
         requests = full.drop_columns(["query"])
@@ -138,7 +140,7 @@ class Processor:
         )
 
 
-def _to_table(rows: list[tuple[object, ...]], names: Sequence[str], schema: pa.Schema) -> pa.Table:
+def _to_table(rows: Sequence[tuple[object, ...]], names: Sequence[str], schema: pa.Schema) -> pa.Table:
     if not rows:
         return schema.empty_table()
     cols = list(zip(*rows, strict=True))

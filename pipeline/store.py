@@ -195,7 +195,7 @@ class ChdbStore:
             return
         if not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9.]*", table):
             raise ValueError(f"bad table name {table!r}")
-        settings = dict(_INSERT_SETTINGS)
+        settings: dict[str, Any] = dict(_INSERT_SETTINGS)
         if dedup_token:
             settings["insert_deduplication_token"] = dedup_token
         cols = ", ".join(f"`{c}`" for c in data.column_names)
