@@ -125,6 +125,17 @@ class Broker:
         """Create weblogs.raw (``partitions``), weblogs.raw.dlq, weblogs.events, weblogs.decisions (idempotent)."""
         _run(["bash", KAFKA_SH, "topics", "--dir", self.dir, "--partitions", partitions or self.partitions])
 
+    def create_topic(self, name: str, partitions: int = 4) -> str:
+        """Create one extra topic (e.g. one per test, so tests sharing a broker do not see each other's data)."""
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for fut in admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)],
+                                       operation_timeout=30).values():
+            fut.result()
+        wait_until(lambda: name in admin.list_topics(timeout=10).topics, 30, what=f"topic {name}")
+        return name
+
     def log_tail(self, lines: int = 40) -> str:
         log = self.dir / "kafka.log"
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
