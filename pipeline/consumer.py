@@ -783,6 +783,7 @@ def consume_command(
     store: str | None = None,
     bootstrap: str | None = None,
     topic: str | None = None,
+    dead_letter_topic: str | None = None,
     group: str | None = None,
     instance_id: str | None = None,
     batch_lines: int | None = None,
@@ -816,7 +817,8 @@ def consume_command(
     signal.signal(signal.SIGINT, _signal)
     st = open_store_waiting(url, stop, migrate_params=settings.retention.migration_params())
     opts = ConsumerOptions.from_settings(
-        settings, bootstrap_servers=bootstrap, topic=topic, group_id=group, instance_id=instance_id,
+        settings, bootstrap_servers=bootstrap, topic=topic, dead_letter_topic=dead_letter_topic, group_id=group,
+        instance_id=instance_id,
         batch_lines=batch_lines, max_wait_s=max_wait,
     )
     if no_dead_letter:
