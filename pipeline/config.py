@@ -178,15 +178,15 @@ class _YamlSource(PydanticBaseSettingsSource):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FORUMPULSE_", env_nested_delimiter="__", extra="forbid")
 
-    store: StoreConfig = Field(default_factory=StoreConfig)  # type: ignore[arg-type]
-    sites: list[SiteConfig] = Field(default_factory=lambda: [SiteConfig()])  # type: ignore[call-arg]
+    store: StoreConfig = Field(default_factory=lambda: StoreConfig())
+    sites: list[SiteConfig] = Field(default_factory=lambda: [SiteConfig()])
     sources: list[SourceConfig] = Field(default_factory=list)
-    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)  # type: ignore[arg-type]
-    retention: RetentionConfig = Field(default_factory=RetentionConfig)
-    topics: TopicsConfig = Field(default_factory=TopicsConfig)  # type: ignore[arg-type]
-    bots: BotsConfig = Field(default_factory=BotsConfig)
-    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
-    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    privacy: PrivacyConfig = Field(default_factory=lambda: PrivacyConfig())
+    retention: RetentionConfig = Field(default_factory=lambda: RetentionConfig())
+    topics: TopicsConfig = Field(default_factory=lambda: TopicsConfig())
+    bots: BotsConfig = Field(default_factory=lambda: BotsConfig())
+    kafka: KafkaConfig = Field(default_factory=lambda: KafkaConfig())
+    ingest: IngestConfig = Field(default_factory=lambda: IngestConfig())
     detectors: dict[str, Any] = Field(default_factory=dict, description="detector thresholds (validated by forumpulse.detectors)")
     actions: dict[str, Any] = Field(default_factory=dict, description="firewall/webhook actions (validated by forumpulse.detectors)")
 
@@ -207,7 +207,7 @@ class Settings(BaseSettings):
         for s in self.sites:
             if s.name == name:
                 return s
-        return SiteConfig(name=name)  # type: ignore[call-arg]
+        return SiteConfig(name=name)
 
 
 _CURRENT_PATH: Path | None = None
