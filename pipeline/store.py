@@ -181,8 +181,10 @@ class ChdbStore:
         return res if isinstance(res, pa.Table) else pa.table({})
 
     def query_rows(self, sql: str) -> list[tuple[Any, ...]]:
+        """Rows as tuples.  A String column holding bytes that are not UTF-8 (quarantined raw lines) comes back
+        as ``bytes`` for the whole column; select ``hex(col)`` for a stable type."""
         t = self.query_arrow(sql)
-        cols = [c.to_pylist() for c in t.columns]
+        cols = [_pylist(c) for c in t.columns]
         return list(zip(*cols, strict=True)) if cols else []
 
     def query_format(self, sql: str, fmt: str) -> bytes:
@@ -220,6 +222,13 @@ class ChdbStore:
             if self._eng.refs == 0:
                 _ENGINES.pop(self._eng.path, None)
                 self._eng.close()
+
+
+def _pylist(col: pa.ChunkedArray) -> list[Any]:
+    try:
+        return col.to_pylist()
+    except UnicodeDecodeError:
+        return col.cast(pa.binary()).to_pylist()
 
 
 class ClickHouseStore:
