@@ -199,7 +199,10 @@ class SeasonalDetector:
         # per local day: minute-of-day -> count (NaN = no data / excluded from baselines)
         self.days: dict[date, FloatArray] = {}
         self.excluded: dict[date, npt.NDArray[np.bool_]] = {}  # minutes kept out of baselines (outages)
+        self.clean: dict[date, FloatArray] = {}  # counts with excluded minutes as NaN
         self._recent_closed: dict[str, Detection] = {}
+        self._kinds: dict[date, DayKind] = {}
+        self._refs: dict[tuple[date, DayKind], list[date]] = {}
         self.open: dict[str, Detection] = {}
         self.closed: list[Detection] = []
         self._down_run: list[datetime] = []
@@ -207,9 +210,18 @@ class SeasonalDetector:
 
     # -- baseline -------------------------------------------------------------------------------------
     def _day_kind(self, d: date) -> DayKind:
-        return "offday" if self.cal.is_offday(d) else "workday"
+        k = self._kinds.get(d)
+        if k is None:
+            k = self._kinds[d] = "offday" if self.cal.is_offday(d) else "workday"
+        return k
 
     def _reference_days(self, d: date, kind: DayKind) -> list[date]:
+        key = (d, kind)
+        if key not in self._refs:
+            self._refs[key] = self._find_reference_days(d, kind)
+        return self._refs[key]
+
+    def _find_reference_days(self, d: date, kind: DayKind) -> list[date]:
         out = []
         for back in range(1, 43):
             c = d - timedelta(days=back)
@@ -232,13 +244,13 @@ class SeasonalDetector:
         end = local.hour * 60 + local.minute
         sums = []
         for r in refs:
-            arr = np.where(self.excluded[r], np.nan, self.days[r])
+            arr = self.clean[r]
             lo = end - minutes + 1
             seg = arr[max(lo, 0): end + 1]
             if lo < 0:  # window spans midnight: take the tail of the previous calendar day of that ref
                 prev = self.days.get(r - timedelta(days=1))
                 if prev is not None:
-                    prev = np.where(self.excluded[r - timedelta(days=1)], np.nan, prev)
+                    prev = self.clean[r - timedelta(days=1)]
                     seg = np.concatenate([prev[1440 + lo:], seg])
             valid = seg[~np.isnan(seg)]
             if len(valid) >= 0.8 * minutes:
@@ -248,12 +260,12 @@ class SeasonalDetector:
     def _observed(self, local: datetime, minutes: int, raw: bool = False) -> tuple[float, int]:
         d = local.date()
         end = local.hour * 60 + local.minute
-        arr = self.days[d] if raw else np.where(self.excluded[d], np.nan, self.days[d])
+        arr = self.days[d] if raw else self.clean[d]
         lo = end - minutes + 1
         seg = arr[max(lo, 0): end + 1]
         prev = d - timedelta(days=1)
         if lo < 0 and prev in self.days:
-            pa = self.days[prev] if raw else np.where(self.excluded[prev], np.nan, self.days[prev])
+            pa = self.days[prev] if raw else self.clean[prev]
             seg = np.concatenate([pa[1440 + lo:], seg])
         valid = seg[~np.isnan(seg)]
         return float(valid.sum()), len(valid)
@@ -268,8 +280,10 @@ class SeasonalDetector:
         if d not in self.days:
             self.days[d] = np.full(1440, np.nan)
             self.excluded[d] = np.zeros(1440, dtype=bool)
+            self.clean[d] = np.full(1440, np.nan)
         idx = local.hour * 60 + local.minute
         self.days[d][idx] = count
+        self.clean[d][idx] = count
         gap = self._last_ts is not None and (ts - self._last_ts) > timedelta(minutes=self.p.outage_min_minutes)
         self._last_ts = ts
         if gap:  # no data: close whatever was open at the last seen minute, never call it a dip
@@ -277,6 +291,7 @@ class SeasonalDetector:
         yield from self._outage(ts, local, count)
         if "outage" in self.open:
             self.excluded[d][idx] = True  # keep outage minutes out of future baselines
+            self.clean[d][idx] = np.nan
             return
         yield from self._spike(ts, local)
         yield from self._dip(ts, local)

@@ -108,7 +108,7 @@ class DetectorsSection(BaseModel):
     """The ``detectors`` section: ``traffic`` here; other keys belong to other detector modules."""
 
     model_config = ConfigDict(extra="allow")
-    traffic: TrafficSettings = Field(default_factory=TrafficSettings)  # type: ignore[arg-type]
+    traffic: TrafficSettings = Field(default_factory=TrafficSettings)
 
 
 def validate_detectors_section(value: Any) -> DetectorsSection:
@@ -128,7 +128,10 @@ _register()
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _utc(t: datetime) -> datetime:
+def _utc(t: datetime | int | float) -> datetime:
+    """Aware UTC datetime from a datetime (naive = UTC) or epoch seconds (chDB returns DateTime as integers)."""
+    if isinstance(t, int | float):
+        return datetime.fromtimestamp(t, UTC)
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
@@ -349,7 +352,7 @@ class TrafficDetector:
     """
 
     def __init__(self, settings: Any = None, producer: Producer | None = None, echo: bool = False,
-                 out: Any = None, rules: dict[str, Any] | None = None) -> None:
+                 out: Any = None, rules: dict[str, Any] | None = None, sites: Iterable[str] | None = None) -> None:
         from forumpulse.pipeline.config import Settings
 
         self.settings = settings if settings is not None else Settings()
@@ -361,6 +364,7 @@ class TrafficDetector:
         self.out = out or sys.stdout
         self.events_topic = getattr(getattr(self.settings, "kafka", None), "events_topic", "weblogs.events")
         self.sites: dict[str, _SiteRuntime] = {}
+        self.only_sites = set(sites) if sites is not None else None
 
     # -- setup ------------------------------------------------------------------------------------------
     def _site(self, store: Any, name: str) -> _SiteRuntime:
@@ -399,6 +403,8 @@ class TrafficDetector:
     def _site_names(self, store: Any) -> list[str]:
         names = {s.name for s in self.settings.sites}
         names |= {str(r[0]) for r in store.query_rows("SELECT DISTINCT site FROM site_minute")}
+        if self.only_sites is not None:
+            names &= self.only_sites
         return sorted(names)
 
     # -- main entry ---------------------------------------------------------------------------------------
@@ -434,10 +440,16 @@ class TrafficDetector:
         health = self.rules["health"]
         alive = self._heartbeat_alive(store, rt.name, now, health)
         err_frac = float(health["error_statuses_fraction"])
+        gap_min = timedelta(minutes=int(health["gap_min_minutes"]))
         for minute, req, err, tviews in site_rows:
             minute = _utc(minute)
             if "site" in enabled:
                 yield from self._gap_check(rt, minute, health)
+                if rt.last_seen is not None and timedelta(minutes=1) < minute - rt.last_seen <= gap_min:
+                    m = rt.last_seen + timedelta(minutes=1)  # a few minutes without rows = minutes with 0 requests
+                    while m < minute:
+                        yield from rt.seasonal.update(m, 0.0)
+                        m += timedelta(minutes=1)
                 answered = 0.0 if req and err / req >= err_frac else float(req - err)
                 yield from rt.seasonal.update(minute, answered)
             rt.last_seen = minute
@@ -468,9 +480,14 @@ class TrafficDetector:
             rt.gap = None
             return
         if rt.last_seen is not None and minute - rt.last_seen > timedelta(minutes=int(health["gap_min_minutes"])):
+            silent = int((minute - rt.last_seen).total_seconds() // 60) - 1
+            exp, n = rt.seasonal.expected((minute - timedelta(minutes=1)).astimezone(rt.seasonal.tz), min(silent, 1440))
+            if n and exp < float(health["gap_min_expected"]):
+                return  # a quiet night, not a gap
             g = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1),
                           minute - timedelta(minutes=1), rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0,
-                          "pipeline_gap", {"reason": "no lines", "minutes": int((minute - rt.last_seen).total_seconds() // 60) - 1},
+                          "pipeline_gap", {"reason": "no lines", "minutes": silent,
+                                            "expected_requests": None if not n else round(exp, 1)},
                           site=rt.name, state="closed")
             yield g
 
@@ -517,10 +534,10 @@ class TrafficDetector:
 
 
 def detect_history(store: Any, start: datetime, end: datetime, settings: Any = None, echo: bool = False,
-                   out: Any = None) -> list[Detection]:
+                   out: Any = None, sites: Iterable[str] | None = None) -> list[Detection]:
     """Run every traffic detector over ``[start, end)`` (baselines warmed with ``history_days`` before ``start``);
     returns the final state of each detection that started in the range."""
-    det = TrafficDetector(settings, echo=False, out=out)
+    det = TrafficDetector(settings, echo=False, out=out, sites=sites)
     warm = _utc(start) - timedelta(days=det.cfg.history_days)
     det.cfg = det.cfg.model_copy(update={"lag_minutes": 0})
     latest: dict[str, Detection] = {}

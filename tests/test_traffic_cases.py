@@ -1,0 +1,202 @@
+"""Rollup traffic detectors on the fixture cases of detectors/rules/traffic_cases/ (known answers).
+
+Each case describes synthetic forum traffic (seeded Poisson counts, daily and weekly shape, in the site's time
+zone) plus injected events; the rows go into `requests` of a real chDB store, the materialized views build the
+rollups, and the detectors run over them (history mode, or `run_once` at `now` for live cases).
+"""
+
+from __future__ import annotations
+
+import zlib
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+from forumpulse.detectors.series import Detection
+from forumpulse.detectors.traffic import TrafficDetector, detect_history
+from forumpulse.pipeline.config import HolidayPeriod, Settings, SiteConfig, TopicGroup
+from forumpulse.pipeline.store import migrate, open_store
+
+CASES_DIR = Path(__file__).resolve().parent.parent / "detectors" / "rules" / "traffic_cases"
+CASES = sorted(CASES_DIR.glob("*.yaml"))
+
+
+def _load(p: Path) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(p.read_text())
+    return data
+
+
+def _local(case: dict[str, Any], s: str) -> datetime:
+    return datetime.fromisoformat(s).replace(tzinfo=ZoneInfo(case["site"]["timezone"])).astimezone(UTC)
+
+
+def _shape(local_hour: np.ndarray) -> np.ndarray:
+    """Night trough, evening peak (1.0 at 21h, 0.25 at 4h)."""
+    return 0.625 + 0.375 * np.cos((local_hour - 21.0) / 24.0 * 2 * np.pi)
+
+
+def build_requests(case: dict[str, Any]) -> pa.Table:
+    """The case's `requests` rows (one Arrow table)."""
+    tz = ZoneInfo(case["site"]["timezone"])
+    rng = np.random.default_rng(zlib.crc32(case["site"]["name"].encode()))
+    t0 = _local(case, case["start"] + "T00:00")
+    minutes = np.array([t0 + timedelta(minutes=i) for i in range(case["days"] * 1440)])
+    local = [m.astimezone(tz) for m in minutes]
+    hour = np.array([lt.hour + lt.minute / 60 for lt in local])
+    weekend = np.array([lt.weekday() >= 5 for lt in local])
+    lam = case["per_minute"] * _shape(hour) * np.where(weekend, case.get("weekend_factor", 1.0), 1.0)
+    status = np.full(len(minutes), 200)
+    keep = np.ones(len(minutes), dtype=bool)
+    extra_topic: list[tuple[int, int, int]] = []  # (minute index, topic, views)
+    rate_factor: dict[str, np.ndarray] = {u: np.ones(len(minutes)) for u in case.get("upstreams", [])}
+    for ev in case.get("events", []):
+        lo = int((_local(case, ev["from"]) - t0).total_seconds() // 60)
+        hi = int((_local(case, ev["to"]) - t0).total_seconds() // 60)
+        if ev["kind"] == "factor":
+            lam[lo:hi] *= ev["factor"]
+        elif ev["kind"] == "status":
+            status[lo:hi] = ev["status"]
+        elif ev["kind"] == "gap":
+            keep[lo:hi] = False
+        elif ev["kind"] == "topic":
+            extra_topic += [(i, ev["topic_id"], ev["per_minute"]) for i in range(lo, hi)]
+        elif ev["kind"] == "transfer":
+            rate_factor[ev["upstream"]][lo:hi] *= ev["rate_factor"]
+    counts = rng.poisson(lam) * keep
+    idx = np.repeat(np.arange(len(minutes)), counts)
+    n = len(idx)
+    base_ms = np.array([int(m.timestamp() * 1000) for m in minutes], dtype=np.int64)
+    ts = base_ms[idx] + rng.integers(0, 60_000, n)
+    topic = np.where(rng.random(n) < 0.5, rng.zipf(1.6, n) % 300 + 1, 0)
+    cols: dict[str, Any] = {
+        "ts": ts, "client_ip": [f"::ffff:10.{(i >> 8) & 255}.{i & 255}.7" for i in rng.integers(0, 60000, n)],
+        "status": status[idx], "bytes": rng.integers(500, 40_000, n), "topic_id": topic,
+        "page_kind": np.where(topic > 0, "topic_view", "forum"), "upstream": [""] * n,
+        "elapsed_ms": [None] * n,
+    }
+    parts = [cols]
+    if extra_topic:
+        ti = np.repeat([e[0] for e in extra_topic], [e[2] for e in extra_topic])
+        tt = np.repeat([e[1] for e in extra_topic], [e[2] for e in extra_topic])
+        m = len(ti)
+        parts.append({"ts": base_ms[ti] + rng.integers(0, 60_000, m),
+                      "client_ip": [f"::ffff:10.99.{(i >> 8) & 255}.{i & 255}" for i in rng.integers(0, 60000, m)],
+                      "status": np.full(m, 200), "bytes": np.full(m, 20_000), "topic_id": tt,
+                      "page_kind": ["topic_view"] * m, "upstream": [""] * m, "elapsed_ms": [None] * m})
+    for u, factor in rate_factor.items():
+        per = case.get("large_per_minute", 0)
+        li = np.repeat(np.arange(len(minutes)), per)
+        m = len(li)
+        size = np.full(m, 2_000_000)
+        rate = 700e6 * factor[li] * rng.uniform(0.9, 1.1, m)  # bytes per second
+        parts.append({"ts": base_ms[li] + rng.integers(0, 60_000, m), "client_ip": ["::ffff:10.50.0.1"] * m,
+                      "status": np.full(m, 200), "bytes": size, "topic_id": np.zeros(m, dtype=np.int64),
+                      "page_kind": ["other"] * m, "upstream": [u] * m,
+                      "elapsed_ms": list(size / rate * 1000.0)})
+    tables = []
+    for p in parts:
+        m = len(p["ts"])
+        tables.append(pa.table({
+            "ts": pa.array(np.asarray(p["ts"], dtype=np.int64), pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            "site": [case["site"]["name"]] * m, "origin_host": ["origin"] * m, "origin_file": ["access.log"] * m,
+            "source_format": ["combined"] * m, "client_ip": p["client_ip"], "method": ["GET"] * m,
+            "url": ["/x"] * m, "path": ["/x"] * m, "status": pa.array(np.asarray(p["status"]), pa.uint16()),
+            "bytes": pa.array(np.asarray(p["bytes"]), pa.uint64()),
+            "elapsed_ms": pa.array(p["elapsed_ms"], pa.float32()), "upstream": p["upstream"],
+            "topic_id": pa.array(np.asarray(p["topic_id"]), pa.uint64()), "page_kind": p["page_kind"],
+            "is_static": [False] * m, "is_bot": [False] * m,
+        }))
+    return pa.concat_tables(tables)
+
+
+def _settings(cases: list[dict[str, Any]]) -> Settings:
+    sites = [SiteConfig(name=c["site"]["name"], timezone=c["site"]["timezone"], country=c["site"].get("country"),
+                        holiday_periods=[HolidayPeriod(**p) for p in c["site"].get("holiday_periods", [])])
+             for c in cases]
+    groups = [TopicGroup(name=g, site=c["site"]["name"], topic_ids=ids)
+              for c in cases for g, ids in (c.get("groups") or {}).items()]
+    return Settings(sites=sites, topics={"groups": groups})
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    cases = [_load(p) for p in CASES]
+    store = open_store(f"chdb:{tmp_path_factory.mktemp('traffic_cases')}")
+    migrate(store, {"raw_ttl_days": 0, "rollup_ttl_days": 0})
+    for c in cases:
+        store.insert("requests", build_requests(c))
+    yield store, cases
+    store.close()
+
+
+def _matches(det: Detection, rule: dict[str, Any], case: dict[str, Any]) -> bool:
+    if det.kind != rule["kind"]:
+        return False
+    if "label" in rule and det.label != rule["label"]:
+        return False
+    if "scope" in rule and det.scope != rule["scope"]:
+        return False
+    if "scope_not" in rule and det.scope in rule["scope_not"]:
+        return False
+    if "start_from" in rule and det.start < _local(case, rule["start_from"]):
+        return False
+    return not ("start_to" in rule and det.start > _local(case, rule["start_to"]))
+
+
+def _check(dets: list[Detection], case: dict[str, Any], expect: list[dict[str, Any]],
+           forbid: list[dict[str, Any]], only: bool) -> None:
+    shown = "\n".join(d.to_json() for d in dets)
+    for rule in expect:
+        assert any(_matches(d, rule, case) for d in dets), f"expected {rule} in:\n{shown}"
+    for rule in forbid:
+        assert not any(_matches(d, rule, case) for d in dets), f"forbidden {rule} in:\n{shown}"
+    if only:
+        extra = [d for d in dets if not any(_matches(d, r, case) for r in expect)]
+        assert not extra, "unexpected detections:\n" + "\n".join(d.to_json() for d in extra)
+
+
+def test_every_rule_has_cases() -> None:
+    rules = {_load(p)["rule"] for p in CASES}
+    assert {"site", "health", "topic", "transfer"} <= rules
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
+def test_case(loaded: Any, path: Path) -> None:
+    store, cases = loaded
+    case = _load(path)
+    settings = _settings(cases)
+    if case.get("mode") == "live":
+        _run_live(store, case, settings)
+        return
+    dets = [d for d in detect_history(store, _local(case, case["detect"]["from"] + "T00:00"),
+                                      _local(case, case["detect"]["to"] + "T00:00"), settings,
+                                      sites=[case["site"]["name"]])
+            if d.site == case["site"]["name"]]
+    _check(dets, case, case.get("expect", []), case.get("forbid", []), case.get("only_expected", False))
+    stored = store.query_rows(
+        f"SELECT count(), uniqExact(id) FROM detections FINAL WHERE site = '{case['site']['name']}'")
+    assert stored[0][0] == stored[0][1] >= len(case.get("expect", []))
+
+
+def _run_live(store: Any, case: dict[str, Any], settings: Settings) -> None:
+    now = _local(case, case["now"])
+    name = case["site"]["name"]
+    for variant, hb, exp_key, forbid_key in (("fresh", case["heartbeat"], "expect", "forbid"),
+                                              ("stale", case["stale_heartbeat"], "expect_stale", "forbid_stale")):
+        store.command(f"ALTER TABLE source_liveness DELETE WHERE site = '{name}' SETTINGS mutations_sync = 1")
+        hb_ts = _local(case, hb)
+        store.insert("source_liveness", pa.table({
+            "site": [name], "origin_host": ["origin"], "origin_file": ["access.log"],
+            "last_line_ts": pa.array([_local(case, "2026-03-11T09:59")], pa.timestamp("ms", tz="UTC")),
+            "last_heartbeat_ts": pa.array([hb_ts], pa.timestamp("ms", tz="UTC")), "lines": pa.array([1], pa.uint64()),
+            "updated_at": pa.array([datetime.now(UTC)], pa.timestamp("ms", tz="UTC"))}))
+        det = TrafficDetector(settings, sites=[name])
+        dets = [d for d in det.run_once(store, now) if d.site == name]
+        _check(dets, case, case[exp_key], case.get(forbid_key, []), False)
+        # a second call at the same minute adds nothing new
+        assert [d for d in det.run_once(store, now) if d.site == name] == [], variant
