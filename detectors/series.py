@@ -27,12 +27,13 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 from zoneinfo import ZoneInfo
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+import typer
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -444,3 +445,79 @@ def run_seasonal(ts: Sequence[datetime], counts: Sequence[float], tz: str, calen
     for d in det.finish():
         latest[d.id] = d
     return sorted(latest.values(), key=lambda d: d.start)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def read_series_csv(path: str) -> tuple[list[datetime], FloatArray]:
+    """``timestamp,value`` CSV (header optional; more columns ignored).  Naive timestamps are UTC.  Rows are
+    sorted by time; duplicate timestamps keep the last row.  Absent rows mean "no data"."""
+    df = pd.read_csv(path, header=None, dtype=str, skip_blank_lines=True)
+    if df.shape[1] < 2:
+        raise ValueError(f"{path}: expected two columns timestamp,value")
+    first = str(df.iloc[0, 1])
+    try:
+        float(first)
+    except ValueError:
+        df = df.iloc[1:]  # header row
+    ts = pd.to_datetime(df.iloc[:, 0], utc=True, format="mixed")
+    vals = pd.to_numeric(df.iloc[:, 1], errors="coerce")
+    s = pd.Series(vals.to_numpy(dtype=float), index=ts).sort_index()
+    s = s[~s.index.duplicated(keep="last")]
+    return [t.to_pydatetime() for t in s.index], s.to_numpy(dtype=np.float64)
+
+
+def series_events(ts: Sequence[datetime], values: FloatArray, tz: str = "UTC", calendar: Any = None,
+                  seasonal: SeasonalParams | None = None, score: ScoreParams | None = None,
+                  mode: str = "auto", scope: str = "series") -> list[Detection]:
+    """Events of a series: ``counts`` mode runs :class:`SeasonalDetector` (each row's value spread evenly over
+    the minutes of its step); ``generic`` mode reports the alarms of :func:`anomaly_scores`.  ``auto`` picks
+    ``counts`` when every value is a non-negative integer."""
+    vals = np.asarray(values, dtype=np.float64)
+    if mode == "auto":
+        finite = vals[~np.isnan(vals)]
+        mode = "counts" if len(finite) and bool(np.all(finite >= 0) and np.all(finite == np.round(finite))) else "generic"
+    if mode == "generic":
+        sc = anomaly_scores(vals, score)
+        return score_events(ts, sc, vals, (score or ScoreParams()).alarm, scope)
+    if len(ts) < 2:
+        return []
+    steps = np.diff(np.array([t.timestamp() for t in ts]))
+    step_min = max(1, round(float(np.median(steps)) / 60))
+    mts: list[datetime] = []
+    mvals: list[float] = []
+    for t, v in zip(ts, vals, strict=True):
+        if np.isnan(v):
+            continue
+        base = t.replace(second=0, microsecond=0)
+        for k in range(step_min):
+            mts.append(base + timedelta(minutes=k))
+            mvals.append(float(v) / step_min)
+    return run_seasonal(mts, mvals, tz, calendar, seasonal, scope)
+
+
+def detect_series_command(
+    input: Annotated[str, typer.Option("--input", help="CSV timestamp,value (rows absent = no data)")],
+    scores: Annotated[bool, typer.Option("--scores", help="print a per-row anomaly score in [0,1] instead")] = False,
+    timezone: Annotated[str, typer.Option("--timezone", help="IANA time zone for seasonality and holidays")] = "UTC",
+    country: Annotated[str | None, typer.Option("--country", help="holiday calendar country, e.g. US, MY")] = None,
+    mode: Annotated[str, typer.Option("--mode", help="auto | counts | generic")] = "auto",
+    rules_file: Annotated[str | None, typer.Option("--rules", help="traffic.yaml replacement")] = None,
+) -> None:
+    """forumpulse detect series --input CSV [--scores]: events (JSON lines) or per-row scores of one series.
+    Streaming: what is printed for row t uses rows <= t only."""
+    from forumpulse.detectors.calendar import SiteCalendar
+    from forumpulse.detectors.traffic import load_rules, score_params, seasonal_params
+
+    rules = load_rules(rules_file)
+    ts, vals = read_series_csv(input)
+    if scores:
+        sc = anomaly_scores(vals, score_params(rules))
+        print("timestamp,value,score")
+        for t, v, s in zip(ts, vals, sc, strict=True):
+            print(f"{_iso(t)},{'' if np.isnan(v) else repr(float(v))},{s:.6f}")
+        return
+    for d in series_events(ts, vals, timezone, SiteCalendar(country), seasonal_params(rules), score_params(rules),
+                           mode):
+        print(d.to_json())

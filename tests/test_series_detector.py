@@ -1,0 +1,154 @@
+"""Streaming series scorer and seasonal event detector: streaming property, known answers, NASA-HTTP 1995."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import numpy as np
+import pandas as pd
+import pytest
+from forumpulse.detectors.calendar import SiteCalendar
+from forumpulse.detectors.series import (
+    ScoreParams,
+    SeasonalDetector,
+    anomaly_scores,
+    detect_series_command,
+    run_seasonal,
+    series_events,
+)
+from forumpulse.detectors.traffic import load_rules, seasonal_params
+
+FIX = Path(__file__).parent / "fixtures" / "nasa"
+NY = ZoneInfo("America/New_York")
+
+
+def _noise(n: int, seed: int = 1) -> np.ndarray:
+    return 100 + np.random.default_rng(seed).normal(0, 5, n)
+
+
+def test_scores_are_streaming_and_bounded() -> None:
+    x = _noise(3000)
+    x[2000:] += 60
+    full = anomaly_scores(x)
+    assert full.min() >= 0.0 and full.max() <= 1.0
+    for cut in (500, 1999, 2003, 2500):
+        np.testing.assert_array_equal(anomaly_scores(x[:cut]), full[:cut])
+
+
+def test_level_shift_alarms_quickly_and_once() -> None:
+    p = ScoreParams()
+    x = _noise(3000, seed=2)
+    x[2000:] += 60
+    s = anomaly_scores(x, p)
+    alarms = np.flatnonzero(s >= p.alarm)
+    assert len(alarms) and 2000 <= alarms[0] <= 2005, alarms[:5]
+    # suppression: no second alarm within `suppress` rows of the first
+    assert not np.any((alarms > alarms[0]) & (alarms <= alarms[0] + p.suppress))
+
+
+def test_noise_raises_few_alarms() -> None:
+    p = ScoreParams()
+    s = anomaly_scores(_noise(20_000, seed=3), p)
+    assert int((s >= p.alarm).sum()) <= 2
+
+
+def test_flatline_then_step_is_found() -> None:
+    x = np.full(1500, 5.0)
+    x[1200:] = 9.0
+    s = anomaly_scores(x)
+    assert s[:1200].max() < 0.5 <= s[1200:1210].max()
+
+
+def _minutes(days: int, start: datetime) -> list[datetime]:
+    return [start + timedelta(minutes=i) for i in range(days * 1440)]
+
+
+def _traffic(ts: list[datetime], tz: ZoneInfo, seed: int = 5) -> np.ndarray:
+    hours = np.array([t.astimezone(tz).hour for t in ts])
+    wk = np.array([t.astimezone(tz).weekday() >= 5 for t in ts])
+    lam = 20 * (0.625 + 0.375 * np.cos((hours - 21) / 24 * 2 * np.pi)) * np.where(wk, 0.6, 1.0)
+    return np.random.default_rng(seed).poisson(lam).astype(float)
+
+
+def test_seasonal_detector_is_streaming() -> None:
+    tz = ZoneInfo("Europe/Berlin")
+    ts = _minutes(12, datetime(2026, 3, 2, tzinfo=UTC))
+    x = _traffic(ts, tz)
+    x[10 * 1440 + 600: 10 * 1440 + 720] *= 4
+    x[11 * 1440 + 300: 11 * 1440 + 700] *= 0.1
+    full = SeasonalDetector("Europe/Berlin")
+    seen_full = [(d.kind, d.start) for t, v in zip(ts, x, strict=True) for d in full.update(t, v)]
+    cut = 11 * 1440 + 400
+    part = SeasonalDetector("Europe/Berlin")
+    seen_part = [(d.kind, d.start) for t, v in zip(ts[:cut], x[:cut], strict=True) for d in part.update(t, v)]
+    assert seen_part == [e for e in seen_full if e[1] < ts[cut]][: len(seen_part)]
+    assert {k for k, _ in seen_full} >= {"spike", "dip"}
+
+
+def test_absent_rows_are_no_data_not_a_dip() -> None:
+    tz = ZoneInfo("UTC")
+    ts = _minutes(10, datetime(2026, 3, 2, tzinfo=UTC))
+    x = _traffic(ts, tz)
+    keep = np.ones(len(ts), dtype=bool)
+    keep[9 * 1440 + 300: 9 * 1440 + 900] = False
+    dets = run_seasonal([t for t, k in zip(ts, keep, strict=True) if k], x[keep].tolist(), "UTC")
+    assert dets == []
+    x2 = x.copy()
+    x2[9 * 1440 + 300: 9 * 1440 + 900] = 0  # zeros present: the series says "alive, no traffic"
+    kinds = {d.kind for d in run_seasonal(ts, x2.tolist(), "UTC")}
+    assert kinds == {"outage"}
+
+
+@pytest.fixture(scope="module")
+def nasa() -> list:
+    df = pd.read_csv(FIX / "nasa_http_1995_per_minute.csv.gz")
+    ts = [t.to_pydatetime() for t in pd.to_datetime(df["timestamp_edt"], utc=True)]
+    return run_seasonal(ts, df["requests"].tolist(), "America/New_York", SiteCalendar("US"),
+                        seasonal_params(load_rules()), scope="nasa")
+
+
+def test_nasa_launch_spike_found_while_rising(nasa: list) -> None:
+    peak = datetime.fromisoformat("1995-07-13T09:49:00-04:00")
+    launch = [d for d in nasa if d.kind == "spike" and d.start.astimezone(NY).date().isoformat() == "1995-07-13"]
+    assert launch and min(d.start for d in launch) < peak
+
+
+def test_nasa_independence_day_is_a_holiday_dip(nasa: list) -> None:
+    dips = [d for d in nasa if d.kind == "dip" and d.start.astimezone(NY).date().isoformat() == "1995-07-04"]
+    assert [d.label for d in dips] == ["holiday"]
+    assert dips[0].detail["holiday"] == "Independence Day"
+
+
+def test_nasa_hurricane_outage(nasa: list) -> None:
+    start = datetime.fromisoformat("1995-08-01T14:52:02-04:00")
+    outs = [d for d in nasa if d.kind == "outage"]
+    assert len(outs) == 1 and abs((outs[0].start - start).total_seconds()) <= 3600
+    assert outs[0].end is not None and outs[0].end >= datetime.fromisoformat("1995-08-03T04:36:12-04:00")
+
+
+def test_nasa_gap_and_weekends_not_reported(nasa: list) -> None:
+    g0 = datetime.fromisoformat("1995-07-28T13:32:24-04:00")
+    g1 = datetime.fromisoformat("1995-08-01T00:00:00-04:00")
+    assert not [d for d in nasa if g0 <= d.start < g1]
+    assert not [d for d in nasa if d.start.astimezone(NY).weekday() >= 5]
+
+
+def test_series_cli_scores_and_events(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ts = _minutes(9, datetime(2026, 3, 2, tzinfo=UTC))
+    x = _traffic(ts, ZoneInfo("UTC"))
+    x[8 * 1440 + 900: 8 * 1440 + 1000] *= 5
+    f = tmp_path / "s.csv"
+    f.write_text("timestamp,value\n" + "".join(f"{t.isoformat()},{int(v)}\n" for t, v in zip(ts, x, strict=True)))
+    detect_series_command(input=str(f), scores=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "timestamp,value,score" and len(lines) == len(ts) + 1
+    assert all(0.0 <= float(line.rsplit(",", 1)[1]) <= 1.0 for line in lines[1:])
+    detect_series_command(input=str(f))
+    import json
+
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["kind"] for e in events] == ["spike"]
+    assert {"kind", "scope", "start", "end", "peak_ts", "observed", "expected", "score", "label", "detail"} <= set(events[0])
+    assert series_events(ts[:1], x[:1]) == []
