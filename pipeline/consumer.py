@@ -365,7 +365,10 @@ class LiveConsumer:
         total = 0
         for tp in assignment:
             try:
-                _low, high = self._consumer.get_watermark_offsets(tp, timeout=2.0, cached=False)
+                # cached: the high watermark arrives with every fetch response (a broker round trip costs ~0.4 s)
+                _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                if high < 0:
+                    _low, high = self._consumer.get_watermark_offsets(tp, timeout=2.0, cached=False)
             except Exception:
                 return -1
             pos = self._next_offset.get((tp.topic, tp.partition))

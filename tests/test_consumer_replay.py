@@ -26,7 +26,15 @@ from forumpulse.pipeline.store import Store, migrate, open_store
 from hypothesis import given
 from hypothesis import strategies as st
 from live_stack import Broker, kafka_broker
-from test_live_support import NO_TTL_PARAMS, create_topics, differences, load_reference, make_line, produce, stream
+from test_live_support import (
+    NO_TTL_PARAMS,
+    create_topics,
+    differences,
+    load_reference,
+    make_line,
+    produce,
+    stream,
+)
 
 
 @pytest.fixture(scope="module")
