@@ -21,15 +21,15 @@ import os
 import socket
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pyarrow.compute as pc
 from forumpulse.pipeline.config import Settings, SourceConfig
-from forumpulse.pipeline.process import Processor, SourceContext
+from forumpulse.pipeline.process import ProcessedBatch, Processor, SourceContext
 from forumpulse.pipeline.store import Store, migrate
 
 READ_CHUNK_BYTES = 16 << 20
@@ -86,6 +86,62 @@ def _chunks(fh: BinaryIO, max_lines: int) -> Iterator[list[bytes]]:
         yield pending
 
 
+_WORKER: Processor | None = None
+
+
+def _worker_init(settings_json: str) -> None:
+    global _WORKER
+    from forumpulse.pipeline.config import Settings
+
+    _WORKER = Processor(Settings.model_validate_json(settings_json))
+
+
+def _worker_process(chunk: list[bytes], ctx: SourceContext, line_no: int, source_ref: str) -> ProcessedBatch:
+    assert _WORKER is not None
+    return _WORKER.process(chunk, ctx, line_no_base=line_no, source_ref=source_ref)
+
+
+class _Pool:
+    """Processes chunks in worker processes, results in submission order, at most ``2 * workers`` in flight.
+
+    Workers are *spawned* (never forked: the parent runs the chDB engine's threads).  With ``workers <= 1`` the
+    chunks are processed inline.  Either way the output is identical (processing is a pure function).
+    """
+
+    def __init__(self, processor: Processor, workers: int) -> None:
+        self.processor = processor
+        self.workers = workers
+        self._ex: Any = None
+
+    def map(self, items: Iterator[tuple[list[bytes], SourceContext, int, str]]) -> Iterator[tuple[list[bytes], ProcessedBatch]]:
+        if self.workers <= 1:
+            for chunk, ctx, line_no, ref in items:
+                yield chunk, self.processor.process(chunk, ctx, line_no_base=line_no, source_ref=ref)
+            return
+        if self._ex is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._ex = ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                initargs=(self.processor.settings.model_dump_json(),),
+            )
+        pending: deque[tuple[list[bytes], Any]] = deque()
+        for chunk, ctx, line_no, ref in items:
+            pending.append((chunk, self._ex.submit(_worker_process, chunk, ctx, line_no, ref)))
+            if len(pending) >= 2 * self.workers:
+                c, fut = pending.popleft()
+                yield c, fut.result()
+        while pending:
+            c, fut = pending.popleft()
+            yield c, fut.result()
+
+    def close(self) -> None:
+        if self._ex is not None:
+            self._ex.shutdown(cancel_futures=True)
+            self._ex = None
+
+
 def ingest_stream(
     store: Store,
     processor: Processor,
@@ -95,21 +151,29 @@ def ingest_stream(
     batch_lines: int = 100_000,
     on_progress: Callable[[int], None] | None = None,
     name: str | None = None,
+    pool: _Pool | None = None,
 ) -> FileCounts:
     counts = FileCounts(name=name or ctx.origin_file)
     retention_days = processor.settings.retention.raw_days
     t0 = time.perf_counter()
+    source_ref = f"file:{ctx.origin_file}"
+
+    def numbered() -> Iterator[tuple[list[bytes], SourceContext, int, str]]:
+        line_no = 0
+        for chunk in _chunks(fh, batch_lines):
+            counts.read += len(chunk)  # counted by the reader, independently of what processing returns
+            yield chunk, ctx, line_no, source_ref
+            line_no += len(chunk)
+
     line_no = 0
-    for chunk in _chunks(fh, batch_lines):
+    for chunk, batch in (pool or _Pool(processor, 1)).map(numbered()):
         nbytes = sum(map(len, chunk))
-        counts.read += len(chunk)
         counts.bytes_read += nbytes
         digest = hashlib.blake2b(digest_size=16)
         digest.update(f"{ctx.site}\0{ctx.origin_host}\0{ctx.origin_file}\0{ctx.format}\0{line_no}\0".encode())
         for line in chunk:
             digest.update(line)
         token = digest.hexdigest()
-        batch = processor.process(chunk, ctx, line_no_base=line_no, source_ref=f"file:{ctx.origin_file}")
         store.insert("requests", batch.requests, dedup_token=f"req-{token}")
         store.insert("quarantine", batch.quarantine, dedup_token=f"qua-{token}")
         counts.loaded += batch.requests.num_rows
@@ -139,16 +203,42 @@ def ingest_paths(
     site: str | None = None,
     origin_host: str | None = None,
     on_file: Callable[[str, int], Callable[[int], None] | None] | None = None,
+    workers: int | None = None,
 ) -> list[FileCounts]:
-    """Ingest every path (``-`` = stdin) in order.  ``on_file(name, size)`` may return a progress callback."""
+    """Ingest every path (``-`` = stdin) in order.  ``on_file(name, size)`` may return a progress callback.
+
+    ``workers``: processes that parse and attribute (default: one per core when there is more than one chunk
+    of work, else inline).  Output is the same for any number of workers.
+    """
     ensure_schema(store, settings)
     processor = Processor(settings)
+    if workers is None:
+        total = sum(Path(p).stat().st_size for p in paths if p != "-" and Path(p).is_file())
+        workers = (os.cpu_count() or 1) if total > 32 << 20 or "-" in paths else 1
+    pool = _Pool(processor, workers)
+    try:
+        return _ingest_each(store, settings, processor, pool, paths, fmt, site, origin_host, on_file)
+    finally:
+        pool.close()
+
+
+def _ingest_each(
+    store: Store,
+    settings: Settings,
+    processor: Processor,
+    pool: _Pool,
+    paths: list[str],
+    fmt: str | None,
+    site: str | None,
+    origin_host: str | None,
+    on_file: Callable[[str, int], Callable[[int], None] | None] | None,
+) -> list[FileCounts]:
     results = []
     for path in paths:
         ctx = context_for(path, settings, fmt, site, origin_host)
         if path == "-":
             cb = on_file("stdin", 0) if on_file else None
-            results.append(ingest_stream(store, processor, sys.stdin.buffer, ctx,
+            results.append(ingest_stream(store, processor, sys.stdin.buffer, ctx, pool=pool,
                                          batch_lines=settings.ingest.batch_lines, on_progress=cb, name="stdin"))
             continue
         p = Path(path)
@@ -158,7 +248,7 @@ def ingest_paths(
         opener = _open_maybe_compressed(p)
         with opener as fh:
             results.append(ingest_stream(store, processor, fh, ctx, batch_lines=settings.ingest.batch_lines,
-                                         on_progress=cb, name=path))
+                                         on_progress=cb, name=path, pool=pool))
     return results
 
 

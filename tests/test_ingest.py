@@ -108,3 +108,19 @@ def test_ingest_command_end_to_end_on_its_own_store(tmp_path):
     assert r.returncode == 0, r.stderr.decode()
     text = r.stdout.decode()
     assert f"{MIXED}: read 10  loaded 6  quarantined 4 (" in text
+
+
+def test_parallel_workers_give_identical_rows(store, settings, tmp_path):
+    big = tmp_path / "big.log"
+    big.write_bytes(MIXED.read_bytes() * 700)  # 7,000 lines in 4 chunks
+    settings.ingest.batch_lines = 2000
+    [one] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1)
+    rows_one = store.query_rows("SELECT * FROM requests ORDER BY ts, url, client_ip")
+    q_one = store.query_rows("SELECT line_no, reason FROM quarantine ORDER BY line_no")
+    store.command("TRUNCATE TABLE requests")
+    store.command("TRUNCATE TABLE quarantine")
+    settings.ingest.batch_lines = 2001  # other chunk boundaries, so no block is deduplicated away
+    [two] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=2)
+    assert (one.read, one.loaded, one.quarantined) == (two.read, two.loaded, two.quarantined) == (7000, 4200, 2800)
+    assert store.query_rows("SELECT * FROM requests ORDER BY ts, url, client_ip") == rows_one
+    assert store.query_rows("SELECT line_no, reason FROM quarantine ORDER BY line_no") == q_one
