@@ -1,0 +1,47 @@
+"""The owner process in-process: it owns the store, serves the ClickHouse endpoint and /fp routes, hosts services."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+from forumpulse.pipeline.config import Settings
+from forumpulse.pipeline.owner import Owner, OwnerContext
+from forumpulse.pipeline.store import ClickHouseStore
+
+
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+        return r.status, r.read()
+
+
+def test_owner_serves_store_routes_and_services(chdb_path: Path, settings: Settings) -> None:
+    seen: list[OwnerContext] = []
+
+    def service(ctx: OwnerContext) -> None:
+        seen.append(ctx)
+        ctx.routes[("GET", "/fp/hello")] = lambda req: (200, "text/plain", f"hi {req.params.get('n', '')}".encode())
+        ctx.hooks.append(lambda stream, info: None)
+
+    owner = Owner(settings, store_url=f"chdb:{chdb_path}", port=0, services=[service])
+    owner.start()
+    try:
+        assert seen and seen[0].store is owner.store and len(seen[0].hooks) == 1
+        status, body = _get(owner.port, "/fp/health")
+        health = json.loads(body)
+        assert status == 200 and health["status"] == "ok" and health["store"] == f"chdb:{chdb_path}"
+        assert _get(owner.port, "/fp/hello?n=3") == (200, b"hi 3")
+        assert json.loads(_get(owner.port, "/fp/sources")[1]) == []
+        assert b"# TYPE forumpulse_" in _get(owner.port, "/metrics")[1]
+        # other commands reach the owned store through the ClickHouse-compatible endpoint; migrations were applied
+        cs = ClickHouseStore(f"clickhouse://default@127.0.0.1:{owner.port}/forumpulse")
+        try:
+            versions = [v for (v,) in cs.query_rows("SELECT version FROM schema_migrations ORDER BY version")]
+            assert versions[:2] == [1, 2]
+            assert cs.query_rows("SELECT count() FROM consumer_batches") == [(0,)]
+        finally:
+            cs.close()
+    finally:
+        owner.shutdown()
+    assert owner.store is None
