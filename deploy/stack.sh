@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# The local real stack: Kafka (KRaft, 127.0.0.1) -> syslog-ng (syslog-ng/forumpulse.conf) -> owner process
+# (`forumpulse run --consume`, chDB store).  `make up | down | status` call this script.
+#
+#   deploy/stack.sh up | down | status
+#
+# Environment (defaults in brackets):
+#   FP_STACK_DIR [./run]            everything lives here: kafka/, syslog-ng/, chdb/, logs/, owner.{pid,log}
+#   FP_KAFKA_PORT [9092]  FP_KAFKA_CONTROLLER_PORT [9093]  FP_RAW_PARTITIONS [4]
+#   FP_VHOST_DIR [$FP_STACK_DIR/logs/vhosts]  FP_VHOST_PATTERN [*access.log]  FP_VHOST_FORMAT [combined]
+#   FP_SQUID_DIR [$FP_STACK_DIR/logs/squid]   FP_SQUID_SITE [proxy]
+#   FP_RAW_TCP_PORT [5140] (also UDP)  FP_SYSLOG_PORT [5514]  FP_SYSLOG5424_PORT [5515]  FP_HEARTBEAT_S [10]
+#   FP_SYSLOGNG_CONFIG [syslog-ng/forumpulse.conf]  FP_SYSLOGNG_DEFINES ["k=v k=v" extra --define pairs]
+#   FP_HTTP_PORT [8123] (owner's ClickHouse-compatible endpoint)  FP_CONFIG [unset: forumpulse config file]
+# Ports bind 127.0.0.1 only.  Nothing here touches system services; `down` stops only the pids we recorded.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+DIR=${FP_STACK_DIR:-$root/run}
+mkdir -p "$DIR"; DIR=$(cd "$DIR" && pwd)
+KPORT=${FP_KAFKA_PORT:-9092}
+KCPORT=${FP_KAFKA_CONTROLLER_PORT:-9093}
+HTTP_PORT=${FP_HTTP_PORT:-8123}
+KAFKA=(bash "$root/deploy/kafka/kafka.sh")
+SNG=(bash "$root/deploy/syslog-ng/syslogng.sh")
+FP="$root/.venv/bin/forumpulse"
+OWNER_PID="$DIR/owner.pid" OWNER_LOG="$DIR/owner.log"
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+owner_alive() { [ -f "$OWNER_PID" ] && kill -0 "$(cat "$OWNER_PID")" 2>/dev/null; }
+
+syslog_defines() {
+  local a=(
+    --define "fp_kafka_bootstrap=127.0.0.1:$KPORT"
+    --define "fp_vhost_dir=${FP_VHOST_DIR:-$DIR/logs/vhosts}"
+    --define "fp_vhost_pattern=${FP_VHOST_PATTERN:-*access.log}"
+    --define "fp_vhost_format=${FP_VHOST_FORMAT:-combined}"
+    --define "fp_squid_dir=${FP_SQUID_DIR:-$DIR/logs/squid}"
+    --define "fp_squid_site=${FP_SQUID_SITE:-proxy}"
+    --define "fp_raw_tcp_port=${FP_RAW_TCP_PORT:-5140}"
+    --define "fp_raw_udp_port=${FP_RAW_TCP_PORT:-5140}"
+    --define "fp_syslog_port=${FP_SYSLOG_PORT:-5514}"
+    --define "fp_syslog5424_port=${FP_SYSLOG5424_PORT:-5515}"
+    --define "fp_heartbeat_interval=${FP_HEARTBEAT_S:-10}"
+    --define "fp_heartbeat_cmd=$root/syslog-ng/heartbeat.sh"
+  )
+  local kv
+  for kv in ${FP_SYSLOGNG_DEFINES:-}; do a+=(--define "$kv"); done
+  printf '%s\0' "${a[@]}"
+}
+
+up() {
+  mkdir -p "${FP_VHOST_DIR:-$DIR/logs/vhosts}" "${FP_SQUID_DIR:-$DIR/logs/squid}"
+  bash "$root/deploy/kafka/install.sh"
+  "${KAFKA[@]}" start --dir "$DIR/kafka" --port "$KPORT" --controller-port "$KCPORT"
+  "${KAFKA[@]}" topics --dir "$DIR/kafka" --partitions "${FP_RAW_PARTITIONS:-4}"
+  local defs=()
+  mapfile -d '' defs < <(syslog_defines)
+  "${SNG[@]}" start --dir "$DIR/syslog-ng" --config "${FP_SYSLOGNG_CONFIG:-$root/syslog-ng/forumpulse.conf}" "${defs[@]}"
+  if owner_alive; then
+    echo "owner already running (pid $(cat "$OWNER_PID"))"
+  elif [ -x "$FP" ] && "$FP" run --help >/dev/null 2>&1; then
+    local cfg=()
+    [ -n "${FP_CONFIG:-}" ] && cfg=(--config "$FP_CONFIG")
+    echo "==== start $(date -Is) ====" >>"$OWNER_LOG"
+    setsid "$FP" run "${cfg[@]}" --store "chdb:$DIR/chdb" --port "$HTTP_PORT" --consume \
+      --bootstrap "127.0.0.1:$KPORT" >>"$OWNER_LOG" 2>&1 </dev/null &
+    echo $! > "$OWNER_PID"
+    local i
+    for i in $(seq 1 600); do
+      port_open "$HTTP_PORT" && break
+      owner_alive || { tail -n 30 "$OWNER_LOG" >&2; echo "stack.sh: owner process exited during start-up" >&2; exit 1; }
+      sleep 0.1
+    done
+    port_open "$HTTP_PORT" || { tail -n 30 "$OWNER_LOG" >&2; echo "stack.sh: owner not listening on $HTTP_PORT after 60 s" >&2; exit 1; }
+    echo "owner started (pid $(cat "$OWNER_PID"), http://127.0.0.1:$HTTP_PORT, store chdb:$DIR/chdb)"
+  else
+    echo "stack.sh: \`forumpulse run\` is not available (run \`make install\`); Kafka and syslog-ng are up without a consumer" >&2
+  fi
+  echo "stack up in $DIR — follow: ${FP_VHOST_DIR:-$DIR/logs/vhosts}/<site>.access.log, ${FP_SQUID_DIR:-$DIR/logs/squid}/access.log;"
+  echo "  raw lines: tcp/udp 127.0.0.1:${FP_RAW_TCP_PORT:-5140}; syslog: 127.0.0.1:${FP_SYSLOG_PORT:-5514} (RFC3164), ${FP_SYSLOG5424_PORT:-5515} (RFC5424, --octet-count on TCP)"
+}
+
+down() {
+  local rc=0
+  "${SNG[@]}" stop --dir "$DIR/syslog-ng" || rc=1     # first: flushes what it read into Kafka
+  if owner_alive; then                                # then the consumer commits and closes the store
+    local pid; pid=$(cat "$OWNER_PID")
+    kill -TERM "$pid" 2>/dev/null || true
+    local i
+    for i in $(seq 1 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then echo "stack.sh: owner ignored SIGTERM for 60 s, SIGKILL" >&2; kill -KILL "$pid" || true; fi
+    echo "owner stopped (pid $pid)"
+  else
+    echo "owner not running"
+  fi
+  rm -f "$OWNER_PID"
+  "${KAFKA[@]}" stop --dir "$DIR/kafka" || rc=1
+  return $rc
+}
+
+status() {
+  local rc=0
+  echo "== kafka";  "${KAFKA[@]}" status --dir "$DIR/kafka" || rc=1
+  echo "== syslog-ng"; "${SNG[@]}" status --dir "$DIR/syslog-ng" || rc=1
+  if "${SNG[@]}" status --dir "$DIR/syslog-ng" >/dev/null 2>&1; then
+    "${SNG[@]}" stats --dir "$DIR/syslog-ng" | awk -F';' '
+      $1 ~ /^(src\.file|src\.network|src\.program|src\.syslog|dst\.kafka)$/ && $5 ~ /^(processed|dropped|queued|written)$/ && $6 > 0 {
+        printf "   %-12s %-22s %-60s %-9s %s\n", $1, $2, substr($3, 1, 60), $5, $6 }'
+  fi
+  echo "== owner"
+  if owner_alive; then
+    echo "owner running: pid $(cat "$OWNER_PID"), http://127.0.0.1:$HTTP_PORT"
+    if port_open "$HTTP_PORT"; then
+      curl -fsS --max-time 5 "http://127.0.0.1:$HTTP_PORT/ping" 2>/dev/null | sed 's/^/   ping: /' || echo "   ping failed"
+    else echo "   port $HTTP_PORT closed"; rc=1; fi
+  else
+    echo "owner not running"; rc=1
+  fi
+  if port_open "$KPORT"; then echo "== topics"; "${KAFKA[@]}" offsets --dir "$DIR/kafka" | sed 's/^/   /' || true; fi
+  return $rc
+}
+
+case "${1:-}" in
+  up) up;;
+  down) down;;
+  status) status;;
+  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2;;
+esac
