@@ -32,7 +32,7 @@ def test_syntax_only(conf: Path, tmp_path: Path) -> None:
     assert paths, "no log paths"
     for path in paths:
         assert re.search(r"^\s*flags\(flow-control\);", path, flags=re.M), f"log path lacks flow-control:\n{path}"
-    assert "reliable(yes)" in rendered
+    assert '@define fp_disk_buf_reliable "yes"' in rendered and "reliable(`fp_disk_buf_reliable`)" in rendered
     assert "monitor-method(inotify)" not in rendered
 
 
