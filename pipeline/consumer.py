@@ -59,7 +59,7 @@ from typing import Any
 
 import pyarrow as pa
 from forumpulse.pipeline.config import Settings, load_settings
-from forumpulse.pipeline.contracts import HEARTBEAT_FORMAT, split_raw
+from forumpulse.pipeline.contracts import HEARTBEAT_FORMAT, heartbeat_time_ms, split_raw
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
 from forumpulse.pipeline.store import Store, StoreError, migrate, open_store
 
@@ -527,8 +527,9 @@ class LiveConsumer:
                 src = (r[0], r[1], r[2])
                 if r[3] == hb:
                     hb_n += 1
-                    if ts > heartbeats.get(src, 0):
-                        heartbeats[src] = ts
+                    hts = heartbeat_time_ms(r[4], ts)
+                    if hts > heartbeats.get(src, 0):
+                        heartbeats[src] = hts
                     continue
                 gk = (r[0], r[1], r[2], r[3])
                 g = groups.get(gk)
@@ -732,7 +733,8 @@ def source_status(store: Store, now: float | None = None, quiet_after_s: float =
     ``live``: a line arrived within ``quiet_after_s``.  ``silent``: no recent line, but the source (or its host,
     via a heartbeat with an empty ``origin_file``) sent a heartbeat within ``heartbeat_timeout_s`` — the source
     is up and simply has no traffic.  ``dead``: neither — the source, its host or the transport is down.
-    Times are Kafka message timestamps (arrival), not log timestamps.
+    Line times are Kafka message timestamps (arrival), heartbeat times the heartbeat's own ``ts=`` (else its
+    Kafka timestamp); never log timestamps.
     """
     now = time.time() if now is None else now
     rows = store.query_rows(

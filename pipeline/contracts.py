@@ -8,8 +8,9 @@ Contract (documented in ``schemas/contracts/weblogs.raw.v1.md``; syslog-ng templ
 * The first five fields never contain a tab; the raw line is everything after the fifth tab and may contain
   tabs.  A trailing ``\\n`` / ``\\r\\n`` is not part of the line.
 * ``format`` is a parser spec (preset name, ``apache:…``, ``nginx:…`` or ``auto``); ``-`` means ``auto``.
-* Heartbeats: ``format`` = :data:`HEARTBEAT_FORMAT` (``-heartbeat-``); the line part is free text (ignored);
-  the message says "this source is alive" and is never parsed as an access line.
+* Heartbeats: ``format`` = :data:`HEARTBEAT_FORMAT` (``-heartbeat-``); the line part is space-separated
+  ``k=v`` (``ts=<unix seconds>`` when the heartbeat was made, ``size=``, ``inode=``); the message says "this
+  source is alive" and is never parsed as an access line (:func:`heartbeat_time_ms` reads ``ts``).
 
 Guarantees: :func:`split_envelope` never raises on arbitrary bytes — a value that is not a v1 envelope returns
 ``None`` (the consumer sends it to the dead-letter topic); :func:`build_envelope` refuses fields that would
@@ -81,6 +82,22 @@ def build_envelope(site: str, origin_host: str, origin_file: str, fmt: str, line
     return b"\t".join((ENVELOPE_V1, *(f.encode() for f in fields), raw))
 
 
-def build_heartbeat(site: str, origin_host: str, origin_file: str = "", text: str = "") -> bytes:
-    """A heartbeat value for a source (``origin_file`` empty = every file of the host)."""
-    return build_envelope(site, origin_host, origin_file, HEARTBEAT_FORMAT, text)
+def build_heartbeat(site: str, origin_host: str, origin_file: str = "", text: str | None = None) -> bytes:
+    """A heartbeat value for a source (``origin_file`` empty = every file of the host); ``text`` defaults to
+    ``ts=<now>``."""
+    import time
+
+    return build_envelope(site, origin_host, origin_file, HEARTBEAT_FORMAT,
+                          f"ts={int(time.time())}" if text is None else text)
+
+
+def heartbeat_time_ms(line: bytes, fallback_ms: int) -> int:
+    """When a heartbeat was made: its ``ts=<unix seconds>`` field in ms (heartbeats buffered during a Kafka outage
+    arrive late, so the Kafka timestamp would overstate liveness), else ``fallback_ms``."""
+    for part in line.split():
+        if part.startswith(b"ts="):
+            try:
+                return int(float(part[3:]) * 1000)
+            except ValueError:
+                return fallback_ms
+    return fallback_ms

@@ -20,6 +20,7 @@ from forumpulse.pipeline.consumer import ConsumerOptions, LiveConsumer, source_s
 from forumpulse.pipeline.contracts import (
     build_envelope,
     build_heartbeat,
+    heartbeat_time_ms,
     split_envelope,
 )
 from forumpulse.pipeline.store import Store, migrate, open_store
@@ -121,8 +122,11 @@ def test_silent_source_with_heartbeats_vs_dead_source(broker: Broker, store: Sto
             line = make_line(rng, now_ms / 1000 - 3600, "combined")
             p.produce(topic, build_envelope("forum", sources[name], "access.log", "combined", line),
                       timestamp=now_ms - line_age + i)
-    p.produce(topic, build_heartbeat("forum", "web-quiet", "access.log"), timestamp=now_ms - 20_000)
-    p.produce(topic, build_heartbeat("forum", "web-gone", "access.log"), timestamp=now_ms - hour)
+    p.produce(topic, build_heartbeat("forum", "web-quiet", "access.log", f"ts={now_ms // 1000 - 20} size=1"),
+              timestamp=now_ms - 20_000)
+    # made an hour ago, delivered late (a Kafka outage): its own ts counts, not the arrival time
+    p.produce(topic, build_heartbeat("forum", "web-gone", "access.log", f"ts={now_ms // 1000 - 3600}"),
+              timestamp=now_ms - 1000)
     assert p.flush(30) == 0
     c = LiveConsumer(settings, store, _opts(broker, topic, 1000, "live1"))
     summary = c.run(idle_exit_s=1.5)
@@ -156,3 +160,5 @@ def test_envelope_refusals_and_non_envelopes() -> None:
     assert e is not None and e.format == "auto" and e.line == b"a\tb"
     hb = split_envelope(build_heartbeat("s", "h"))
     assert hb is not None and hb.is_heartbeat and hb.origin_file == ""
+    assert heartbeat_time_ms(b"ts=1697000000 size=5 inode=7", 1) == 1_697_000_000_000
+    assert heartbeat_time_ms(b"size=5", 42) == 42 and heartbeat_time_ms(b"ts=x", 42) == 42

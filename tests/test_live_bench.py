@@ -1,0 +1,80 @@
+"""Benchmark (a script, not a test; pytest collects nothing here):
+
+    .venv/bin/python tests/test_live_bench.py [--lines 1000000] [--partitions 4] [--batch-lines 50000]
+
+Starts a real Kafka broker, pre-fills a topic with N seeded envelope messages, then in the same run measures
+(1) a bare confluent-kafka batched read of the whole topic and (2) the LiveConsumer loading it into a fresh chDB
+store (parse, attribute, insert with tokens, commit).  Prints one JSON line with both rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lines", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--batch-lines", type=int, default=50_000)
+    args = ap.parse_args()
+    from confluent_kafka import Consumer
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.consumer import ConsumerOptions, LiveConsumer
+    from forumpulse.pipeline.store import migrate, open_store
+    from live_stack import kafka_broker
+    from test_live_support import NO_TTL_PARAMS, create_topics, produce, stream
+
+    with tempfile.TemporaryDirectory(prefix="fp-bench-") as tmp, kafka_broker(Path(tmp) / "kafka",
+                                                                               create_topics=False) as broker:
+        create_topics(broker.bootstrap, args.partitions, "bench.raw", "bench.dlq")
+        t0 = time.perf_counter()
+        n = produce(broker.bootstrap, "bench.raw", stream(args.lines, seed=1))
+        produce_s = time.perf_counter() - t0
+
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "bare", "auto.offset.reset": "earliest",
+                      "enable.auto.commit": False})
+        c.subscribe(["bench.raw"])
+        got = 0
+        nbytes = 0
+        t_first = None
+        while got < n:
+            msgs = c.consume(num_messages=10_000, timeout=1.0)
+            if msgs and t_first is None:
+                t_first = time.perf_counter()
+            for m in msgs:
+                if m.error() is None:
+                    got += 1
+                    nbytes += len(m.value())
+        bare_s = time.perf_counter() - (t_first or time.perf_counter())
+        c.close()
+
+        settings = load_settings()
+        store = open_store(f"chdb:{tmp}/chdb")
+        migrate(store, NO_TTL_PARAMS)
+        opts = ConsumerOptions(bootstrap_servers=broker.bootstrap, topic="bench.raw", dead_letter_topic="bench.dlq",
+                               group_id="fp-bench", instance_id="bench", batch_lines=args.batch_lines,
+                               stats_interval_s=5)
+        lc = LiveConsumer(settings, store, opts)
+        idle = 1.0
+        t0 = time.perf_counter()
+        summary = lc.run(idle_exit_s=idle)
+        load_s = time.perf_counter() - t0 - idle
+        rows = store.query_rows("SELECT (SELECT count() FROM requests) + (SELECT count() FROM quarantine)")[0][0]
+        store.close()
+    print(json.dumps({
+        "messages": n, "avg_value_bytes": round(nbytes / max(got, 1), 1), "produce_msg_s": round(n / produce_s),
+        "bare_confluent_kafka_msg_s": round(got / bare_s), "forumpulse_consumer_lines_s": round(n / load_s),
+        "consumer_load_s": round(load_s, 1), "rows_stored": rows, "summary": summary,
+    }))
+
+
+if __name__ == "__main__":
+    main()
