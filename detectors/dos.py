@@ -865,7 +865,7 @@ class DosDetector:
         wm = np.isin(tc, warm)
         nip = np.int64(len(ip_uniq) + 1)
         pair_codes, pair_uniq = _factorize(tc[wm] * nip + ipc[wm])
-        names = np.asarray([f"{tuniq[p // nip]}\x00{ip_uniq[p % nip]}" for p in pair_uniq], dtype=object)
+        names = np.asarray([f"{tuniq[p // nip]}\x1f{ip_uniq[p % nip]}" for p in pair_uniq], dtype=object)
         pres, ptable = pair_w.update(pair_codes, names, s[wm], ts[wm], wm_sec)
         hits = res[(res["win"] >= r.threshold) & (res["distinct"] >= r.min_clients)]
         if hits.empty:
@@ -875,7 +875,7 @@ class DosDetector:
             target = str(table[key_code])
             row = grp.sort_values("sec").iloc[0]
             sec = int(row["sec"])
-            pre = target + "\x00"
+            pre = target + "\x1f"
             cand = pres[(pres["sec"] >= sec) & pres["name"].str.startswith(pre) & (pres["win"] >= r.per_client_min)]
             for name, g2 in cand.groupby("name", sort=False):
                 ip = str(name)[len(pre):]

@@ -190,8 +190,8 @@ class _TopicState:
         while self.win and self.win[0][0] <= minute - timedelta(minutes=self.window):
             item = self.win.popleft()
             for k, (v, r) in item[1].items():
-                self.win_sum[k] -= v
-                self.win_replies[k] -= r
+                self.win_sum[k] = self.win_sum.get(k, 0) - v
+                self.win_replies[k] = self.win_replies.get(k, 0) - r
                 if self.win_sum[k] <= 0 and self.win_replies[k] <= 0:
                     del self.win_sum[k], self.win_replies[k]
                 self.base_sum[k] = self.base_sum.get(k, 0) + v
@@ -201,7 +201,7 @@ class _TopicState:
         while self.base and self.base[0][0] <= minute - timedelta(minutes=self.window + self.baseline):
             _, old, tot = self.base.popleft()
             for k, (v, _r) in old.items():
-                self.base_sum[k] -= v
+                self.base_sum[k] = self.base_sum.get(k, 0) - v
                 if self.base_sum[k] <= 0:
                     del self.base_sum[k]
             self.base_total -= tot
@@ -324,6 +324,59 @@ class TransferDetector:
                 yield det
 
 
+class SourceGapDetector:
+    """Per log source (origin_host/origin_file): a silence of at least ``gap_min_minutes`` when the source's rate
+    over the hour before predicts at least ``gap_min_expected`` lines is a ``pipeline_gap`` (scope
+    ``source:<host>/<file>``).  Live: a source silent up to now whose heartbeat is fresh is *not* a gap (it is
+    alive; the site-level detectors judge the traffic)."""
+
+    def __init__(self, rules: dict[str, Any], site: str) -> None:
+        self.h = rules["health"]
+        self.site = site
+        self.recent: dict[str, deque[tuple[datetime, int]]] = {}
+        self.open: dict[str, Detection] = {}
+
+    def _expected(self, src: str, last: datetime, silent: int) -> float:
+        hist = [n for m, n in self.recent.get(src, ()) if m > last - timedelta(minutes=60)]
+        return sum(hist) / 60.0 * silent
+
+    def update(self, src: str, minute: datetime, n: int) -> Iterator[Detection]:
+        q = self.recent.setdefault(src, deque())
+        gap_min = int(self.h["gap_min_minutes"])
+        if src in self.open:
+            det = self.open.pop(src)
+            det.end, det.state = minute - timedelta(minutes=1), "closed"
+            yield det
+        elif q and minute - q[-1][0] > timedelta(minutes=gap_min):
+            last = q[-1][0]
+            silent = int((minute - last).total_seconds() // 60) - 1
+            exp = self._expected(src, last, silent)
+            if exp >= float(self.h["gap_min_expected"]):
+                yield Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1),
+                                minute - timedelta(minutes=1), last + timedelta(minutes=1), 0.0, exp, 1.0,
+                                "pipeline_gap", {"reason": "source silent", "minutes": silent}, site=self.site,
+                                state="closed")
+        q.append((minute, n))
+        while q and q[0][0] <= minute - timedelta(minutes=60):
+            q.popleft()
+
+    def tail(self, until: datetime, fresh: set[str]) -> Iterator[Detection]:
+        """Sources silent from their last line up to ``until`` (exclusive) and without a fresh heartbeat."""
+        for src, q in self.recent.items():
+            if not q or src in self.open or src in fresh:
+                continue
+            last = q[-1][0]
+            silent = int((until - last).total_seconds() // 60) - 1
+            if silent >= int(self.h["gap_min_minutes"]):
+                exp = self._expected(src, last, silent)
+                if exp >= float(self.h["gap_min_expected"]):
+                    det = Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1), None,
+                                    last + timedelta(minutes=1), 0.0, exp, 1.0, "pipeline_gap",
+                                    {"reason": "source silent, no heartbeat"}, site=self.site)
+                    self.open[src] = det
+                    yield det
+
+
 # ------------------------------------------------------------------------------------------------ orchestration
 
 
@@ -333,6 +386,7 @@ class _SiteRuntime:
     seasonal: SeasonalDetector
     topics: TopicSurgeDetector
     transfer: TransferDetector
+    sources: SourceGapDetector
     cursor: datetime | None = None           # last minute fed (exclusive upper bound of what was read)
     transfer_cursor: datetime | None = None
     gap: Detection | None = None
@@ -377,6 +431,7 @@ class TrafficDetector:
                 SeasonalDetector(sc.timezone, cal, seasonal_params(self.rules, rollup=True), scope="site", site=name),
                 TopicSurgeDetector(self.rules, self._groups(store, name), name),
                 TransferDetector(self.rules, name),
+                SourceGapDetector(self.rules, name),
             )
             self.sites[name] = rt
         return rt
@@ -427,7 +482,8 @@ class TrafficDetector:
     def _advance(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime, now: datetime) -> Iterator[Detection]:
         enabled = set(self.cfg.enabled)
         site_rows = store.query_rows(
-            "SELECT minute, sum(requests), sum(status_5xx) + sum(status_none), sum(topic_views) FROM site_minute "
+            "SELECT minute, sum(requests), sum(status_5xx) + sum(status_none), sum(topic_views), sum(pageviews) "
+            "FROM site_minute "
             f"WHERE site = {_q(rt.name)} AND minute >= {_sql_ts(start)} AND minute < {_sql_ts(until)} "
             "GROUP BY minute ORDER BY minute")
         topic_rows: dict[datetime, dict[int, tuple[int, int]]] = {}
@@ -441,7 +497,8 @@ class TrafficDetector:
         alive = self._heartbeat_alive(store, rt.name, now, health)
         err_frac = float(health["error_statuses_fraction"])
         gap_min = timedelta(minutes=int(health["gap_min_minutes"]))
-        for minute, req, err, tviews in site_rows:
+        use_pv = health.get("metric", "pageviews") == "pageviews"
+        for minute, req, err, tviews, pv in site_rows:
             minute = _utc(minute)
             if "site" in enabled:
                 yield from self._gap_check(rt, minute, health)
@@ -450,7 +507,9 @@ class TrafficDetector:
                     while m < minute:
                         yield from rt.seasonal.update(m, 0.0)
                         m += timedelta(minutes=1)
-                answered = 0.0 if req and err / req >= err_frac else float(req - err)
+                # answered traffic: an error storm reads as zero; pageviews scaled by the answered share
+                ok = 0.0 if req and err / req >= err_frac else 1.0 - (err / req if req else 0.0)
+                answered = ok * float(pv if use_pv else req)
                 yield from rt.seasonal.update(minute, answered)
             rt.last_seen = minute
             if "topic" in enabled:
@@ -470,8 +529,24 @@ class TrafficDetector:
                                        rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0, "pipeline_gap",
                                        {"reason": "no lines and no heartbeats"}, site=rt.name)
                     yield rt.gap
+        if "site" in enabled:
+            yield from self._source_gaps(store, rt, start, until, now, health)
         if "transfer" in enabled:
             yield from self._transfer(store, rt, start, until)
+
+    def _source_gaps(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime, now: datetime,
+                     health: dict[str, Any]) -> Iterator[Detection]:
+        rows = store.query_rows(
+            "SELECT concat(origin_host, '/', origin_file) AS src, toStartOfMinute(ts) AS m, count() FROM requests "
+            f"WHERE site = {_q(rt.name)} AND ts >= {_sql_ts(start)} AND ts < {_sql_ts(until)} "
+            "GROUP BY src, m ORDER BY m, src")
+        for src, m, n in rows:
+            yield from rt.sources.update(str(src), _utc(m), int(n))
+        fresh = {str(r[0]) for r in store.query_rows(
+            "SELECT concat(origin_host, '/', origin_file), argMax(last_heartbeat_ts, updated_at) AS hb "
+            f"FROM source_liveness WHERE site = {_q(rt.name)} GROUP BY origin_host, origin_file "
+            f"HAVING hb >= {_sql_ts(now - timedelta(seconds=float(health['heartbeat_fresh_seconds'])))}")}
+        yield from rt.sources.tail(until, fresh)
 
     def _gap_check(self, rt: _SiteRuntime, minute: datetime, health: dict[str, Any]) -> Iterator[Detection]:
         if rt.gap is not None:  # lines are back: the gap closes at the last silent minute
