@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from forumpulse.detectors.dos import (
     Batch,
     CrawlerVerifier,
@@ -112,12 +111,12 @@ def test_observe_mode_breaker_escalation_and_unban() -> None:
         def __init__(self) -> None:
             self.calls: list[tuple[str, str]] = []
 
-        def ban(self, d): self.calls.append(("ban", d.value))  # noqa: E704
+        def ban(self, d): self.calls.append(("ban", d.value))
 
-        def unban(self, d): self.calls.append(("unban", d.value))  # noqa: E704
+        def unban(self, d): self.calls.append(("unban", d.value))
 
     act = Recorder()
-    recs = ordered(sum((synth_flood(T0 + 1000 * i, f"198.51.{i}.1", 50, 3) for i in range(6)), []))
+    recs = ordered([x for i in range(6) for x in synth_flood(T0 + 1000 * i, f"198.51.{i}.1", 50, 3)])
     mgr = DecisionManager(cfg(max_bans_per_minute=4), actions=[act])
     DosDetector(manager=mgr).process(Batch.from_records(recs))
     modes = [d.mode for d in mgr.decisions]
@@ -196,7 +195,7 @@ def test_jsonl_and_store_sinks(tmp_path: Path) -> None:
 
 def test_lines_without_client_ip_are_ignored_and_out_of_order_lines_count() -> None:
     recs = synth_flood(T0, "198.51.100.77", 40, 3)
-    recs = recs[::-1] + [rec(T0, None, "/x")]  # type: ignore[arg-type]
+    recs = [*recs[::-1], rec(T0, None, "/x")]  # type: ignore[arg-type]
     det = DosDetector(manager=DecisionManager(cfg()))
     out = det.process(Batch.from_records(recs))
     assert [d.value for d in out] == ["198.51.100.77"] and det.stats["ignored"] == 1

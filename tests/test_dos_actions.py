@@ -1,0 +1,128 @@
+"""Webhook (signed, retried) against a local http.server, and the CrowdSec-compatible decision stream."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from forumpulse.detectors.actions import ActionError, WebhookAction, parse_value, verify_signature
+from forumpulse.detectors.decision_api import DecisionApiServer, DecisionRegistry
+from forumpulse.detectors.dos import Decision
+
+SECRET = "test-shared-secret"
+
+
+def decision(value: str, action: str = "ban", duration: int = 600, reason: str = "client_flood") -> Decision:
+    return Decision(id="d-" + value, created_at=0, decided_at=1_700_000_000_000, first_seen=1_700_000_000_000,
+                    expires_at=1_700_000_600_000, site="forum", action=action, value=value,
+                    scope="range" if "/" in value else "ip", reason=reason, duration_s=duration, mode="enforce",
+                    origin="forumpulse", evidence={"count": 40})
+
+
+@pytest.fixture
+def receiver() -> Iterator[dict[str, Any]]:
+    state: dict[str, Any] = {"fail_first": 0, "got": [], "codes": []}
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            if state["fail_first"] > 0:
+                state["fail_first"] -= 1
+                state["codes"].append(503)
+                self.send_response(503)
+                self.end_headers()
+                return
+            ok = verify_signature(SECRET.encode(), body, self.headers.get("X-Forumpulse-Signature"))
+            state["got"].append((ok, json.loads(body)))
+            state["codes"].append(204 if ok else 401)
+            self.send_response(204 if ok else 401)
+            self.end_headers()
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    state["url"] = f"http://127.0.0.1:{srv.server_address[1]}/hook"
+    yield state
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_webhook_signed_and_retried(receiver: dict[str, Any]) -> None:
+    sleeps: list[float] = []
+    receiver["fail_first"] = 2
+    w = WebhookAction(receiver["url"], SECRET, retries=3, backoff_s=0.01, sleep=sleeps.append)
+    w.ban(decision("198.51.100.7"))
+    assert receiver["codes"] == [503, 503, 204]
+    assert sleeps == [0.01, 0.02]  # exponential backoff
+    ok, payload = receiver["got"][0]
+    assert ok and payload["value"] == "198.51.100.7" and payload["action"] == "ban"
+    # a wrong secret is rejected by the receiver (4xx: not retried)
+    bad = WebhookAction(receiver["url"], "wrong", retries=3, backoff_s=0.01, sleep=sleeps.append)
+    with pytest.raises(ActionError, match="HTTP 401"):
+        bad.unban(decision("198.51.100.7", action="unban"))
+    assert receiver["got"][-1][0] is False and len(sleeps) == 2
+    receiver["fail_first"] = 10
+    with pytest.raises(ActionError, match="after 2 attempts"):
+        WebhookAction(receiver["url"], SECRET, retries=1, backoff_s=0, sleep=sleeps.append).ban(decision("1.2.3.4"))
+
+
+@pytest.mark.parametrize("bad", ["1.2.3.4; rm -rf /", "1.2.3.4 } ; flush ruleset", "0.0.0.0/0", "", "::/0", "host"])
+def test_values_are_validated_before_any_command(bad: str) -> None:
+    with pytest.raises(ActionError):
+        parse_value(bad)
+
+
+def test_parse_value_normalises() -> None:
+    assert str(parse_value("::ffff:10.1.2.3")) == "10.1.2.3/32"
+    assert str(parse_value("10.1.2.99/24")) == "10.1.2.0/24"
+
+
+def _get(port: int, path: str, key: str = SECRET) -> Any:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"X-Api-Key": key})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_decision_stream_protocol() -> None:
+    now = [1000.0]
+    reg = DecisionRegistry(clock=lambda: now[0])
+    srv = DecisionApiServer(reg, SECRET, port=0).start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as ei:
+            _get(srv.port, "/v1/decisions/stream?startup=true", key="nope")
+        assert ei.value.code == 403
+        reg.ban(decision("198.51.100.7", duration=60))
+        reg.ban(decision("192.0.2.0/24", duration=600))
+        first = _get(srv.port, "/v1/decisions/stream?startup=true")
+        assert first["deleted"] is None
+        assert {(d["value"], d["scope"], d["type"]) for d in first["new"]} == {
+            ("198.51.100.7", "Ip", "ban"), ("192.0.2.0/24", "Range", "ban")}
+        assert all(d["origin"] == "forumpulse" and d["scenario"].startswith("forumpulse/") for d in first["new"])
+        assert {d["duration"] for d in first["new"]} == {"60s", "600s"}
+        assert _get(srv.port, "/v1/decisions/stream?startup=false") == {"new": None, "deleted": None}
+        reg.unban(decision("192.0.2.0/24", action="unban"))
+        reg.ban(decision("2001:db8::1"))
+        now[0] += 61  # the /32 ban expires
+        nxt = _get(srv.port, "/v1/decisions/stream?startup=false")
+        assert [d["value"] for d in nxt["new"]] == ["2001:db8::1"]
+        assert sorted(d["value"] for d in nxt["deleted"]) == ["192.0.2.0/24", "198.51.100.7"]
+        assert _get(srv.port, "/v1/decisions?ip=2001:db8::1")[0]["value"] == "2001:db8::1"
+        assert _get(srv.port, "/v1/decisions?ip=198.51.100.7") is None
+        reg.ban(decision("203.0.113.0/24"))
+        assert _get(srv.port, "/v1/decisions?ip=203.0.113.77")[0]["scope"] == "Range"
+    finally:
+        srv.stop()
+
+
+def test_empty_api_key_refused() -> None:
+    with pytest.raises(ValueError, match="api_key"):
+        DecisionApiServer(DecisionRegistry(), "", port=0)
