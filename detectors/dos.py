@@ -158,18 +158,18 @@ class _CountWindow:
                watermark_sec: int) -> tuple[pd.DataFrame, np.ndarray]:
         """Returns (rows of (key, sec) touched by this batch with n, win, first_ts; key table)."""
         keys = _Keys(uniques, self.tail["key"].to_numpy(dtype=object))
-        comp = codes * _BIG + secs
-        cur = pd.DataFrame({"c": comp, "t": ts}).groupby("c", sort=False)["t"].agg(["size", "min"])
         old_c = keys.carried_codes * _BIG + self.tail["sec"].to_numpy(dtype=np.int64)
-        allc = np.concatenate([cur.index.to_numpy(dtype=np.int64), old_c])
-        alln = np.concatenate([cur["size"].to_numpy(dtype=np.int64), self.tail["n"].to_numpy(dtype=np.int64)])
-        allt = np.concatenate([cur["min"].to_numpy(dtype=np.int64), self.tail["t0"].to_numpy(dtype=np.int64)])
-        new = np.concatenate([np.ones(len(cur), dtype=bool), np.zeros(len(old_c), dtype=bool)])
-        g = pd.DataFrame({"c": allc, "n": alln, "t0": allt, "new": new}).groupby("c", sort=True).agg(
-            n=("n", "sum"), t0=("t0", "min"), new=("new", "max"))
-        c = g.index.to_numpy(dtype=np.int64)
-        n = g["n"].to_numpy(dtype=np.int64)
-        t0 = g["t0"].to_numpy(dtype=np.int64)
+        allc = np.concatenate([codes * _BIG + secs, old_c])
+        alln = np.concatenate([np.ones(len(codes), dtype=np.int64), self.tail["n"].to_numpy(dtype=np.int64)])
+        allt = np.concatenate([ts, self.tail["t0"].to_numpy(dtype=np.int64)])
+        new = np.concatenate([np.ones(len(codes), dtype=np.int8), np.zeros(len(old_c), dtype=np.int8)])
+        o = np.argsort(allc, kind="stable")
+        cs = allc[o]
+        starts = np.flatnonzero(np.concatenate([[True], cs[1:] != cs[:-1]])) if len(cs) else np.empty(0, np.int64)
+        c = cs[starts]
+        n = np.add.reduceat(alln[o], starts) if len(cs) else alln
+        t0 = np.minimum.reduceat(allt[o], starts) if len(cs) else allt
+        newm = (np.maximum.reduceat(new[o], starts) if len(cs) else new).astype(bool)
         cum = np.cumsum(n)
         lo = np.searchsorted(c, c - self.w + 1, side="left")
         before = np.where(lo > 0, cum[np.maximum(lo - 1, 0)], 0)
@@ -178,7 +178,7 @@ class _CountWindow:
         sec = c % _BIG
         keep = sec > watermark_sec - self.w
         self.tail = pd.DataFrame({"key": keys.table[key[keep]], "sec": sec[keep], "n": n[keep], "t0": t0[keep]})
-        m = g["new"].to_numpy(dtype=bool)
+        m = newm
         out = pd.DataFrame({"key": key[m], "sec": sec[m], "n": n[m], "win": win[m], "first_ts": t0[lo[m]]})
         return out, keys.table
 

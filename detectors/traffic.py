@@ -245,7 +245,9 @@ class TopicSurgeDetector:
             base_rate = st.base_sum.get(scope, 0) / st.baseline_minutes
             det = self.open.get(scope)
             if det is None:
+                exp_v = max(base_share * win_total, 1.0)
                 if (v >= self.r["min_views"] and share >= self.r["min_share"]
+                        and (v - exp_v) / exp_v ** 0.5 >= self.r["min_z"]
                         and share >= self.r["share_ratio"] * base_share
                         and rate >= self.r["rate_ratio"] * max(base_rate, 1e-9)):
                     det = Detection("topic_surge", scope, minute, None, minute, share, base_share,
@@ -277,51 +279,59 @@ class TopicSurgeDetector:
 
 
 class TransferDetector:
-    """Large-response transfer-rate collapses and p95 latency creep per (origin_host, upstream, size_class)."""
+    """``transfer_regression``: median transfer rate of large responses per (origin_host, upstream, size_class)
+    against the median of the previous ``baseline_hours`` of windows; ``latency_regression``: p95 response time of
+    the common small classes.  Windows that are part of a regression stay out of the baseline."""
 
     def __init__(self, rules: dict[str, Any], site: str) -> None:
-        self.r = rules["transfer"]
+        self.rules = {"transfer_regression": rules["transfer"], "latency_regression": rules["latency"]}
         self.site = site
-        self.history: dict[str, deque[tuple[float, float]]] = {}
+        self.history: dict[tuple[str, str], deque[float]] = {}
+        self.pending: dict[tuple[str, str], int] = {}
         self.open: dict[tuple[str, str], Detection] = {}
 
-    def update(self, window_end: datetime, rows: list[tuple[str, str, str, int, float, float]]) -> Iterator[Detection]:
-        """``rows``: (origin_host, upstream, size_class, requests, median rate B/s, p95 elapsed ms) of one window."""
-        keep = int(self.r["baseline_hours"]) * 60 // int(self.r["window_minutes"])
-        seen = set()
-        for host, upstream, size_class, n, rate, p95 in rows:
-            scope = f"{host}|{upstream or '-'}|{size_class}"
-            seen.add(scope)
-            hist = self.history.setdefault(scope, deque(maxlen=keep))
-            if n >= self.r["min_requests"] and len(hist) >= self.r["min_baseline_windows"]:
-                rates = sorted(h[0] for h in hist)
-                lats = sorted(h[1] for h in hist)
-                base_rate, base_p95 = rates[len(rates) // 2], lats[len(lats) // 2]
-                yield from self._check(("transfer_regression", scope), window_end, rate, base_rate,
-                                       rate <= self.r["rate_drop_ratio"] * base_rate, n, "bytes_per_s_p50")
-                yield from self._check(("latency_regression", scope), window_end, p95, base_p95,
-                                       p95 >= self.r["latency_rise_ratio"] * base_p95, n, "elapsed_ms_p95")
-            if n >= self.r["min_requests"] and not any(k[1] == scope for k in self.open):
-                hist.append((rate, p95))  # regressions stay out of the baseline
+    def update(self, kind: str, window_end: datetime, rows: list[tuple[str, str, str, int, float]]) -> Iterator[Detection]:
+        """``rows``: (origin_host, upstream, size_class, requests, value) of one window, value = median rate
+        (B/s) for ``transfer_regression``, p95 elapsed (ms) for ``latency_regression``."""
+        r = self.rules[kind]
+        keep = int(r["baseline_hours"]) * 60 // int(r["window_minutes"])
+        for host, upstream, size_class, n, value in rows:
+            key = (kind, f"{host}|{upstream or '-'}|{size_class}")
+            hist = self.history.setdefault(key, deque(maxlen=keep))
+            if n < r["min_requests"]:
+                continue
+            bad = False
+            if len(hist) >= r["min_baseline_windows"]:
+                base = sorted(hist)[len(hist) // 2]
+                bad = (value <= r["rate_drop_ratio"] * base if kind == "transfer_regression"
+                       else value >= r["latency_rise_ratio"] * base)
+                yield from self._check(key, window_end, value, base, bad, n, r)
+            if not bad and key not in self.open:
+                hist.append(value)
 
     def _check(self, key: tuple[str, str], ts: datetime, obs: float, exp: float, bad: bool, n: int,
-               metric: str) -> Iterator[Detection]:
+               r: dict[str, Any]) -> Iterator[Detection]:
         det = self.open.get(key)
         ratio = obs / exp if exp else float("inf")
-        if det is None and bad:
-            det = Detection(key[0], key[1], ts, None, ts, obs, exp, min(1.0, abs(1 - ratio)), "regression",
-                            {"metric": metric, "ratio": round(ratio, 3), "requests": n}, site=self.site)
-            self.open[key] = det
-            yield det
-        elif det is not None:
-            worse = obs < det.observed if key[0] == "transfer_regression" else obs > det.observed
-            if worse:
-                det.observed, det.peak_ts = obs, ts
-                det.detail["ratio"] = round(ratio, 3)
-            if not bad:
-                det.end, det.state = ts, "closed"
-                del self.open[key]
+        metric = "bytes_per_s_p50" if key[0] == "transfer_regression" else "elapsed_ms_p95"
+        if det is None:
+            self.pending[key] = self.pending.get(key, 0) + 1 if bad else 0
+            if bad and self.pending[key] >= int(r["confirm_windows"]):
+                start = ts - timedelta(minutes=int(r["window_minutes"]) * int(r["confirm_windows"]))
+                det = Detection(key[0], key[1], start, None, ts, obs, exp, min(1.0, abs(1 - ratio)), "regression",
+                                {"metric": metric, "ratio": round(ratio, 3), "requests": n}, site=self.site)
+                self.open[key] = det
+                self.pending[key] = 0
                 yield det
+            return
+        worse = obs < det.observed if key[0] == "transfer_regression" else obs > det.observed
+        if worse:
+            det.observed, det.peak_ts = obs, ts
+            det.detail["ratio"] = round(ratio, 3)
+        if not bad:
+            det.end, det.state = ts, "closed"
+            del self.open[key]
+            yield det
 
 
 class SourceGapDetector:
@@ -577,22 +587,28 @@ class TrafficDetector:
 
     def _transfer(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime) -> Iterator[Detection]:
         w = int(self.rules["transfer"]["window_minutes"])
-        classes = ", ".join(_q(c) for c in self.rules["transfer"]["size_classes"])
         first = rt.transfer_cursor or start
-        rows = store.query_rows(
-            f"SELECT toStartOfInterval(minute, INTERVAL {w} MINUTE) AS w, origin_host, upstream, size_class, "
-            "sum(requests), quantilesTDigestMerge(0.05, 0.5, 0.95)(rate_q)[2], "
-            "quantilesTDigestMerge(0.5, 0.95, 0.99)(elapsed_q)[2] FROM transfer_minute "
-            f"WHERE site = {_q(rt.name)} AND size_class IN ({classes}) AND minute >= {_sql_ts(first)} "
-            f"AND minute < {_sql_ts(until)} GROUP BY w, origin_host, upstream, size_class ORDER BY w")
-        by: dict[datetime, list[tuple[str, str, str, int, float, float]]] = {}
-        for wstart, host, up, sc, n, rate, p95 in rows:
-            by.setdefault(_utc(wstart), []).append((str(host), str(up), str(sc), int(n), float(rate), float(p95)))
+        specs = (("transfer_regression", "transfer", "quantilesTDigestMerge(0.05, 0.5, 0.95)(rate_q)[2]"),
+                 ("latency_regression", "latency", "quantilesTDigestMerge(0.5, 0.95, 0.99)(elapsed_q)[2]"))
+        by: dict[datetime, list[tuple[str, list[tuple[str, str, str, int, float]]]]] = {}
+        for kind, section, expr in specs:
+            classes = ", ".join(_q(c) for c in self.rules[section]["size_classes"])
+            rows = store.query_rows(
+                f"SELECT toStartOfInterval(minute, INTERVAL {w} MINUTE) AS w, origin_host, upstream, size_class, "
+                f"sum(requests), {expr} FROM transfer_minute "
+                f"WHERE site = {_q(rt.name)} AND size_class IN ({classes}) AND minute >= {_sql_ts(first)} "
+                f"AND minute < {_sql_ts(until)} GROUP BY w, origin_host, upstream, size_class ORDER BY w")
+            grouped: dict[datetime, list[tuple[str, str, str, int, float]]] = {}
+            for wstart, host, up, sc, n, value in rows:
+                grouped.setdefault(_utc(wstart), []).append((str(host), str(up), str(sc), int(n), float(value)))
+            for ws, lst in grouped.items():
+                by.setdefault(ws, []).append((kind, lst))
         for wstart in sorted(by):
             wend = wstart + timedelta(minutes=w)
             if wend > until:  # incomplete window: read again next time
                 break
-            yield from rt.transfer.update(wend, by[wstart])
+            for kind, lst in by[wstart]:
+                yield from rt.transfer.update(kind, wend, lst)
             rt.transfer_cursor = wend
 
     # -- output -----------------------------------------------------------------------------------------

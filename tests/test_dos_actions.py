@@ -11,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-
 from forumpulse.detectors.actions import ActionError, WebhookAction, parse_value, verify_signature
 from forumpulse.detectors.decision_api import DecisionApiServer, DecisionRegistry
 from forumpulse.detectors.dos import Decision

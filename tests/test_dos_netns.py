@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from forumpulse.detectors.actions import IpsetAction, NftablesAction
 from forumpulse.detectors.decision_api import DecisionApiServer, DecisionRegistry
 from forumpulse.detectors.dos import Decision
