@@ -136,13 +136,13 @@ class _Keys:
     """Maps carried (string) keys and batch codes into one integer space for a window update."""
 
     def __init__(self, uniques: np.ndarray, carried: np.ndarray) -> None:
-        idx = pd.Index(uniques).get_indexer(carried) if len(carried) else np.empty(0, dtype=np.int64)
+        idx = pd.Index(uniques).get_indexer(pd.Index(carried)) if len(carried) else np.empty(0, dtype=np.int64)
         missing = carried[idx < 0] if len(carried) else carried
         extra, _ = (np.unique(missing), None) if len(missing) else (np.empty(0, dtype=object), None)
         self.table = np.concatenate([uniques, extra.astype(object)]) if len(extra) else uniques
         self.carried_codes = idx.astype(np.int64)
         if len(extra):
-            pos = pd.Index(extra).get_indexer(carried[idx < 0])
+            pos = pd.Index(extra).get_indexer(pd.Index(carried[idx < 0]))
             self.carried_codes[idx < 0] = len(uniques) + pos
 
 
@@ -452,7 +452,7 @@ class DecisionManager:
     def __init__(self, config: DosConfig | None = None, sinks: Sequence[DecisionSink] = (),
                  actions: Sequence[Action] = (), verifier: CrawlerVerifier | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
-        self.cfg = config or DosConfig()  # type: ignore[call-arg]
+        self.cfg = config or DosConfig()
         self.sinks = list(sinks)
         self.actions = list(actions)
         self.verifier = verifier or CrawlerVerifier(self.cfg.crawlers.verify,
@@ -498,7 +498,7 @@ class DecisionManager:
         if len(self.minute_bans) > 10:
             for k in sorted(self.minute_bans)[:-5]:
                 del self.minute_bans[k]
-        mode = self.cfg.mode
+        mode: str = self.cfg.mode
         if mode == "enforce" and self.minute_bans[minute] > self.cfg.max_bans_per_minute:
             mode = "breaker"
             log.warning("dos circuit breaker: more than %d bans in minute %s; %s not enforced",
@@ -675,13 +675,13 @@ class DosDetector:
                 cache[name] = np.where(q != "", b.path + "?" + q, b.path)
             else:
                 cache[name] = {"path": b.path, "query": b.query, "user_agent": b.user_agent}[name]
-        return cache[name]  # type: ignore[no-any-return]
+        return cache[name]
 
     def _codes(self, b: Batch, name: str, cache: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         k = "codes:" + name
         if k not in cache:
             cache[k] = _factorize(self._field(b, name, cache))
-        return cache[k]  # type: ignore[no-any-return]
+        return cache[k]
 
     def _pattern(self, b: Batch, name: str, cache: dict[str, Any]) -> np.ndarray:
         k = "pattern:" + name
@@ -691,7 +691,7 @@ class DosDetector:
             rx = self.rx[name]
             hit = np.fromiter((rx.search(u) is not None for u in uniq), dtype=bool, count=len(uniq))
             cache[k] = hit[codes] if len(codes) else np.zeros(0, dtype=bool)
-        return cache[k]  # type: ignore[no-any-return]
+        return cache[k]
 
     def _mask(self, r: Rule, b: Batch, cache: dict[str, Any]) -> np.ndarray:
         m = np.ones(len(b), dtype=bool)
@@ -767,7 +767,7 @@ class DosDetector:
                     pre.append("")
             pc, pu = _factorize(np.asarray(pre, dtype=object))
             cache["prefix"] = (pc[ip_codes], pu)
-        return cache["prefix"]  # type: ignore[no-any-return]
+        return cache["prefix"]
 
     def _evaluate(self, r: Rule, b: Batch, m: np.ndarray, secs: np.ndarray, wm_sec: int,
                   cache: dict[str, Any]) -> Iterator[Candidate]:
@@ -945,7 +945,7 @@ def build_detector(config_path: str | None = None, rules_file: str | None = None
                    sinks: Sequence[DecisionSink] = (), actions: Sequence[Action] = (),
                    verifier: CrawlerVerifier | None = None) -> DosDetector:
     """A detector from the configuration file (section ``detectors.dos``) with the given sinks/actions."""
-    cfg = DosConfig()  # type: ignore[call-arg]
+    cfg = DosConfig()
     if config_path is not None:
         from forumpulse.pipeline.config import load_settings
 

@@ -58,7 +58,7 @@ class Rule(_Strict):
     key: Literal["ip", "prefix"] = "ip"
     target: Literal["path"] = "path"
     distinct_of: PatternField | None = None
-    filter: RuleFilter = Field(default_factory=RuleFilter)  # type: ignore[arg-type]
+    filter: RuleFilter = Field(default_factory=RuleFilter)
     window_s: int = Field(ge=1, le=3600)
     threshold: float = Field(gt=0)
     min_ratio: float | None = Field(None, gt=0, le=1)
@@ -92,7 +92,7 @@ class Baseline(_Strict):
 class RuleSet(_Strict):
     version: int
     patterns: dict[str, Pattern]
-    baseline: Baseline = Field(default_factory=Baseline)  # type: ignore[arg-type]
+    baseline: Baseline = Field(default_factory=Baseline)
     rules: list[Rule]
 
     @model_validator(mode="after")
@@ -159,8 +159,8 @@ class DosConfig(_Strict):
     rule_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
     mode: Literal["enforce", "observe"] = Field("enforce", description="observe: record decisions, apply none")
     allowlist: list[str] = Field(default_factory=list, description="CIDRs never banned (own infra, CDNs, NATs)")
-    crawlers: CrawlerConfig = Field(default_factory=CrawlerConfig)  # type: ignore[arg-type]
-    escalation: EscalationConfig = Field(default_factory=EscalationConfig)  # type: ignore[arg-type]
+    crawlers: CrawlerConfig = Field(default_factory=CrawlerConfig)
+    escalation: EscalationConfig = Field(default_factory=EscalationConfig)
     max_bans_per_minute: int = Field(30, ge=1, description="circuit breaker: more bans in one stream minute are "
                                      "recorded with mode=breaker and not enforced")
     site: str = "forum"
@@ -213,10 +213,10 @@ class DecisionApiConfig(_Strict):
 class ActionsConfig(_Strict):
     """Section ``actions``."""
 
-    nftables: NftablesConfig = Field(default_factory=NftablesConfig)  # type: ignore[arg-type]
-    ipset: IpsetConfig = Field(default_factory=IpsetConfig)  # type: ignore[arg-type]
-    webhook: WebhookConfig = Field(default_factory=WebhookConfig)  # type: ignore[arg-type]
-    decision_api: DecisionApiConfig = Field(default_factory=DecisionApiConfig)  # type: ignore[arg-type]
+    nftables: NftablesConfig = Field(default_factory=NftablesConfig)
+    ipset: IpsetConfig = Field(default_factory=IpsetConfig)
+    webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+    decision_api: DecisionApiConfig = Field(default_factory=DecisionApiConfig)
     jsonl_path: str | None = Field(None, description="also append every decision to this JSON-lines file")
     kafka: bool = Field(False, description="publish decisions on kafka.decisions_topic")
 
@@ -225,7 +225,7 @@ class DetectorsSection(BaseModel):
     """The part of section ``detectors`` this module owns (other detectors validate their own keys)."""
 
     model_config = ConfigDict(extra="allow")
-    dos: DosConfig = Field(default_factory=DosConfig)  # type: ignore[arg-type]
+    dos: DosConfig = Field(default_factory=DosConfig)
 
 
 register_section_validator("actions", ActionsConfig.model_validate)

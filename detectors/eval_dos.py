@@ -109,7 +109,7 @@ def ordered(records: Iterable[ParsedLine]) -> list[ParsedLine]:
 
 def run_detector(records: list[ParsedLine], cfg: DosConfig | None = None, batch_lines: int = 20_000,
                  verifier: CrawlerVerifier | None = None) -> DosDetector:
-    mgr = DecisionManager(cfg or DosConfig(crawlers={"verify": "ua"}), verifier=verifier)  # type: ignore[call-arg]
+    mgr = DecisionManager(cfg or DosConfig(crawlers={"verify": "ua"}), verifier=verifier)
     det = DosDetector(manager=mgr)
     for i in range(0, len(records), batch_lines):
         det.process(Batch.from_records(records[i:i + batch_lines]))
@@ -212,7 +212,7 @@ def simulation(seed: int = 7) -> SimResult:
     attackers["198.51.100.51"] = t0 + 600_000
     recs += [rec(t0 + 600_000 + i * 30, "198.51.100.51", "/", str(10**8 + i * 7919)) for i in range(1000)]
     recs = ordered(recs)
-    cfg = DosConfig(crawlers={"verify": "ua"}, allowlist=["203.0.113.0/24"])  # type: ignore[call-arg]
+    cfg = DosConfig(crawlers={"verify": "ua"}, allowlist=["203.0.113.0/24"])
     det = run_detector(recs, cfg)
     decided = {d.value: d for d in det.manager.decisions}
     caught = {ip: (decided[ip].decided_at - s) / 1000 for ip, s in attackers.items() if ip in decided}
@@ -252,7 +252,7 @@ def bench(lines: int = 1_000_000, batch: int = 100_000, seed: int = 5) -> float:
     cols = {"ts": ts, "client_ip": ip, "method": np.full(lines, "GET", dtype=object), "path": paths,
             "query": query, "status": status, "user_agent": ua}
     batches = [Batch.from_columns({k: v[i:i + batch] for k, v in cols.items()}) for i in range(0, lines, batch)]
-    det = DosDetector(manager=DecisionManager(DosConfig(crawlers={"verify": "off"})))  # type: ignore[call-arg]
+    det = DosDetector(manager=DecisionManager(DosConfig(crawlers={"verify": "off"})))
     start = time.perf_counter()
     for b in batches:
         det.process(b)
