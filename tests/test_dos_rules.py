@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from forumpulse.detectors.dos_rules import CASES_DIR, ActionsConfig, DosConfig, load_rules
 from forumpulse.detectors.eval_dos import ordered, rec, run_detector
 from forumpulse.pipeline.record import ParsedLine
