@@ -359,4 +359,22 @@ ORDER BY (site, group_name, topic_id);
 CREATE TABLE IF NOT EXISTS forumpulse.topic_groups ON CLUSTER forum_cluster AS forumpulse.topic_groups_local
 ENGINE = Distributed(forum_cluster, forumpulse, topic_groups_local, rand());
 
+CREATE TABLE IF NOT EXISTS forumpulse.consumer_batches_local ON CLUSTER forum_cluster
+(
+    group_id     LowCardinality(String),
+    topic        LowCardinality(String),
+    partition    UInt32,
+    first_offset UInt64,
+    last_offset  UInt64,
+    messages     UInt32,
+    instance     LowCardinality(String),
+    created_at   DateTime64(3, 'UTC')
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/consumer_batches_local', '{replica}', created_at)
+ORDER BY (group_id, topic, partition, first_offset)
+TTL toDateTime(created_at) + INTERVAL 30 DAY;
+
+CREATE TABLE IF NOT EXISTS forumpulse.consumer_batches ON CLUSTER forum_cluster AS forumpulse.consumer_batches_local
+ENGINE = Distributed(forum_cluster, forumpulse, consumer_batches_local, rand());
+
 CREATE TABLE IF NOT EXISTS forumpulse.schema_migrations ON CLUSTER forum_cluster (version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/schema_migrations', '{replica}') ORDER BY version;
