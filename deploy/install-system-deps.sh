@@ -3,7 +3,7 @@
 # a package already installed is not touched; Kafka jars are fetched once into deploy/kafka/libs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PKGS=(syslog-ng-core syslog-ng-mod-rdkafka goaccess nftables python3-nftables ipset iproute2 chromium
+PKGS=(syslog-ng-core syslog-ng-mod-rdkafka goaccess nftables python3-nftables ipset iptables iproute2 chromium
       crowdsec-firewall-bouncer docker-compose maven openjdk-17-jre-headless fail2ban curl)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done

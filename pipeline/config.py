@@ -150,12 +150,14 @@ class IngestConfig(_Strict):
     max_line_bytes: int = Field(65_536, ge=256, description="longer lines are quarantined as line_too_long")
 
 
-_SECTION_VALIDATORS: dict[str, Callable[[Any], Any]] = {}
+_SECTION_VALIDATORS: dict[str, dict[str, Callable[[Any], Any]]] = {}
 
 
 def register_section_validator(section: str, validator: Callable[[Any], Any]) -> None:
-    """Modules owning a free-form section (``detectors``, ``actions``) register a pydantic ``model_validate``."""
-    _SECTION_VALIDATORS[section] = validator
+    """Modules owning a free-form section (``detectors``, ``actions``) register a validator (e.g. a pydantic
+    ``model_validate``).  Several modules may share a section (``detectors.dos``, ``detectors.traffic``): every
+    registered validator runs; each should check its own keys and allow the others'."""
+    _SECTION_VALIDATORS.setdefault(section, {})[getattr(validator, "__qualname__", repr(validator))] = validator
 
 
 class _YamlSource(PydanticBaseSettingsSource):
@@ -233,11 +235,14 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     finally:
         _CURRENT_PATH = None
     problems = []
-    for section, validator in _SECTION_VALIDATORS.items():
-        try:
-            validator(getattr(settings, section))
-        except ValidationError as exc:
-            problems += [f"{section}.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+    for section, validators in _SECTION_VALIDATORS.items():
+        for validator in validators.values():
+            try:
+                validator(getattr(settings, section))
+            except ValidationError as exc:
+                problems += [f"{section}.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+            except ValueError as exc:
+                problems.append(f"{section}: {exc}")
     if problems:
         raise ConfigError(problems)
     return settings

@@ -172,3 +172,16 @@ def test_misuse_raises() -> None:
 def test_parse_lines() -> None:
     out = list(parse_lines([COMBINED, "", COMBINED], "combined"))
     assert [type(r).__name__ for r in out] == ["ParsedLine", "Drop", "ParsedLine"]
+
+
+def test_trailing_blank_after_the_last_field_is_tolerated():
+    """secrepo-style lines end with a space after the user agent; they are records, not truncated lines."""
+    line = ('77.75.78.160 - - [15/Dec/2018:02:18:31 -0800] "GET /robots.txt HTTP/1.1" 200 334 "-" '
+            '"Mozilla/5.0 (compatible; SeznamBot/3.2)" ')
+    for spec in ("combined", "auto"):
+        rec = get_parser(spec).parse(line)
+        assert isinstance(rec, ParsedLine), (spec, rec)
+        assert rec.user_agent == "Mozilla/5.0 (compatible; SeznamBot/3.2)"
+    # squid's empty last column (content type) still parses as None with its separator space kept
+    sq = get_parser("squid").parse("1677971734.080  1234 1.2.3.4 TCP_TUNNEL/200 39 CONNECT domain.xyz:443 - HIER_DIRECT/1.2.3.4 ")
+    assert isinstance(sq, ParsedLine) and sq.content_type is None

@@ -101,6 +101,13 @@ def _precheck(line: str, max_line_bytes: int) -> tuple[str, Drop | None]:
     return line, None
 
 
+def _candidates(line: str) -> tuple[str, ...]:
+    """The line, then (when it has any) the line without trailing blanks: some servers and copy/paste leave a
+    trailing space after the last field (the secrepo logs do), while squid's empty last column needs it kept."""
+    stripped = line.rstrip(" \t\r")
+    return (line,) if stripped == line else (line, stripped)
+
+
 def _failed(line: str, formats: Iterable[CompiledFormat]) -> Drop:
     if is_error_log_line(line):
         return Drop("not_access_log", line[:80])
@@ -131,10 +138,11 @@ class FormatParser:
             line, drop = _precheck(line, self.max_line_bytes)
             if drop is not None:
                 return drop
-            m = self._fast(line) or self._lenient(line)
-            if m is not None:
-                return self._convert(m.groups())
-            return _failed(line, (self._fmt,))
+            for cand in _candidates(line):
+                m = self._fast(cand) or self._lenient(cand)
+                if m is not None:
+                    return self._convert(m.groups())
+            return _failed(line.rstrip(" \t\r"), (self._fmt,))
         except Exception as exc:  # the contract is "never raises"; a bug must still show up in counts
             return Drop("no_format_matched", f"parser error {type(exc).__name__}: {exc}"[:200])
 
@@ -167,20 +175,21 @@ class AutoParser:
             if drop is not None:
                 return drop
             first_drop: Drop | None = None
-            for attr in ("fast", "lenient"):
-                for i, (_name, fmt) in enumerate(self._order):
-                    m = getattr(fmt, attr).fullmatch(line)
-                    if m is None:
-                        continue
-                    rec = fmt.convert(m.groups())
-                    if isinstance(rec, ParsedLine):
-                        self._use(i)
-                        return rec
-                    if first_drop is None:
-                        first_drop = rec
+            for cand in _candidates(line):
+                for attr in ("fast", "lenient"):
+                    for i, (_name, fmt) in enumerate(self._order):
+                        m = getattr(fmt, attr).fullmatch(cand)
+                        if m is None:
+                            continue
+                        rec = fmt.convert(m.groups())
+                        if isinstance(rec, ParsedLine):
+                            self._use(i)
+                            return rec
+                        if first_drop is None:
+                            first_drop = rec
             if first_drop is not None:  # the shape matched but a value did not convert: name that value
                 return first_drop
-            return _failed(line, (f for _, f in self._order))
+            return _failed(line.rstrip(" \t\r"), (f for _, f in self._order))
         except Exception as exc:
             return Drop("no_format_matched", f"parser error {type(exc).__name__}: {exc}"[:200])
 
