@@ -127,9 +127,8 @@ def nasa_part(nasa_dir: Path, rules: dict[str, Any]) -> list[Detection] | None:
     df = pd.read_csv(f)
     ts = pd.to_datetime(df["timestamp_edt"], utc=True)
     t0 = time.perf_counter()
-    dets = run_seasonal(list(ts.to_numpy().astype("datetime64[ms]").astype(datetime)), df["requests"].tolist(),
+    dets = run_seasonal([t.to_pydatetime() for t in ts], df["requests"].tolist(),
                         "America/New_York", SiteCalendar("US"), seasonal_params(rules), scope="nasa", site="nasa")
-    dets = [_aware(d) for d in dets]
     _say(f"\n## NASA-HTTP 1995 (requests per minute, America/New_York, US calendar; {len(df)} minutes in "
          f"{time.perf_counter() - t0:.1f} s)\n")
     events = json.loads((nasa_dir / "events.json").read_text())["events"] if (nasa_dir / "events.json").is_file() else []
@@ -139,10 +138,6 @@ def nasa_part(nasa_dir: Path, rules: dict[str, Any]) -> list[Detection] | None:
     for d in dets:
         _say("  " + d.to_json())
     return dets
-
-
-def _aware(d: Detection) -> Detection:
-    return d
 
 
 def nasa_verdict(dets: list[Detection], events: list[dict[str, Any]]) -> list[str]:

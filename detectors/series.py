@@ -168,6 +168,7 @@ class SeasonalParams:
     spike_ratio: float = 2.0        # observed / expected
     spike_z: float = 8.0            # (observed - expected) / sqrt(expected), Poisson-like excess
     spike_min_excess: float = 50.0  # absolute excess over the trailing window
+    spike_confirm_minutes: int = 15  # the spike condition (and a current 10-minute elevation) must hold this long
     dip_ratio: float = 0.4          # unexplained dips: observed / expected at most this
     holiday_dip_ratio: float = 0.85  # on holidays: at most this to report a holiday dip
     dip_z: float = 8.0
@@ -203,6 +204,7 @@ class SeasonalDetector:
         self.clean: dict[date, FloatArray] = {}  # counts with excluded minutes as NaN
         self._recent_closed: dict[str, Detection] = {}
         self._kinds: dict[date, DayKind] = {}
+        self._spike_run = 0
         self._refs: dict[tuple[date, DayKind], list[date]] = {}
         self.open: dict[str, Detection] = {}
         self.closed: list[Detection] = []
@@ -376,10 +378,17 @@ class SeasonalDetector:
         det = self.open.get("spike")
         score = min(1.0, max(z, 0.0) / (2 * self.p.spike_z))
         if det is None:
-            if hit:
-                new = Detection("spike", self.scope, ts, None, ts, obs, exp, score, "spike",
+            if hit:  # the elevation must be current, not a short burst still inside the trailing window
+                obs10, have10 = self._observed(local, 10)
+                refs10 = self._reference_sums(local, 10)
+                hit = bool(refs10) and have10 >= 8 and obs10 >= self.p.spike_ratio * max(max(refs10), 1.0)
+            self._spike_run = self._spike_run + 1 if hit else 0
+            if self._spike_run >= self.p.spike_confirm_minutes:
+                start = ts - timedelta(minutes=self._spike_run - 1)
+                new = Detection("spike", self.scope, start, None, ts, obs, exp, score, "spike",
                                 {"ratio": round(ratio, 3), "window_minutes": m}, site=self.site)
-                yield self._open("spike", new, ts)
+                self._spike_run = 0
+                yield self._open("spike", new, start)
             return
         det.detail["_last"] = ts
         if ratio > det.observed / max(det.expected, 1.0):

@@ -304,7 +304,7 @@ class TransferDetector:
             if len(hist) >= r["min_baseline_windows"]:
                 base = sorted(hist)[len(hist) // 2]
                 bad = (value <= r["rate_drop_ratio"] * base if kind == "transfer_regression"
-                       else value >= r["latency_rise_ratio"] * base)
+                       else value >= r["latency_rise_ratio"] * base and value - base >= r["min_rise_ms"])
                 yield from self._check(key, window_end, value, base, bad, n, r)
             if not bad and key not in self.open:
                 hist.append(value)

@@ -17,15 +17,35 @@ app = typer.Typer(
     "triggers, Grafana dashboards and editorial reports.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts are plain: brackets like [/3h] are literal, not markup
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-db_app = typer.Typer(help="Schema and reference data: migrations, topic titles and groups.", no_args_is_help=True)
-config_app = typer.Typer(help="Configuration file: check it, show the effective values.", no_args_is_help=True)
-detect_app = typer.Typer(help="Detectors: traffic events over history, a generic series, DoS replay.", no_args_is_help=True)
-report_app = typer.Typer(help="Editorial reports (self-contained HTML with charts).", no_args_is_help=True)
+db_app = typer.Typer(rich_markup_mode=None, help="Schema and reference data: migrations, topic titles and groups.", no_args_is_help=True)
+config_app = typer.Typer(rich_markup_mode=None, help="Configuration file: check it, show the effective values.", no_args_is_help=True)
+detect_app = typer.Typer(rich_markup_mode=None, help="Detectors: traffic events over history, a generic series, DoS replay.")
+report_app = typer.Typer(rich_markup_mode=None, help="Editorial reports (self-contained HTML with charts).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(config_app, name="config")
 app.add_typer(detect_app, name="detect")
+
+
+@detect_app.callback(invoke_without_command=True)
+def detect(
+    ctx: typer.Context,
+    from_: Annotated[str, typer.Option("--from", help="start (ISO date/time, UTC unless an offset is given); "
+                                       "without a subcommand: run the traffic detectors over history")] = "",
+    to: Annotated[str, typer.Option("--to", help="end, exclusive (default: now)")] = "",
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+) -> None:
+    """Detectors.  `forumpulse detect --from A --to B` runs the traffic detectors (topic surges, spikes, dips
+    classified holiday/outage/pipeline_gap, transfer and latency regressions) over the stored rollups and prints
+    JSON lines; the subcommands run the other modes."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from forumpulse.detectors.traffic import _history_cli
+
+    _history_cli(from_, to, str(config) if config else None, store)
 app.add_typer(report_app, name="report")
 
 ConfigOpt = Annotated[

@@ -54,6 +54,7 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
     keep = np.ones(len(minutes), dtype=bool)
     extra_topic: list[tuple[int, int, int]] = []  # (minute index, topic, views)
     rate_factor: dict[str, np.ndarray] = {u: np.ones(len(minutes)) for u in case.get("upstreams", [])}
+    latency = np.ones(len(minutes))
     for ev in case.get("events", []):
         lo = int((_local(case, ev["from"]) - t0).total_seconds() // 60)
         hi = int((_local(case, ev["to"]) - t0).total_seconds() // 60)
@@ -67,6 +68,8 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
             extra_topic += [(i, ev["topic_id"], ev["per_minute"]) for i in range(lo, hi)]
         elif ev["kind"] == "transfer":
             rate_factor[ev["upstream"]][lo:hi] *= ev["rate_factor"]
+        elif ev["kind"] == "latency":
+            latency[lo:hi] *= ev["factor"]
     counts = rng.poisson(lam) * keep
     idx = np.repeat(np.arange(len(minutes)), counts)
     n = len(idx)
@@ -76,8 +79,9 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
     cols: dict[str, Any] = {
         "ts": ts, "client_ip": [f"::ffff:10.{(i >> 8) & 255}.{i & 255}.7" for i in rng.integers(0, 60000, n)],
         "status": status[idx], "bytes": rng.integers(500, 40_000, n), "topic_id": topic,
-        "page_kind": np.where(topic > 0, "topic_view", "forum"), "upstream": [""] * n,
-        "elapsed_ms": [None] * n,
+        "page_kind": np.where(topic > 0, "topic_view", "forum"), "upstream": [case.get("small_upstream", "")] * n,
+        "elapsed_ms": (list(case["elapsed_ms"] * latency[idx] * rng.lognormal(0.0, 0.3, n)) if "elapsed_ms" in case
+                       else [None] * n),
     }
     parts = [cols]
     if extra_topic:
@@ -162,7 +166,7 @@ def _check(dets: list[Detection], case: dict[str, Any], expect: list[dict[str, A
 
 def test_every_rule_has_cases() -> None:
     rules = {_load(p)["rule"] for p in CASES}
-    assert {"site", "health", "topic", "transfer"} <= rules
+    assert {"site", "health", "topic", "transfer", "latency"} <= rules
 
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)

@@ -1,0 +1,46 @@
+"""The command line: every command is registered, explains itself, and exits non-zero on bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from forumpulse.pipeline import cli
+from typer.testing import CliRunner
+
+EXE = Path(sys.executable).with_name("forumpulse")
+COMMANDS = [
+    ["parse"], ["ingest"], ["simulate"], ["demo"], ["run"], ["consume"], ["db", "migrate"], ["db", "load-titles"],
+    ["db", "cluster-ddl"], ["config", "check"], ["config", "show"], ["detect"], ["detect", "series"],
+    ["detect", "dos"], ["detect", "history"], ["report", "event"], ["report", "daily"],
+]
+
+
+def test_every_plugin_command_is_registered():
+    cli._load_plugins()
+    assert cli.PLUGIN_ERRORS == {}, cli.PLUGIN_ERRORS
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c))
+def test_every_command_has_help(cmd):
+    cli._load_plugins()
+    r = CliRunner().invoke(cli.app, [*cmd, "--help"])
+    assert r.exit_code == 0, r.output
+    assert "Usage:" in r.output and len(r.output.splitlines()) > 4
+
+
+def test_console_script_runs_and_reports_a_bad_config_with_key_and_reason(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("privacy:\n  client_ip: sometimes\nretention:\n  raw_days: -1\n")
+    r = subprocess.run([str(EXE), "config", "check", "--config", str(bad)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "privacy.client_ip:" in r.stderr and "retention.raw_days:" in r.stderr
+
+
+def test_busy_store_is_reported_not_a_traceback(tmp_path, store, chdb_path):
+    r = subprocess.run([str(EXE), "db", "migrate", "--store", f"chdb:{chdb_path}"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 3
+    assert "in use by another process" in r.stderr and "Traceback" not in r.stderr
