@@ -159,8 +159,11 @@ def nasa_verdict(dets: list[Detection], events: list[dict[str, Any]]) -> list[st
     ok = [d for d in launch if d.start <= peak]
     used |= {d.id for d in launch}
     first = min((local(d.start) for d in ok), default=None)
+    alarm = min((local(datetime.fromisoformat(str(d.detail.get("confirmed_at", d.start.isoformat())).replace("Z", "+00:00")))
+                 for d in ok), default=None)
     out.append(f"- launch spike 13 Jul: {'FOUND' if ok else 'MISSED'}"
-               + (f", first alarm {first:%H:%M} EDT (peak 09:49 EDT), {len(launch)} spike event(s) that day" if ok else ""))
+               + (f", spike from {first:%H:%M} EDT reported at {alarm:%H:%M} EDT (labelled rise from 07:00, peak "
+                  f"09:49 EDT), {len(launch)} spike event(s) that day" if ok and alarm else ""))
     hol = [d for d in dets if d.kind == "dip" and local(d.start).date().isoformat() == "1995-07-04"]
     used |= {d.id for d in hol}
     out.append(f"- 4 Jul dip: {'FOUND, label ' + hol[0].label if hol else 'MISSED'}"

@@ -168,7 +168,7 @@ class SeasonalParams:
     spike_ratio: float = 2.0        # observed / expected
     spike_z: float = 8.0            # (observed - expected) / sqrt(expected), Poisson-like excess
     spike_min_excess: float = 50.0  # absolute excess over the trailing window
-    spike_confirm_minutes: int = 15  # the spike condition (and a current 10-minute elevation) must hold this long
+    spike_confirm_minutes: int = 15  # the spike condition (and a current 5-minute elevation) must hold this long
     dip_ratio: float = 0.4          # unexplained dips: observed / expected at most this
     holiday_dip_ratio: float = 0.85  # on holidays: at most this to report a holiday dip
     dip_z: float = 8.0
@@ -379,14 +379,15 @@ class SeasonalDetector:
         score = min(1.0, max(z, 0.0) / (2 * self.p.spike_z))
         if det is None:
             if hit:  # the elevation must be current, not a short burst still inside the trailing window
-                obs10, have10 = self._observed(local, 10)
-                refs10 = self._reference_sums(local, 10)
-                hit = bool(refs10) and have10 >= 8 and obs10 >= self.p.spike_ratio * max(max(refs10), 1.0)
+                obs5, have5 = self._observed(local, 5)
+                refs5 = self._reference_sums(local, 5)
+                hit = bool(refs5) and have5 >= 4 and obs5 >= self.p.spike_ratio * max(max(refs5), 1.0)
             self._spike_run = self._spike_run + 1 if hit else 0
             if self._spike_run >= self.p.spike_confirm_minutes:
                 start = ts - timedelta(minutes=self._spike_run - 1)
                 new = Detection("spike", self.scope, start, None, ts, obs, exp, score, "spike",
-                                {"ratio": round(ratio, 3), "window_minutes": m}, site=self.site)
+                                {"ratio": round(ratio, 3), "window_minutes": m, "confirmed_at": _iso(ts)},
+                                site=self.site)
                 self._spike_run = 0
                 yield self._open("spike", new, start)
             return

@@ -50,7 +50,7 @@ from forumpulse.detectors.series import (
     SeasonalDetector,
     SeasonalParams,
 )
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RULES_FILE = Path(__file__).resolve().parent / "rules" / "traffic.yaml"
 
@@ -103,6 +103,11 @@ class TrafficSettings(BaseModel):
     def rules(self) -> dict[str, Any]:
         return load_rules(self.rules_file, self.thresholds)
 
+    @model_validator(mode="after")
+    def _rules_load(self) -> TrafficSettings:
+        self.rules()  # unknown sections/keys raise ValueError -> a ValidationError naming detectors.traffic
+        return self
+
 
 class DetectorsSection(BaseModel):
     """The ``detectors`` section: ``traffic`` here; other keys belong to other detector modules."""
@@ -112,9 +117,7 @@ class DetectorsSection(BaseModel):
 
 
 def validate_detectors_section(value: Any) -> DetectorsSection:
-    section = DetectorsSection.model_validate(value or {})
-    section.traffic.rules()  # unknown override keys raise ValueError -> reported by config check
-    return section
+    return DetectorsSection.model_validate(value or {})
 
 
 def _register() -> None:

@@ -1,0 +1,74 @@
+"""Settings.detectors.traffic validation and the history command over a store."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import forumpulse.detectors.traffic as traffic
+import pyarrow as pa
+import pytest
+from forumpulse.detectors.calendar import SiteCalendar
+from forumpulse.pipeline.config import ConfigError, load_settings
+from forumpulse.pipeline.store import migrate, open_store
+
+
+def test_thresholds_override_rules(tmp_path: Path) -> None:
+    cfg = tmp_path / "fp.yaml"
+    cfg.write_text("detectors:\n  traffic:\n    thresholds: {site: {spike_ratio: 3.5}}\n")
+    s = load_settings(cfg)
+    rules = traffic.validate_detectors_section(s.detectors).traffic.rules()
+    assert rules["site"]["spike_ratio"] == 3.5
+    assert traffic.load_rules()["site"]["spike_ratio"] == 2.0  # the shipped file is untouched
+
+
+@pytest.mark.parametrize("body", [
+    "detectors:\n  traffic:\n    thresholds: {site: {no_such_key: 1}}\n",
+    "detectors:\n  traffic:\n    thresholds: {nope: {a: 1}}\n",
+    "detectors:\n  traffic:\n    history_days: 0\n",
+    "detectors:\n  traffic:\n    unknown: 1\n",
+])
+def test_bad_traffic_config_is_reported(tmp_path: Path, body: str) -> None:
+    cfg = tmp_path / "fp.yaml"
+    cfg.write_text(body)
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg)
+    assert any(p.startswith("detectors.traffic") for p in err.value.problems), err.value.problems
+
+
+def test_calendar_festival_week_and_unknown_country() -> None:
+    cal = SiteCalendar("MY")
+    from datetime import date
+
+    assert cal.holiday_name(date(2026, 2, 17)) == "Chinese New Year"
+    assert cal.holiday_name(date(2026, 2, 21)) == "Chinese New Year week"  # period file, not an official day
+    assert cal.holiday_name(date(2026, 2, 24)) is None
+    assert cal.is_offday(date(2026, 2, 21)) and not cal.is_offday(date(2026, 3, 4))
+    with pytest.raises(ValueError):
+        SiteCalendar("XX")
+
+
+def test_history_command_prints_and_stores(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"chdb:{tmp_path / 'db'}"
+    store = open_store(url)
+    migrate(store, {"raw_ttl_days": 0, "rollup_ttl_days": 0})
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    rows = []
+    for day in range(9):
+        for minute in range(0, 1440):
+            n = 6 if not (day == 8 and 600 <= minute < 720) else 40  # day 8: a 2-hour spike
+            rows += [t0 + timedelta(days=day, minutes=minute, seconds=i) for i in range(n)]
+    m = len(rows)
+    store.insert("requests", pa.table({
+        "ts": pa.array(rows, pa.timestamp("ms", tz="UTC")), "site": ["forum"] * m, "client_ip": ["::ffff:10.0.0.1"] * m,
+        "status": pa.array([200] * m, pa.uint16()), "is_bot": [False] * m, "is_static": [False] * m}))
+    store.close()
+    traffic.detect_history_command(from_="2026-03-09", to="2026-03-11", config=None, store_url=url)
+    out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(d["kind"], d["start"][:13]) for d in out] == [("spike", "2026-03-10T10")]
+    store = open_store(url)
+    try:
+        assert store.query_rows("SELECT kind, state FROM detections FINAL") == [("spike", "closed")]
+    finally:
+        store.close()
