@@ -13,6 +13,7 @@ With ``--consume`` it also runs a :class:`~forumpulse.pipeline.consumer.LiveCons
 embedded deployment's loader).  Other components (detectors, decisions, reports) plug in as *owner services*:
 ``register_owner_service(fn)`` before :func:`run_command`; each ``fn(ctx)`` gets an :class:`OwnerContext` and
 may add stream hooks (fed by the consumer), HTTP routes and background threads that stop on ``ctx.stop``.
+``--dos`` / ``--traffic`` add the live detector services of :mod:`forumpulse.pipeline.live_detect`.
 
 Shutdown (SIGTERM/SIGINT): the consumer finishes and commits its current batches, services are told to stop,
 the HTTP server stops accepting, and the store is closed (the folder lock is released).  A kill -9 loses
@@ -60,6 +61,9 @@ class OwnerContext:
     hooks: list[StreamHook] = field(default_factory=list)
     routes: dict[tuple[str, str], Route] = field(default_factory=dict)
     threads: list[threading.Thread] = field(default_factory=list)
+    #: the owner's HTTP password (routes that change state check it themselves), and whether a loader runs
+    password: str | None = None
+    consume: bool = False
 
 
 OwnerService = Callable[[OwnerContext], None]
@@ -122,7 +126,8 @@ class Owner:
     def start(self) -> None:
         self.store = open_store_waiting(self.store_url, self.stop_event,
                                         migrate_params=self.settings.retention.migration_params())
-        ctx = self.ctx = OwnerContext(self.settings, self.store, self.stop_event)
+        ctx = self.ctx = OwnerContext(self.settings, self.store, self.stop_event, password=self.password,
+                                      consume=self.consume)
         for service in self.services:
             service(ctx)
         routes: dict[tuple[str, str], Route] = {
@@ -182,11 +187,17 @@ def run_command(
     consume: bool = False,
     instance_id: str | None = None,
     bootstrap: str | None = None,
+    dos: bool = False,
+    traffic: bool = False,
 ) -> None:
     """``forumpulse run``: own the store, serve the ClickHouse-compatible endpoint and /fp routes until SIGTERM.
 
     Typer-compatible.  ``--password-env NAME`` requires the password in environment variable NAME on every
     request (use it whenever ``--host`` is not 127.0.0.1).  ``--consume`` also loads Kafka in this process.
+    ``--dos`` runs live DoS detection with decisions to the table, Kafka, the configured firewall actions and
+    the CrowdSec-compatible decision stream (``actions.decision_api``); ``POST /fp/unban``, ``GET
+    /fp/decisions``.  ``--traffic`` runs the traffic detectors every minute (see
+    :mod:`forumpulse.pipeline.live_detect`).
     """
     logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -197,7 +208,12 @@ def run_command(
     if host not in ("127.0.0.1", "::1", "localhost") and not password:
         log.warning("serving on %s without a password: anyone reaching the port can run any SQL", host)
     opts = ConsumerOptions.from_settings(settings, instance_id=instance_id, bootstrap_servers=bootstrap)
-    owner = Owner(settings, store, host, port, password, consume, opts)
+    services: list[OwnerService] | None = None
+    if dos or traffic:
+        from forumpulse.pipeline.live_detect import live_services
+
+        services = [*_SERVICES, *live_services(dos=dos, traffic=traffic)]
+    owner = Owner(settings, store, host, port, password, consume, opts, services=services)
 
     def _signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: shutting down", signum)

@@ -1,0 +1,169 @@
+"""Operator commands for live DoS decisions: ``forumpulse detect unban VALUE`` and ``forumpulse detect decisions``.
+
+Both talk to the running owner (``forumpulse run --dos``) through its HTTP port first (``POST /fp/unban``,
+``GET /fp/decisions``), because the owner holds the live state: the detector's active bans, the decision
+stream served to CrowdSec bouncers, and (embedded mode) the store itself.  When no owner answers, or it runs
+without ``--dos``, they work on the store and the configured actions directly:
+
+* unban: an ``unban`` row in ``decisions``, a message on ``weblogs.decisions`` (when ``actions.kafka``), and
+  ``unban`` on every configured action (nftables / ipset / webhook) -- the set element goes away at once;
+* decisions: bans still in force by the wall clock (``created_at + duration_s``) and not lifted by a later
+  unban, from the ``decisions`` table.
+
+Output: one JSON object per line.  Exit status 1 on a refused value or when neither the owner nor the store
+can be reached.  Misuse: with an owner that has a password (``--password-env`` at ``forumpulse run``), pass the
+same ``--password-env``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from forumpulse.detectors.dos import _typer_option
+
+
+def _settings(config: str | None) -> Any:
+    from pathlib import Path
+
+    from forumpulse.pipeline.config import load_settings
+
+    return load_settings(Path(config) if config else None)
+
+
+def _password(password_env: str | None) -> str | None:
+    if not password_env:
+        return None
+    pw = os.environ.get(password_env)
+    if not pw:
+        raise SystemExit(f"--password-env {password_env}: the variable is empty or not set")
+    return pw
+
+
+def _open_store(settings: Any, store: str | None, owner: str, password: str | None) -> Any:
+    """The store named by ``--store`` / the config; when the owner holds an embedded folder, its endpoint."""
+    from forumpulse.pipeline.store import StoreBusy, open_store
+
+    url = store or settings.store.url
+    try:
+        return open_store(url)
+    except StoreBusy:
+        from urllib.parse import urlsplit
+
+        u = urlsplit(owner)
+        auth = f"default:{password}@" if password else "default@"
+        return open_store(f"clickhouse://{auth}{u.hostname}:{u.port or 8123}/forumpulse")
+
+
+def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") -> dict[str, Any]:
+    """Unban without an owner: table row, Kafka message (``actions.kafka``), every configured action."""
+    import time
+    import uuid
+
+    from forumpulse.detectors.actions import build_actions
+    from forumpulse.detectors.dos import Decision, KafkaSink, StoreSink
+    from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig
+    from forumpulse.pipeline.live_detect import active_from_store, normalize_value
+
+    v = normalize_value(value)
+    cfg = DosConfig.model_validate(settings.detectors.get("dos", {}) or {})
+    acfg = ActionsConfig.model_validate(settings.actions or {})
+    held = [d for d in active_from_store(store) if d.value == v]
+    now = int(time.time() * 1000)
+    scope = held[0].scope if held else ("ip" if "/" not in v else "range")
+    u = Decision(id=uuid.uuid4().hex, created_at=now, decided_at=now, first_seen=held[0].first_seen if held else now,
+                 expires_at=now, site=held[0].site if held else cfg.site, action="unban", value=v, scope=scope,
+                 reason=reason, duration_s=0, mode="enforce", origin="forumpulse",
+                 evidence={"ban_id": held[0].id if held else None})
+    sinks: list[Any] = [StoreSink(store)]
+    if acfg.kafka:
+        sinks.append(KafkaSink(settings.kafka.bootstrap_servers, settings.kafka.decisions_topic))
+    for s in sinks:
+        s.emit(u)
+        s.close()
+    errors = []
+    for a in build_actions(acfg):
+        try:
+            a.unban(u)
+        except Exception as exc:
+            errors.append(f"{getattr(a, 'name', a)}: {exc}")
+    return {"unbanned": v, "held": bool(held), "decision": u.to_json(), "via": "store", "action_errors": errors}
+
+
+def unban_command(
+    value: str,
+    config: str | None = _typer_option(None, "--config", "-c", help="forumpulse.yaml"),
+    owner: str = _typer_option("http://127.0.0.1:8123", "--owner", help="URL of the running owner (forumpulse run)"),
+    store: str | None = _typer_option(None, "--store", help="store URL when no owner runs (default: config)"),
+    password_env: str | None = _typer_option(None, "--password-env", help="variable holding the owner's password"),
+    reason: str = _typer_option("manual", "--reason", help="recorded as the unban's reason"),
+) -> None:
+    """Lift a ban (address or CIDR): via the running owner, else directly on the store and the firewall."""
+    from forumpulse.pipeline.live_detect import normalize_value, owner_request
+
+    try:
+        normalize_value(value)
+    except ValueError as exc:
+        print(json.dumps({"error": str(exc)}), file=sys.stderr)
+        raise SystemExit(1) from None
+    password = _password(password_env)
+    try:
+        status, body = owner_request(owner, "POST", "/fp/unban", {"value": value, "reason": reason}, password)
+    except OSError:
+        status, body = 0, None  # no owner: work directly
+    if status == 200:
+        print(json.dumps({**body, "via": "owner"}))
+        return
+    if status not in (0, 404):
+        print(json.dumps({"error": f"owner answered {status}", "detail": body}), file=sys.stderr)
+        raise SystemExit(1)
+    settings = _settings(config)
+    st = _open_store(settings, store, owner, password)
+    try:
+        out = unban_direct(value, settings, st, reason)
+    finally:
+        st.close()
+    print(json.dumps(out))
+    if out["action_errors"]:
+        raise SystemExit(1)
+
+
+def decisions_command(
+    config: str | None = _typer_option(None, "--config", "-c", help="forumpulse.yaml"),
+    owner: str = _typer_option("http://127.0.0.1:8123", "--owner", help="URL of the running owner (forumpulse run)"),
+    store: str | None = _typer_option(None, "--store", help="store URL when no owner runs (default: config)"),
+    password_env: str | None = _typer_option(None, "--password-env", help="variable holding the owner's password"),
+) -> None:
+    """List the active DoS decisions (one JSON object per line, newest first)."""
+    from forumpulse.pipeline.live_detect import active_from_store, decision_view, owner_request
+
+    password = _password(password_env)
+    try:
+        status, body = owner_request(owner, "GET", "/fp/decisions", None, password)
+    except OSError:
+        status, body = 0, None
+    if status == 200:
+        rows = list(body)
+    elif status in (0, 404):
+        settings = _settings(config)
+        st = _open_store(settings, store, owner, password)
+        try:
+            rows = [decision_view(d) for d in active_from_store(st)]
+        finally:
+            st.close()
+    else:
+        print(json.dumps({"error": f"owner answered {status}", "detail": body}), file=sys.stderr)
+        raise SystemExit(1)
+    for r in rows:
+        print(json.dumps(r, sort_keys=True))
+
+
+if __name__ == "__main__":  # `python -m forumpulse.detectors.dos_cli unban|decisions ...` (before CLI wiring)
+    import typer
+
+    _app = typer.Typer()
+    _app.command("unban")(unban_command)
+    _app.command("decisions")(decisions_command)
+    _app()

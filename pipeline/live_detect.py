@@ -1,0 +1,670 @@
+"""Detectors in the live path: DoS decisions within wall-clock seconds, traffic detections every minute.
+
+Owner services (``forumpulse run --dos --traffic``, see :func:`live_services`):
+
+* **DoS** (:class:`LiveDos`): one :class:`~forumpulse.detectors.dos.DosDetector` per owner process.  Decisions go
+  to the ``decisions`` table (StoreSink, flushed after every batch), to Kafka ``weblogs.decisions`` (KafkaSink),
+  to the actions configured in ``actions`` (nftables / ipset / webhook, :func:`build_actions`), and to a
+  :class:`~forumpulse.detectors.decision_api.DecisionRegistry` that a
+  :class:`~forumpulse.detectors.decision_api.DecisionApiServer` serves to CrowdSec bouncers when
+  ``actions.decision_api.enabled`` (the API key comes from the config file or
+  ``FORUMPULSE_ACTIONS__DECISION_API__API_KEY``; there is no default).  Routes on the owner's port:
+  ``POST /fp/unban?value=V`` (manual unban) and ``GET /fp/decisions`` (active decisions).
+
+  Where the lines come from (``detectors.live.dos_source``):
+
+  - ``feed`` (default): :class:`DosFeed`, a separate light consumer group (``forumpulse-dos``) reading
+    ``weblogs.raw`` itself in small batches (``feed_max_wait_s``, default 0.2 s).  Latency is bounded by that
+    wait, not by the loader's large batches, and detection keeps running while the store is down (the loader
+    pauses then).  Cost: every line is parsed twice (loader and feed), about one extra Processor pass.
+  - ``loader``: :class:`DosHook` on the loader's stream hooks (``--consume`` required).  No second parse, but
+    decisions wait for the loader's batch (``max_wait_s``, default 1 s, plus the store insert) and stop while
+    the store is unavailable.  Small loader waits mean many small inserts, which ClickHouse handles badly.
+
+  Prefix and distributed rules need every partition in one detector: run ``--dos`` in one process only (the
+  feed logs a warning when its group member is not assigned all partitions of the topic).
+
+* **Traffic** (:class:`TrafficService`): :meth:`TrafficDetector.run_once` right away (it warms its baselines
+  from the rollups) and then every ``traffic_interval_s`` a few seconds after the minute; detections go to the
+  ``detections`` table and, when Kafka is in use, to ``weblogs.events``.
+
+CLI functions for the integrator: :func:`unban_command` (``forumpulse detect unban VALUE``) and
+:func:`decisions_command` (``forumpulse detect decisions``), in :mod:`forumpulse.detectors.dos_cli`.
+
+Guarantees: one lock serialises detection, unban and listing (DecisionManager is not thread-safe); errors in
+a batch, a sink or the traffic run are logged and counted, never stop the owner.  Active bans are restored
+from the ``decisions`` table at start (wall-clock expiry: ``created_at + duration_s``), so a restarted owner
+keeps serving them to bouncers and deduplicating repeat offenders.  At-least-once: a replayed Kafka range can
+repeat a decision (the manager suppresses repeats of an active ban).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import pyarrow as pa
+from forumpulse.pipeline.config import Settings, register_section_validator
+from forumpulse.pipeline.consumer import BatchInfo
+from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger("forumpulse.live_detect")
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+class LiveConfig(BaseModel):
+    """Section ``detectors.live``."""
+
+    model_config = ConfigDict(extra="forbid")
+    dos_source: Literal["feed", "loader"] = Field(
+        "feed", description="feed: own consumer group with small batches (low latency, parses twice); "
+        "loader: hook on the loader's batches (needs --consume; latency = loader max_wait + insert)")
+    feed_group: str = Field("forumpulse-dos", description="consumer group of the DoS feed")
+    feed_max_wait_s: float = Field(0.2, gt=0, le=10, description="longest wait for a feed batch")
+    feed_batch_lines: int = Field(20_000, ge=1, description="most lines per feed batch")
+    feed_start: Literal["latest", "earliest"] = Field(
+        "latest", description="where a feed group without committed offsets starts (latest: judge only new lines)")
+    publish_decisions: bool = Field(True, description="publish decisions on kafka.decisions_topic (also when "
+                                    "actions.kafka is true)")
+    publish_events: bool = Field(True, description="publish traffic detections on kafka.events_topic")
+    traffic_interval_s: float = Field(60.0, ge=1, description="seconds between traffic detector runs")
+    traffic_offset_s: float = Field(5.0, ge=0, le=59, description="run this many seconds after the minute")
+
+
+class _LiveSection(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    live: LiveConfig = Field(default_factory=LiveConfig)
+
+
+def _validate_live(v: Any) -> Any:
+    return _LiveSection.model_validate(v or {})
+
+
+register_section_validator("detectors", _validate_live)
+
+
+def live_config(settings: Settings) -> LiveConfig:
+    return LiveConfig.model_validate(settings.detectors.get("live", {}) or {})
+
+
+def normalize_value(value: str) -> str:
+    """The decision value as detectors and registries key it: an address, or a CIDR for ranges.
+
+    Raises ValueError for anything that is not an address or network (a whole family is refused).
+    """
+    from forumpulse.detectors.actions import ActionError, parse_value
+
+    try:
+        net = parse_value(value)
+    except ActionError as exc:
+        raise ValueError(str(exc)) from None
+    return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+
+
+# ---------------------------------------------------------------------------------------------- decisions
+
+
+def _decision_from_row(row: Sequence[Any]) -> Any:
+    from forumpulse.detectors.dos import Decision
+
+    (id_, created, decided, first, expires, site, action, value, scope, reason, duration, mode, origin,
+     evidence) = row
+    try:
+        ev = json.loads(evidence) if evidence else {}
+    except ValueError:
+        ev = {"raw": evidence}
+    return Decision(id=str(id_), created_at=int(created), decided_at=int(decided), first_seen=int(first),
+                    expires_at=int(expires), site=str(site), action=str(action), value=str(value),
+                    scope=str(scope), reason=str(reason), duration_s=int(duration), mode=str(mode),
+                    origin=str(origin), evidence=ev)
+
+
+def active_from_store(store: Any, now: float | None = None) -> list[Any]:
+    """Bans still in force by the wall clock (``created_at + duration_s > now``) whose latest row per value is
+    a ban (a later unban ends it), newest first, as :class:`~forumpulse.detectors.dos.Decision` objects."""
+    now_ms = int((time.time() if now is None else now) * 1000)
+    rows = store.query_rows(
+        "SELECT argMax(id, created_at), toUnixTimestamp64Milli(max(created_at)), "
+        "argMax(toUnixTimestamp64Milli(decided_at), created_at), argMax(toUnixTimestamp64Milli(first_seen), "
+        "created_at), argMax(toUnixTimestamp64Milli(expires_at), created_at), argMax(site, created_at), "
+        "argMax(action, created_at) AS last_action, value, argMax(scope, created_at), argMax(reason, created_at), "
+        "argMax(duration_s, created_at) AS dur, argMax(mode, created_at), argMax(origin, created_at), "
+        "argMax(evidence, created_at) FROM decisions GROUP BY value "
+        f"HAVING last_action = 'ban' AND toUnixTimestamp64Milli(max(created_at)) + dur * 1000 > {now_ms} "
+        "ORDER BY max(created_at) DESC")
+    return [_decision_from_row(r) for r in rows]
+
+
+def decision_view(d: Any, now: float | None = None) -> dict[str, Any]:
+    """The JSON object ``GET /fp/decisions`` and ``forumpulse detect decisions`` print for one active ban."""
+    now = time.time() if now is None else now
+    left = max(0, int(d.created_at / 1000 + d.duration_s - now))
+    out = d.to_json()
+    out["remaining_s"] = left
+    return dict(out)
+
+
+class _GuardedSink:
+    """Wraps a sink so one failing flush (store or Kafka away) is logged and counted instead of stopping
+    detection; the failed decisions are kept and retried with the next flush (bounded)."""
+
+    def __init__(self, inner: Any, name: str, keep: int = 10_000) -> None:
+        self.inner, self.name, self.keep = inner, name, keep
+        self.errors = 0
+        self._retry: list[Any] = []
+
+    def emit(self, decision: Any) -> None:
+        try:
+            self.inner.emit(decision)
+        except Exception as exc:
+            self.errors += 1
+            self._retry.append(decision)
+            log.warning("decision sink %s: emit failed: %s", self.name, exc)
+
+    def flush(self) -> None:
+        retry, self._retry = self._retry, []
+        for i, d in enumerate(retry):
+            try:
+                self.inner.emit(d)
+            except Exception:
+                self._retry = retry[i:]
+                break
+        buf = getattr(self.inner, "buf", None)
+        pending = list(buf) if isinstance(buf, list) else []
+        try:
+            self.inner.flush()
+        except Exception as exc:
+            self.errors += 1
+            # StoreSink drops its buffer on a failed insert: keep it for the next flush
+            self._retry = (pending + self._retry)[-self.keep:]
+            log.warning("decision sink %s: flush failed (%d kept for retry): %s", self.name, len(self._retry),
+                        str(exc).splitlines()[0][:200] if str(exc) else exc)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.flush()
+        with contextlib.suppress(Exception):
+            self.inner.close()
+
+
+class LiveDos:
+    """The owner's DoS detector with its sinks, actions and decision registry; thread-safe entry points.
+
+    ``actions`` replaces what ``Settings.actions`` would build (tests and benchmarks pass e.g. an
+    ``NftablesAction(netns=...)``); the registry is always added.  ``kafka_producer``: an existing
+    confluent-kafka Producer for the KafkaSink (else one is made when publishing is on).
+    """
+
+    def __init__(self, settings: Settings, store: Any, actions: Sequence[Any] | None = None,
+                 publish: bool | None = None, restore: bool = True, clock: Callable[[], float] = time.time) -> None:
+        from forumpulse.detectors.actions import build_actions
+        from forumpulse.detectors.decision_api import DecisionRegistry
+        from forumpulse.detectors.dos import DecisionManager, DosDetector, JsonLinesSink, KafkaSink, StoreSink
+        from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig, load_rules
+
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        self.cfg = DosConfig.model_validate(settings.detectors.get("dos", {}) or {})
+        self.actions_cfg = ActionsConfig.model_validate(settings.actions or {})
+        self.live = live_config(settings)
+        self.registry = DecisionRegistry(clock=clock)
+        acts = [*(build_actions(self.actions_cfg) if actions is None else actions), self.registry]
+        self.sinks: list[_GuardedSink] = [_GuardedSink(StoreSink(store, flush_every=1_000_000), "store")]
+        if publish is None:
+            publish = self.live.publish_decisions or self.actions_cfg.kafka
+        if publish:
+            self.sinks.append(_GuardedSink(KafkaSink(settings.kafka.bootstrap_servers,
+                                                     settings.kafka.decisions_topic), "kafka"))
+        if self.actions_cfg.jsonl_path:
+            self.sinks.append(_GuardedSink(JsonLinesSink(self.actions_cfg.jsonl_path), "jsonl"))
+        self.manager = DecisionManager(self.cfg, sinks=self.sinks, actions=acts, wall_clock=clock)
+        self.detector = DosDetector(load_rules(self.cfg.rules_file, self.cfg.rule_overrides), self.manager)
+        self.lock = threading.RLock()
+        self.batches = 0
+        self.errors = 0
+        self.restored = 0
+        if restore:
+            self.restore()
+
+    # -- state ----------------------------------------------------------------------------------------
+    def restore(self) -> int:
+        """Put bans still in force (``decisions`` table, wall clock) back into the manager and the registry."""
+        try:
+            active = active_from_store(self.store, self.clock())
+        except Exception as exc:
+            log.warning("could not restore active decisions: %s", str(exc).splitlines()[0][:200])
+            return 0
+        from dataclasses import replace
+
+        with self.lock:
+            for d in active:
+                if d.mode != "enforce" or d.value in self.manager.active:
+                    continue
+                self.manager.active[d.value] = d
+                left = int(d.created_at / 1000 + d.duration_s - self.clock())
+                if left > 0:
+                    self.registry.ban(replace(d, duration_s=left))
+                self.restored += 1
+        if self.restored:
+            log.info("restored %d active decision(s) from the decisions table", self.restored)
+        return self.restored
+
+    # -- entry points -----------------------------------------------------------------------------------
+    def process_stream(self, stream: pa.Table) -> list[Any]:
+        """Judge one batch of stream rows (``Processor`` ``stream`` table); returns the decisions made."""
+        from forumpulse.detectors.dos import Batch
+
+        if stream.num_rows == 0:
+            return []
+        batch = Batch.from_arrow(stream)
+        with self.lock:
+            try:
+                made = self.detector.process(batch)
+            finally:
+                self.manager.flush()  # sinks: table insert + Kafka flush right away (decisions are rare)
+            self.batches += 1
+        for d in made:
+            log.info("dos decision: %s %s %s (%s, %ds, %s)", d.action, d.scope, d.value, d.reason, d.duration_s,
+                     d.mode)
+        return made
+
+    def unban(self, value: str, reason: str = "manual") -> dict[str, Any]:
+        """Lift a ban: every sink, action and the registry get an ``unban`` decision (even when this process
+        does not hold the ban, e.g. one made before a restart that expired in memory: the set element and the
+        bouncers are cleaned anyway).  Raises ValueError for a value that is not an address/network."""
+        from forumpulse.detectors.dos import Decision
+
+        v = normalize_value(value)
+        with self.lock:
+            u = self.manager.unban(v, reason=reason)
+            held = u is not None
+            if u is None:
+                import uuid
+
+                now = int(self.clock() * 1000)
+                net = ipaddress.ip_network(v)
+                u = Decision(id=uuid.uuid4().hex, created_at=now, decided_at=now, first_seen=now, expires_at=now,
+                             site=self.cfg.site, action="unban", value=v,
+                             scope="ip" if net.prefixlen == net.max_prefixlen else "range", reason=reason,
+                             duration_s=0, mode="enforce", origin="forumpulse", evidence={"ban_id": None})
+                # the same fan-out as DecisionManager.unban for a ban this process does not hold
+                self.manager.decisions.append(u)
+                for s in self.manager.sinks:
+                    s.emit(u)
+                for a in self.manager.actions:
+                    try:
+                        a.unban(u)
+                    except Exception as exc:
+                        self.manager.action_errors += 1
+                        log.error("action %s failed for unban %s: %s", getattr(a, "name", a), v, exc)
+            self.manager.flush()
+        return {"unbanned": v, "held": held, "decision": u.to_json()}
+
+    def active(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        with self.lock:
+            ds = [d for d in self.manager.active.values() if d.created_at / 1000 + d.duration_s > now]
+        return [decision_view(d, now) for d in sorted(ds, key=lambda d: -d.created_at)]
+
+    def close(self) -> None:
+        with self.lock:
+            for s in self.sinks:
+                s.close()
+
+    # -- owner routes -----------------------------------------------------------------------------------
+    def routes(self, password: str | None = None) -> dict[tuple[str, str], Any]:
+        def authorized(req: Any) -> bool:
+            if not password:
+                return True
+            import base64
+            import hmac
+
+            given = req.headers.get("X-ClickHouse-Key") or req.params.get("password")
+            auth = req.headers.get("Authorization", "")
+            if given is None and auth.startswith("Basic "):
+                with contextlib.suppress(Exception):
+                    given = base64.b64decode(auth[6:]).decode().split(":", 1)[1]
+            return given is not None and hmac.compare_digest(given.encode(), password.encode())
+
+        def unban(req: Any) -> tuple[int, str, bytes]:
+            if not authorized(req):
+                return 403, "application/json", b'{"error": "password required"}'
+            value = req.params.get("value", "")
+            if not value and req.body:
+                with contextlib.suppress(ValueError):
+                    value = str(json.loads(req.body).get("value", ""))
+            try:
+                out = self.unban(value, reason=req.params.get("reason", "manual") or "manual")
+            except ValueError as exc:
+                return 400, "application/json", json.dumps({"error": str(exc)}).encode()
+            return 200, "application/json", json.dumps(out).encode()
+
+        def decisions(req: Any) -> tuple[int, str, bytes]:
+            if not authorized(req):
+                return 403, "application/json", b'{"error": "password required"}'
+            return 200, "application/json", json.dumps(self.active()).encode()
+
+        return {("POST", "/fp/unban"): unban, ("GET", "/fp/decisions"): decisions}
+
+
+class DosHook:
+    """A consumer :data:`~forumpulse.pipeline.consumer.StreamHook` feeding a :class:`LiveDos`."""
+
+    def __init__(self, live: LiveDos) -> None:
+        self.live = live
+
+    def __call__(self, stream: pa.Table, info: BatchInfo) -> None:
+        self.live.process_stream(stream)
+
+
+# ---------------------------------------------------------------------------------------------- feed
+
+
+class DosFeed:
+    """A light consumer group on ``weblogs.raw`` for detection only: small batches, nothing stored.
+
+    Each ``consume(num_messages=batch_lines, timeout=max_wait_s)`` call is one batch: envelopes are split by
+    source and parsed by the same :class:`~forumpulse.pipeline.process.Processor` as the loader, and the
+    ``stream`` rows go to ``hook`` (a :class:`DosHook`).  Heartbeats and values that are not envelopes are
+    skipped (the loader dead-letters them).  Offsets are committed automatically (at-least-once).
+    """
+
+    def __init__(self, settings: Settings, hook: Callable[[pa.Table, BatchInfo], None], stop: threading.Event,
+                 bootstrap_servers: str | None = None, topic: str | None = None, options: LiveConfig | None = None,
+                 kafka_config: dict[str, Any] | None = None) -> None:
+        from forumpulse.pipeline.process import Processor
+
+        self.settings = settings
+        self.hook = hook
+        self.stop = stop
+        self.opt = options or live_config(settings)
+        self.bootstrap = bootstrap_servers or settings.kafka.bootstrap_servers
+        self.topic = topic or settings.kafka.raw_topic
+        self.kafka_config = dict(kafka_config or {})
+        self.processor = Processor(settings)
+        self.lines = 0
+        self.batches = 0
+        self.errors = 0
+        self.assigned = threading.Event()
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        try:
+            total = len(consumer.list_topics(self.topic, timeout=5).topics[self.topic].partitions)
+        except Exception:
+            total = -1
+        if 0 < len(partitions) < total:
+            log.warning("dos feed got %d of %d partitions of %s: prefix and distributed rules need all of them "
+                        "(run --dos in one process)", len(partitions), total, self.topic)
+        self.assigned.set()
+
+    def stream_of(self, msgs: Sequence[Any]) -> pa.Table | None:
+        from forumpulse.pipeline.contracts import HEARTBEAT_FORMAT, split_raw
+        from forumpulse.pipeline.process import SourceContext
+
+        hb = HEARTBEAT_FORMAT.encode()
+        groups: dict[tuple[bytes, bytes, bytes, bytes], list[bytes]] = {}
+        for m in msgs:
+            if m.error() is not None:
+                continue
+            r = split_raw(m.value() or b"")
+            if r is None or r[3] == hb:
+                continue
+            groups.setdefault((r[0], r[1], r[2], r[3]), []).append(r[4])
+        parts = []
+        for (site, host, file, fmt), lines in groups.items():
+            d = [x.decode("utf-8", "backslashreplace") for x in (site, host, file, fmt)]
+            pb = self.processor.process(lines, SourceContext(site=d[0], origin_host=d[1], origin_file=d[2],
+                                                             format=d[3]), source_ref="dos-feed")
+            if pb.stream.num_rows:
+                parts.append(pb.stream)
+        if not parts:
+            return None
+        return pa.concat_tables(parts, promote_options="default")
+
+    def run(self) -> None:
+        from confluent_kafka import Consumer, KafkaException
+
+        c = Consumer({
+            "bootstrap.servers": self.bootstrap, "group.id": self.opt.feed_group,
+            "auto.offset.reset": self.opt.feed_start, "enable.auto.commit": True,
+            "auto.commit.interval.ms": 1000, "session.timeout.ms": 6000, "fetch.wait.max.ms": 100,
+            "client.id": "forumpulse-dos-feed", **self.kafka_config,
+        })
+        c.subscribe([self.topic], on_assign=self._on_assign)
+        try:
+            while not self.stop.is_set():
+                msgs = c.consume(num_messages=self.opt.feed_batch_lines, timeout=self.opt.feed_max_wait_s)
+                if not msgs:
+                    continue
+                for m in msgs:
+                    err = m.error()
+                    if err is not None and err.fatal():
+                        raise KafkaException(err)
+                try:
+                    stream = self.stream_of(msgs)
+                    if stream is not None:
+                        self.lines += stream.num_rows
+                        self.hook(stream, BatchInfo(self.topic, -1, msgs[0].offset(), msgs[-1].offset(), False))
+                    self.batches += 1
+                except Exception:
+                    self.errors += 1
+                    log.exception("dos feed batch failed (skipped)")
+        finally:
+            with contextlib.suppress(Exception):
+                c.close()
+
+
+# ---------------------------------------------------------------------------------------------- traffic
+
+
+class TrafficService:
+    """Runs :meth:`TrafficDetector.run_once` now and then every ``interval_s`` (``offset_s`` after the minute).
+
+    ``producer``: ``callable(topic, key, value)`` for ``weblogs.events`` (None: table only).  ``clock`` gives
+    the wall time (epoch seconds) passed to ``run_once``.
+    """
+
+    def __init__(self, settings: Settings, store: Any, producer: Callable[[str, bytes, bytes], None] | None = None,
+                 interval_s: float | None = None, offset_s: float | None = None,
+                 clock: Callable[[], float] = time.time, flush: Callable[[], Any] | None = None) -> None:
+        from forumpulse.detectors.traffic import TrafficDetector
+
+        live = live_config(settings)
+        self.store = store
+        self.detector = TrafficDetector(settings, producer=producer)
+        self.interval_s = live.traffic_interval_s if interval_s is None else interval_s
+        self.offset_s = live.traffic_offset_s if offset_s is None else offset_s
+        self.clock = clock
+        self.flush = flush
+        self.runs = 0
+        self.errors = 0
+        self.emitted = 0
+
+    def tick(self) -> list[Any]:
+        """One run at ``clock()``; returns the detections it emitted (errors are logged, counted, re-raised)."""
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        try:
+            dets = self.detector.run_once(self.store, now)
+        except Exception:
+            self.errors += 1
+            raise
+        finally:
+            self.runs += 1
+            if self.flush is not None:
+                with contextlib.suppress(Exception):
+                    self.flush()
+        self.emitted += len(dets)
+        if dets:
+            log.info("traffic detectors: %d detection(s) at %s", len(dets), now.isoformat(timespec="seconds"))
+        return list(dets)
+
+    def _next_delay(self) -> float:
+        now = time.time()
+        if self.interval_s % 60 == 0:
+            nxt = (now // 60 + 1) * 60 + self.offset_s
+            while nxt - now > self.interval_s:
+                nxt -= 60
+            return max(1.0, nxt - now)
+        return self.interval_s
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("traffic detectors failed (next run in %.0f s)", self.interval_s)
+            stop.wait(self._next_delay())
+
+
+# ---------------------------------------------------------------------------------------------- owner services
+
+
+def _kafka_producer(bootstrap: str) -> Any:
+    from confluent_kafka import Producer
+
+    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+
+
+@dataclass
+class LiveHandles:
+    """What the services built (for tests and benchmarks): set once the owner has started."""
+
+    dos: LiveDos | None = None
+    feed: DosFeed | None = None
+    api: Any = None
+    traffic: TrafficService | None = None
+
+
+def dos_service(actions: Sequence[Any] | None = None, handles: LiveHandles | None = None) -> Callable[[Any], None]:
+    """An owner service running live DoS detection (see the module doc).  ``actions`` overrides the configured
+    ones (e.g. ``[NftablesAction(netns=...)]``)."""
+
+    def service(ctx: Any) -> None:
+        from forumpulse.detectors.decision_api import DecisionApiServer
+
+        live = LiveDos(ctx.settings, ctx.store, actions=actions)
+        h = handles if handles is not None else LiveHandles()
+        h.dos = live
+        ctx.routes.update(live.routes(getattr(ctx, "password", None)))
+        api_cfg = live.actions_cfg.decision_api
+        if api_cfg.enabled:
+            assert api_cfg.api_key is not None  # the config model refuses an enabled API without a key
+            host, _, port = api_cfg.listen.rpartition(":")
+            h.api = DecisionApiServer(live.registry, api_cfg.api_key.get_secret_value(), host.strip("[]"),
+                                      int(port)).start()
+            log.info("decision stream (CrowdSec bouncers) on http://%s:%d/v1/decisions/stream", host, h.api.port)
+        hook = DosHook(live)
+        threads: list[threading.Thread] = []
+        if live.live.dos_source == "loader":
+            if not getattr(ctx, "consume", True):
+                raise SystemExit("detectors.live.dos_source=loader needs --consume (or use the default feed)")
+            ctx.hooks.append(hook)
+        else:
+            h.feed = DosFeed(ctx.settings, hook, ctx.stop)
+
+            def run_feed() -> None:
+                assert h.feed is not None
+                delay = 1.0
+                while not ctx.stop.is_set():
+                    try:
+                        h.feed.run()
+                    except Exception:
+                        log.exception("dos feed stopped; restarting in %.0f s", delay)
+                        ctx.stop.wait(delay)
+                        delay = min(30.0, delay * 2)
+
+            threads.append(threading.Thread(target=run_feed, name="dos-feed", daemon=True))
+
+        def closer() -> None:
+            ctx.stop.wait()
+            for t in threads:
+                t.join(30)
+            live.close()
+            if h.api is not None:
+                h.api.stop()
+
+        for t in threads:
+            t.start()
+        closer_t = threading.Thread(target=closer, name="dos-close", daemon=True)
+        closer_t.start()
+        ctx.threads.extend([*threads, closer_t])
+
+    return service
+
+
+def traffic_service(publish: bool | None = None, handles: LiveHandles | None = None,
+                    clock: Callable[[], float] = time.time) -> Callable[[Any], None]:
+    """An owner service running the traffic detectors every minute (see :class:`TrafficService`).
+    ``publish``: produce to ``kafka.events_topic`` (default ``detectors.live.publish_events``)."""
+
+    def service(ctx: Any) -> None:
+        live = live_config(ctx.settings)
+        pub = live.publish_events if publish is None else publish
+        producer = _kafka_producer(ctx.settings.kafka.bootstrap_servers) if pub else None
+
+        def produce(topic: str, key: bytes, value: bytes) -> None:
+            assert producer is not None
+            producer.produce(topic, key=key, value=value)
+            producer.poll(0)
+
+        svc = TrafficService(ctx.settings, ctx.store, produce if producer is not None else None, clock=clock,
+                             flush=(lambda: producer.flush(10)) if producer is not None else None)
+        if handles is not None:
+            handles.traffic = svc
+        t = threading.Thread(target=svc.run, args=(ctx.stop,), name="traffic-detectors", daemon=True)
+        t.start()
+        ctx.threads.append(t)
+
+    return service
+
+
+def live_services(dos: bool = False, traffic: bool = False, actions: Sequence[Any] | None = None,
+                  handles: LiveHandles | None = None) -> list[Callable[[Any], None]]:
+    """The owner services for ``forumpulse run --dos --traffic``."""
+    out: list[Callable[[Any], None]] = []
+    if dos:
+        out.append(dos_service(actions, handles))
+    if traffic:
+        out.append(traffic_service(handles=handles))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- owner client
+
+
+def owner_request(owner_url: str, method: str, path: str, params: dict[str, str] | None = None,
+                  password: str | None = None, timeout: float = 10.0) -> tuple[int, Any]:
+    """Call an owner route; returns (status, parsed JSON).  Raises OSError when nothing listens."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    url = owner_url.rstrip("/") + path + ("?" + urllib.parse.urlencode(params) if params else "")
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    if password:
+        req.add_header("X-ClickHouse-Key", password)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return int(r.status), json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        try:
+            return int(exc.code), json.loads(body or b"null")
+        except ValueError:
+            return int(exc.code), {"error": body.decode("utf-8", "replace")[:500]}
+
+
+__all__ = ["DosFeed", "DosHook", "LiveConfig", "LiveDos", "LiveHandles", "TrafficService", "active_from_store",
+           "decision_view", "dos_service", "live_config", "live_services", "normalize_value", "owner_request",
+           "traffic_service"]

@@ -1,0 +1,260 @@
+"""Live detectors in the owner process against the real stack (real Kafka broker, real engine in chDB):
+
+* a flood written as lines into Kafka ``weblogs.raw`` makes the owner (``--dos``, both line sources: the DoS feed
+  group and the loader hook) write a ban row, publish it on ``weblogs.decisions`` (read back), and serve it on
+  the CrowdSec-compatible decision stream over HTTP; background clients are not banned; ``POST /fp/unban``
+  lifts it everywhere; ``unban_command`` / ``decisions_command`` work through the owner and without one;
+* a restarted detector restores the bans still in force from the ``decisions`` table;
+* the traffic service writes detections for a fixture (a site whose answers turn into 5xx) to the table and
+  to ``weblogs.events``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from forumpulse.detectors.dos_cli import decisions_command, unban_command, unban_direct
+from forumpulse.pipeline.config import Settings
+from forumpulse.pipeline.contracts import build_envelope
+from forumpulse.pipeline.live_detect import (
+    LiveDos,
+    LiveHandles,
+    TrafficService,
+    active_from_store,
+    live_services,
+    normalize_value,
+)
+from forumpulse.pipeline.owner import Owner
+from forumpulse.pipeline.process import Processor, SourceContext
+from forumpulse.pipeline.store import Store, migrate, open_store
+from live_stack import Broker, kafka_broker, wait_until
+from test_live_support import Msg, produce
+
+pytestmark = [pytest.mark.kafka]
+
+NO_TTL = {"raw_ttl_days": 0, "rollup_ttl_days": 0, "quarantine_ttl_days": 0, "stats_ttl_days": 0}
+API_KEY = "test-bouncer-key-7f3a"
+ATTACKER = "198.51.100.7"
+_MON = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+
+
+def clf(t: float) -> str:
+    tm = time.gmtime(t)
+    return f"{tm.tm_mday:02d}/{_MON[tm.tm_mon - 1]}/{tm.tm_year}:{tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d} +0000"
+
+
+def line(ip: str, t: float, path: str, ua: str = "Mozilla/5.0 (X11; Linux x86_64) Firefox/121.0") -> str:
+    return f'{ip} - - [{clf(t)}] "GET {path} HTTP/1.1" 200 5120 "https://forum.example/" "{ua}"'
+
+
+def flood_and_background(t0: float, seed: int) -> tuple[list[Msg], set[str]]:
+    """A 25 req/s flood from ATTACKER for 3 s inside 20 s of background traffic (200 clients, 15 lines/s)."""
+    rng = random.Random(seed)
+    rows: list[tuple[float, str, str]] = []
+    background = {f"203.0.113.{i % 250 + 1}" if i < 250 else f"192.0.2.{i % 250 + 1}" for i in range(200)}
+    bg = sorted(background)
+    for i in range(300):
+        rows.append((t0 + i / 15, rng.choice(bg), f"/showthread.php?t={rng.randrange(1, 400)}"))
+    for i in range(75):
+        rows.append((t0 + 8 + i / 25, ATTACKER, "/forumdisplay.php?f=3"))
+    rows.sort()
+    msgs = [Msg(ip.encode(), build_envelope("forum", "web1", "/var/log/apache2/access.log", "combined",
+                                            line(ip, t, path))) for t, ip, path in rows]
+    return msgs, background
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    with kafka_broker(tmp_path_factory.mktemp("kafka")) as b:
+        yield b
+
+
+def _settings(base: Settings, broker: Broker, tag: str, source: str) -> Settings:
+    s = base.model_copy(deep=True)
+    s.kafka.bootstrap_servers = broker.bootstrap
+    s.kafka.raw_topic = broker.create_topic(f"raw-{tag}", 4)
+    s.kafka.dead_letter_topic = broker.create_topic(f"dlq-{tag}", 1)
+    s.kafka.decisions_topic = broker.create_topic(f"decisions-{tag}", 1)
+    s.kafka.events_topic = broker.create_topic(f"events-{tag}", 1)
+    s.kafka.group_id = f"loader-{tag}"
+    s.detectors = {"dos": {"crawlers": {"verify": "ua"}},
+                   "live": {"dos_source": source, "feed_group": f"dos-{tag}", "feed_start": "earliest"}}
+    s.actions = {"decision_api": {"enabled": True, "listen": "127.0.0.1:0", "api_key": API_KEY}}
+    return s
+
+
+def _http(url: str, method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, method=method, headers=headers or {}, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _decisions(store: Store) -> list[tuple[str, str, str]]:
+    return [(str(a), str(v), str(r)) for a, v, r in
+            store.query_rows("SELECT action, value, reason FROM decisions ORDER BY created_at")]
+
+
+@pytest.mark.parametrize("source", ["feed", "loader"])
+def test_flood_through_kafka_is_banned_published_and_served(
+        broker: Broker, chdb_path: Path, settings: Settings, source: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    s = _settings(settings, broker, f"flood-{source}", source)
+    handles = LiveHandles()
+    owner = Owner(s, store_url=f"chdb:{chdb_path}?database=live_{source}", port=0, consume=source == "loader",
+                  services=live_services(dos=True, handles=handles))
+    owner.start()
+    try:
+        assert handles.dos is not None and handles.api is not None
+        assert (handles.feed is not None) == (source == "feed")
+        store = owner.store
+        assert store is not None
+        msgs, background = flood_and_background(1_760_000_000.0, seed=3)
+        produce(broker.bootstrap, s.kafka.raw_topic, msgs)
+
+        wait_until(lambda: any(a == "ban" for a, _, _ in _decisions(store)), 90, what="a ban row")
+        bans = [(v, r) for a, v, r in _decisions(store) if a == "ban"]
+        assert bans == [(ATTACKER, "client_flood")], bans
+        assert not background & {v for v, _ in bans}
+        if source == "loader":  # the loader stored the lines too
+            wait_until(lambda: store.query_rows("SELECT count() FROM requests")[0][0] == len(msgs), 60,
+                       what="all lines loaded")
+
+        published = broker.read_all(s.kafka.decisions_topic, expected=1)
+        payloads = [json.loads(m.value) for m in published]
+        assert [(p["action"], p["value"], p["reason"]) for p in payloads] == [("ban", ATTACKER, "client_flood")]
+        assert published[0].key == ATTACKER.encode()
+
+        api = f"http://127.0.0.1:{handles.api.port}"
+        code, body = _http(api + "/v1/decisions/stream?startup=true", headers={"X-Api-Key": API_KEY})
+        assert code == 200 and [d["value"] for d in body["new"]] == [ATTACKER] and body["deleted"] is None
+        assert body["new"][0]["scope"] == "Ip" and body["new"][0]["type"] == "ban"
+        assert _http(api + "/v1/decisions/stream?startup=true", headers={"X-Api-Key": "wrong"})[0] == 403
+
+        code, active = _http(f"http://127.0.0.1:{owner.port}/fp/decisions")
+        assert code == 200 and [d["value"] for d in active] == [ATTACKER] and active[0]["remaining_s"] > 0
+        capsys.readouterr()
+        decisions_command(config=None, owner=f"http://127.0.0.1:{owner.port}", store=None, password_env=None)
+        listed = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        assert [d["value"] for d in listed] == [ATTACKER]
+
+        # manual unban through the owner (the CLI function): table, Kafka, registry
+        unban_command(ATTACKER, config=None, owner=f"http://127.0.0.1:{owner.port}", store=None, password_env=None,
+                      reason="manual")
+        out = json.loads(capsys.readouterr().out)
+        assert out["via"] == "owner" and out["held"] is True and out["unbanned"] == ATTACKER
+        code, body = _http(api + "/v1/decisions/stream?startup=false", headers={"X-Api-Key": API_KEY})
+        assert body["new"] is None and [d["value"] for d in body["deleted"]] == [ATTACKER]
+        assert [a for a, v, _ in _decisions(store) if v == ATTACKER] == ["ban", "unban"]
+        assert active_from_store(store) == []
+        assert [json.loads(m.value)["action"] for m in broker.read_all(s.kafka.decisions_topic, expected=2)] == \
+            ["ban", "unban"]
+        assert _http(f"http://127.0.0.1:{owner.port}/fp/unban?value=not-an-ip", method="POST")[0] == 400
+    finally:
+        owner.shutdown()
+
+
+def _flood_stream(settings: Settings, ip: str, t0: float) -> pa.Table:
+    lines = [line(ip, t0 + i / 25, "/forumdisplay.php?f=3") for i in range(40)]
+    return Processor(settings).process(lines, SourceContext(format="combined")).stream
+
+
+def test_restart_restores_active_bans_and_direct_unban(chdb_path: Path, settings: Settings,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    store = open_store(f"chdb:{chdb_path}?database=live_restore")
+    try:
+        migrate(store, NO_TTL)
+        first = LiveDos(settings, store, actions=[], publish=False)
+        made = first.process_stream(_flood_stream(settings, "198.51.100.9", 1_760_000_000.0))
+        made += first.process_stream(_flood_stream(settings, "198.51.100.10", 1_760_000_100.0))
+        assert sorted(d.value for d in made) == ["198.51.100.10", "198.51.100.9"]
+        first.unban("198.51.100.10/32")  # lifted before the restart: must not come back
+        first.close()
+
+        second = LiveDos(settings, store, actions=[], publish=False)
+        assert second.restored == 1 and set(second.manager.active) == {"198.51.100.9"}
+        assert [d["value"] for d in second.registry.stream("bouncer", True)["new"] or []] == ["198.51.100.9"]
+        # a repeat flood from a restored ban is suppressed (already banned), not a second decision
+        again = second.process_stream(_flood_stream(settings, "198.51.100.9", 1_760_000_200.0))
+        assert again == [] and second.manager.suppressed["active"] >= 1
+
+        # no owner: unban directly on the store (and the configured actions: none here)
+        out = unban_direct("198.51.100.9", settings, store)
+        assert out["held"] is True and out["via"] == "store" and out["action_errors"] == []
+        assert active_from_store(store) == []
+        assert [a for (a,) in store.query_rows(
+            "SELECT action FROM decisions WHERE value = '198.51.100.9' ORDER BY created_at")] == ["ban", "unban"]
+    finally:
+        store.close()
+    with pytest.raises(ValueError):
+        normalize_value("0.0.0.0/0")
+    with pytest.raises(SystemExit):
+        unban_command("no-such-address", config=None, owner="http://127.0.0.1:9", store=None, password_env=None,
+                      reason="manual")
+
+
+# ------------------------------------------------------------------------------------------------ traffic
+
+
+def _site_requests(site: str, now: datetime, outage_minutes: int) -> pa.Table:
+    """Two days of steady traffic (30/min) for ``site`` up to ``now``; the last ``outage_minutes`` answer 503."""
+    rng = np.random.default_rng(7)
+    start = now.replace(second=0, microsecond=0) - timedelta(days=2)
+    minutes = int((now.replace(second=0, microsecond=0) - start).total_seconds() // 60)
+    counts = rng.poisson(30, minutes)
+    idx = np.repeat(np.arange(minutes), counts)
+    n = len(idx)
+    ts = int(start.timestamp() * 1000) + idx * 60_000 + rng.integers(0, 60_000, n)
+    status = np.where(idx >= minutes - outage_minutes, 503, 200)
+    return pa.table({
+        "ts": pa.array(ts, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+        "site": [site] * n, "origin_host": ["web1"] * n, "origin_file": ["access.log"] * n,
+        "source_format": ["combined"] * n,
+        "client_ip": [f"::ffff:10.1.{(i >> 8) & 255}.{i & 255}" for i in rng.integers(0, 5000, n)],
+        "method": ["GET"] * n, "url": ["/index.php"] * n, "path": ["/index.php"] * n,
+        "status": pa.array(status, pa.uint16()), "bytes": pa.array(rng.integers(500, 9000, n), pa.uint64()),
+        "page_kind": ["forum"] * n, "is_static": [False] * n, "is_bot": [False] * n,
+    })
+
+
+def test_traffic_service_writes_detections_and_events(broker: Broker, chdb_path: Path, settings: Settings) -> None:
+    now = datetime(2026, 3, 11, 14, 0, 30, tzinfo=UTC)
+    s = settings.model_copy(deep=True)
+    s.kafka.bootstrap_servers = broker.bootstrap
+    s.kafka.events_topic = broker.create_topic("events-traffic", 1)
+    s.sites[0].name = "fixture-site"
+    store = open_store(f"chdb:{chdb_path}?database=live_traffic")
+    try:
+        migrate(store, NO_TTL)
+        requests = _site_requests("fixture-site", now, outage_minutes=40)
+        store.insert("requests", requests)
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        svc = TrafficService(s, store, lambda topic, key, value: producer.produce(topic, key=key, value=value),
+                             clock=now.timestamp, flush=lambda: producer.flush(10))
+        dets = svc.tick()
+        rows = store.query_rows("SELECT kind, site, state FROM detections FINAL")
+        assert dets and len(rows) == len({d.id for d in dets})
+        kinds = {str(k) for k, _, _ in rows}
+        assert "outage" in kinds, rows
+        assert {str(site) for _, site, _ in rows} == {"fixture-site"}
+        events = broker.read_all(s.kafka.events_topic, expected=len(dets))
+        assert sorted(json.loads(m.value)["id"] for m in events) == sorted(d.id for d in dets)
+        # the same minute again adds nothing new
+        assert svc.tick() == [] and svc.runs == 2 and svc.errors == 0
+    finally:
+        store.close()
