@@ -1,0 +1,125 @@
+"""docs/configuration.md, forumpulse.example.yaml and `forumpulse config check` agree with the code.
+
+* the key table committed in docs/configuration.md is exactly ``markdown_reference()``;
+* forumpulse.example.yaml loads with ``load_settings`` (every owner-validated section included) and mentions
+  every key of the reference;
+* the documented resolution order holds (file < environment ``FORUMPULSE_<SECTION>__<KEY>``);
+* ``forumpulse config check`` run as a subprocess reports wrong keys and values with the key and the reason, exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import forumpulse.detectors.dos_rules
+import forumpulse.detectors.traffic  # noqa: F401  (register their section validators, as `config check` does)
+import pytest
+from forumpulse.pipeline.config import ConfigError, load_settings, markdown_reference, reference_rows
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "configuration.md"
+EXAMPLE = ROOT / "forumpulse.example.yaml"
+CLI = ROOT / ".venv" / "bin" / "forumpulse"
+BEGIN = "<!-- BEGIN GENERATED: markdown_reference -->\n"
+END = "<!-- END GENERATED: markdown_reference -->"
+
+
+@pytest.fixture(autouse=True)
+def _no_forumpulse_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k.startswith("FORUMPULSE_"):
+            monkeypatch.delenv(k)
+
+
+def test_doc_table_is_the_generated_reference() -> None:
+    text = DOC.read_text()
+    assert text.count(BEGIN) == 1 and text.count(END) == 1, "markers missing or duplicated in docs/configuration.md"
+    committed = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    assert committed == markdown_reference(), (
+        "docs/configuration.md key table is stale: regenerate it with markdown_reference() (see the doc)")
+
+
+def test_doc_mentions_resolution_order_env_and_check() -> None:
+    text = DOC.read_text()
+    for needle in ("FORUMPULSE_<SECTION>__<KEY>", "forumpulse config check", "--config", "$FORUMPULSE_CONFIG"):
+        assert needle in text
+
+
+def test_example_loads_and_passes_every_validator() -> None:
+    s = load_settings(EXAMPLE)
+    assert s.sites[0].timezone == "Asia/Kuala_Lumpur"
+    assert [src.name for src in s.sources] == ["web1", "proxy"]
+    assert s.detectors["dos"]["mode"] == "observe"
+    assert s.privacy.pseudonym_key is None and s.actions["decision_api"]["api_key"] is None  # no secret in the file
+
+
+def test_example_mentions_every_key_of_the_reference() -> None:
+    text = EXAMPLE.read_text()
+    keys = {re.split(r"[.\[\]]+", key.rstrip("]"))[-1] for key, *_ in reference_rows()}
+    missing = sorted(k for k in keys if not re.search(rf"^\s*(- )?{re.escape(k)}:", text, re.M))
+    assert not missing, f"forumpulse.example.yaml does not document: {missing}"
+
+
+def test_example_documents_owner_sections_keys() -> None:
+    from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig
+    from forumpulse.detectors.traffic import TrafficSettings
+
+    text = EXAMPLE.read_text()
+    names = set(DosConfig.model_fields) | set(ActionsConfig.model_fields) | set(TrafficSettings.model_fields)
+    for sub in ActionsConfig.model_fields.values():
+        ann = sub.annotation
+        if isinstance(ann, type) and hasattr(ann, "model_fields"):
+            names |= set(ann.model_fields)
+    missing = sorted(n for n in names if not re.search(rf"^\s*{re.escape(n)}:", text, re.M))
+    assert not missing, f"forumpulse.example.yaml lacks detectors/actions keys: {missing}"
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "f.yaml"
+    cfg.write_text("retention:\n  raw_days: 10\nstore:\n  url: chdb:/from/file\n")
+    assert load_settings(cfg).retention.raw_days == 10
+    monkeypatch.setenv("FORUMPULSE_RETENTION__RAW_DAYS", "7")
+    monkeypatch.setenv("FORUMPULSE_SITES", '[{"name": "board", "timezone": "Europe/Berlin"}]')
+    s = load_settings(cfg)
+    assert s.retention.raw_days == 7
+    assert s.store.url == "chdb:/from/file"
+    assert [(x.name, x.timezone) for x in s.sites] == [("board", "Europe/Berlin")]
+    monkeypatch.setenv("FORUMPULSE_RETENTION__RAW_DAYS", "-1")
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg)
+    assert any(p.startswith("retention.raw_days:") for p in err.value.problems)
+
+
+def _check(path: Path) -> subprocess.CompletedProcess[str]:
+    assert CLI.exists(), f"{CLI} missing: run `make install` first"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORUMPULSE_")}
+    return subprocess.run([str(CLI), "config", "check", "--config", str(path)], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_config_check_accepts_the_example() -> None:
+    r = _check(EXAMPLE)
+    assert r.returncode == 0, r.stderr
+    assert "configuration OK" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "reason"),
+    [
+        ("retention:\n  raw_dayz: 5\n", "retention.raw_dayz", "Extra inputs are not permitted"),
+        ("privacy:\n  client_ip: hide\n", "privacy.client_ip", "Input should be 'keep', 'truncate' or 'pseudonymize'"),
+        ("sites:\n  - name: forum\n    timezone: Mars/Olympus\n", "sites.0.timezone", "unknown time zone"),
+        ("detectors:\n  dos:\n    mode: ban-everyone\n", "detectors.dos.mode", "Input should be 'enforce' or 'observe'"),
+        ("actions:\n  decision_api:\n    enabled: true\n", "actions.decision_api", "needs api_key"),
+    ],
+)
+def test_config_check_reports_key_and_reason(tmp_path: Path, body: str, key: str, reason: str) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(body)
+    r = _check(cfg)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = [ln.strip() for ln in (r.stdout + r.stderr).splitlines()]
+    assert any(ln.startswith(f"{key}:") and reason in ln for ln in lines), lines
