@@ -1,0 +1,391 @@
+"""deploy/compose: the compose stack is valid without a Docker engine.
+
+* the file validates against the compose-spec JSON schema (vendored in tests/fixtures/deploy, Apache-2.0), before
+  and after variable interpolation, and with Debian's ``docker-compose`` 1.29 ``config``;
+* secrets have no defaults (``${VAR:?message}``): compose refuses to render without them;
+* every image (compose and Dockerfile ``FROM``) has an explicit version tag, every mounted file and build input
+  exists in the repo, long-running services have health checks;
+* the forumpulse commands and options the stack runs exist in the CLI;
+* the helper scripts (ClickHouse user init, Kafka topics, syslog-ng entrypoint) do what the stack relies on,
+  run against recording stand-ins for ``clickhouse`` / ``kafka-topics.sh`` and the real ``syslog-ng --syntax-only``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_DIR = ROOT / "deploy" / "compose"
+COMPOSE = COMPOSE_DIR / "docker-compose.yml"
+SCHEMA = Path(__file__).resolve().parent / "fixtures" / "deploy" / "compose-spec.json"
+CLI = ROOT / ".venv" / "bin" / "forumpulse"
+
+SECRETS = ["CLICKHOUSE_ADMIN_PASSWORD", "FORUMPULSE_INGEST_PASSWORD", "GRAFANA_CH_PASSWORD",
+           "GRAFANA_ADMIN_PASSWORD", "FORUMPULSE_DECISION_API_KEY", "KAFKA_CLUSTER_ID"]
+TEST_ENV = {name: f"t3st{i}value" for i, name in enumerate(SECRETS)}
+
+_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class MissingVariable(Exception):
+    pass
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose-spec interpolation: ${V}, ${V:-default}, ${V-default}, ${V:?err}, ${V?err}, $V, $$ -> $."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1) or m.group(4)
+        op, arg = m.group(2), m.group(3)
+        val = env.get(name)
+        unset_or_empty = val is None or (val == "" and op is not None and op.startswith(":"))
+        if op in (":-", "-"):
+            return arg if unset_or_empty else (val or "")
+        if op in (":?", "?"):
+            if unset_or_empty:
+                raise MissingVariable(f"{name}: {arg}")
+            return val or ""
+        return val or ""
+
+    return _VAR.sub(sub, value)
+
+
+def load_compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def resolved() -> dict[str, Any]:
+    return interpolate(load_compose(), TEST_ENV)
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    s = json.loads(SCHEMA.read_text())
+    jsonschema.Draft7Validator.check_schema(s)
+    return s
+
+
+def test_schema_fixture_has_attribution() -> None:
+    att = (SCHEMA.parent / "ATTRIBUTION.md").read_text()
+    assert "compose-spec/compose-spec" in att and "Apache" in att
+
+
+def test_raw_and_interpolated_files_validate_against_compose_spec(schema: dict[str, Any]) -> None:
+    jsonschema.Draft7Validator(schema).validate(load_compose())
+    jsonschema.Draft7Validator(schema).validate(resolved())
+
+
+def test_schema_rejects_a_broken_file(schema: dict[str, Any]) -> None:
+    """The vendored schema really constrains services (guards against a schema that accepts everything)."""
+    bad = resolved()
+    bad["services"]["kafka"]["restrat"] = "always"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(schema).validate(bad)
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+def _docker_compose() -> str:
+    exe = shutil.which("docker-compose")
+    assert exe, "docker-compose not found: apt-get install docker-compose (Debian 12 ships 1.29; needs no engine)"
+    return exe
+
+
+def _env_file(tmp_path: Path, values: dict[str, str]) -> Path:
+    example = (COMPOSE_DIR / ".env.example").read_text()
+    lines = []
+    for ln in example.splitlines():
+        m = re.match(r"^([A-Z0-9_]+)=(.*)$", ln)
+        if m and m.group(1) in values:
+            ln = f"{m.group(1)}={values[m.group(1)]}"
+        lines.append(ln)
+    p = tmp_path / "test.env"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_env_example_lists_every_variable_and_no_secret_values() -> None:
+    text = (COMPOSE_DIR / ".env.example").read_text()
+    assigned = dict(re.findall(r"^([A-Z0-9_]+)=(.*)$", text, re.M))
+    used = {m.group(1) or m.group(4) for text in _strings(load_compose()) for m in _VAR.finditer(text)
+            if m.group(0) != "$$"}
+    used -= {"DETECT_WINDOW_HOURS", "DETECT_INTERVAL_S"}  # container-side shell variables ($$ escaped)
+    assert used - set(assigned) == set(), f".env.example misses {sorted(used - set(assigned))}"
+    for name in SECRETS:
+        assert assigned[name] == "", f"{name} must have no value in .env.example"
+
+
+def test_docker_compose_1_29_config_accepts_the_file(tmp_path: Path) -> None:
+    exe = _docker_compose()
+    env = {k: v for k, v in os.environ.items() if k not in SECRETS}
+    r = subprocess.run([exe, "--env-file", str(_env_file(tmp_path, TEST_ENV)), "-f", str(COMPOSE), "config"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rendered = yaml.safe_load(r.stdout)
+    assert set(rendered["services"]) == set(load_compose()["services"])
+    assert rendered["services"]["forumpulse-consumer"]["scale"] == 2
+    url = rendered["services"]["forumpulse-consumer"]["environment"]["FORUMPULSE_STORE__URL"]
+    assert url == f"clickhouse://forumpulse_ingest:{TEST_ENV['FORUMPULSE_INGEST_PASSWORD']}@clickhouse:8123/forumpulse"
+
+
+@pytest.mark.parametrize("missing", SECRETS)
+def test_no_default_secrets_compose_refuses_without_them(tmp_path: Path, missing: str) -> None:
+    exe = _docker_compose()
+    values = {k: v for k, v in TEST_ENV.items() if k != missing}
+    env = {k: v for k, v in os.environ.items() if k not in SECRETS}
+    r = subprocess.run([exe, "--env-file", str(_env_file(tmp_path, values)), "-f", str(COMPOSE), "config"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode != 0
+    assert f"set {missing}" in r.stderr, r.stderr
+    with pytest.raises(MissingVariable, match=missing):
+        interpolate(load_compose(), {k: v for k, v in TEST_ENV.items() if k != missing})
+
+
+def test_secret_looking_settings_are_required_variables() -> None:
+    for name, svc in load_compose()["services"].items():
+        for key, value in (svc.get("environment") or {}).items():
+            if re.search(r"PASSWORD|API_KEY|SECRET|CLUSTER_ID", key) or (key == "FORUMPULSE_STORE__URL"):
+                assert isinstance(value, str) and ":?" in value, f"{name}.{key} must be ${{VAR:?...}}, got {value!r}"
+
+
+def _image_tag_ok(image: str) -> bool:
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag != "latest" and re.search(r"\d", tag) is not None
+
+
+def _dockerfiles() -> list[Path]:
+    out = []
+    for svc in resolved()["services"].values():
+        b = svc.get("build")
+        if b:
+            out.append((COMPOSE_DIR / b["context"] / b["dockerfile"]).resolve())
+    return sorted(set(out))
+
+
+def test_every_image_is_pinned() -> None:
+    images = [svc["image"] for svc in resolved()["services"].values() if "image" in svc]
+    assert images, "no images found"
+    bad = [i for i in images if not _image_tag_ok(i)]
+    assert not bad, f"unpinned images: {bad}"
+    froms = []
+    for df in _dockerfiles():
+        froms += re.findall(r"^FROM\s+(\S+)", df.read_text(), re.M)
+    assert len(froms) >= 2
+    assert all(_image_tag_ok(f) for f in froms), froms
+    assert not _image_tag_ok("grafana/grafana:latest") and not _image_tag_ok("prom/prometheus")
+
+
+def test_every_mounted_file_and_build_input_exists() -> None:
+    raw = load_compose()
+    for name, svc in resolved()["services"].items():
+        raw_vols = raw["services"][name].get("volumes") or (raw.get("x-forumpulse", {}).get("volumes") or [])
+        for vol, raw_vol in zip(svc.get("volumes", []), raw_vols, strict=False):
+            src = vol.split(":", 1)[0]
+            if not src.startswith((".", "/")):
+                assert src in raw["volumes"], f"{name}: named volume {src} not declared"
+                continue
+            if raw_vol.startswith("${"):
+                continue  # host data folder chosen by the user (log directories), not a repo file
+            path = (COMPOSE_DIR / src).resolve()
+            assert path.exists(), f"{name}: mounted {src} does not exist ({path})"
+            assert ROOT in path.parents, f"{name}: {src} is outside the repo"
+        b = svc.get("build")
+        if b:
+            ctx = (COMPOSE_DIR / b["context"]).resolve()
+            df = ctx / b["dockerfile"]
+            assert df.is_file(), df
+            for line in re.findall(r"^COPY\s+(.+)$", df.read_text(), re.M):
+                for src in line.split()[:-1]:
+                    assert (ctx / src).exists(), f"{df.name}: COPY source {src} missing"
+
+
+def test_long_running_services_have_healthchecks_and_restart() -> None:
+    services = resolved()["services"]
+    oneshots = {n for n, s in services.items() if s.get("restart") == "no"}
+    assert oneshots == {"kafka-init", "forumpulse-migrate"}
+    for name, svc in services.items():
+        if name in oneshots:
+            continue
+        assert svc.get("restart") == "unless-stopped", name
+        if name != "forumpulse-detectors":  # a periodic loop with no port to probe
+            assert "test" in svc.get("healthcheck", {}), f"{name} has no healthcheck"
+    for name in ("forumpulse-consumer", "forumpulse-owner"):
+        deps = services[name]["depends_on"]
+        assert deps["forumpulse-migrate"]["condition"] == "service_completed_successfully"
+        assert deps["kafka-init"]["condition"] == "service_completed_successfully"
+
+
+def test_published_ports_bind_the_configured_address() -> None:
+    for name, svc in load_compose()["services"].items():
+        for p in svc.get("ports", []):
+            assert p.startswith("${FORUMPULSE_BIND:-127.0.0.1}:"), f"{name}: {p} must bind FORUMPULSE_BIND"
+
+
+def _forumpulse_commands() -> list[list[str]]:
+    cmds = []
+    for svc in resolved()["services"].values():
+        c = svc.get("command")
+        if isinstance(c, list) and c and c[0] == "forumpulse":
+            cmds.append(c[1:])
+        elif isinstance(c, list) and c[:2] == ["/bin/sh", "-c"]:
+            m = re.search(r"forumpulse ((?:[a-z-]+ ?)+)(.*?)(?:>|\|\||;|$)", c[2])
+            assert m, c
+            cmds.append(m.group(1).split() + m.group(2).split())
+    return cmds
+
+
+def _help(path: list[str]) -> str:
+    assert CLI.exists(), f"{CLI} missing: run `make install` first"
+    r = subprocess.run([str(CLI), *path, "--help"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, f"`forumpulse {' '.join(path)}` is not a command: {r.stderr[-500:]}"
+    return r.stdout
+
+
+def test_forumpulse_commands_and_options_exist() -> None:
+    cmds = _forumpulse_commands()
+    assert len(cmds) >= 4
+    for argv in cmds:
+        words = [w for w in argv if not w.startswith("-")]
+        path = []
+        for w in words:
+            if w.startswith(('"', "$")) or w[0].isdigit() or w.startswith("0.0"):
+                break
+            path.append(w)
+        text = _help(path)
+        for opt in (a for a in argv if a.startswith("--")):
+            assert opt in text, f"forumpulse {' '.join(path)} has no option {opt}"
+
+
+def test_compose_forumpulse_config_is_valid_with_the_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    import forumpulse.detectors.dos_rules
+    import forumpulse.detectors.traffic  # noqa: F401
+    from forumpulse.pipeline.config import ConfigError, load_settings
+
+    for k in list(os.environ):
+        if k.startswith("FORUMPULSE_"):
+            monkeypatch.delenv(k)
+    cfg = COMPOSE_DIR / "forumpulse.yaml"
+    with pytest.raises(ConfigError, match=r"actions\.decision_api"):
+        load_settings(cfg)
+    env = resolved()["services"]["forumpulse-owner"]["environment"]
+    for k, v in env.items():
+        if k.startswith("FORUMPULSE_") and k != "FORUMPULSE_CONFIG":
+            monkeypatch.setenv(k, str(v))
+    s = load_settings(cfg)
+    assert s.store.url.startswith("clickhouse://forumpulse_ingest:")
+    assert s.kafka.bootstrap_servers == "kafka:9092"
+
+
+# ---------------------------------------------------------------------------------------- helper scripts
+
+
+def _recorder(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    log = tmp_path / f"{name}.log"
+    exe = tmp_path / name
+    exe.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{log}"\n')
+    exe.chmod(0o755)
+    return exe, log
+
+
+def test_clickhouse_init_creates_users_with_passwords_as_parameters(tmp_path: Path) -> None:
+    script = ROOT / "deploy" / "clickhouse" / "initdb" / "10-forumpulse-users.sh"
+    fake, log = _recorder(tmp_path, "clickhouse")
+    env = {"PATH": os.environ["PATH"], "CLICKHOUSE_CLIENT": str(fake), "CLICKHOUSE_USER": "admin",
+           "CLICKHOUSE_PASSWORD": "adm1n", "FORUMPULSE_INGEST_PASSWORD": "ing3st", "GRAFANA_CH_PASSWORD": "gr4f",
+           "FORUMPULSE_SQL_DIR": str(ROOT / "deploy" / "clickhouse")}
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    assert "CREATE DATABASE IF NOT EXISTS forumpulse" in calls[0]
+    ingest = [c for c in calls if "ingest_user.sql" in c]
+    grafana = [c for c in calls if "grafana_user.sql" in c]
+    assert len(ingest) == 1 and "--param_pw=ing3st" in ingest[0]
+    assert len(grafana) == 1 and "--param_pw=gr4f" in grafana[0]
+    for c in ingest + grafana:
+        sql = Path(c.split("--queries-file ")[1].strip())
+        assert sql.is_file() and "{pw:String}" in sql.read_text()
+    del env["GRAFANA_CH_PASSWORD"]
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode != 0 and "GRAFANA_CH_PASSWORD" in r.stderr
+
+
+def test_ingest_user_sql_is_least_privilege() -> None:
+    sql = (ROOT / "deploy" / "clickhouse" / "ingest_user.sql").read_text()
+    grants = re.findall(r"^GRANT (.+?) ON (\S+) TO forumpulse_writer;", sql, re.M)
+    assert grants, "no grants found"
+    for privs, target in grants:
+        assert target.startswith(("forumpulse.", "system.")), target
+        assert not re.search(r"\b(ALL|DROP|ALTER|TRUNCATE|ACCESS MANAGEMENT)\b", privs), privs
+        if target.startswith("system."):
+            assert privs == "SELECT"
+    assert "{pw:String}" in sql and "IDENTIFIED WITH sha256_password" in sql
+
+
+def test_kafka_topics_script(tmp_path: Path) -> None:
+    fake, log = _recorder(tmp_path, "kafka-topics.sh")
+    script = COMPOSE_DIR / "kafka-topics.sh"
+    env = {"PATH": os.environ["PATH"], "KAFKA_TOPICS": str(fake), "RAW_PARTITIONS": "12"}
+    r = subprocess.run(["bash", str(script), "kafka:9092"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    creates = {c.split("--topic ")[1].split()[0]: c for c in log.read_text().splitlines() if "--create" in c}
+    assert set(creates) == {"weblogs.raw", "weblogs.raw.dlq", "weblogs.events", "weblogs.decisions"}
+    assert "--partitions 12" in creates["weblogs.raw"] and "--if-not-exists" in creates["weblogs.raw"]
+    assert all("--bootstrap-server kafka:9092" in c for c in creates.values())
+    env["RAW_PARTITIONS"] = "0"
+    r = subprocess.run(["bash", str(script), "kafka:9092"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "RAW_PARTITIONS" in r.stderr
+
+
+def _entrypoint(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    assert shutil.which("syslog-ng"), "syslog-ng not found: apt-get install syslog-ng-core syslog-ng-mod-rdkafka"
+    env = {"PATH": os.environ["PATH"], "FP_CHECK_ONLY": "1", "FP_STATE_DIR": str(tmp_path / "state"),
+           "FP_TEMPLATE": str(ROOT / "syslog-ng" / "forumpulse.conf"),
+           "FP_RENDER": str(ROOT / "deploy" / "syslog-ng" / "syslogng.sh"),
+           "FP_HEARTBEAT_CMD": str(ROOT / "syslog-ng" / "heartbeat.sh"), **extra}
+    return subprocess.run(["bash", str(COMPOSE_DIR / "syslog-ng-entrypoint.sh")], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def test_syslog_ng_entrypoint_renders_a_valid_config(tmp_path: Path) -> None:
+    r = _entrypoint(tmp_path, FP_KAFKA_BOOTSTRAP="kafka:9092", FP_ORIGIN_HOST="web7",
+                    FP_SYSLOGNG_DEFINES="fp_squid_site=proxy2 fp_vhost_format=combined_d")
+    assert r.returncode == 0, r.stderr
+    conf = (tmp_path / "state" / "syslog-ng.conf").read_text()
+    for line in ('@define fp_kafka_bootstrap "kafka:9092"', '@define fp_listen_ip "0.0.0.0"',
+                 '@define fp_origin_host "web7"', '@define fp_squid_site "proxy2"',
+                 '@define fp_vhost_format "combined_d"', f'@define fp_state_dir "{tmp_path}/state/buffer"'):
+        assert line in conf
+
+
+def test_syslog_ng_entrypoint_rejects_unknown_defines(tmp_path: Path) -> None:
+    r = _entrypoint(tmp_path, FP_SYSLOGNG_DEFINES="fp_no_such_define=1")
+    assert r.returncode != 0 and "fp_no_such_define" in r.stderr
