@@ -47,7 +47,7 @@ import time
 import traceback
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -99,7 +99,7 @@ def shell(cmd: list[str]) -> str:
     return " ".join(shlex.quote(str(c)) for c in cmd)
 
 
-def run_measured(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None,
+def run_measured(cmd: Sequence[str | Path], cwd: Path | None = None, env: dict[str, str] | None = None,
                  log_dir: Path | None = None, check: bool = True) -> Measured:
     """Run ``cmd`` to completion; wall time from spawn to exit and ``ru_maxrss`` from ``wait4``."""
     log_dir = log_dir or Path(tempfile.gettempdir())
@@ -438,11 +438,12 @@ def child_consumer(a: dict[str, Any]) -> dict[str, Any]:
         c.close()
         cfg = write_settings(work / "consumer.yaml", f"chdb:{work}/chdb", broker.bootstrap)
         idle = 2.0
-        m = run_measured([PY, "-m", "forumpulse.pipeline.consumer", "--config", cfg, "--topic", "bench.raw",
+        cm = run_measured([PY, "-m", "forumpulse.pipeline.consumer", "--config", cfg, "--topic", "bench.raw",
                           "--dead-letter-topic", "bench.dlq", "--group", "fp-bench", "--instance-id", "bench",
                           "--batch-lines", str(a.get("batch_lines", 50_000)), "--idle-exit", str(idle)],
                          cwd=REPO, log_dir=work)
-        summary = next((json.loads(x) for x in reversed(m.out.splitlines()) if x.startswith("{")), {})
+        summary: dict[str, Any] = next((json.loads(x) for x in reversed(cm.out.splitlines()) if x.startswith("{")),
+                                       {})
         # start-up (interpreter, imports, chDB open, migrations) measured alone on an empty store
         m0 = run_measured([PY, "-c", "import sys; from forumpulse.pipeline.config import load_settings; "
                            "from forumpulse.pipeline.store import open_store, migrate; "
@@ -451,12 +452,12 @@ def child_consumer(a: dict[str, Any]) -> dict[str, Any]:
                           cwd=REPO, log_dir=work)
         kafka_rss = vm_hwm_kb(pid_file(broker.dir / "kafka.pid"))
     counts = child_count({"store": f"chdb:{work}/chdb"})
-    load_s = max(m.seconds - idle - m0.seconds, 1e-9)
+    load_s = max(cm.seconds - idle - m0.seconds, 1e-9)
     return {"messages": n, "avg_value_bytes": nbytes / max(got, 1), "produce_msg_s": n / produce_s,
             "bare_read": got, "bare_s": bare_s, "bare_msg_s": got / bare_s if bare_s > 0 else 0.0,
-            "consumer_wall_s": m.seconds, "startup_s": m0.seconds, "idle_exit_s": idle, "load_s": load_s,
-            "consumer_lines_s": n / load_s, "consumer_lines_s_with_startup": n / max(m.seconds - idle, 1e-9),
-            "consumer_rss_kb": m.max_rss_kb, "kafka_rss_kb": kafka_rss, "rows": counts, "summary": summary}
+            "consumer_wall_s": cm.seconds, "startup_s": m0.seconds, "idle_exit_s": idle, "load_s": load_s,
+            "consumer_lines_s": n / load_s, "consumer_lines_s_with_startup": n / max(cm.seconds - idle, 1e-9),
+            "consumer_rss_kb": cm.max_rss_kb, "kafka_rss_kb": kafka_rss, "rows": counts, "summary": summary}
 
 
 def _http_count(port: int) -> int:
