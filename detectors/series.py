@@ -73,7 +73,8 @@ class Detection:
             "id": self.id, "kind": self.kind, "site": self.site, "scope": self.scope,
             "start": _iso(self.start), "end": _iso(self.end) if self.end else None, "peak_ts": _iso(self.peak_ts),
             "observed": round(self.observed, 4), "expected": round(self.expected, 4),
-            "score": round(self.score, 4), "label": self.label, "state": self.state, "detail": d["detail"],
+            "score": round(self.score, 4), "label": self.label, "state": self.state,
+            "detail": {k: v for k, v in d["detail"].items() if not k.startswith("_")},
         }
         return json.dumps(out, sort_keys=False, default=str)
 
