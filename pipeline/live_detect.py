@@ -455,7 +455,7 @@ class DosFeed:
                     stream = self.stream_of(msgs)
                     if stream is not None:
                         self.lines += stream.num_rows
-                        self.hook(stream, BatchInfo(self.topic, -1, msgs[0].offset(), msgs[-1].offset(), False))
+                        self.hook(stream, BatchInfo(self.topic, -1, msgs[0].offset() or 0, msgs[-1].offset() or 0, False))
                     self.batches += 1
                 except Exception:
                     self.errors += 1
