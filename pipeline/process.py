@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from forumpulse.pipeline.config import Settings
@@ -30,6 +31,9 @@ from forumpulse.pipeline.formats import get_parser
 from forumpulse.pipeline.privacy import Privacy
 from forumpulse.pipeline.record import RECORD_FIELDS, Drop
 from forumpulse.pipeline.tables import QUARANTINE_SCHEMA, STREAM_SCHEMA
+
+if TYPE_CHECKING:
+    from forumpulse.pipeline.fastpath import FastPath
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class Processor:
         self.max_line_bytes = settings.ingest.max_line_bytes
         self._parsers: dict[str, object] = {}
         self._ip_changes = settings.privacy.client_ip != "keep"
+        self._fast: FastPath | None = None
 
     def parser(self, spec: str) -> object:
         p = self._parsers.get(spec)
@@ -84,6 +89,33 @@ class Processor:
     def process(
         self, lines: Sequence[bytes | str], ctx: SourceContext, line_no_base: int = 0, source_ref: str = ""
     ) -> ProcessedBatch:
+        """Process one chunk of lines of one source.  Uses the vectorised fast path (:mod:`.fastpath`) when the
+        lines are ``bytes`` and the format is supported, else :meth:`process_reference`; both give equal tables
+        (only ``quarantine.ingested_at``, the wall clock, differs between calls)."""
+        if self._fast is None:
+            from forumpulse.pipeline.fastpath import FastPath
+
+            self._fast = FastPath(self)
+        if lines and self._fast.supports(ctx.format):
+            batch = self._fast.run(lines, ctx, line_no_base, source_ref)
+            if batch is not None:
+                return batch
+        return self.process_reference(lines, ctx, line_no_base, source_ref)
+
+    def process_reference(
+        self, lines: Sequence[bytes | str], ctx: SourceContext, line_no_base: int = 0, source_ref: str = ""
+    ) -> ProcessedBatch:
+        """The per-line implementation: the definition of what :meth:`process` returns."""
+        rows, real_ips, bad, newest = self.reference_rows(ctx, enumerate(lines))
+        return self.assemble(_to_table(rows, STREAM_SCHEMA.names, STREAM_SCHEMA), real_ips, bad, newest,
+                             len(lines), ctx, line_no_base, source_ref)
+
+    def reference_rows(
+        self, ctx: SourceContext, items: Iterable[tuple[int, bytes | str]]
+    ) -> tuple[list[tuple[object, ...]], list[str | None], list[tuple[int, bytes, Drop, str]], int | None]:
+        """Per-line processing of ``(index, raw)`` pairs: stream rows, real client addresses, quarantined
+        ``(index, raw, drop, format)`` and the newest timestamp.  For ``auto`` the parser's preset state carries
+        over from line to line (and from call to call), as it does in :meth:`process_reference`."""
         parser = self.parser(ctx.format)
         parse = parser.parse  # type: ignore[attr-defined]
         derive = self.enricher.derive
@@ -98,7 +130,7 @@ class Processor:
         real_ips: list[str | None] = []
         bad: list[tuple[int, bytes, Drop, str]] = []
         newest = None
-        for i, raw in enumerate(lines):
+        for i, raw in items:
             text = decode_line(raw)
             r = parse(text)
             if isinstance(r, Drop):
@@ -119,19 +151,26 @@ class Processor:
                 cache_result, hierarchy, upstream, ctype, vhost, topic_id or 0, page_kind, is_static, is_bot,
                 bot_name, query,
             ))
-        full = _to_table(rows, STREAM_SCHEMA.names, STREAM_SCHEMA)
+        return rows, real_ips, bad, newest
+
+    def assemble(
+        self, full: pa.Table, real_ips: Sequence[str | None] | pa.Array, bad: Sequence[tuple[int, bytes, Drop, str]],
+        newest: int | None, read: int, ctx: SourceContext, line_no_base: int, source_ref: str,
+    ) -> ProcessedBatch:
+        """The batch from the stream-shaped table of loaded rows (in input order) and the quarantined lines."""
         requests = full.drop_columns(["query"])
-        if self._ip_changes and rows:
-            stream = full.set_column(STREAM_SCHEMA.names.index("client_ip"), "client_ip", pa.array(real_ips, pa.string()))
+        if self._ip_changes and full.num_rows:
+            ips = real_ips if isinstance(real_ips, pa.Array) else pa.array(real_ips, pa.string())
+            stream = full.set_column(STREAM_SCHEMA.names.index("client_ip"), "client_ip", ips)
         else:
             stream = full
         now_ms = int(time.time() * 1000)
+        site, ohost, ofile = ctx.site, ctx.origin_host, ctx.origin_file
         qrows = [
             (now_ms, site, ohost, ofile, fmt_spec, d.reason, d.detail, rawb, line_no_base + i, source_ref)
             for i, rawb, d, fmt_spec in bad
         ]
         quarantine = _to_table(qrows, QUARANTINE_SCHEMA.names, QUARANTINE_SCHEMA)
-        read = len(lines)
         if requests.num_rows + quarantine.num_rows != read:  # pragma: no cover - a broken invariant is a bug
             raise AssertionError(f"processing lost lines: {read} read, {requests.num_rows}+{quarantine.num_rows} out")
         return ProcessedBatch(

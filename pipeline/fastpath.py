@@ -1,0 +1,880 @@
+"""Vectorised processing of a chunk of raw lines: the fast path behind :meth:`Processor.process`.
+
+The per-line path (:meth:`forumpulse.pipeline.process.Processor.process_reference`) costs ~10 µs per line in
+Python.  This module does the same work per *chunk* with Arrow compute kernels (C++, RE2) and calls the exact
+reference functions (timestamp, client, request-line, privacy, enrichment) once per *distinct* value instead of
+once per line.
+
+How a chunk is processed (:meth:`FastPath.run`):
+
+1. the raw lines (``bytes``, trailing newline included) are joined into one Arrow string array without copying
+   them one by one; invalid UTF-8 lines are left to the reference path;
+2. one RE2 regex per format (:class:`SplitPlan`, built from the same tokens as the format's own ``fast`` regex)
+   accepts a line only if it is a *subset* match: the format's strict regex matches it, the quoted fields hold
+   no ``"`` and the unquoted fields hold no whitespace (except the one space inside ``[10/Oct/2000:13:55:36
+   -0700]``).  For such a line the field boundaries are fixed, so splitting on ``"`` and then on `` `` yields
+   exactly the regex groups;
+3. fields are converted column-wise: numbers by Arrow casts (length-guarded, so nothing overflows), the rest
+   through :func:`pyarrow.compute.dictionary_encode` and one call of the reference converter per distinct
+   value (timestamps, clients, request lines, statuses, referers, user agents repeat a lot);
+4. every line that was not accepted, or whose value did not convert (a ``Drop`` on the reference path, an
+   over-long number, an over-long line), goes through the reference per-line code, so drops, reasons, details
+   and lenient parsing are exactly the reference's;
+5. both parts are merged back into input order.
+
+Guarantee: :meth:`FastPath.run` returns tables equal (``pa.Table.equals``, same schema, same values, one chunk)
+to :meth:`Processor.process_reference` on the same input; tests/test_fastpath*.py check this on every fixture
+log and on generated lines.  It relies on ``Enricher.derive`` being the composition of a page part (method,
+path, query, content type) and a bot part (``BotDetector.detect`` of the user agent), as documented there.
+
+Formats: every preset except ``squid`` (native squid lines are whitespace-padded; they take the reference path),
+``auto`` (the preset state machine of ``AutoParser`` is replayed: runs of lines the current preset accepts are
+vectorised, every other line goes through the parser itself), and custom ``apache:``/``nginx:`` specs built
+from supported directives (:func:`plan_for_spec` returns ``None`` otherwise and the reference path is used).
+
+Misuse: the fast path only takes ``bytes`` lines (``str`` lines use the reference path); it is not
+thread-safe (it uses the processor's caches and parser).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from forumpulse.pipeline.formats import PRESETS, compile_spec
+from forumpulse.pipeline.formats import _values as V
+from forumpulse.pipeline.formats.compiler import (
+    CLIENT,
+    FLOAT,
+    NUM,
+    SQUID_SS,
+    STR,
+    TIME_CLF,
+    TIME_RAW,
+    WORD,
+    Tok,
+    _field_rx,
+    build_regexes,
+    tokenize_apache,
+    tokenize_nginx,
+)
+from forumpulse.pipeline.record import Drop
+from forumpulse.pipeline.tables import STREAM_SCHEMA
+
+if TYPE_CHECKING:
+    from forumpulse.pipeline.process import ProcessedBatch, Processor, SourceContext
+
+__all__ = ["FastPath", "SplitPlan", "plan_for_spec"]
+
+# Python re.ASCII \s is exactly these six characters (RE2's \s lacks \v), so classes are spelled out.
+_WS = r"\t\n\x0b\x0c\r "
+_SLOTS_OK = {
+    "ignore", "time", "client_a", "client_c", "client_h", "ident", "user", "request", "status_final", "status",
+    "status_orig", "bytes_body", "bytes_total", "el_us", "el_ms", "el_s", "referer", "user_agent", "upstream",
+    "content_type", "vhost_v", "vhost_V", "vhost_host", "vhost_sn", "squid_ss",
+}
+#: H1's fast bodies that can hold neither whitespace nor a quote, kept as they are (RE2 reads them alike).
+_SAFE_BODIES = {
+    r"\d+|-": r"\d+|-",
+    r"\d+(?:\.\d+)?|-": r"\d+(?:\.\d+)?|-",
+    r"\d{4}-[\d:T.+Z-]+|-": r"\d{4}-[\d:T.+Z-]+|-",
+    r"[A-Za-z_0-9]+:[A-Za-z_0-9]+|-": r"[A-Za-z_0-9]+:[A-Za-z_0-9]+|-",
+}
+_SAFE_CHARS = set("0123456789-.:+TZ_ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+_RE2_SPECIAL = set("\\.+*?()|[]{}^$")
+
+
+def _re2_escape(text: str) -> str:
+    return "".join("\\" + c if c in _RE2_SPECIAL else c for c in text)
+
+
+@dataclass
+class _Field:
+    """Where one needed field sits after splitting: quote segment, piece range, literal prefix/suffix, and the
+    literals separating it from earlier fields of the same piece (split on their first occurrence)."""
+
+    group: int
+    segment: int
+    quoted: bool
+    piece: int = 0
+    two_pieces: bool = False
+    prefix: str = ""
+    suffix: str = ""
+    before: tuple[str, ...] = ()  # literals between the piece start (after prefix) and this field
+    after: str = ""  # literal that follows this field inside the piece ("" when the field ends the piece)
+    last: bool = False  # the field ends the line (strip the newline)
+
+
+@dataclass
+class SplitPlan:
+    """Vectorised extraction recipe of one format (see the module docstring)."""
+
+    name: str
+    regex: str  # RE2, anchored, no groups
+    n_segments: int
+    pieces: dict[int, int]  # even segment -> number of space-separated pieces (only for segments we split)
+    fields: dict[int, _Field]  # group index -> location
+    toks: list[Tok]
+    slots: dict[str, list[int]]
+    time_kind: str  # clf | iso | epoch
+
+
+def _tokens_for(spec: str) -> list[Tok] | None:
+    kind, _, body = spec.partition(":")
+    if kind == "apache":
+        return tokenize_apache(body)
+    if kind == "nginx":
+        return tokenize_nginx(body)
+    if kind == "squid" and body == "combined":
+        from forumpulse.pipeline.formats.squid import COMBINED_LOGFORMAT
+
+        toks = tokenize_apache(COMBINED_LOGFORMAT)
+        toks.append(Tok(literal=" "))
+        toks.append(Tok(slot="squid_ss", kind=SQUID_SS))
+        return toks
+    return None
+
+
+def _restricted_body(toks: list[Tok], i: int, quoted: bool) -> str | None:
+    """RE2 body accepting a subset of the format's fast body: no quote, no whitespace (one space in a CLF time)."""
+    t = toks[i]
+    body = _field_rx(toks, i, "fast")
+    if quoted:
+        return body if body in (r'[^"]*', r'-|[^"]*') else None
+    if t.kind == TIME_CLF and body == r"\[[^\]]*\]|-":
+        return rf'\[[^\]"{_WS}]* [^\]"{_WS}]*\]'
+    if t.kind == TIME_RAW and t.ts_kind == "clf" and body == r"[^\]]*":
+        return rf'[^\]"{_WS}]* [^\]"{_WS}]*'
+    cond = ""
+    if body.startswith("-|"):
+        cond, body = "-|", body[2:]
+    if body in _SAFE_BODIES:
+        return cond + _SAFE_BODIES[body]
+    if body in (r"\S+", r"\S*"):
+        return cond + rf'[^"{_WS}]' + body[-1]
+    m = re.fullmatch(r"\[\^\\s(\\?.)\]\+", body)
+    if m:  # [^\s<stop>]+
+        return cond + rf'[^"{_WS}{m.group(1)}]+'
+    return None
+
+
+def plan_time_two(body: str) -> bool:
+    """A restricted CLF time body: one space inside, so it spans two space-separated pieces."""
+    return body.endswith(rf'* [^\]"{_WS}]*\]') or body.endswith(rf'* [^\]"{_WS}]*')
+
+
+def _can_contain(body: str, c: str) -> bool:
+    """Whether a restricted body may match a text containing character ``c``."""
+    if body.startswith("-|"):
+        return c == "-" or _can_contain(body[2:], c)
+    if body in _SAFE_BODIES.values():
+        return c in _SAFE_CHARS
+    m = re.fullmatch(r"\[\^(.*)\][*+]", body)
+    if m:
+        excluded = m.group(1).replace(_WS, "\t\n\x0b\x0c\r ").replace("\\", "")
+        return c not in excluded
+    return True
+
+
+def _first(slots: dict[str, list[int]], *names: str) -> int | None:
+    for n in names:
+        if n in slots:
+            return slots[n][0]
+    return None
+
+
+def _time_kind(toks: list[Tok]) -> str | None:
+    times = [t for t in toks if t.literal is None and t.slot == "time"]
+    if len(times) != 1:
+        return None
+    t = times[0]
+    if t.kind == TIME_CLF:
+        return "clf"
+    if t.kind == TIME_RAW and t.ts_kind in ("clf", "iso", "epoch"):
+        return t.ts_kind
+    return None
+
+
+def plan_for_spec(spec: str, name: str) -> SplitPlan | None:
+    """The split plan of a format spec, or ``None`` when the format has something the fast path does not
+    handle (the reference path is used then; results are the same either way)."""
+    try:
+        toks = _tokens_for(spec)
+    except Exception:
+        return None
+    if not toks:
+        return None
+    try:
+        if build_regexes(toks)[0].pattern != compile_spec(spec).fast.pattern:
+            return None  # the parser was built differently from what this module knows: stay on the reference
+    except Exception:
+        return None
+    if _time_kind(toks) is None:
+        return None
+    for t in toks:
+        if t.literal is not None:
+            lit = t.literal
+            if not lit.isascii() or any(c.isspace() and c != " " for c in lit):
+                return None
+        elif t.slot not in _SLOTS_OK or t.kind not in (WORD, STR, NUM, FLOAT, CLIENT, TIME_CLF, TIME_RAW, SQUID_SS):
+            return None
+    # slots -> group indices (every supported token has exactly one group), ranked as the compiler does
+    slots: dict[str, list[int]] = {}
+    ranks: dict[int, int] = {}
+    gi = 0
+    tok_of: dict[int, int] = {}
+    for ti, t in enumerate(toks):
+        if t.literal is None:
+            slots.setdefault(t.slot, []).append(gi)
+            ranks[gi] = t.rank
+            tok_of[gi] = ti
+            gi += 1
+    for lst in slots.values():
+        lst.sort(key=lambda k: ranks[k])
+    needed = {g for g in (
+        _first(slots, "time"), _first(slots, "client_a", "client_c", "client_h"), _first(slots, "ident"),
+        _first(slots, "user"), _first(slots, "request"), _first(slots, "status_final", "status", "status_orig"),
+        _first(slots, "bytes_body", "bytes_total"),
+        _first(slots, "el_us", "el_ms", "el_s"),
+        _first(slots, "referer"), _first(slots, "user_agent"), _first(slots, "upstream"),
+        _first(slots, "content_type"), _first(slots, "vhost_v", "vhost_V", "vhost_host", "vhost_sn"),
+        _first(slots, "squid_ss"),
+    ) if g is not None}
+
+    # Walk the tokens: split literals on '"' into segments, even segments on ' ' into pieces.
+    rx: list[str] = ["^"]
+    fields: dict[int, _Field] = {}
+    bodies: dict[int, str] = {}
+    segment = 0
+    piece = 0
+    pending: list[str] = []  # literal text seen in the current piece since its start / the last field
+    piece_fields: list[_Field] = []  # fields of the current piece (unquoted segments)
+    quote_field: int | None = None  # group of the field filling the current odd segment
+    pieces: dict[int, int] = {}
+    in_quotes = False
+    ends: dict[int, tuple[int, int]] = {}  # group -> (segment, last piece) for unquoted fields
+
+    def close_piece() -> None:
+        nonlocal pending, piece_fields
+        if piece_fields:
+            piece_fields[-1].suffix = "".join(pending)
+        pending = []
+        piece_fields = []
+
+    gi = 0
+    for ti, t in enumerate(toks):
+        if t.literal is not None:
+            rx.append(_re2_escape(t.literal))
+            for k, part in enumerate(t.literal.split('"')):
+                if k > 0:  # a quote: the segment changes
+                    if in_quotes:
+                        if pending or quote_field is None:
+                            return None  # literal text inside the quotes, or empty quotes: not supported
+                        pending = []
+                    else:
+                        close_piece()
+                        pieces[segment] = piece + 1
+                    segment += 1
+                    piece = 0
+                    in_quotes = not in_quotes
+                    quote_field = None
+                if not part:
+                    continue
+                if in_quotes:
+                    pending.append(part)
+                    continue
+                for j, sub in enumerate(part.split(" ")):
+                    if j > 0:
+                        close_piece()
+                        piece += 1
+                    if sub:
+                        pending.append(sub)
+            continue
+        g = gi
+        gi += 1
+        body = _restricted_body(toks, ti, in_quotes)
+        if body is None:
+            return None
+        bodies[g] = body
+        rx.append("(?:" + body + ")")
+        if in_quotes:
+            if pending or quote_field is not None:
+                return None
+            quote_field = g
+            fields[g] = _Field(g, segment, True)
+            continue
+        is_time2 = t.kind in (TIME_CLF, TIME_RAW) and plan_time_two(body)
+        if piece_fields:
+            prev = piece_fields[-1]
+            sep = "".join(pending)
+            if not sep or is_time2 or prev.two_pieces or _can_contain(bodies[prev.group], sep[0]):
+                return None  # adjacent fields, or a separator the previous field may contain
+            prev.after = sep
+            f = _Field(g, segment, False, piece, prefix=piece_fields[0].prefix, before=(*prev.before, sep))
+        else:
+            f = _Field(g, segment, False, piece, two_pieces=is_time2, prefix="".join(pending))
+        pending = []
+        fields[g] = f
+        piece_fields.append(f)
+        if is_time2:  # the field ends in the next piece, which must hold nothing else but a suffix
+            piece += 1
+        ends[g] = (segment, piece)
+    if in_quotes:
+        return None
+    close_piece()
+    pieces[segment] = piece + 1
+    rx.append(r"(?:\r\n|\n)?$")
+    for g, (seg, pc_end) in ends.items():  # fields in the line's last piece carry the newline
+        if seg == segment and pc_end == piece:
+            fields[g].last = True
+    tk = _time_kind(toks)
+    assert tk is not None
+    plan = SplitPlan(name, "".join(rx), segment + 1, pieces, {g: fields[g] for g in needed}, toks, slots, tk)
+    try:
+        pc.match_substring_regex(pa.array([""]), plan.regex)
+    except Exception:
+        return None
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+_NULL_STR = pa.scalar(None, pa.string())
+
+
+def _dict(arr: pa.Array) -> tuple[list[Any], pa.Array]:
+    d = pc.dictionary_encode(arr)
+    if isinstance(d, pa.ChunkedArray):
+        d = d.combine_chunks()
+    return d.dictionary.to_pylist(), d.indices
+
+
+def _dash_null(arr: pa.Array) -> pa.Array:
+    return pc.if_else(pc.equal(arr, "-"), _NULL_STR, arr)
+
+
+def _take(values: list[Any], typ: pa.DataType, idx: pa.Array) -> pa.Array:
+    return pa.array(values, type=typ).take(idx)
+
+
+_KEEP = (np.arange(12)[None, :] < np.arange(13)[:, None]).astype(np.uint8)  # row k: k ones, then zeros
+
+
+class _Chunk:
+    """One chunk's bytes: ``data`` (the joined lines, newlines kept, padded), line offsets, and lazily the
+    string array of the lines and the sorted positions of a byte value."""
+
+    def __init__(self, data: bytes, offs: np.ndarray, valid: np.ndarray) -> None:
+        self.n = len(offs) - 1
+        self.size = len(data)
+        self.data = pa.py_buffer(data + bytes(16))
+        self.buf = np.frombuffer(self.data, dtype=np.uint8)
+        # 12-byte windows starting at every byte: one gather copies a value's first 12 bytes
+        self._win = np.ndarray(shape=(self.size + 4,), dtype="V12", buffer=self.data, strides=(1,))
+        self.offs = offs
+        self.valid = valid
+        self._pos: dict[int, np.ndarray] = {}
+        self._arr: pa.Array | None = None
+
+    @property
+    def arr(self) -> pa.Array:
+        if self._arr is None:
+            self._arr = pa.StringArray.from_buffers(self.n, pa.py_buffer(self.offs.astype(np.int32)), self.data)
+        return self._arr
+
+    def positions(self, byte: int) -> np.ndarray:
+        p = self._pos.get(byte)
+        if p is None:
+            p = self._pos[byte] = np.flatnonzero(self.buf[:self.size] == byte)
+        return p
+
+    def views(self, a: np.ndarray, z: np.ndarray) -> pa.Array:
+        """A ``string_view`` array of ``data[a[i]:z[i]]`` (no copy of long values)."""
+        n = len(a)
+        ln = (z - a).astype(np.int32)
+        v = np.empty((n, 16), dtype=np.uint8)
+        v[:, 4:] = self._win[a].view(np.uint8).reshape(n, 12)  # the first 12 bytes (inline values, prefixes)
+        v[:, 4:] *= _KEEP[np.minimum(ln, 12)]  # zero the bytes after a short value
+        v32 = v.view(np.int32)
+        v32[:, 0] = ln
+        long_ = ln > 12
+        if long_.any():
+            v32[long_, 2] = 0
+            v32[long_, 3] = a[long_]
+        return pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(v), self.data])
+
+
+@dataclass
+class _Cols:
+    """Columns of accepted rows (same length) plus the mask of rows whose values converted."""
+
+    ok: np.ndarray
+    cols: dict[str, pa.Array]
+    real_ip: pa.Array
+
+
+class FastPath:
+    """Vectorised processing for one :class:`Processor` (shares its parsers, enricher and privacy caches)."""
+
+    def __init__(self, processor: Processor) -> None:
+        self.p = processor
+        self._plans: dict[str, SplitPlan | None] = {}
+        self._ref_batch: list[tuple[list[tuple[object, ...]], list[str | None],
+                                    list[tuple[int, bytes, Drop, str]], int | None]] = []
+
+    def plan(self, spec: str) -> SplitPlan | None:
+        if spec not in self._plans:
+            if spec in PRESETS:
+                self._plans[spec] = plan_for_spec(PRESETS[spec], spec)
+            elif spec == "auto" or ":" not in spec:
+                self._plans[spec] = None
+            else:
+                self._plans[spec] = plan_for_spec(spec, "custom")
+        return self._plans[spec]
+
+    def supports(self, spec: str) -> bool:
+        return spec == "auto" or self.plan(spec) is not None
+
+    # -------------------------------------------------------------------------------------- input
+
+    def lines_array(self, lines: Sequence[bytes]) -> _Chunk | None:
+        """All lines as one buffer (newlines kept), or ``None`` when a line is not ``bytes``.  Lines that are
+        not valid UTF-8 or longer than ``max_line_bytes`` are marked invalid (they take the reference path)."""
+        n = len(lines)
+        try:
+            buf = b"".join(lines)
+        except TypeError:
+            return None
+        lens = np.fromiter(map(len, lines), dtype=np.int64, count=n)
+        valid = lens <= self.p.max_line_bytes
+        try:
+            buf.decode("utf-8")
+        except UnicodeDecodeError:
+            for i, raw in enumerate(lines):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    valid[i] = False
+            buf = b"".join(raw if ok else b"" for raw, ok in zip(lines, valid, strict=True))
+            lens[~valid] = 0
+        offs = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=offs[1:])
+        if offs[-1] >= 2**31 - 16:
+            return None
+        return _Chunk(buf, offs, valid)
+
+    # -------------------------------------------------------------------------------------- extraction
+
+    def extract(self, plan: SplitPlan, chunk: _Chunk, rows: np.ndarray) -> dict[int, pa.Array]:
+        """Field text (``string_view`` arrays over the chunk's buffer, no copy) per needed group, for ``rows``
+        (positions of lines that all match ``plan.regex``).  Boundaries come from the positions of quotes and
+        spaces: an accepted line has exactly ``n_segments - 1`` quotes and, in each unquoted segment, exactly
+        ``pieces - 1`` spaces, so the k-th quote/space after the line's (segment's) start is a field boundary."""
+        b = chunk.buf
+        starts = chunk.offs[rows]
+        ends = chunk.offs[rows + 1]
+        # the line end without its newline ("\n" or "\r\n": the regex allowed nothing else after the format)
+        nl = b[ends - 1] == 10
+        ends = ends - nl
+        ends = ends - (nl & (b[ends - 1] == 13))
+        seg_bounds: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if plan.n_segments > 1:
+            qpos = chunk.positions(34)
+            qi = np.searchsorted(qpos, starts)
+
+            def seg(k: int) -> tuple[np.ndarray, np.ndarray]:
+                if k not in seg_bounds:
+                    a = starts if k == 0 else qpos[qi + (k - 1)] + 1
+                    z = ends if k == plan.n_segments - 1 else qpos[qi + k]
+                    seg_bounds[k] = (a, z)
+                return seg_bounds[k]
+        else:
+            seg_bounds[0] = (starts, ends)
+
+            def seg(k: int) -> tuple[np.ndarray, np.ndarray]:
+                return seg_bounds[k]
+
+        piece_bounds: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        space_idx: dict[int, np.ndarray] = {}
+
+        def piece(k_seg: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+            key = (k_seg, k)
+            if key not in piece_bounds:
+                a, z = seg(k_seg)
+                cnt = plan.pieces[k_seg]
+                if cnt > 1:
+                    spos = chunk.positions(32)
+                    if k_seg not in space_idx:
+                        space_idx[k_seg] = np.searchsorted(spos, a)
+                    si = space_idx[k_seg]
+                    a = a if k == 0 else spos[si + (k - 1)] + 1
+                    z = z if k == cnt - 1 else spos[si + k]
+                piece_bounds[key] = (a, z)
+            return piece_bounds[key]
+
+        out: dict[int, pa.Array] = {}
+        for g, f in sorted(plan.fields.items()):
+            if f.quoted:
+                a, z = seg(f.segment)
+            else:
+                a, _ = piece(f.segment, f.piece)
+                _, z = piece(f.segment, f.piece + (1 if f.two_pieces else 0))
+                a = a + len(f.prefix)
+                z = z - len(f.suffix)
+                for lit in f.before:  # the field starts after the first occurrence of each separator
+                    a = chunk.positions(ord(lit[0]))[np.searchsorted(chunk.positions(ord(lit[0])), a)] + len(lit)
+                if f.after:
+                    cpos = chunk.positions(ord(f.after[0]))
+                    z = cpos[np.searchsorted(cpos, a)]
+            out[g] = chunk.views(a, z)
+        return out
+
+    # -------------------------------------------------------------------------------------- conversion
+
+    def convert(self, plan: SplitPlan, g: dict[int, pa.Array], n: int, site: str) -> _Cols:
+        """Record columns (``STREAM_SCHEMA`` order minus context) for ``n`` accepted rows; ``ok`` marks rows
+        whose values converted exactly as the reference converter would (others go to the reference path)."""
+        p = self.p
+        slots = plan.slots
+        ok = np.ones(n, dtype=bool)
+        cols: dict[str, pa.Array] = {}
+        none_str = pa.nulls(n, pa.string())
+
+        def S(k: int) -> pa.Array:  # the field as a plain string array
+            return g[k] if g[k].type == pa.string() else g[k].cast(pa.string())
+
+        # time
+        ti = _first(slots, "time")
+        assert ti is not None
+        fn = {"clf": V.clf_timestamp_ms, "iso": V.iso_timestamp_ms, "epoch": V.epoch_seconds_ms}[plan.time_kind]
+        uniq, idx = _dict(g[ti])
+        ts_vals = [_safe(fn, u) for u in uniq]
+        ts = _take(ts_vals, pa.int64(), idx)
+        ok &= ~np.asarray(ts.is_null().to_numpy(zero_copy_only=False))
+        cols["ts"] = ts
+
+        # client
+        ci = _first(slots, "client_a", "client_c", "client_h")
+        if ci is None:
+            real_ip, chost = none_str, none_str
+        else:
+            uniq, idx = _dict(g[ci])
+            res = [_safe(V.classify_client, u) for u in uniq]
+            bad = np.array([r is None for r in res], dtype=bool)
+            if bad.any():
+                ok &= ~bad[idx.to_numpy()]
+            real_ip = _take([r[0] if r else None for r in res], pa.string(), idx)
+            chost = _take([r[1] if r else None for r in res], pa.string(), idx)
+            if p._ip_changes:
+                uips = [r[0] if r else None for r in res]
+                cols["client_ip"] = _take([p.privacy.store_ip(u) for u in uips], pa.string(), idx)
+        if "client_ip" not in cols:
+            cols["client_ip"] = real_ip
+        cols["client_host"] = chost
+        k = _first(slots, "ident")
+        cols["ident"] = _dash_null(S(k)) if k is not None else none_str
+        k = _first(slots, "user")
+        cols["user"] = _dash_null(S(k)) if k is not None else none_str  # '""' cannot occur (no quotes accepted)
+
+        # content type (needed by the page part of derive)
+        k = _first(slots, "content_type")
+        ctype = None
+        if k is not None:
+            ctype = pc.if_else(pc.is_in(S(k), pa.array(["-", ":", ""])), _NULL_STR, S(k))
+        cols_ct = ctype if ctype is not None else none_str
+
+        # request line -> method, url, path, query, protocol, and the page part of the enrichment
+        ri = _first(slots, "request")
+        req = S(ri) if ri is not None else pa.array([""] * n, pa.string())
+        if ctype is not None:
+            key = pc.binary_join_element_wise(req, pc.fill_null(ctype, "\x00"), "\x00\x01")
+            combos, cidx = _dict(key)
+            reqs_u = [c.rsplit("\x00\x01", 1) for c in combos]
+            pairs = [(r, None if c == "\x00" else c) for r, c in reqs_u]
+        else:
+            uniq, cidx = _dict(req)
+            pairs = [(r, None) for r in uniq]
+        methods, urls, paths, queries, protos = [], [], [], [], []
+        topics, kinds, statics = [], [], []
+        enr = p.enricher
+        saved = enr.empty_user_agents
+        for r, ct in pairs:
+            if ri is None:
+                m_, u_, pa_, q_, pr_ = "", "", "", "", ""
+            else:
+                m_, u_, pa_, q_, pr_ = V.request_fields(r)
+            q_ = p.privacy.scrub_query(q_) if q_ else q_
+            topic_id, kind, is_static, _b, _n = enr.derive(site, m_, pa_, q_, ct, None)
+            methods.append(m_)
+            urls.append(p.privacy.scrub_url(u_))
+            paths.append(pa_)
+            queries.append(q_)
+            protos.append(pr_)
+            topics.append(topic_id or 0)
+            kinds.append(kind)
+            statics.append(is_static)
+        enr.empty_user_agents = saved
+        cols["method"] = _take(methods, pa.string(), cidx)
+        cols["url"] = _take(urls, pa.string(), cidx)
+        cols["path"] = _take(paths, pa.string(), cidx)
+        cols["protocol"] = _take(protos, pa.string(), cidx)
+        cols["topic_id"] = _take(topics, pa.uint64(), cidx)
+        cols["page_kind"] = _take(kinds, pa.string(), cidx)
+        cols["is_static"] = _take(statics, pa.bool_(), cidx)
+        cols["query"] = _take(queries, pa.string(), cidx)
+
+        # status (few distinct values): exactly the converter's rule
+        si = _first(slots, "status_final", "status", "status_orig")
+        if si is None:
+            cols["status"] = pa.array(np.zeros(n, dtype=np.uint16))
+        else:
+            uniq, idx = _dict(g[si])
+            sv = [0 if s == "-" else int(s) for s in uniq]
+            bad = np.array([v > 999 for v in sv], dtype=bool)
+            if bad.any():
+                ok &= ~bad[idx.to_numpy()]
+            cols["status"] = _take([min(v, 999) for v in sv], pa.uint16(), idx)
+
+        # bytes: digits or '-' (regex), at most 18 digits here (< 2**62); longer ones go to the reference
+        bi = _first(slots, "bytes_body", "bytes_total")
+        if bi is None:
+            cols["bytes"] = pa.array(np.zeros(n, dtype=np.uint64))
+        else:
+            b = S(bi)
+            too_long = pc.greater(pc.binary_length(b), 18).to_numpy(zero_copy_only=False)
+            ok &= ~too_long
+            b = pc.if_else(pc.or_(pc.equal(b, "-"), pc.greater(pc.binary_length(b), 18)), "0", b)
+            cols["bytes"] = pc.cast(b, pa.uint64())
+
+        # elapsed
+        el = None
+        for name, scale, div in (("el_us", 1.0, 1000.0), ("el_ms", 1.0, 1.0), ("el_s", 1000.0, 1.0)):
+            if name in slots:
+                e = S(slots[name][0])
+                too_long = pc.greater(pc.binary_length(e), 30).to_numpy(zero_copy_only=False)
+                ok &= ~too_long
+                dash = pc.or_(pc.equal(e, "-"), pc.greater(pc.binary_length(e), 30))
+                vals = pc.cast(pc.if_else(dash, "0", e), pa.float64()).to_numpy(zero_copy_only=False)
+                vals = vals * scale / div if div != 1.0 else vals * scale
+                el = pa.array(vals.astype(np.float32), mask=dash.to_numpy(zero_copy_only=False))
+                break
+        cols["elapsed_ms"] = el if el is not None else pa.nulls(n, pa.float32())
+
+        # referer (scrubbed per distinct value), user agent + bot part of derive per distinct UA
+        k = _first(slots, "referer")
+        if k is not None:
+            uniq, idx = _dict(g[k])
+            cols["referer"] = _take([None if r == "-" else p.privacy.scrub_referer(r) for r in uniq],
+                                    pa.string(), idx)
+        else:
+            cols["referer"] = none_str
+        k = _first(slots, "user_agent")
+        if k is not None:
+            uniq, idx = _dict(g[k])
+            uas = [None if u == "-" else u for u in uniq]
+            bots = [enr.bots.detect(u) if u else (False, None) for u in uas]
+            cols["user_agent"] = _take(uas, pa.string(), idx)
+            cols["is_bot"] = _take([b[0] for b in bots], pa.bool_(), idx)
+            cols["bot_name"] = _take([b[1] for b in bots], pa.string(), idx)
+        else:
+            cols["user_agent"] = none_str
+            cols["is_bot"] = pa.array(np.zeros(n, dtype=bool))
+            cols["bot_name"] = none_str
+
+        # squid %Ss:%Sh
+        k = _first(slots, "squid_ss")
+        if k is not None:
+            uniq, idx = _dict(g[k])
+            parts = [(None, None) if s == "-" else (s.partition(":")[0], s.partition(":")[2]) for s in uniq]
+            cols["cache_result"] = _take([x[0] for x in parts], pa.string(), idx)
+            cols["hierarchy"] = _take([x[1] for x in parts], pa.string(), idx)
+        else:
+            cols["cache_result"] = cols["hierarchy"] = none_str
+        k = _first(slots, "upstream")
+        cols["upstream"] = _dash_null(S(k)) if k is not None else none_str
+        cols["content_type"] = cols_ct
+        k = _first(slots, "vhost_v", "vhost_V", "vhost_host", "vhost_sn")
+        cols["vhost"] = _dash_null(S(k)) if k is not None else none_str
+        return _Cols(ok, cols, real_ip)
+
+    # -------------------------------------------------------------------------------------- driver
+
+    def run(self, lines: Sequence[bytes], ctx: SourceContext, line_no_base: int,
+            source_ref: str) -> ProcessedBatch | None:
+        """Process a chunk; same result as ``Processor.process_reference(lines, ctx, ...)``.  ``None`` when the
+        chunk cannot take the fast path (a line is not ``bytes``)."""
+        p = self.p
+        n = len(lines)
+        chunk = self.lines_array(lines)
+        if chunk is None:
+            return None
+        parts: list[tuple[np.ndarray, str, _Cols]] = []  # (positions, source_format, columns) of fast rows
+        ref_pos: list[int] = []
+        if ctx.format == "auto":
+            parser = p.parser("auto")
+            order = getattr(parser, "_order", None)
+            if order is None or not hasattr(parser, "_last"):  # not the AutoParser this module knows
+                return p.process_reference(lines, ctx, line_no_base, source_ref)
+            cache: dict[int, tuple[np.ndarray, np.ndarray, _Cols | None]] = {}
+            runs: dict[int, list[tuple[int, int]]] = {}
+            i = 0
+            while i < n:
+                s = parser._last
+                if s not in cache:
+                    cache[s] = self._ok_rows(order[s][0], chunk, ctx.site, auto=True)
+                _pos, not_ok, _cols = cache[s]
+                j = first_false_after(not_ok, i)
+                j = n if j < 0 else j
+                if j > i:
+                    runs.setdefault(s, []).append((i, j))
+                if j < n:
+                    ref_pos.append(j)
+                    self._ref_batch.append(p.reference_rows(ctx, [(j, lines[j])]))
+                i = j + 1
+            for s, rs in runs.items():
+                pos, _not_ok, cols = cache[s]
+                assert cols is not None
+                in_run = np.zeros(n, dtype=bool)
+                for a, b in rs:
+                    in_run[a:b] = True
+                sel = in_run[pos]
+                parts.append((pos[sel], order[s][0], _select(cols, sel)))
+        else:
+            plan = self.plan(ctx.format)
+            name = getattr(p.parser(ctx.format), "name", ctx.format)
+            pos, not_ok, cols = self._ok_rows(ctx.format, chunk, ctx.site, auto=False)
+            if cols is not None and len(pos):
+                parts.append((pos, name, cols))
+            ref_pos = not_ok.tolist()
+            if ref_pos:
+                self._ref_batch.append(p.reference_rows(ctx, ((i, lines[i]) for i in ref_pos)))
+            assert plan is not None
+        return self._merge(parts, ref_pos, n, ctx, line_no_base, source_ref)
+
+    def _ok_rows(self, spec: str, chunk: _Chunk, site: str,
+                 auto: bool) -> tuple[np.ndarray, np.ndarray, _Cols | None]:
+        """Positions of rows the fast path converts for ``spec``, sorted positions of all other rows, and the
+        converted columns (rows of ``pos`` only)."""
+        n = chunk.n
+        plan = self.plan(spec)
+        if plan is None:
+            return np.zeros(0, dtype=np.int64), np.arange(n), None
+        acc = self.accept(plan, chunk, auto)
+        if not acc.any():
+            return np.zeros(0, dtype=np.int64), np.arange(n), None
+        pos, cols = self.rows(plan, chunk, acc, site)
+        if not cols.ok.all():
+            keep = cols.ok
+            acc[pos[~keep]] = False
+            pos = pos[keep]
+            cols = _select(cols, keep)
+        return pos, np.flatnonzero(~acc), cols
+
+    def _merge(self, parts: list[tuple[np.ndarray, str, _Cols]], ref_pos: list[int], n: int, ctx: SourceContext,
+               line_no_base: int, source_ref: str) -> ProcessedBatch:
+        p = self.p
+        rows: list[tuple[object, ...]] = []
+        real_ips: list[str | None] = []
+        bad: list[tuple[int, bytes, Drop, str]] = []
+        newest: int | None = None
+        for r_rows, r_ips, r_bad, r_newest in self._ref_batch:
+            rows += r_rows
+            real_ips += r_ips
+            bad += r_bad
+            if r_newest is not None and (newest is None or r_newest > newest):
+                newest = r_newest
+        self._ref_batch = []
+        bad_set = {b[0] for b in bad}
+        ref_loaded = np.array([i for i in ref_pos if i not in bad_set], dtype=np.int64)
+        ctx_cols = {"site": ctx.site, "origin_host": ctx.origin_host, "origin_file": ctx.origin_file}
+        tables: list[pa.Table] = []
+        ips: list[pa.Array] = []
+        positions: list[np.ndarray] = []
+        enr = p.enricher
+        for pos, name, cols in parts:
+            m = len(pos)
+            zeros = pa.array(np.zeros(m, dtype=np.int32))
+            fmt = pa.array([name], pa.string()).take(zeros)
+            tables.append(build_table(m, ctx_cols, fmt, cols.cols, zeros))
+            ips.append(cols.real_ip)
+            positions.append(pos)
+            ua = cols.cols["user_agent"]
+            enr.empty_user_agents += m - int(pc.sum(pc.greater(pc.binary_length(ua), 0)).as_py() or 0)
+            mx = pc.max(cols.cols["ts"]).as_py()
+            if mx is not None and (newest is None or mx > newest):
+                newest = mx
+        if rows:
+            tables.append(_rows_table(rows))
+            ips.append(pa.array(real_ips, pa.string()))
+            positions.append(ref_loaded)
+        if not tables:
+            full = STREAM_SCHEMA.empty_table()
+            real: pa.Array = pa.array([], pa.string())
+        elif len(tables) == 1 and (len(positions[0]) < 2 or bool(np.all(np.diff(positions[0]) > 0))):
+            full = tables[0].combine_chunks()
+            real = ips[0]
+        else:
+            order = pa.array(np.argsort(np.concatenate(positions), kind="stable"))
+            full = pa.concat_tables(tables).take(order).combine_chunks()
+            real = pa.concat_arrays(ips).take(order)
+        return p.assemble(full, real, bad, newest, n, ctx, line_no_base, source_ref)
+
+    def accept(self, plan: SplitPlan, chunk: _Chunk, auto: bool) -> np.ndarray:
+        m = pc.match_substring_regex(chunk.arr, plan.regex).to_numpy(zero_copy_only=False)
+        m &= chunk.valid
+        if auto:  # AutoParser takes a line's current preset only while len(line) * 4 <= max_line_bytes
+            m &= np.diff(chunk.offs) * 4 <= self.p.max_line_bytes
+        return m
+
+    def rows(self, plan: SplitPlan, chunk: _Chunk, mask: np.ndarray, site: str) -> tuple[np.ndarray, _Cols]:
+        """Convert the rows selected by ``mask``; returns their positions and columns (``ok`` marks those that
+        converted)."""
+        pos = np.flatnonzero(mask)
+        g = self.extract(plan, chunk, pos)
+        return pos, self.convert(plan, g, len(pos), site)
+
+
+def _safe(fn: Callable[[Any], Any], v: Any) -> Any:
+    try:
+        return fn(v)
+    except Exception:  # the reference path will produce the same Drop (or parser-error Drop) for this line
+        return None
+
+
+def _select(cols: _Cols, keep: np.ndarray) -> _Cols:
+    mask = pa.array(keep)
+    return _Cols(cols.ok[keep], {k: v.filter(mask) for k, v in cols.cols.items()}, cols.real_ip.filter(mask))
+
+
+def _rows_table(rows: list[tuple[object, ...]]) -> pa.Table:
+    from forumpulse.pipeline.process import _to_table
+
+    return _to_table(rows, STREAM_SCHEMA.names, STREAM_SCHEMA)
+
+
+def build_table(n: int, ctx_cols: dict[str, str], fmt: pa.Array, cols: dict[str, pa.Array],
+                zeros: pa.Array) -> pa.Table:
+    """A ``STREAM_SCHEMA`` table from converted columns (context columns repeated)."""
+    arrays = []
+    for f in STREAM_SCHEMA:
+        if f.name in ctx_cols:
+            arrays.append(pa.array([ctx_cols[f.name]], f.type).take(zeros))
+        elif f.name == "source_format":
+            arrays.append(fmt)
+        elif f.name == "ts":
+            arrays.append(cols["ts"].cast(pa.timestamp("ms", tz="UTC")))
+        else:
+            a = cols[f.name]
+            arrays.append(a if a.type == f.type else a.cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=STREAM_SCHEMA)
+
+
+def first_false_after(false_pos: np.ndarray, i: int) -> int:
+    """Index of the first ``False`` position ``>= i`` given the sorted positions of falses (or ``-1``)."""
+    k = int(np.searchsorted(false_pos, i))
+    return int(false_pos[k]) if k < len(false_pos) else -1
