@@ -526,7 +526,10 @@ class TrafficDetector:
                 yield from rt.seasonal.update(minute, answered)
             rt.last_seen = minute
             if "topic" in enabled:
-                yield from rt.topics.update(minute, topic_rows.get(minute, {}), int(tviews))
+                for d in rt.topics.update(minute, topic_rows.get(minute, {}), int(tviews)):
+                    if d.peak_ts == minute:
+                        self._add_visitors(store, rt, d, minute)
+                    yield d
         if "site" in enabled and rt.last_seen is not None:
             tail = until - rt.last_seen - timedelta(minutes=1)
             if tail >= timedelta(minutes=int(health["gap_min_minutes"])):
@@ -560,6 +563,21 @@ class TrafficDetector:
             f"FROM source_liveness WHERE site = {_q(rt.name)} GROUP BY origin_host, origin_file "
             f"HAVING hb >= {_sql_ts(now - timedelta(seconds=float(health['heartbeat_fresh_seconds'])))}")}
         yield from rt.sources.tail(until, fresh)
+
+    def _add_visitors(self, store: Any, rt: _SiteRuntime, det: Detection, minute: datetime) -> None:
+        """Unique human visitors of the surging topic/group in the window, and their share of the site's."""
+        kind, _, ident = det.scope.partition(":")
+        ids = [int(ident)] if kind == "topic" else sorted(rt.topics.groups.get(ident, set()))
+        if not ids:
+            return
+        lo = minute - timedelta(minutes=rt.topics.state.window - 1)
+        cond = f"site = {_q(rt.name)} AND minute >= {_sql_ts(lo)} AND minute <= {_sql_ts(minute)}"
+        tv = store.query_rows(f"SELECT uniqMerge(visitors) FROM topic_minute WHERE {cond} "
+                              f"AND topic_id IN ({', '.join(str(i) for i in ids)})")
+        sv = store.query_rows(f"SELECT uniqMerge(visitors) FROM site_minute WHERE {cond}")
+        v, s = int(tv[0][0] or 0), int(sv[0][0] or 0)
+        det.detail["visitors"] = v
+        det.detail["visitor_share"] = round(v / s, 5) if s else None
 
     def _gap_check(self, rt: _SiteRuntime, minute: datetime, health: dict[str, Any]) -> Iterator[Detection]:
         if rt.gap is not None:  # lines are back: the gap closes at the last silent minute

@@ -149,6 +149,8 @@ def _matches(det: Detection, rule: dict[str, Any], case: dict[str, Any]) -> bool
         return False
     if "start_from" in rule and det.start < _local(case, rule["start_from"]):
         return False
+    if any(float(det.detail.get(k) or 0) < v for k, v in (rule.get("detail_min") or {}).items()):
+        return False
     return not ("start_to" in rule and det.start > _local(case, rule["start_to"]))
 
 
