@@ -1,0 +1,170 @@
+"""deploy/forwarders: the syslog-ng forwarder snippet and the Apache / squid examples.
+
+* the snippet, included from a minimal main config, passes ``syslog-ng --syntax-only`` (own -R/-p/-c files);
+* run for real (syslog-ng 3.38 as a plain process) against a TCP listener, it sends each appended access line
+  unchanged as one RFC5424 frame with octet counting, APP-NAME ``<site>/<format>`` and this host's name — the
+  shape the central syslog-ng (``s_fp_syslog5424``) turns into site, format and origin_host;
+* the Apache LogFormat in the example is the ``combined_d`` preset, and its sample line parses with it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FWD = ROOT / "deploy" / "forwarders"
+SNIPPET = FWD / "syslog-ng-forwarder.conf"
+
+
+def _syslog_ng() -> str:
+    exe = shutil.which("syslog-ng")
+    assert exe, "syslog-ng not found: apt-get install syslog-ng-core (3.38)"
+    return exe
+
+
+def _render(tmp_path: Path, **defines: str) -> Path:
+    text = SNIPPET.read_text()
+    for k, v in defines.items():
+        text, n = re.subn(rf'^@define {k} "[^"]*"$', f'@define {k} "{v}"', text, flags=re.M)
+        assert n == 1, f"snippet has no @define {k}"
+    snippet = tmp_path / "forumpulse-forwarder.conf"
+    snippet.write_text(text)
+    main = tmp_path / "syslog-ng.conf"
+    main.write_text(f'@version: 3.38\noptions {{ stats-freq(0); }};\n@include "{snippet}"\n')
+    return main
+
+
+def test_snippet_passes_syntax_only(tmp_path: Path) -> None:
+    main = _render(tmp_path)
+    r = subprocess.run([_syslog_ng(), "--syntax-only", "-f", str(main), "-R", str(tmp_path / "persist"),
+                        "-p", str(tmp_path / "pid"), "-c", str(tmp_path / "ctl")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_snippet_names_do_not_clash() -> None:
+    text = SNIPPET.read_text()
+    defined = re.findall(r"^(?:source|destination|parser|rewrite|filter)\s+(\w+)", text, re.M)
+    assert defined and all(n.split("_", 1)[1].startswith("fpfwd") for n in defined), defined
+    assert all(k.startswith("fpfwd_") for k in re.findall(r"^@define (\w+)", text, re.M))
+    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    assert code.count("flags(flow-control)") == code.count("log {") == 2
+
+
+def _start(conf: Path, d: Path, name: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([_syslog_ng(), "-F", "--no-caps", "-e", "-f", str(conf), "-R", str(d / f"{name}.persist"),
+                             "-p", str(d / f"{name}.pid"), "-c", str(d / f"{name}.ctl")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+def _wait_lines(path: Path, n: int, timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            got = path.read_text().splitlines()
+            if len(got) >= n:
+                return got
+        time.sleep(0.2)
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.syslogng
+def test_forwarder_to_a_syslog_receiver_keeps_lines_tags_and_host(tmp_path: Path) -> None:
+    """Forwarder -> a syslog-ng 3.38 `syslog()` TCP source with the central options (keep-hostname(yes))."""
+    web, squid, state = tmp_path / "web", tmp_path / "squid", tmp_path / "state"
+    for d in (web, squid, state):
+        d.mkdir()
+    lines = [
+        '203.0.113.9 - - [22/Nov/2026:03:00:00 +0000] "GET /threads/x.12/ HTTP/1.1" 200 512 "-" "Mozilla/5.0" 1234',
+        '2001:db8::7 - - [22/Nov/2026:03:00:01 +0000] "GET /t/a%20b?x=1 HTTP/1.1" 404 0 "-" "curl/8.0 (x|y)" 99',
+    ]
+    squid_line = ("1795319437.366    120 198.51.100.4 TCP_MISS/200 1024 GET http://example.org/a b - "
+                  "HIER_DIRECT/93.184.216.34 text/html")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "received.txt"
+    receiver = tmp_path / "receiver.conf"
+    receiver.write_text(
+        '@version: 3.38\noptions { stats-freq(0); keep-hostname(yes); chain-hostnames(no); };\n'
+        f'source s {{ syslog(ip("127.0.0.1") port({port}) transport(tcp) log-msg-size(262144)); }};\n'
+        f'destination d {{ file("{out}" template("${{PROGRAM}}\\t${{HOST}}\\t${{MSG}}\\n")); }};\n'
+        "log { source(s); destination(d); };\n")
+    main = _render(tmp_path, fpfwd_collector="127.0.0.1", fpfwd_port=str(port), fpfwd_state_dir=str(state),
+                   fpfwd_web_dir=str(web), fpfwd_web_tag="forum.example.org/combined_d", fpfwd_squid_dir=str(squid),
+                   fpfwd_squid_tag="proxy/squid", fpfwd_origin_host="web7")
+    (web / "forum.example.org.access.log").write_text("")
+    (squid / "access.log").write_text("")
+    rx = _start(receiver, tmp_path, "receiver")
+    logs = ""
+    try:
+        time.sleep(0.5)
+        fwd = _start(main, tmp_path, "forwarder")
+        try:
+            time.sleep(1.5)  # the poll monitor has seen the empty files: lines appended now are new data
+            with open(web / "forum.example.org.access.log", "a") as fh:
+                fh.write("\n".join(lines) + "\n")
+            with open(squid / "access.log", "a") as fh:
+                fh.write(squid_line + "\n")
+            got = _wait_lines(out, 3, timeout=20)
+        finally:
+            logs += _stop(fwd)
+    finally:
+        logs += _stop(rx)
+    rows = [ln.split("\t", 2) for ln in got]
+    assert len(rows) == 3, (got, logs)
+    assert [r[2] for r in rows if r[0] == "forum.example.org/combined_d"] == lines
+    assert [r[2] for r in rows if r[0] == "proxy/squid"] == [squid_line]
+    assert {r[1] for r in rows} == {"web7"}
+    # the central config's tag pattern splits both program names into site and format
+    central = (ROOT / "syslog-ng" / "forumpulse.conf").read_text()
+    pattern = re.search(r'template\("\$\{PROGRAM\}"\)[^;]*?patterns\("([^"]+)"\)', central, re.S)
+    assert pattern, "central tag pattern not found"
+    tag_rx = pattern.group(1).replace("(?<", "(?P<")
+    for app in ("forum.example.org/combined_d", "proxy/squid"):
+        m = re.match(tag_rx, app)
+        assert m and f"{m.group('site')}/{m.group('format')}" == app, app
+
+
+def test_apache_example_uses_a_forumpulse_preset() -> None:
+    from forumpulse.pipeline.config import Settings
+    from forumpulse.pipeline.formats import PRESETS
+    from forumpulse.pipeline.process import Processor, SourceContext
+
+    text = (FWD / "apache-forumpulse.conf").read_text()
+    fmt = re.search(r'^LogFormat "(.+)" forumpulse_combined_d$', text, re.M)
+    assert fmt, "LogFormat line not found"
+    logformat = fmt.group(1).replace('\\"', '"')
+    assert "apache:" + logformat == PRESETS["combined_d"]
+    assert re.search(r"^CustomLog \S+ forumpulse_combined_d$", text, re.M)
+    line = b'203.0.113.9 - - [22/Nov/2026:03:00:00 +0000] "GET /threads/x.12/ HTTP/1.1" 200 512 "-" "Mozilla/5.0" 1234'
+    batch = Processor(Settings()).process([line], SourceContext(site="forum", origin_host="web1",
+                                                                 origin_file="a.log", format="combined_d"))
+    assert batch.requests.num_rows == 1 and batch.requests.column("status").to_pylist() == [200]
+
+
+def test_squid_example_uses_the_native_format() -> None:
+    text = (FWD / "squid-forumpulse.conf").read_text()
+    assert re.search(r"^access_log daemon:/var/log/squid/access.log squid$", text, re.M)
+    assert re.search(r"^#access_log udp://\S+:5140 squid$", text, re.M)
+    assert os.path.basename("/var/log/squid/access.log") == "access.log"  # matches fpfwd_squid_pattern default
+    assert '@define fpfwd_squid_pattern "access.log"' in SNIPPET.read_text()
