@@ -424,6 +424,8 @@ class FastPath:
     def __init__(self, processor: Processor) -> None:
         self.p = processor
         self._plans: dict[str, SplitPlan | None] = {}
+        #: lines of the last :meth:`run` that took the fast path (for tests and benchmarks)
+        self.last_fast_rows = 0
         self._ref_batch: list[tuple[list[tuple[object, ...]], list[str | None],
                                     list[tuple[int, bytes, Drop, str]], int | None]] = []
 
@@ -789,6 +791,7 @@ class FastPath:
             if r_newest is not None and (newest is None or r_newest > newest):
                 newest = r_newest
         self._ref_batch = []
+        self.last_fast_rows = sum(len(part[0]) for part in parts)
         bad_set = {b[0] for b in bad}
         ref_loaded = np.array([i for i in ref_pos if i not in bad_set], dtype=np.int64)
         ctx_cols = {"site": ctx.site, "origin_host": ctx.origin_host, "origin_file": ctx.origin_file}
@@ -822,7 +825,10 @@ class FastPath:
             order = pa.array(np.argsort(np.concatenate(positions), kind="stable"))
             full = pa.concat_tables(tables).take(order).combine_chunks()
             real = pa.concat_arrays(ips).take(order)
-        return p.assemble(full, real, bad, newest, n, ctx, line_no_base, source_ref)
+        if isinstance(real, pa.ChunkedArray):
+            real = real.combine_chunks()
+        return p.assemble(_canonical_table(full), _canonical(real), bad, newest, n, ctx, line_no_base,
+                          source_ref)
 
     def accept(self, plan: SplitPlan, chunk: _Chunk, auto: bool) -> np.ndarray:
         m = pc.match_substring_regex(chunk.arr, plan.regex).to_numpy(zero_copy_only=False)
@@ -844,6 +850,31 @@ def _safe(fn: Callable[[Any], Any], v: Any) -> Any:
         return fn(v)
     except Exception:  # the reference path will produce the same Drop (or parser-error Drop) for this line
         return None
+
+
+def _canonical(a: pa.Array) -> pa.Array:
+    """The same values laid out as ``pa.array(list_of_values)`` lays them out (no validity bitmap without nulls;
+    empty strings / zeros under nulls), so the fast path's Arrow buffers equal the reference's byte for byte."""
+    bufs = a.buffers()
+    if a.offset != 0:
+        a = pa.concat_arrays([a])  # a zero-offset copy
+        bufs = a.buffers()
+    if a.null_count == 0:
+        if bufs[0] is None:
+            return a
+        return pa.Array.from_buffers(a.type, len(a), [None, *bufs[1:]])
+    if pa.types.is_string(a.type):
+        filled = pc.fill_null(a, "")
+    elif pa.types.is_floating(a.type) or pa.types.is_integer(a.type):
+        filled = pc.fill_null(a, 0)
+    else:
+        return a
+    fb = filled.buffers()
+    return pa.Array.from_buffers(a.type, len(a), [bufs[0], *fb[1:]], null_count=a.null_count)
+
+
+def _canonical_table(t: pa.Table) -> pa.Table:
+    return pa.Table.from_arrays([_canonical(c.combine_chunks()) for c in t.columns], schema=t.schema)
 
 
 def _select(cols: _Cols, keep: np.ndarray) -> _Cols:
