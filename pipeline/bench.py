@@ -33,6 +33,7 @@ system-deps``).  Misuse: do not point ``--workdir`` at a folder holding anything
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -58,6 +59,7 @@ TESTS = REPO / "tests"
 DEPLOY = REPO / "deploy" / "bench"
 PY = sys.executable
 RESULT_PREFIX = "BENCH_RESULT "
+GNU_TIME = "/usr/bin/time" if Path("/usr/bin/time").exists() else None
 SECTIONS = ("ingest", "consumer", "e2e", "dos", "storage", "queries")
 LINES_PER_DAY = 1_000_000
 TARGETS = {
@@ -106,17 +108,25 @@ def run_measured(cmd: Sequence[str | Path], cwd: Path | None = None, env: dict[s
     log_dir.mkdir(parents=True, exist_ok=True)
     stamp = f"{os.getpid()}-{time.monotonic_ns()}"
     out_p, err_p = log_dir / f"child-{stamp}.out", log_dir / f"child-{stamp}.err"
+    rss_p = log_dir / f"child-{stamp}.rss"
+    # GNU time reports the peak RSS of the command itself; ru_maxrss from our own wait4 would include this
+    # (larger) process's pages at fork time, which Linux keeps across exec.
+    wrap = [GNU_TIME, "-q", "-f", "%M", "-o", str(rss_p)] if GNU_TIME else []
     with out_p.open("wb") as fo, err_p.open("wb") as fe:
         t0 = time.perf_counter()
-        p = subprocess.Popen([str(c) for c in cmd], stdout=fo, stderr=fe, cwd=cwd,
+        p = subprocess.Popen([*wrap, *(str(c) for c in cmd)], stdout=fo, stderr=fe, cwd=cwd,
                              env={**os.environ, **(env or {})})
         _, status, ru = os.wait4(p.pid, 0)
         secs = time.perf_counter() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
-    m = Measured([str(c) for c in cmd], secs, p.returncode, int(ru.ru_maxrss),
+    rss = int(ru.ru_maxrss)
+    if GNU_TIME:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            rss = int(rss_p.read_text().strip().splitlines()[-1])
+    m = Measured([str(c) for c in cmd], secs, p.returncode, rss,
                  out_p.read_text(errors="replace"), err_p.read_text(errors="replace"))
-    out_p.unlink(missing_ok=True)
-    err_p.unlink(missing_ok=True)
+    for f in (out_p, err_p, rss_p):
+        f.unlink(missing_ok=True)
     if check and m.rc != 0:
         raise RuntimeError(f"{shell(m.cmd)} failed (rc={m.rc}):\n{m.err[-4000:]}\n{m.out[-2000:]}")
     return m
@@ -151,7 +161,7 @@ def percentile(values: list[float], q: float) -> float:
 def internal(name: str, args: dict[str, Any], log_dir: Path, cwd: Path | None = None) -> tuple[dict[str, Any], Measured]:
     """Run ``--internal name`` in a child process; return its JSON result and the measurement."""
     m = run_measured([PY, "-m", "forumpulse.pipeline.bench", "--internal", name, "--args", json.dumps(args)],
-                     cwd=cwd or REPO, log_dir=log_dir, check=False)
+                     cwd=cwd or REPO, log_dir=log_dir, check=False, env={"FP_BENCH_CHILD": "1"})
     return m.result(), m
 
 
@@ -192,6 +202,9 @@ def simulated_file(work: Path, lines: int) -> Path:
     f = out / "web1.log"
     meta = out / "meta.json"
     if f.exists() and meta.exists():
+        return f
+    if os.environ.get("FP_BENCH_CHILD") != "1":  # simulate in a child: numpy/pyarrow stay out of the parent
+        internal("simulate", {"work": str(work), "lines": lines}, work)
         return f
     days = max(1, -(-lines // LINES_PER_DAY))
     simulate(SimConfig(out=out, days=days, lines=lines, sources=(SourceSpec("web1", "combined"),), scenarios=()))
@@ -630,8 +643,13 @@ def _freshness(port: int, target: Path, lines: list[bytes], rate: float, seconds
             "fresh_max_s": max(lat) if lat else float("nan"), "poll_interval_s": 0.05}
 
 
+def child_simulate(a: dict[str, Any]) -> dict[str, Any]:
+    f = simulated_file(Path(a["work"]), int(a["lines"]))
+    return file_meta(f)
+
+
 CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "count": child_count, "dos": child_dos, "analyze": child_analyze, "consumer": child_consumer, "e2e": child_e2e,
+    "simulate": child_simulate, "count": child_count, "dos": child_dos, "analyze": child_analyze, "consumer": child_consumer, "e2e": child_e2e,
 }
 
 
@@ -703,6 +721,21 @@ class Run:
             rows[n] = self.ingest_one(n, peer=n in self.sizes)
             self.results["ingest"] = {str(k): v for k, v in rows.items()}
             self._drop(n)
+        self.section("ingest stages", self.run_stages)
+
+    def run_stages(self) -> None:
+        """Where ingest time goes, with Hperf's ``bench_ingest.run_stages`` (first 100k lines of the smallest
+        file: fast path, per-line reference path, chDB insert alone)."""
+        from forumpulse.pipeline import bench_ingest
+
+        d = self.work / "stages"
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir()
+        f = simulated_file(self.work, min(self.sizes))
+        self.commands.append(f"{PY} -c 'from forumpulse.pipeline.bench_ingest import run_stages; "
+                             f"print(run_stages(Path(\"{f}\"), \"combined\", Path(\"{d}\")))'")
+        self.results["ingest_stages"] = dict(bench_ingest.run_stages(f, "combined", d))
+        shutil.rmtree(d, ignore_errors=True)
 
     def _drop(self, n: int) -> None:
         """Free disk: keep the smallest file/store (dos, consumer, e2e) and the query store."""
@@ -802,17 +835,17 @@ def _os_name() -> str:
 
 
 def versions() -> dict[str, str]:
-    import chdb
-    import confluent_kafka
-
+    libs = _cmd_version([PY, "-c", "import chdb, confluent_kafka as c; print(chdb.__version__, c.version()[0], "
+                                   "c.libversion()[0])"]).split()
+    libs += ["?"] * (3 - len(libs))
     git = _cmd_version(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True, check=False).stdout.strip()
     kafka_jar = sorted((REPO / "deploy" / "kafka" / "libs").glob("kafka_2.13-*.jar"))
     return {
         "forumpulse": f"{git}{' (with uncommitted changes by other helpers)' if dirty else ''}",
-        "python": platform.python_version(), "chdb": str(getattr(chdb, "__version__", "?")),
-        "confluent-kafka": f"{confluent_kafka.version()[0]} (librdkafka {confluent_kafka.libversion()[0]})",
+        "python": platform.python_version(), "chdb": libs[0],
+        "confluent-kafka": f"{libs[1]} (librdkafka {libs[2]})",
         "goaccess": _cmd_version(["goaccess", "--version"]),
         "fail2ban": _cmd_version(["fail2ban-client", "--version"]),
         "syslog-ng": _cmd_version(["syslog-ng", "--version"]),
@@ -856,6 +889,8 @@ def render(run: Run, info: dict[str, Any]) -> str:
     out += [""]
     if "ingest" in r:
         out += _ingest_md(r["ingest"])
+    if "ingest_stages" in r:
+        out += _stages_md(r["ingest_stages"])
     if "consumer" in r:
         out += _consumer_md(r["consumer"])
     if "e2e" in r:
@@ -945,6 +980,15 @@ def _ingest_md(ing: dict[str, Any]) -> list[str]:
         out += ["", "Scaling (cost per line relative to the smallest run; linear cost = 1.00): " + ", ".join(
             f"{n:,}: {(x['seconds'] / n) / (pts[0][1]['seconds'] / pts[0][0]):.2f}" for n, x in pts)]
     return [*out, ""]
+
+
+def _stages_md(st: dict[str, Any]) -> list[str]:
+    n = st["lines"]
+    return ["Ingest stages (`forumpulse.pipeline.bench_ingest.run_stages`, first "
+            f"{n:,} lines of the smallest file, one process): parse + attribute, fast path "
+            f"**{_f(n / st['fast_s'])} lines/s**; per-line reference path {_f(n / st['ref_s'])} lines/s "
+            f"(identical output: {st['identical']}); chDB insert alone (requests + materialized views) "
+            f"{_f(n / st['insert_s'])} rows/s.", ""]
 
 
 def _ratio(x: dict[str, Any]) -> str:
