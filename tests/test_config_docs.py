@@ -15,7 +15,8 @@ import subprocess
 from pathlib import Path
 
 import forumpulse.detectors.dos_rules
-import forumpulse.detectors.traffic  # noqa: F401  (register their section validators, as `config check` does)
+import forumpulse.detectors.traffic
+import forumpulse.pipeline.live_detect  # noqa: F401  (register their section validators, as `config check` does)
 import pytest
 from forumpulse.pipeline.config import ConfigError, load_settings, markdown_reference, reference_rows
 
@@ -53,6 +54,7 @@ def test_example_loads_and_passes_every_validator() -> None:
     assert s.sites[0].timezone == "Asia/Kuala_Lumpur"
     assert [src.name for src in s.sources] == ["web1", "proxy"]
     assert s.detectors["dos"]["mode"] == "observe"
+    assert s.detectors["live"]["dos_source"] == "feed"
     assert s.privacy.pseudonym_key is None and s.actions["decision_api"]["api_key"] is None  # no secret in the file
 
 
@@ -66,9 +68,11 @@ def test_example_mentions_every_key_of_the_reference() -> None:
 def test_example_documents_owner_sections_keys() -> None:
     from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig
     from forumpulse.detectors.traffic import TrafficSettings
+    from forumpulse.pipeline.live_detect import LiveConfig
 
     text = EXAMPLE.read_text()
-    names = set(DosConfig.model_fields) | set(ActionsConfig.model_fields) | set(TrafficSettings.model_fields)
+    names = (set(DosConfig.model_fields) | set(ActionsConfig.model_fields) | set(TrafficSettings.model_fields)
+             | set(LiveConfig.model_fields))
     for sub in ActionsConfig.model_fields.values():
         ann = sub.annotation
         if isinstance(ann, type) and hasattr(ann, "model_fields"):

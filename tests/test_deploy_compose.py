@@ -135,7 +135,6 @@ def test_env_example_lists_every_variable_and_no_secret_values() -> None:
     assigned = dict(re.findall(r"^([A-Z0-9_]+)=(.*)$", text, re.M))
     used = {m.group(1) or m.group(4) for text in _strings(load_compose()) for m in _VAR.finditer(text)
             if m.group(0) != "$$"}
-    used -= {"DETECT_WINDOW_HOURS", "DETECT_INTERVAL_S"}  # container-side shell variables ($$ escaped)
     assert used - set(assigned) == set(), f".env.example misses {sorted(used - set(assigned))}"
     for name in SECRETS:
         assert assigned[name] == "", f"{name} must have no value in .env.example"
@@ -235,9 +234,8 @@ def test_long_running_services_have_healthchecks_and_restart() -> None:
         if name in oneshots:
             continue
         assert svc.get("restart") == "unless-stopped", name
-        if name != "forumpulse-detectors":  # a periodic loop with no port to probe
-            assert "test" in svc.get("healthcheck", {}), f"{name} has no healthcheck"
-    for name in ("forumpulse-consumer", "forumpulse-owner"):
+        assert "test" in svc.get("healthcheck", {}), f"{name} has no healthcheck"
+    for name in ("forumpulse-consumer", "forumpulse-detectors"):
         deps = services[name]["depends_on"]
         assert deps["forumpulse-migrate"]["condition"] == "service_completed_successfully"
         assert deps["kafka-init"]["condition"] == "service_completed_successfully"
@@ -272,7 +270,7 @@ def _help(path: list[str]) -> str:
 
 def test_forumpulse_commands_and_options_exist() -> None:
     cmds = _forumpulse_commands()
-    assert len(cmds) >= 4
+    assert [c[0] for c in cmds] == ["db", "consume", "run"], cmds
     for argv in cmds:
         words = [w for w in argv if not w.startswith("-")]
         path = []
@@ -287,7 +285,8 @@ def test_forumpulse_commands_and_options_exist() -> None:
 
 def test_compose_forumpulse_config_is_valid_with_the_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     import forumpulse.detectors.dos_rules
-    import forumpulse.detectors.traffic  # noqa: F401
+    import forumpulse.detectors.traffic
+    import forumpulse.pipeline.live_detect  # noqa: F401
     from forumpulse.pipeline.config import ConfigError, load_settings
 
     for k in list(os.environ):
@@ -296,13 +295,17 @@ def test_compose_forumpulse_config_is_valid_with_the_env_secret(monkeypatch: pyt
     cfg = COMPOSE_DIR / "forumpulse.yaml"
     with pytest.raises(ConfigError, match=r"actions\.decision_api"):
         load_settings(cfg)
-    env = resolved()["services"]["forumpulse-owner"]["environment"]
+    env = resolved()["services"]["forumpulse-detectors"]["environment"]
     for k, v in env.items():
         if k.startswith("FORUMPULSE_") and k != "FORUMPULSE_CONFIG":
             monkeypatch.setenv(k, str(v))
     s = load_settings(cfg)
     assert s.store.url.startswith("clickhouse://forumpulse_ingest:")
     assert s.kafka.bootstrap_servers == "kafka:9092"
+    assert s.detectors["live"]["dos_source"] == "feed"
+    monkeypatch.setenv("FORUMPULSE_DETECTORS", '{"live": {"dos_source": "nowhere"}}')
+    with pytest.raises(ConfigError, match=r"detectors\.live\.dos_source"):
+        load_settings(cfg)
 
 
 # ---------------------------------------------------------------------------------------- helper scripts

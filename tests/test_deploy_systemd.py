@@ -1,7 +1,9 @@
 """deploy/systemd units: structure, `systemd-analyze verify`, and the shell command lines they run.
 
-* every unit parses (configparser, no interpolation) and has what its kind needs: services run an existing
-  absolute binary as User=forumpulse (the collector as root), long-running ones restart, timers name a service;
+* every unit parses (sections, ``Key=value`` lines, repeated keys kept) and has what its kind needs: services run
+  an existing absolute binary as User=forumpulse (the collector as root), long-running ones restart;
+* the owner loads, the detectors unit (detectors + decision service) runs ``--dos --traffic`` in its own process
+  on another port, and only there (two DoS detectors would decide twice);
 * ``systemd-analyze verify`` accepts every unit (paths mapped onto this checkout; template instantiated);
 * the ``/bin/sh -c`` command lines, unescaped the way systemd does (``$$`` -> ``$``, ``%%`` -> ``%``, ``%i``/``%H``),
   run against a recording stand-in for ``forumpulse`` produce the intended arguments;
@@ -10,14 +12,12 @@
 
 from __future__ import annotations
 
-import configparser
 import os
 import re
 import shlex
 import shutil
 import socket
 import subprocess
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -28,11 +28,36 @@ INSTALLED = "/opt/forumpulse/.venv/bin/forumpulse"
 CLI = ROOT / ".venv" / "bin" / "forumpulse"
 
 
-def _parse(path: Path) -> configparser.ConfigParser:
-    cp = configparser.ConfigParser(interpolation=None, strict=True, delimiters=("=",))
-    cp.optionxform = str  # type: ignore[assignment,method-assign]
-    cp.read_string(path.read_text(), source=str(path))
-    return cp
+class Unit:
+    """A unit file: section -> key -> values (systemd allows repeated keys, e.g. EnvironmentFile)."""
+
+    def __init__(self, path: Path) -> None:
+        self.sections: dict[str, dict[str, list[str]]] = {}
+        current: dict[str, list[str]] | None = None
+        for no, raw in enumerate(path.read_text().splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith(("#", ";")):
+                continue
+            m = re.fullmatch(r"\[([A-Za-z]+)\]", line)
+            if m:
+                assert m.group(1) not in self.sections, f"{path.name}:{no}: section [{m.group(1)}] twice"
+                current = self.sections[m.group(1)] = {}
+                continue
+            assert current is not None, f"{path.name}:{no}: key outside a section"
+            key, sep, value = line.partition("=")
+            assert sep and re.fullmatch(r"[A-Za-z]+", key), f"{path.name}:{no}: not Key=value: {raw!r}"
+            current.setdefault(key, []).append(value)
+
+    def get(self, section: str, key: str, fallback: str | None = None) -> str | None:
+        values = self.sections.get(section, {}).get(key)
+        return values[-1] if values else fallback
+
+    def all(self, section: str, key: str) -> list[str]:
+        return self.sections.get(section, {}).get(key, [])
+
+
+def _parse(path: Path) -> Unit:
+    return Unit(path)
 
 
 def _units(suffix: str) -> list[Path]:
@@ -52,7 +77,7 @@ def test_services_structure() -> None:
     for path in _units("service"):
         cp = _parse(path)
         assert cp.get("Unit", "Description"), path.name
-        svc = cp["Service"]
+        svc = {k: v[-1] for k, v in cp.sections["Service"].items()}
         argv = _exec_argv(svc["ExecStart"])
         exe = argv[0]
         assert exe.startswith("/"), f"{path.name}: ExecStart must be an absolute path"
@@ -69,21 +94,37 @@ def test_services_structure() -> None:
             assert INSTALLED in svc["ExecStart"], path.name
 
 
-def test_timer_points_at_an_existing_oneshot_service() -> None:
-    for path in _units("timer"):
-        cp = _parse(path)
-        assert cp.get("Timer", "OnUnitActiveSec")
-        target = path.with_suffix(".service")
-        assert target.exists(), f"{path.name} has no {target.name}"
-        assert _parse(target).get("Service", "Type") == "oneshot"
-        assert cp.get("Install", "WantedBy") == "timers.target"
+def _argv(unit: str) -> list[str]:
+    value = _parse(UNITS / unit).get("Service", "ExecStart")
+    assert value
+    return _exec_argv(value)
+
+
+def _opt(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_owner_loads_and_detectors_run_in_their_own_process() -> None:
+    owner, det = _argv("forumpulse-owner.service"), _argv("forumpulse-detectors.service")
+    assert owner[1:2] == ["run"] and "--consume" in owner
+    assert "--dos" not in owner and "--traffic" not in owner
+    assert det[1:2] == ["run"] and {"--dos", "--traffic"} <= set(det) and "--consume" not in det
+    assert _opt(owner, "--port") != _opt(det, "--port")
+    assert _opt(owner, "--host") == _opt(det, "--host") == "127.0.0.1"
+    assert _opt(owner, "--password-env") == "FORUMPULSE_OWNER_PASSWORD"
+    # the owner's clients read the client env file (the owner's endpoint URL) after the shared one
+    for unit in ("forumpulse-detectors.service", "forumpulse-consumer@.service"):
+        assert _parse(UNITS / unit).all("Service", "EnvironmentFile") == [
+            "/etc/forumpulse/forumpulse.env", "-/etc/forumpulse/clients.env"], unit
+    assert _parse(UNITS / "forumpulse-owner.service").all("Service", "EnvironmentFile") == [
+        "/etc/forumpulse/forumpulse.env"]
 
 
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     exe = shutil.which("systemd-analyze")
     if exe is None:  # the structural test above still runs; say clearly what was not checked
         pytest.fail("systemd-analyze not found (apt-get install systemd): units were only checked structurally")
-    for path in [*_units("service"), *_units("timer")]:
+    for path in _units("service"):
         name = path.name.replace("@.", "@1.")
         (tmp_path / name).write_text(path.read_text().replace(INSTALLED, str(CLI)))
     units = sorted(str(p) for p in tmp_path.iterdir())
@@ -116,14 +157,6 @@ def _run_exec(unit: str, tmp_path: Path, instance: str = "1") -> list[str]:
     return log.read_text().splitlines()
 
 
-def test_detectors_command_line_passes_a_window_start(tmp_path: Path) -> None:
-    args = _run_exec("forumpulse-detectors.service", tmp_path)
-    assert args[:3] == ["detect", "history", "--from"], args
-    start = datetime.fromisoformat(args[3]).replace(tzinfo=UTC)
-    ago = datetime.now(UTC) - start
-    assert timedelta(hours=47, minutes=59) < ago < timedelta(hours=48, minutes=5), args[3]
-
-
 def test_consumer_instances_get_distinct_ids_and_metrics_ports(tmp_path: Path) -> None:
     a = _run_exec("forumpulse-consumer@.service", tmp_path, "1")
     b = _run_exec("forumpulse-consumer@.service", tmp_path, "2")
@@ -135,9 +168,8 @@ def test_consumer_instances_get_distinct_ids_and_metrics_ports(tmp_path: Path) -
 def test_forumpulse_commands_and_options_exist() -> None:
     assert CLI.exists(), f"{CLI} missing: run `make install` first"
     for path in _units("service"):
-        for key in ("ExecStart", "ExecStartPre"):
-            value = _parse(path).get("Service", key, fallback=None)
-            if not value or "forumpulse" not in value or INSTALLED not in value:
+        for value in _parse(path).all("Service", "ExecStart") + _parse(path).all("Service", "ExecStartPre"):
+            if INSTALLED not in value:
                 continue
             tail = value.split(INSTALLED, 1)[1]
             words = re.findall(r"[^\s'\"]+", tail)
