@@ -149,7 +149,7 @@ def _run_exec(unit: str, tmp_path: Path, instance: str = "1") -> list[str]:
     fake = tmp_path / "forumpulse"
     fake.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > "{log}"\n')
     fake.chmod(0o755)
-    argv = _exec_argv(_parse(UNITS / unit).get("Service", "ExecStart"))
+    argv = _argv(unit)
     assert argv[:2] == ["/bin/sh", "-c"], argv
     script = _systemd_unescape(argv[2], instance).replace(INSTALLED, str(fake))
     r = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=30)
