@@ -1,0 +1,1 @@
+"""forumpulse.schemas: versioned ClickHouse migrations, cluster DDL and Kafka message contracts (data files)."""
