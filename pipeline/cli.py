@@ -265,9 +265,13 @@ _PLUGINS: list[tuple[typer.Typer, str, str, str]] = [
     (detect_app, "history", "forumpulse.detectors.traffic", "detect_history_command"),
     (detect_app, "series", "forumpulse.detectors.series", "detect_series_command"),
     (detect_app, "dos", "forumpulse.detectors.dos", "dos_command"),
+    (detect_app, "unban", "forumpulse.detectors.dos_cli", "unban_command"),
+    (detect_app, "decisions", "forumpulse.detectors.dos_cli", "decisions_command"),
     (report_app, "event", "forumpulse.dashboards.report", "report_event_command"),
     (report_app, "daily", "forumpulse.dashboards.report", "report_daily_command"),
 ]
+#: modules whose import registers configuration section validators (checked by `config check`)
+_SECTION_MODULES = ("forumpulse.pipeline.live_detect", "forumpulse.detectors.dos_rules", "forumpulse.detectors.traffic")
 _loaded = False
 PLUGIN_ERRORS: dict[str, str] = {}
 
@@ -284,6 +288,11 @@ def _load_plugins() -> None:
             PLUGIN_ERRORS[name] = f"{module}.{attr}: {exc}"
             continue
         target.command(name)(fn)
+    for module in _SECTION_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            PLUGIN_ERRORS[module] = str(exc)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ EXE = Path(sys.executable).with_name("forumpulse")
 COMMANDS = [
     ["parse"], ["ingest"], ["simulate"], ["demo"], ["run"], ["consume"], ["db", "migrate"], ["db", "load-titles"],
     ["db", "cluster-ddl"], ["config", "check"], ["config", "show"], ["detect"], ["detect", "series"],
-    ["detect", "dos"], ["detect", "history"], ["report", "event"], ["report", "daily"],
+    ["detect", "dos"], ["detect", "history"], ["detect", "unban"], ["detect", "decisions"], ["report", "event"], ["report", "daily"],
 ]
 
 
