@@ -14,6 +14,7 @@ What is measured (wall clock, each in its own process where it matters, load ave
 * ``forumpulse ingest --format F FILE --store chdb:FRESH`` as a subprocess (the command users run; its default
   worker count), plus in-process ``ingest_paths(..., workers=N)`` for each ``--workers`` value, each into a fresh
   chDB folder (one folder per process: the in-process runs use one subprocess each);
+* the block-based loop proposed for ``ingest.py`` (:func:`proposed_ingest`) for each ``--proposed`` count;
 * stages (unless ``--skip-stages``): ``Processor.process`` (fast path) and ``process_reference`` on the first
   100k lines, and the chDB insert alone (requests + its materialized views) of those processed rows.
 
@@ -31,7 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 DEFAULT_FILE = "/tmp/elastic1m.log"
 DEFAULT_SAMPLE = "/work/shared/data/access_logs/elastic_examples/apache_logs"
@@ -103,6 +106,120 @@ print(json.dumps({"seconds": dt, "read": c.read, "loaded": c.loaded, "quarantine
 """
 
 
+# ---------------------------------------------------------------- block-based loop (a proposal for ingest.py)
+
+_PROTO_WORKER: object = None
+
+
+def _proto_init(settings_json: str) -> None:
+    global _PROTO_WORKER
+    from forumpulse.pipeline.config import Settings
+    from forumpulse.pipeline.process import Processor
+
+    _PROTO_WORKER = Processor(Settings.model_validate_json(settings_json))
+
+
+def _proto_work(data: bytes, ctx: object, line_no: int, ref: str) -> object:
+    return _PROTO_WORKER.process_block(data, ctx, line_no_base=line_no, source_ref=ref)  # type: ignore[attr-defined]
+
+
+def block_chunks(fh: BinaryIO, lines_per_chunk: int, read_bytes: int = 32 << 20) -> Iterator[bytes]:
+    """Raw chunks of ``lines_per_chunk`` lines (the last one shorter), cut at newlines, no per-line objects."""
+    import numpy as np
+
+    rest = b""
+    while True:
+        block = fh.read(read_bytes)
+        data = rest + block
+        if not block:
+            if data:
+                yield data
+            return
+        nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+        start = 0
+        k = lines_per_chunk - 1
+        while k < len(nl):
+            end = int(nl[k]) + 1
+            yield data[start:end]
+            start = end
+            k += lines_per_chunk
+        rest = data[start:]
+
+
+def proposed_ingest(path: str, fmt: str, store_dir: str, workers: int) -> dict[str, float]:
+    """What ``ingest_stream`` would do with blocks: the pool starts first (its ~1.5 s start overlaps chDB's),
+    the reader hands raw 100k-line blocks to workers (``Processor.process_block``: no readlines, no pickling of
+    100k ``bytes`` objects), the dedup token hashes the block in one call (same digest as per-line updates)."""
+    import hashlib
+    import multiprocessing
+    import socket
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.process import SourceContext
+    from forumpulse.pipeline.store import migrate, open_store
+
+    s = load_settings()
+    s.retention.raw_days = 0
+    s.retention.rollup_days = 0
+    s.retention.quarantine_days = 0
+    t0 = time.perf_counter()
+    ex = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_proto_init,
+                             initargs=(s.model_dump_json(),))
+    for _ in range(workers):  # start the workers now, without waiting: their start overlaps chDB's
+        ex.submit(len, b"")
+    st = open_store("chdb:" + store_dir)
+    migrate(st, s.retention.migration_params())
+    ctx = SourceContext(site=s.sites[0].name, origin_host=socket.gethostname(), origin_file=path, format=fmt)
+    ref = f"file:{path}"
+    read = loaded = quarantined = 0
+    pending: deque[tuple[bytes, int, object]] = deque()
+
+    def drain(item: tuple[bytes, int, object]) -> None:
+        nonlocal loaded, quarantined
+        data, line_no, fut = item
+        batch = fut.result()  # type: ignore[attr-defined]
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(f"{ctx.site}\0{ctx.origin_host}\0{ctx.origin_file}\0{ctx.format}\0{line_no}\0".encode())
+        digest.update(data)
+        token = digest.hexdigest()
+        st.insert("requests", batch.requests, dedup_token=f"req-{token}")
+        st.insert("quarantine", batch.quarantine, dedup_token=f"qua-{token}")
+        loaded += batch.requests.num_rows
+        quarantined += batch.quarantine.num_rows
+
+    line_no = 0
+    with open(path, "rb") as fh:
+        for data in block_chunks(fh, s.ingest.batch_lines):
+            n = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+            read += n
+            pending.append((data, line_no, ex.submit(_proto_work, data, ctx, line_no, ref)))
+            line_no += n
+            if len(pending) >= 2 * workers:
+                drain(pending.popleft())
+    while pending:
+        drain(pending.popleft())
+    dt = time.perf_counter() - t0
+    ex.shutdown()
+    rows = int(st.query_rows("SELECT count() FROM requests")[0][0])
+    st.close()
+    return {"seconds": dt, "read": read, "loaded": loaded, "quarantined": quarantined, "rows": rows}
+
+
+def run_proposed(path: Path, fmt: str, tmp: Path, workers: int) -> dict[str, float]:
+    store = tmp / f"proto_w{workers}"
+    store.mkdir()
+    code = ("import json, sys; from forumpulse.pipeline.bench_ingest import proposed_ingest; "
+            "print(json.dumps(proposed_ingest(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))))")
+    out = subprocess.run([sys.executable, "-c", code, str(path), fmt, str(store), str(workers)], check=True,
+                         capture_output=True, text=True)
+    res: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    if res["rows"] != res["loaded"] or res["read"] != res["loaded"] + res["quarantined"]:
+        raise SystemExit(f"count mismatch: {res}")
+    return res
+
+
 def run_inproc(path: Path, fmt: str, tmp: Path, workers: int) -> dict[str, float]:
     store = tmp / f"store_w{workers}"
     store.mkdir()
@@ -163,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--format", default="combined")
     ap.add_argument("--workers", default="1,2", help="comma-separated worker counts for in-process runs")
+    ap.add_argument("--proposed", default="1,2",
+                    help="worker counts for the block-based loop proposed for ingest.py (empty: skip)")
     ap.add_argument("--skip-stages", action="store_true")
     ap.add_argument("--skip-cli", action="store_true")
     ap.add_argument("--json", help="write the results as JSON to this file")
@@ -188,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
             r = run_inproc(path, a.format, tmp, w)
             results[f"ingest_paths_w{w}"] = r
             print(f"ingest_paths w={w}   {r['seconds']:7.2f} s  {n / r['seconds']:10,.0f} lines/s   ratio "
+                  f"{g / r['seconds']:4.2f}x goaccess  loaded {int(r['loaded'])} quarantined "
+                  f"{int(r['quarantined'])}  (load {_load()})")
+        for w in [int(x) for x in a.proposed.split(",") if x]:
+            r = run_proposed(path, a.format, tmp, w)
+            results[f"proposed_w{w}"] = r
+            print(f"block loop w={w}     {r['seconds']:7.2f} s  {n / r['seconds']:10,.0f} lines/s   ratio "
                   f"{g / r['seconds']:4.2f}x goaccess  loaded {int(r['loaded'])} quarantined "
                   f"{int(r['quarantined'])}  (load {_load()})")
         g2 = run_goaccess(path, tmp)

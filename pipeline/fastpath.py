@@ -69,7 +69,7 @@ from forumpulse.pipeline.tables import STREAM_SCHEMA
 if TYPE_CHECKING:
     from forumpulse.pipeline.process import ProcessedBatch, Processor, SourceContext
 
-__all__ = ["FastPath", "SplitPlan", "plan_for_spec"]
+__all__ = ["BlockLines", "FastPath", "SplitPlan", "plan_for_spec"]
 
 # Python re.ASCII \s is exactly these six characters (RE2's \s lacks \v), so classes are spelled out.
 _WS = r"\t\n\x0b\x0c\r "
@@ -122,6 +122,7 @@ class SplitPlan:
     toks: list[Tok]
     slots: dict[str, list[int]]
     time_kind: str  # clf | iso | epoch
+    kinds: dict[int, str]  # group index -> field kind
 
 
 def _tokens_for(spec: str) -> list[Tok] | None:
@@ -334,7 +335,8 @@ def plan_for_spec(spec: str, name: str) -> SplitPlan | None:
             fields[g].last = True
     tk = _time_kind(toks)
     assert tk is not None
-    plan = SplitPlan(name, "".join(rx), segment + 1, pieces, {g: fields[g] for g in needed}, toks, slots, tk)
+    kinds = {g: toks[ti].kind for g, ti in tok_of.items()}
+    plan = SplitPlan(name, "".join(rx), segment + 1, pieces, {g: fields[g] for g in needed}, toks, slots, tk, kinds)
     try:
         pc.match_substring_regex(pa.array([""]), plan.regex)
     except Exception:
@@ -360,6 +362,30 @@ def _dash_null(arr: pa.Array) -> pa.Array:
 
 def _take(values: list[Any], typ: pa.DataType, idx: pa.Array) -> pa.Array:
     return pa.array(values, type=typ).take(idx)
+
+
+class BlockLines(Sequence[bytes]):
+    """The lines of a block of bytes, split after every ``\\n`` (as ``readlines`` splits a file); a last line
+    without a newline counts.  ``block[i]`` is the line with its newline, made on demand."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10) + 1
+        ends = nl if (not data or data.endswith(b"\n")) else np.append(nl, len(data))
+        self.offsets = np.zeros(len(ends) + 1, dtype=np.int64)
+        self.offsets[1:] = ends
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.data[self.offsets[i]:self.offsets[i + 1]]
 
 
 _KEEP = (np.arange(12)[None, :] < np.arange(13)[:, None]).astype(np.uint8)  # row k: k ones, then zeros
@@ -393,20 +419,67 @@ class _Chunk:
             p = self._pos[byte] = np.flatnonzero(self.buf[:self.size] == byte)
         return p
 
-    def views(self, a: np.ndarray, z: np.ndarray) -> pa.Array:
-        """A ``string_view`` array of ``data[a[i]:z[i]]`` (no copy of long values)."""
+    def window(self, a: np.ndarray) -> np.ndarray:
+        """``(n, 12)`` bytes starting at each position of ``a`` (past the data: zero padding)."""
+        return self._win[a].view(np.uint8).reshape(len(a), 12)
+
+    def views(self, a: np.ndarray, z: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+        """A ``string_view`` array of ``data[a[i]:z[i]]`` (no copy of long values); null where ``valid`` is
+        False."""
         n = len(a)
         ln = (z - a).astype(np.int32)
         v = np.empty((n, 16), dtype=np.uint8)
-        v[:, 4:] = self._win[a].view(np.uint8).reshape(n, 12)  # the first 12 bytes (inline values, prefixes)
-        v[:, 4:] *= _KEEP[np.minimum(ln, 12)]  # zero the bytes after a short value
+        v[:, 4:] = self.window(a)  # the first 12 bytes (inline values, prefixes)
+        short = ln < 12
+        if short.any():
+            v[short, 4:] *= _KEEP[ln[short]]  # zero the bytes after a short value
         v32 = v.view(np.int32)
         v32[:, 0] = ln
         long_ = ln > 12
         if long_.any():
             v32[long_, 2] = 0
             v32[long_, 3] = a[long_]
-        return pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(v), self.data])
+        bitmap = None
+        if valid is not None and not valid.all():
+            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        return pa.Array.from_buffers(pa.string_view(), n, [bitmap, pa.py_buffer(v), self.data])
+
+
+class _Fields:
+    """Field boundaries of accepted rows, materialised on demand as Arrow arrays or numbers."""
+
+    def __init__(self, chunk: _Chunk, bounds: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        self.chunk = chunk
+        self.bounds = bounds
+
+    def view(self, k: int) -> pa.Array:
+        return self.chunk.views(*self.bounds[k])
+
+    def string(self, k: int) -> pa.Array:
+        return self.view(k).cast(pa.string())
+
+    def dash_null(self, k: int) -> pa.Array:
+        """The field as a string array, null where it is ``-``."""
+        a, z = self.bounds[k]
+        dash = ((z - a) == 1) & (self.chunk.buf[a] == 45)
+        return self.chunk.views(a, z, ~dash).cast(pa.string())
+
+    def uint(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A ``\\d+|-`` field as ``(value, is_dash, too_long)``; values of up to 12 digits are exact (the
+        regex guarantees ASCII digits), longer ones are flagged ``too_long`` and left to the reference path."""
+        a, z = self.bounds[k]
+        ln = z - a
+        w = self.chunk.window(a)
+        dash = (ln == 1) & (w[:, 0] == 45)
+        too_long = ln > 12
+        vals = np.zeros(len(a), dtype=np.int64)
+        top = int(ln.max()) if len(ln) else 0
+        for j in range(min(top, 12)):  # Horner over the digit columns, each row up to its own length
+            active = ln > j
+            if dash.any():
+                active &= ~dash
+            vals = np.where(active, vals * 10 + (w[:, j].astype(np.int64) - 48), vals)
+        return vals, dash, too_long
 
 
 @dataclass
@@ -444,7 +517,7 @@ class FastPath:
 
     # -------------------------------------------------------------------------------------- input
 
-    def lines_array(self, lines: Sequence[bytes]) -> _Chunk | None:
+    def lines_array(self, lines: Sequence[bytes], invalid: np.ndarray | None = None) -> _Chunk | None:
         """All lines as one buffer (newlines kept), or ``None`` when a line is not ``bytes``.  Lines that are
         not valid UTF-8 or longer than ``max_line_bytes`` are marked invalid (they take the reference path)."""
         n = len(lines)
@@ -454,6 +527,8 @@ class FastPath:
             return None
         lens = np.fromiter(map(len, lines), dtype=np.int64, count=n)
         valid = lens <= self.p.max_line_bytes
+        if invalid is not None:
+            valid &= ~invalid
         try:
             buf.decode("utf-8")
         except UnicodeDecodeError:
@@ -470,9 +545,30 @@ class FastPath:
             return None
         return _Chunk(buf, offs, valid)
 
+    def block_chunk(self, block: BlockLines) -> _Chunk | None:
+        """The chunk of a block of lines (no per-line objects are made)."""
+        offs = block.offsets
+        lens = np.diff(offs)
+        valid = lens <= self.p.max_line_bytes
+        data = block.data
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            keep = []
+            for i in range(len(block)):
+                try:
+                    block[i].decode("utf-8")
+                    keep.append(True)
+                except UnicodeDecodeError:
+                    keep.append(False)
+            return self.lines_array([block[i] if k else b"" for i, k in enumerate(keep)], invalid=~np.array(keep))
+        if offs[-1] >= 2**31 - 16:
+            return None
+        return _Chunk(data, offs, valid)
+
     # -------------------------------------------------------------------------------------- extraction
 
-    def extract(self, plan: SplitPlan, chunk: _Chunk, rows: np.ndarray) -> dict[int, pa.Array]:
+    def extract(self, plan: SplitPlan, chunk: _Chunk, rows: np.ndarray) -> _Fields:
         """Field text (``string_view`` arrays over the chunk's buffer, no copy) per needed group, for ``rows``
         (positions of lines that all match ``plan.regex``).  Boundaries come from the positions of quotes and
         spaces: an accepted line has exactly ``n_segments - 1`` quotes and, in each unquoted segment, exactly
@@ -519,7 +615,7 @@ class FastPath:
                 piece_bounds[key] = (a, z)
             return piece_bounds[key]
 
-        out: dict[int, pa.Array] = {}
+        out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for g, f in sorted(plan.fields.items()):
             if f.quoted:
                 a, z = seg(f.segment)
@@ -533,12 +629,12 @@ class FastPath:
                 if f.after:
                     cpos = chunk.positions(ord(f.after[0]))
                     z = cpos[np.searchsorted(cpos, a)]
-            out[g] = chunk.views(a, z)
-        return out
+            out[g] = (a, z)
+        return _Fields(chunk, out)
 
     # -------------------------------------------------------------------------------------- conversion
 
-    def convert(self, plan: SplitPlan, g: dict[int, pa.Array], n: int, site: str) -> _Cols:
+    def convert(self, plan: SplitPlan, g: _Fields, n: int, site: str) -> _Cols:
         """Record columns (``STREAM_SCHEMA`` order minus context) for ``n`` accepted rows; ``ok`` marks rows
         whose values converted exactly as the reference converter would (others go to the reference path)."""
         p = self.p
@@ -547,14 +643,11 @@ class FastPath:
         cols: dict[str, pa.Array] = {}
         none_str = pa.nulls(n, pa.string())
 
-        def S(k: int) -> pa.Array:  # the field as a plain string array
-            return g[k] if g[k].type == pa.string() else g[k].cast(pa.string())
-
         # time
         ti = _first(slots, "time")
         assert ti is not None
         fn = {"clf": V.clf_timestamp_ms, "iso": V.iso_timestamp_ms, "epoch": V.epoch_seconds_ms}[plan.time_kind]
-        uniq, idx = _dict(g[ti])
+        uniq, idx = _dict(g.view(ti))
         ts_vals = [_safe(fn, u) for u in uniq]
         ts = _take(ts_vals, pa.int64(), idx)
         ok &= ~np.asarray(ts.is_null().to_numpy(zero_copy_only=False))
@@ -565,7 +658,7 @@ class FastPath:
         if ci is None:
             real_ip, chost = none_str, none_str
         else:
-            uniq, idx = _dict(g[ci])
+            uniq, idx = _dict(g.view(ci))
             res = [_safe(V.classify_client, u) for u in uniq]
             bad = np.array([r is None for r in res], dtype=bool)
             if bad.any():
@@ -579,20 +672,20 @@ class FastPath:
             cols["client_ip"] = real_ip
         cols["client_host"] = chost
         k = _first(slots, "ident")
-        cols["ident"] = _dash_null(S(k)) if k is not None else none_str
+        cols["ident"] = g.dash_null(k) if k is not None else none_str
         k = _first(slots, "user")
-        cols["user"] = _dash_null(S(k)) if k is not None else none_str  # '""' cannot occur (no quotes accepted)
+        cols["user"] = g.dash_null(k) if k is not None else none_str  # '""' cannot occur (no quotes accepted)
 
         # content type (needed by the page part of derive)
         k = _first(slots, "content_type")
         ctype = None
         if k is not None:
-            ctype = pc.if_else(pc.is_in(S(k), pa.array(["-", ":", ""])), _NULL_STR, S(k))
+            ctype = pc.if_else(pc.is_in(g.string(k), pa.array(["-", ":", ""])), _NULL_STR, g.string(k))
         cols_ct = ctype if ctype is not None else none_str
 
         # request line -> method, url, path, query, protocol, and the page part of the enrichment
         ri = _first(slots, "request")
-        req = S(ri) if ri is not None else pa.array([""] * n, pa.string())
+        req = (g.string(ri) if ctype is not None else g.view(ri)) if ri is not None else pa.array([""] * n, pa.string())
         if ctype is not None:
             key = pc.binary_join_element_wise(req, pc.fill_null(ctype, "\x00"), "\x00\x01")
             combos, cidx = _dict(key)
@@ -635,29 +728,32 @@ class FastPath:
         if si is None:
             cols["status"] = pa.array(np.zeros(n, dtype=np.uint16))
         else:
-            uniq, idx = _dict(g[si])
-            sv = [0 if s == "-" else int(s) for s in uniq]
-            bad = np.array([v > 999 for v in sv], dtype=bool)
-            if bad.any():
-                ok &= ~bad[idx.to_numpy()]
-            cols["status"] = _take([min(v, 999) for v in sv], pa.uint16(), idx)
+            vals, _dash, too_long = g.uint(si)  # '-' is 0 already
+            bad = too_long | (vals > 999)
+            ok &= ~bad
+            cols["status"] = pa.array(np.where(bad, 0, vals).astype(np.uint16))
 
         # bytes: digits or '-' (regex), at most 18 digits here (< 2**62); longer ones go to the reference
         bi = _first(slots, "bytes_body", "bytes_total")
         if bi is None:
             cols["bytes"] = pa.array(np.zeros(n, dtype=np.uint64))
         else:
-            b = S(bi)
-            too_long = pc.greater(pc.binary_length(b), 18).to_numpy(zero_copy_only=False)
+            vals, _dash, too_long = g.uint(bi)  # at most 12 digits here (< 2**62); longer: reference path
             ok &= ~too_long
-            b = pc.if_else(pc.or_(pc.equal(b, "-"), pc.greater(pc.binary_length(b), 18)), "0", b)
-            cols["bytes"] = pc.cast(b, pa.uint64())
+            cols["bytes"] = pa.array(np.where(too_long, 0, vals).astype(np.uint64))
 
         # elapsed
         el = None
         for name, scale, div in (("el_us", 1.0, 1000.0), ("el_ms", 1.0, 1.0), ("el_s", 1000.0, 1.0)):
+            if name in slots and plan.kinds[slots[name][0]] == NUM:
+                vals, dash, too_long = g.uint(slots[name][0])
+                ok &= ~too_long
+                v = vals.astype(np.float64)
+                v = v * scale / div if div != 1.0 else v * scale
+                el = pa.array(np.where(dash | too_long, 0.0, v).astype(np.float32), mask=dash | too_long)
+                break
             if name in slots:
-                e = S(slots[name][0])
+                e = g.string(slots[name][0])
                 too_long = pc.greater(pc.binary_length(e), 30).to_numpy(zero_copy_only=False)
                 ok &= ~too_long
                 dash = pc.or_(pc.equal(e, "-"), pc.greater(pc.binary_length(e), 30))
@@ -670,14 +766,14 @@ class FastPath:
         # referer (scrubbed per distinct value), user agent + bot part of derive per distinct UA
         k = _first(slots, "referer")
         if k is not None:
-            uniq, idx = _dict(g[k])
+            uniq, idx = _dict(g.view(k))
             cols["referer"] = _take([None if r == "-" else p.privacy.scrub_referer(r) for r in uniq],
                                     pa.string(), idx)
         else:
             cols["referer"] = none_str
         k = _first(slots, "user_agent")
         if k is not None:
-            uniq, idx = _dict(g[k])
+            uniq, idx = _dict(g.view(k))
             uas = [None if u == "-" else u for u in uniq]
             bots = [enr.bots.detect(u) if u else (False, None) for u in uas]
             cols["user_agent"] = _take(uas, pa.string(), idx)
@@ -691,28 +787,28 @@ class FastPath:
         # squid %Ss:%Sh
         k = _first(slots, "squid_ss")
         if k is not None:
-            uniq, idx = _dict(g[k])
+            uniq, idx = _dict(g.view(k))
             parts = [(None, None) if s == "-" else (s.partition(":")[0], s.partition(":")[2]) for s in uniq]
             cols["cache_result"] = _take([x[0] for x in parts], pa.string(), idx)
             cols["hierarchy"] = _take([x[1] for x in parts], pa.string(), idx)
         else:
             cols["cache_result"] = cols["hierarchy"] = none_str
         k = _first(slots, "upstream")
-        cols["upstream"] = _dash_null(S(k)) if k is not None else none_str
+        cols["upstream"] = g.dash_null(k) if k is not None else none_str
         cols["content_type"] = cols_ct
         k = _first(slots, "vhost_v", "vhost_V", "vhost_host", "vhost_sn")
-        cols["vhost"] = _dash_null(S(k)) if k is not None else none_str
+        cols["vhost"] = g.dash_null(k) if k is not None else none_str
         return _Cols(ok, cols, real_ip)
 
     # -------------------------------------------------------------------------------------- driver
 
-    def run(self, lines: Sequence[bytes], ctx: SourceContext, line_no_base: int,
+    def run(self, lines: Sequence[bytes] | BlockLines, ctx: SourceContext, line_no_base: int,
             source_ref: str) -> ProcessedBatch | None:
         """Process a chunk; same result as ``Processor.process_reference(lines, ctx, ...)``.  ``None`` when the
         chunk cannot take the fast path (a line is not ``bytes``)."""
         p = self.p
         n = len(lines)
-        chunk = self.lines_array(lines)
+        chunk = self.block_chunk(lines) if isinstance(lines, BlockLines) else self.lines_array(lines)
         if chunk is None:
             return None
         parts: list[tuple[np.ndarray, str, _Cols]] = []  # (positions, source_format, columns) of fast rows
@@ -864,6 +960,12 @@ def _canonical(a: pa.Array) -> pa.Array:
             return a
         return pa.Array.from_buffers(a.type, len(a), [None, *bufs[1:]])
     if pa.types.is_string(a.type):
+        offs = np.frombuffer(bufs[1], dtype=np.int32, count=len(a) + 1)
+        size = 0 if bufs[2] is None else bufs[2].size
+        if offs[0] == 0 and size == offs[-1]:
+            nulls = ~a.is_valid().to_numpy(zero_copy_only=False)
+            if not np.diff(offs)[nulls].any():
+                return a  # already laid out as the reference lays it out
         filled = pc.fill_null(a, "")
     elif pa.types.is_floating(a.type) or pa.types.is_integer(a.type):
         filled = pc.fill_null(a, 0)

@@ -59,6 +59,24 @@ class ProcessedBatch:
     by_reason: dict[str, int] = field(default_factory=dict)
     newest_ts: int | None = None
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        """Pickle ``stream`` as its difference to ``requests`` (the ``query`` column, and ``client_ip`` only when
+        privacy changed it): worker processes send each value once instead of twice."""
+        ip = self.stream.column("client_ip")
+        if ip is self.requests.column("client_ip") or ip.equals(self.requests.column("client_ip")):
+            ip = None
+        return (_rebuild_batch, (self.requests, self.stream.column("query"), ip, self.quarantine, self.read,
+                                 self.loaded, self.quarantined, self.by_reason, self.newest_ts))
+
+
+def _rebuild_batch(requests: pa.Table, query: pa.ChunkedArray, ip: pa.ChunkedArray | None, quarantine: pa.Table,
+                   read: int, loaded: int, quarantined: int, by_reason: dict[str, int],
+                   newest_ts: int | None) -> ProcessedBatch:
+    stream = requests.append_column(STREAM_SCHEMA.field("query"), query)
+    if ip is not None:
+        stream = stream.set_column(STREAM_SCHEMA.names.index("client_ip"), STREAM_SCHEMA.field("client_ip"), ip)
+    return ProcessedBatch(requests, quarantine, stream, read, loaded, quarantined, by_reason, newest_ts)
+
 
 def decode_line(raw: bytes | str) -> str:
     """Bytes → str without ever failing: invalid UTF-8 becomes ``\\xNN`` escapes (as Apache escapes them)."""
@@ -101,6 +119,25 @@ class Processor:
             if batch is not None:
                 return batch
         return self.process_reference(lines, ctx, line_no_base, source_ref)
+
+    def process_block(
+        self, data: bytes, ctx: SourceContext, line_no_base: int = 0, source_ref: str = ""
+    ) -> ProcessedBatch:
+        """Same as :meth:`process` on ``data`` split after every ``\\n`` (how ``readlines`` splits a file; a last
+        line without newline counts), without making one ``bytes`` object per line on the fast path.  Readers
+        that hand whole blocks to workers save the per-line split, pickling and join."""
+        from forumpulse.pipeline.fastpath import BlockLines
+
+        lines = BlockLines(data)
+        if self._fast is None:
+            from forumpulse.pipeline.fastpath import FastPath
+
+            self._fast = FastPath(self)
+        if len(lines) and self._fast.supports(ctx.format):
+            batch = self._fast.run(lines, ctx, line_no_base, source_ref)
+            if batch is not None:
+                return batch
+        return self.process_reference(lines[:], ctx, line_no_base, source_ref)
 
     def process_reference(
         self, lines: Sequence[bytes | str], ctx: SourceContext, line_no_base: int = 0, source_ref: str = ""

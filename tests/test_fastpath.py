@@ -202,3 +202,24 @@ def test_conformance_lines_of_every_source_in_every_format(pair):
     assert len(lines) > 200
     for fmt in FORMATS:
         run_both(fast_p, ref_p, lines, SourceContext(format=fmt))
+
+
+@pytest.mark.parametrize("mode", ["keep", "truncate"])
+def test_block_input_and_pickled_batches_are_the_same(mode):
+    import pickle
+
+    s = _settings(mode)
+    fast_p, ref_p = Processor(s), Processor(s)
+    data = (FIX / "fastpath" / "elastic_apache_1000.log").read_bytes()[:50_000]
+    data += (FIX / "ingest" / "mixed.log").read_bytes() + b"no newline at the end"
+    lines = data.split(b"\n")
+    lines = [x + b"\n" for x in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    ctx = SourceContext(format="combined")
+    block = fast_p.process_block(data, ctx, line_no_base=3, source_ref="t")
+    ref = ref_p.process_reference(lines, ctx, line_no_base=3, source_ref="t")
+    assert_same(block, ref)
+    assert fast_p._fast is not None and fast_p._fast.last_fast_rows > 100
+    again = pickle.loads(pickle.dumps(block))
+    assert_same(again, ref)
+    assert again.stream.schema == ref.stream.schema
+    assert fast_p.process_block(b"", ctx).read == 0
