@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install demo test lint typecheck unit bench eval up down status dashboards clean system-deps
+.PHONY: help install demo test lint unit bench bench-dos-latency eval up down status dashboards clean system-deps
 
 help:
 	@echo "make demo   - create .venv, install, simulate weeks of forum traffic, ingest into chDB (./data), detect, summarise"
@@ -47,6 +47,10 @@ bench: install system-deps
 
 eval: install
 	$(BIN)/python -m forumpulse.detectors.evaluate
+	$(BIN)/python -m forumpulse.detectors.eval_dos
+
+bench-dos-latency: install system-deps
+	$(BIN)/python deploy/bench_dos_latency.py
 
 up: install system-deps
 	bash deploy/stack.sh up
