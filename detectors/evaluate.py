@@ -69,7 +69,7 @@ def nab_part(nab_dir: Path, rules: dict[str, Any]) -> NabRun | None:
     for name in sorted(windows):
         df = pd.read_csv(nab_dir / "data" / name)
         ts = pd.to_datetime(df["timestamp"]).to_numpy()
-        series[name] = (ts, anomaly_scores(df["value"].to_numpy(dtype=float), params))
+        series[name] = (ts, anomaly_scores(df["value"].to_numpy(dtype=float), params, ts))
         n_rows += len(df)
     seconds = time.perf_counter() - t0
     rows = []
@@ -114,6 +114,181 @@ def print_nab(run: NabRun, nab_dir: Path) -> None:
         for name, v in sorted(entries, key=lambda kv: -kv[1].get("standard", 0)):
             _say(f"| {name} | {v.get('standard', float('nan')):.1f} | {v.get('reward_low_FP_rate', float('nan')):.1f} "
                  f"| {v.get('reward_low_FN_rate', float('nan')):.1f} |")
+
+
+# ------------------------------------------------------------------------------------- development corpus
+
+
+@dataclass
+class DevSeries:
+    """One labelled series of the development corpus (``limits``: inclusive row ranges of NAB-style windows)."""
+
+    timestamps: np.ndarray
+    values: np.ndarray
+    limits: list[tuple[int, int]]
+
+
+def _nab_limits(ts: np.ndarray, starts: list[np.datetime64]) -> list[tuple[int, int]]:
+    """NAB-style windows: total width 10% of the rows split over the anomalies, centred on each start, merged
+    when they overlap."""
+    n = len(ts)
+    if not starts:
+        return []
+    half = max(1, int(0.1 * n / len(starts) / 2))
+    out: list[tuple[int, int]] = []
+    for s in sorted(starts):
+        c = int(np.searchsorted(ts, s))
+        lo, hi = max(0, c - half), min(n - 1, c + half)
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def synthetic_series(seed: int = 7, count: int = 24) -> dict[str, DevSeries]:
+    """Generic synthetic series with injected anomalies (level shifts, spikes, dropouts, variance changes,
+    missing daily cycles, trend breaks) on noise, daily/weekly cycles, random walks and low Poisson counts.
+    Deterministic (``seed``).  Written from first principles; not derived from NAB's files."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, DevSeries] = {}
+    kinds = ["noise", "daily", "walk", "counts"]
+    anomalies = ["shift", "spike", "dropout", "variance", "pattern", "trend"]
+    for i in range(count):
+        base = kinds[i % len(kinds)]
+        n = int(rng.integers(3000, 7000))
+        step = [300, 300, 600, 60][i % 4]
+        ts = np.datetime64("2020-01-06T00:00") + np.arange(n) * np.timedelta64(step, "s")
+        t = np.arange(n)
+        day = 86400 // step
+        if base == "noise":
+            x = 50 + rng.normal(0, 3, n)
+        elif base == "daily":
+            wk = (t // day) % 7 >= 5
+            x = 100 + 60 * np.sin(2 * np.pi * t / day) * np.where(wk, 0.5, 1.0) + rng.normal(0, 6, n)
+        elif base == "walk":
+            x = 200 + np.cumsum(rng.normal(0, 1, n)) * 0.5 + rng.normal(0, 2, n)
+        else:
+            lam = 3 + 2 * np.sin(2 * np.pi * t / day)
+            x = rng.poisson(np.maximum(lam, 0.2)).astype(float)
+        scale = float(np.std(np.diff(x))) + 1.0
+        k = int(rng.integers(1, 4))
+        starts_i = np.sort(rng.choice(np.arange(int(0.2 * n), n - 200), size=k, replace=False))
+        starts: list[np.datetime64] = []
+        for s0 in (int(v) for v in starts_i):
+            kind = anomalies[int(rng.integers(len(anomalies)))]
+            if kind == "shift":
+                x[s0:] += rng.choice([-1, 1]) * rng.uniform(3, 8) * scale
+            elif kind == "spike":
+                x[s0: s0 + int(rng.integers(1, 4))] += rng.uniform(6, 15) * scale
+            elif kind == "dropout":
+                x[s0: s0 + int(rng.integers(10, 100))] = float(np.min(x[:s0]))
+            elif kind == "variance":
+                m = len(x[s0: s0 + int(rng.integers(50, 300))])
+                x[s0: s0 + m] += rng.normal(0, 4 * scale, m)
+            elif kind == "pattern":
+                m = min(day, n - s0)
+                x[s0: s0 + m] = float(np.median(x[:s0])) + rng.normal(0, 0.5 * scale, m)
+            else:
+                x[s0:] += np.arange(n - s0) * rng.uniform(0.05, 0.2) * scale
+            starts.append(ts[s0])
+        if i % 5 == 3:  # a few series with absent rows
+            keep = np.ones(n, dtype=bool)
+            keep[int(0.5 * n): int(0.5 * n) + 50] = False
+            ts, x = ts[keep], x[keep]
+        out[f"synthetic/{i:02d}_{base}"] = DevSeries(ts, x, _nab_limits(ts, starts))
+    return out
+
+
+def nasa_series(nasa_dir: Path) -> dict[str, DevSeries]:
+    """NASA-HTTP 1995 requests per 5 minutes and per hour, windows at the 4 July, launch and outage starts."""
+    f = nasa_dir / "nasa_http_1995_per_minute.csv"
+    if not f.is_file():
+        return {}
+    df = pd.read_csv(f)
+    s = pd.Series(df["requests"].to_numpy(dtype=float), index=pd.to_datetime(df["timestamp_edt"], utc=True))
+    starts = [np.datetime64(pd.Timestamp(x).tz_convert("UTC").tz_localize(None))
+              for x in ("1995-07-04T00:00:00-04:00", "1995-07-13T07:00:00-04:00", "1995-08-01T14:52:00-04:00")]
+    out = {}
+    for name, rule in (("nasa/requests_5min", "5min"), ("nasa/requests_1h", "1h")):
+        r = s.resample(rule).sum(min_count=1).dropna()
+        t = r.index.tz_convert("UTC").tz_localize(None).to_numpy()
+        out[name] = DevSeries(t, r.to_numpy(), _nab_limits(t, starts))
+    return out
+
+
+def sim_series(sim_dir: Path) -> dict[str, DevSeries]:
+    """Simulator site series per 5 minutes (5xx+no-status, human pageviews) from ``site_minute.csv`` +
+    ``truth.json`` (written by :func:`dump_sim`); every scenario start is a window."""
+    f, tf = sim_dir / "site_minute.csv", sim_dir / "truth.json"
+    if not (f.is_file() and tf.is_file()):
+        return {}
+    df = pd.read_csv(f)
+    truth = json.loads(tf.read_text())
+    idx = pd.to_datetime(df["ts"], unit="s")
+    starts = [np.datetime64(pd.Timestamp(s["start_ms"], unit="ms")) for s in truth["scenarios"]]
+    out = {}
+    for col in ("bad", "pageviews"):  # requests: dominated by benign crawler bursts (unlabelled spikes)
+        r = pd.Series(df[col].to_numpy(dtype=float), index=idx).resample("5min").sum(min_count=1).dropna()
+        t = r.index.to_numpy()
+        out[f"sim{truth['seed']}/{col}_5min"] = DevSeries(t, r.to_numpy(), _nab_limits(t, starts))
+    return out
+
+
+def dump_sim(out: Path, lines_per_day: int = 60_000, seed: int = 1, days: int = 28) -> None:
+    """Simulate + ingest into a fresh chDB folder and write ``site_minute.csv`` and ``truth.json`` into ``out``."""
+    import tempfile
+
+    from forumpulse.pipeline.config import Settings, SiteConfig, SourceConfig, TopicGroup
+    from forumpulse.pipeline.ingest import ingest_paths
+    from forumpulse.pipeline.simulate import SimConfig, simulate
+    from forumpulse.pipeline.store import open_store
+
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="fp-dev-"))
+    res = simulate(SimConfig(out=tmp / "sim", days=days, lines_per_day=lines_per_day, seed=seed))
+    truth = json.loads(res.truth_path.read_text())
+    settings = Settings(
+        sites=[SiteConfig(name=truth["site"], timezone=truth["timezone"], country=truth["country"])],
+        sources=[SourceConfig(name=s["name"], site=truth["site"], format=s["format"],
+                              paths=[str(tmp / "sim" / s["file"])], origin_host=s["origin_host"])
+                 for s in truth["sources"]],
+        topics={"groups": [TopicGroup(name=g, site=truth["site"], topic_ids=ids)
+                           for g, ids in truth["topic_groups"].items()]},
+        retention={"raw_days": 0, "rollup_days": 0},
+    )
+    store = open_store(f"chdb:{tmp / 'chdb'}")
+    try:
+        ingest_paths(store, settings, [str(tmp / "sim" / s["file"]) for s in truth["sources"]], workers=1)
+        rows = store.query_rows("SELECT toUnixTimestamp(minute), sum(requests), sum(status_5xx) + sum(status_none), "
+                                "sum(topic_views), sum(pageviews) FROM site_minute GROUP BY minute ORDER BY minute")
+    finally:
+        store.close()
+    pd.DataFrame(rows, columns=["ts", "requests", "bad", "topic_views", "pageviews"]).to_csv(
+        out / "site_minute.csv", index=False)
+    (out / "truth.json").write_text(json.dumps(truth))
+
+
+def dev_corpus(data: Path, sim_dirs: list[Path]) -> dict[str, DevSeries]:
+    """The corpus the generic scorer's parameters are chosen on: synthetic series, NASA-HTTP 1995, simulator."""
+    out = synthetic_series()
+    out.update(nasa_series(data / "nasa_http_1995"))
+    for d in sim_dirs:
+        out.update(sim_series(d))
+    return out
+
+
+def score_dev(corpus: dict[str, DevSeries], params: Any) -> dict[str, tuple[float, float, float]]:
+    """NAB-scored development corpus (our scorer): profile -> (score at the optimised threshold, that threshold,
+    score at ``params.alarm``)."""
+    scores = {k: anomaly_scores(v.values, params, v.timestamps) for k, v in corpus.items()}
+    out = {}
+    for profile in nab.PROFILES:
+        files = {k: (scores[k], nab.row_weights(len(v.values), v.limits, profile)) for k, v in corpus.items()}
+        t, _ = nab.optimise_threshold(list(files.values()))
+        out[profile] = (nab.score_corpus(files, profile, t).normalised, t,
+                        nab.score_corpus(files, profile, params.alarm).normalised)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- NASA

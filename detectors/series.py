@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -88,13 +89,19 @@ def _iso(t: datetime) -> str:
 
 @dataclass(frozen=True)
 class ScoreParams:
-    long_window: int = 600      # rows of history for the robust level/scale
+    long_window: int = 200      # rows of history for robust levels/scales (median, MAD, error medians)
     short_window: int = 3       # rows averaged for the level deviation
-    likelihood_window: int = 1000  # rows of raw-score history for the tail probability
+    likelihood_window: int = 1000  # rows of history of each averaged surprise for its tail probability
     likelihood_short: int = 5   # rows averaged before the tail probability
     min_history: int = 30       # rows before any score is non-zero
-    alarm: float = 0.5          # shipped threshold (p = 1e-5)
+    alarm: float = 0.5          # shipped threshold: score = -log10(p)/10, 0.5 is p = 1e-5
     suppress: int = 150         # rows after an alarm during which the score stays below `alarm`
+    surprise_cap: float = 50.0  # each normalised error is capped here (one huge outlier must not blind 1000 rows)
+    sd_floor: float = 0.5       # floor of the std of the averaged surprise history (in robust-z units)
+    seasonal_cycles: int = 3    # seasonal-naive predictor: median of the same phase in the last N periods
+    seasonal_min_cycles: int = 2  # periods of history before a seasonal predictor counts
+    combine: str = "min"        # "min": Bonferroni minimum of the raw and the best seasonal model; "select": best only
+    seasonal_gain: float = 0.7  # a seasonal model is used when its trailing error is under this × the raw model's
 
 
 def _norm_sf(z: FloatArray) -> FloatArray:
@@ -103,31 +110,125 @@ def _norm_sf(z: FloatArray) -> FloatArray:
     return np.asarray(ndtr(-z), dtype=np.float64)
 
 
-def anomaly_scores(values: Sequence[float] | FloatArray, params: ScoreParams | None = None) -> FloatArray:
-    """Per-row anomaly score in ``[0, 1]``; row ``t`` depends on rows ``<= t`` only.  NaN values are carried
+def _epoch_seconds(timestamps: Sequence[Any]) -> npt.NDArray[np.int64]:
+    t = pd.to_datetime(pd.Series(list(timestamps)), utc=True)
+    return np.asarray(t.astype("int64").to_numpy() // 10**9, dtype=np.int64)
+
+
+def series_periods(timestamps: Sequence[Any] | None) -> tuple[int, list[int]]:
+    """``(step seconds, [periods in rows])`` from the median row step of ``timestamps``: one day and one week,
+    when the step divides them and a period has at least 4 rows.  ``(0, [])`` without timestamps or with fewer
+    than two rows."""
+    if timestamps is None or len(timestamps) < 2:
+        return 0, []
+    steps = np.diff(_epoch_seconds(timestamps))
+    steps = steps[steps > 0]
+    if len(steps) == 0:
+        return 0, []
+    step = int(np.median(steps))
+    return step, [span // step for span in (86400, 7 * 86400) if step > 0 and span % step == 0 and span // step >= 4]
+
+
+def _lag_rows(sec: npt.NDArray[np.int64], lag_seconds: int) -> npt.NDArray[np.int64]:
+    """Row index whose timestamp is exactly ``sec[i] - lag_seconds`` (``-1`` when that row is absent): seasonal
+    lags by time, so absent rows (gaps) never shift the phase."""
+    want = sec - lag_seconds
+    idx = np.searchsorted(sec, want, side="left")
+    idx_c = np.minimum(idx, len(sec) - 1)
+    return np.where((idx < len(sec)) & (sec[idx_c] == want), idx_c, -1)
+
+
+def _robust_surprise(err: pd.Series, p: ScoreParams) -> pd.Series:
+    """|err| over 1.4826 × its trailing median (rows before t), floored, capped at ``surprise_cap``."""
+    e = err.abs()
+    med = e.shift(1).rolling(p.long_window, min_periods=p.min_history).median()
+    mean = e.shift(1).rolling(p.long_window, min_periods=p.min_history).mean()
+    scale = np.maximum(1.4826 * med, 0.5 * mean)
+    scale = np.maximum(scale, 1e-9)
+    return (e / scale).clip(upper=p.surprise_cap)
+
+
+def _tail_p(r: pd.Series, p: ScoreParams) -> FloatArray:
+    """Anomaly likelihood of one surprise series: the ``likelihood_short``-row mean against the mean/std of the
+    same mean over the previous ``likelihood_window`` rows (Gaussian tail), 1 where history is short."""
+    a = r.rolling(p.likelihood_short, min_periods=1).mean()
+    h = a.shift(1)
+    mu = h.rolling(p.likelihood_window, min_periods=p.min_history).mean()
+    sd = h.rolling(p.likelihood_window, min_periods=p.min_history).std()
+    z = ((a - mu) / np.maximum(sd.fillna(p.sd_floor), p.sd_floor)).to_numpy()
+    pv = _norm_sf(np.nan_to_num(z, nan=-np.inf))
+    pv[np.isnan(r.to_numpy())] = 1.0
+    return pv
+
+
+def _model_p(y: pd.Series, p: ScoreParams) -> FloatArray:
+    """Tail probability of one model's residual series ``y`` (NaN = model not active yet): Bonferroni minimum of
+    the level surprise (``short_window`` mean vs trailing ``long_window`` median/MAD) and the step surprise
+    (|Δy| vs its trailing median)."""
+    hist = y.shift(p.short_window)
+    med = hist.rolling(p.long_window, min_periods=p.min_history).median()
+    mad = (hist - med).abs().rolling(p.long_window, min_periods=p.min_history).median()
+    spread = (y.rolling(p.long_window, min_periods=2).max() - y.rolling(p.long_window, min_periods=2).min()).shift(1)
+    floor = 1e-3 * spread.fillna(0.0) + 1e-9 + 1e-4 * med.abs()
+    scale = np.maximum(1.4826 * mad, floor)
+    level = ((y.rolling(p.short_window, min_periods=1).mean() - med).abs() / scale).clip(upper=p.surprise_cap)
+    step = _robust_surprise(y.diff(), p)
+    pv = np.minimum(1.0, 2.0 * np.minimum(_tail_p(level, p), _tail_p(step, p)))
+    pv[np.isnan(y.to_numpy())] = 1.0
+    return pv
+
+
+def anomaly_scores(values: Sequence[float] | FloatArray, params: ScoreParams | None = None,
+                   timestamps: Sequence[Any] | None = None) -> FloatArray:
+    """Per-row anomaly score in ``[0, 1]``; row ``t`` depends on rows ``<= t`` only.
+
+    Models of the series: the raw values, and — when ``timestamps`` give a row step that divides a day — the
+    residuals of seasonal-naive predictors at one day and one week (median of the same phase in the last
+    ``seasonal_cycles`` periods, by timestamp so absent rows never shift the phase; active after
+    ``seasonal_min_cycles`` periods).  Each model's residual gets a level and a step surprise (|error| over a
+    trailing robust scale, capped at ``surprise_cap``), each turned into an anomaly likelihood (the
+    ``likelihood_short``-row mean against the mean/std of that mean over the previous ``likelihood_window`` rows,
+    Gaussian tail).  Row ``t`` uses the model with the lowest trailing mean absolute error (a seasonal model only
+    when its error is under ``seasonal_gain`` × the raw model's), reported as ``min(1, -log10(p)/10)``; after an
+    alarm (``>= alarm``) the score is capped just below it for ``suppress`` rows.  NaN values are carried
     forward (a missing value is not evidence).  O(n log w) with pandas rolling windows plus one O(n) pass."""
     p = params or ScoreParams()
     x = pd.Series(np.asarray(values, dtype=np.float64)).ffill().fillna(0.0)
     n = len(x)
     if n == 0:
         return np.zeros(0)
-    hist = x.shift(p.short_window)
-    med = hist.rolling(p.long_window, min_periods=p.min_history).median()
-    mad = (hist - med).abs().rolling(p.long_window, min_periods=p.min_history).median()
-    spread = x.rolling(p.long_window, min_periods=2).max() - x.rolling(p.long_window, min_periods=2).min()
-    floor = 1e-3 * spread.shift(1).fillna(0.0) + 1e-9 + 1e-4 * med.abs()
-    scale = np.maximum(1.4826 * mad, floor)
-    z_level = (x.rolling(p.short_window, min_periods=1).mean() - med) / scale
-    d = x.diff().abs()
-    dmed = d.shift(1).rolling(p.long_window, min_periods=p.min_history).median()
-    z_step = d / np.maximum(1.4826 * dmed, floor)
-    raw = np.maximum(z_level.abs(), 0.5 * z_step).clip(upper=1e6).fillna(0.0)
-    r_hist = raw.shift(1)
-    mu = r_hist.rolling(p.likelihood_window, min_periods=p.min_history).mean()
-    sd = r_hist.rolling(p.likelihood_window, min_periods=p.min_history).std()
-    short = raw.rolling(p.likelihood_short, min_periods=1).mean()
-    z = ((short - mu) / np.maximum(sd.fillna(1.0), 1.0)).fillna(0.0).to_numpy()
-    pv = _norm_sf(z)
+    pv = _model_p(x, p)
+    step, periods = series_periods(timestamps)
+    if periods:
+        sec = _epoch_seconds(timestamps)  # type: ignore[arg-type]
+        xv = x.to_numpy()
+        lvl = x.shift(1).rolling(p.long_window, min_periods=p.min_history).median()
+        err0 = (x - lvl).abs().shift(1).rolling(p.long_window, min_periods=p.min_history).mean().to_numpy()
+        best_err = np.where(np.isnan(err0), np.inf, err0 * p.seasonal_gain)
+        for period in periods:
+            cols = []
+            for k in range(1, p.seasonal_cycles + 1):
+                li = _lag_rows(sec, k * period * step)
+                cols.append(np.where(li >= 0, xv[np.maximum(li, 0)], np.nan))
+            lagged = np.vstack(cols)
+            have = (~np.isnan(lagged)).sum(axis=0)
+            ok = have >= p.seasonal_min_cycles
+            if not ok.any():
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                pred = np.nanmedian(lagged, axis=0)
+            resid = pd.Series(np.where(ok, xv - pred, np.nan))
+            err = resid.abs().shift(1).rolling(p.long_window, min_periods=p.min_history).mean().to_numpy()
+            err = np.where(np.isnan(err), np.inf, err)
+            use = err < best_err
+            if use.any():
+                if p.combine == "min":
+                    pm = _model_p(resid, p)
+                    pv = np.where(use, np.minimum(pv, pm) * 2, pv)
+                else:
+                    pv = np.where(use, _model_p(resid, p), pv)
+                best_err = np.where(use, err, best_err)
     score = np.clip(-np.log10(np.maximum(pv, 1e-300)) / 10.0, 0.0, 1.0)
     score[: p.min_history] = 0.0
     return _suppress(score, p.alarm, p.suppress)
