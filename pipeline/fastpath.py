@@ -462,6 +462,8 @@ class _Fields:
         """The field as a string array, null where it is ``-``."""
         a, z = self.bounds[k]
         dash = ((z - a) == 1) & (self.chunk.buf[a] == 45)
+        if dash.all():
+            return pa.nulls(len(a), pa.string())
         return self.chunk.views(a, z, ~dash).cast(pa.string())
 
     def uint(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -915,14 +917,14 @@ class FastPath:
             full = STREAM_SCHEMA.empty_table()
             real: pa.Array = pa.array([], pa.string())
         elif len(tables) == 1 and (len(positions[0]) < 2 or bool(np.all(np.diff(positions[0]) > 0))):
-            full = tables[0].combine_chunks()
+            full = tables[0]
             real = ips[0]
         else:
             order = pa.array(np.argsort(np.concatenate(positions), kind="stable"))
-            full = pa.concat_tables(tables).take(order).combine_chunks()
+            full = pa.concat_tables(tables).take(order)
             real = pa.concat_arrays(ips).take(order)
         if isinstance(real, pa.ChunkedArray):
-            real = real.combine_chunks()
+            real = _single(real)
         return p.assemble(_canonical_table(full), _canonical(real), bad, newest, n, ctx, line_no_base,
                           source_ref)
 
@@ -975,8 +977,13 @@ def _canonical(a: pa.Array) -> pa.Array:
     return pa.Array.from_buffers(a.type, len(a), [bufs[0], *fb[1:]], null_count=a.null_count)
 
 
+def _single(c: pa.ChunkedArray) -> pa.Array:
+    """One contiguous array (``combine_chunks`` copies even a single chunk)."""
+    return c.chunk(0) if c.num_chunks == 1 else c.combine_chunks()
+
+
 def _canonical_table(t: pa.Table) -> pa.Table:
-    return pa.Table.from_arrays([_canonical(c.combine_chunks()) for c in t.columns], schema=t.schema)
+    return pa.Table.from_arrays([_canonical(_single(c)) for c in t.columns], schema=t.schema)
 
 
 def _select(cols: _Cols, keep: np.ndarray) -> _Cols:
