@@ -15,8 +15,12 @@ What is measured (wall clock, each in its own process where it matters, load ave
   worker count), plus in-process ``ingest_paths(..., workers=N)`` for each ``--workers`` value, each into a fresh
   chDB folder (one folder per process: the in-process runs use one subprocess each);
 * the block-based loop proposed for ``ingest.py`` (:func:`proposed_ingest`) for each ``--proposed`` count;
-* stages (unless ``--skip-stages``): ``Processor.process`` (fast path) and ``process_reference`` on the first
-  100k lines, and the chDB insert alone (requests + its materialized views) of those processed rows.
+* stages (unless ``--skip-stages``): ``Processor.process`` (fast path), ``process_block`` and
+  ``process_reference`` on the first 100k lines, and the chDB insert alone (requests + its materialized views)
+  of those processed rows: wall and CPU seconds (``time.process_time``), best of 3.
+
+CPU seconds of every subprocess (with its workers) are printed too: on a loaded machine they are the steadier
+figure (GoAccess's CPU seconds vs ours tell how far apart the work is, whatever the load).
 
 Prints one line per measurement and the ratio ``forumpulse lines/s / goaccess lines/s``.  Figures are noisy on
 a shared machine: compare within one run.
@@ -38,6 +42,26 @@ from typing import BinaryIO
 
 DEFAULT_FILE = "/tmp/elastic1m.log"
 DEFAULT_SAMPLE = "/work/shared/data/access_logs/elastic_examples/apache_logs"
+
+
+def _cpu_children() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+_LAST_CPU: list[float] = [0.0]
+
+
+def _timed(cmd: list[str], **kw: object) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """Run a command; wall seconds, and its CPU seconds (itself and its children) in ``_LAST_CPU[0]``."""
+    c0 = _cpu_children()
+    t = time.perf_counter()
+    out = subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
+    dt = time.perf_counter() - t
+    _LAST_CPU[0] = _cpu_children() - c0
+    return dt, out
 
 
 def _load() -> str:
@@ -70,10 +94,9 @@ def run_goaccess(path: Path, tmp: Path) -> float:
     exe = shutil.which("goaccess")
     if exe is None:
         raise SystemExit("goaccess is not installed (apt-get install goaccess)")
-    t = time.perf_counter()
-    subprocess.run([exe, "--log-format=COMBINED", str(path), "-o", str(tmp / "goaccess.json")], check=True,
+    dt, _ = _timed([exe, "--log-format=COMBINED", str(path), "-o", str(tmp / "goaccess.json")],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t
+    return dt
 
 
 def run_cli(path: Path, fmt: str, tmp: Path) -> float:
@@ -82,10 +105,9 @@ def run_cli(path: Path, fmt: str, tmp: Path) -> float:
     store.mkdir()
     cfg = tmp / "bench.yaml"
     cfg.write_text("retention:\n  raw_days: 0\n  rollup_days: 0\n  quarantine_days: 0\n")
-    t = time.perf_counter()
-    subprocess.run([str(exe), "ingest", "--format", fmt, "--config", str(cfg), "--store", f"chdb:{store}",
-                    str(path)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t
+    dt, _ = _timed([str(exe), "ingest", "--format", fmt, "--config", str(cfg), "--store", f"chdb:{store}",
+                    str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return dt
 
 
 _CHILD = r"""
@@ -212,9 +234,10 @@ def run_proposed(path: Path, fmt: str, tmp: Path, workers: int) -> dict[str, flo
     store.mkdir()
     code = ("import json, sys; from forumpulse.pipeline.bench_ingest import proposed_ingest; "
             "print(json.dumps(proposed_ingest(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))))")
-    out = subprocess.run([sys.executable, "-c", code, str(path), fmt, str(store), str(workers)], check=True,
-                         capture_output=True, text=True)
+    _, out = _timed([sys.executable, "-c", code, str(path), fmt, str(store), str(workers)],
+                    capture_output=True, text=True)
     res: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    res["cpu_s"] = _LAST_CPU[0]
     if res["rows"] != res["loaded"] or res["read"] != res["loaded"] + res["quarantined"]:
         raise SystemExit(f"count mismatch: {res}")
     return res
@@ -223,9 +246,10 @@ def run_proposed(path: Path, fmt: str, tmp: Path, workers: int) -> dict[str, flo
 def run_inproc(path: Path, fmt: str, tmp: Path, workers: int) -> dict[str, float]:
     store = tmp / f"store_w{workers}"
     store.mkdir()
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(path), fmt, str(store), str(workers)], check=True,
-                         capture_output=True, text=True)
+    _, out = _timed([sys.executable, "-c", _CHILD, str(path), fmt, str(store), str(workers)],
+                    capture_output=True, text=True)
     res: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    res["cpu_s"] = _LAST_CPU[0]
     if res["rows"] != res["loaded"] or res["read"] != res["loaded"] + res["quarantined"]:
         raise SystemExit(f"count mismatch: {res}")
     return res
@@ -247,20 +271,28 @@ with open(path, "rb") as fh:
 s = load_settings()
 ctx = SourceContext(format=fmt)
 p = Processor(s)
-p.process(lines[:20_000], ctx)  # warm caches as a long-running worker has them
-t = time.perf_counter(); b = p.process(lines, ctx); fast = time.perf_counter() - t
-r = Processor(s); r.process_reference(lines[:20_000], ctx)
-t = time.perf_counter(); ref = r.process_reference(lines, ctx); slow = time.perf_counter() - t
+block = b"".join(lines)
+p.process(lines, ctx)  # warm caches as a long-running worker has them
+def best(fn):
+    w, c = [], []
+    for _ in range(3):
+        t, u = time.perf_counter(), time.process_time()
+        out = fn()
+        w.append(time.perf_counter() - t); c.append(time.process_time() - u)
+    return out, min(w), min(c)
+b, fast, fast_cpu = best(lambda: p.process(lines, ctx))
+_, blk, blk_cpu = best(lambda: p.process_block(block, ctx))
+r = Processor(s); r.process_reference(lines, ctx)
+ref, slow, slow_cpu = best(lambda: r.process_reference(lines, ctx))
 same = b.requests.equals(ref.requests) and b.stream.equals(ref.stream)
 st = open_store("chdb:" + store_dir)
 migrate(st, {"raw_ttl_days": 0, "rollup_ttl_days": 0, "quarantine_ttl_days": 0, "stats_ttl_days": 0})
 st.insert("requests", b.requests)
-t = time.perf_counter()
-for k in range(3):
-    st.insert("requests", b.requests, dedup_token=f"bench-{k}")
-ins = (time.perf_counter() - t) / 3
+k = iter(range(100))
+_, ins, ins_cpu = best(lambda: st.insert("requests", b.requests, dedup_token=f"bench-{next(k)}"))
 st.close()
-print(json.dumps({"lines": len(lines), "fast_s": fast, "ref_s": slow, "insert_s": ins, "identical": same}))
+print(json.dumps({"lines": len(lines), "fast_s": fast, "fast_cpu": fast_cpu, "block_s": blk, "block_cpu": blk_cpu,
+                  "ref_s": slow, "ref_cpu": slow_cpu, "insert_s": ins, "insert_cpu": ins_cpu, "identical": same}))
 """
 
 
@@ -297,34 +329,41 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(d)
         g = run_goaccess(path, tmp)
         results["goaccess_s"] = g
-        print(f"goaccess           {g:7.2f} s  {n / g:10,.0f} lines/s   (load {_load()})")
+        results["goaccess_cpu"] = _LAST_CPU[0]
+        print(f"goaccess           {g:7.2f} s  {n / g:10,.0f} lines/s   cpu {_LAST_CPU[0]:6.2f} s  (load {_load()})")
         if not a.skip_cli:
             c = run_cli(path, a.format, tmp)
             results["cli_s"] = c
-            print(f"forumpulse ingest  {c:7.2f} s  {n / c:10,.0f} lines/s   ratio {g / c:4.2f}x goaccess  "
-                  f"(load {_load()})")
+            results["cli_cpu"] = _LAST_CPU[0]
+            print(f"forumpulse ingest  {c:7.2f} s  {n / c:10,.0f} lines/s   cpu {_LAST_CPU[0]:6.2f} s  ratio "
+                  f"{g / c:4.2f}x goaccess  (load {_load()})")
         for w in [int(x) for x in a.workers.split(",") if x]:
             r = run_inproc(path, a.format, tmp, w)
             results[f"ingest_paths_w{w}"] = r
-            print(f"ingest_paths w={w}   {r['seconds']:7.2f} s  {n / r['seconds']:10,.0f} lines/s   ratio "
+            print(f"ingest_paths w={w}   {r['seconds']:7.2f} s  {n / r['seconds']:10,.0f} lines/s   cpu "
+                  f"{r['cpu_s']:6.2f} s  ratio "
                   f"{g / r['seconds']:4.2f}x goaccess  loaded {int(r['loaded'])} quarantined "
                   f"{int(r['quarantined'])}  (load {_load()})")
         for w in [int(x) for x in a.proposed.split(",") if x]:
             r = run_proposed(path, a.format, tmp, w)
             results[f"proposed_w{w}"] = r
-            print(f"block loop w={w}     {r['seconds']:7.2f} s  {n / r['seconds']:10,.0f} lines/s   ratio "
+            print(f"block loop w={w}     {r['seconds']:7.2f} s  {n / r['seconds']:10,.0f} lines/s   cpu "
+                  f"{r['cpu_s']:6.2f} s  ratio "
                   f"{g / r['seconds']:4.2f}x goaccess  loaded {int(r['loaded'])} quarantined "
                   f"{int(r['quarantined'])}  (load {_load()})")
         g2 = run_goaccess(path, tmp)
         results["goaccess2_s"] = g2
-        print(f"goaccess (again)   {g2:7.2f} s  {n / g2:10,.0f} lines/s   (load {_load()})")
+        print(f"goaccess (again)   {g2:7.2f} s  {n / g2:10,.0f} lines/s   cpu {_LAST_CPU[0]:6.2f} s  "
+              f"(load {_load()})")
         if not a.skip_stages:
             s = run_stages(path, a.format, tmp)
             results["stages"] = s
             m = s["lines"]
-            print(f"stage Processor.process (fast)     {m / s['fast_s']:10,.0f} lines/s  (one process, warm caches)")
-            print(f"stage Processor.process_reference  {m / s['ref_s']:10,.0f} lines/s  identical={s['identical']}")
-            print(f"stage chDB insert requests + MVs   {m / s['insert_s']:10,.0f} rows/s")
+            for label, key in (("Processor.process (fast path)", "fast"), ("Processor.process_block", "block"),
+                               ("Processor.process_reference", "ref"), ("chDB insert requests + 5 MVs", "insert")):
+                print(f"stage {label:32s} {m / s[key + '_s']:10,.0f} /s wall  {m / s[key + '_cpu']:10,.0f} /s per "
+                      f"CPU-second  (100k lines, best of 3, warm caches)")
+            print(f"stage tables identical to the reference: {s['identical']}")
     results["load_after"] = _load()
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))

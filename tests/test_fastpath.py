@@ -223,3 +223,17 @@ def test_block_input_and_pickled_batches_are_the_same(mode):
     assert_same(again, ref)
     assert again.stream.schema == ref.stream.schema
     assert fast_p.process_block(b"", ctx).read == 0
+
+
+def test_block_chunks_cut_at_newlines_into_fixed_line_counts():
+    import io
+
+    from forumpulse.pipeline.bench_ingest import block_chunks
+
+    data = b"".join(b"line %d\n" % i for i in range(1000)) + b"last without newline"
+    chunks = list(block_chunks(io.BytesIO(data), 64, read_bytes=300))
+    assert b"".join(chunks) == data
+    counts = [c.count(b"\n") for c in chunks]
+    assert counts[:-1] == [64] * (len(chunks) - 1)
+    assert all(c.endswith(b"\n") for c in chunks[:-1])
+    assert chunks[-1].endswith(b"last without newline")
