@@ -716,7 +716,7 @@ class Run:
         return row
 
     def run_ingest(self) -> None:
-        rows: dict[int, dict[str, Any]] = {}
+        rows: dict[int, dict[str, Any]] = {int(k): v for k, v in self.results.get("ingest", {}).items()}
         for n in sorted(set(self.sizes) | set(self.scale)):
             rows[n] = self.ingest_one(n, peer=n in self.sizes)
             self.results["ingest"] = {str(k): v for k, v in rows.items()}
@@ -881,7 +881,8 @@ def render(run: Run, info: dict[str, Any]) -> str:
             f"- {m['nproc']} cores ({m['cpu']}), {m['ram_gb']} GB RAM, {m['os']}, kernel {m['kernel']}",
             f"- load average before: {info['load_before']}; after: {info['load_after']}",
             f"- run: {info['started']} → {info['finished']} ({info['minutes']:.1f} min); arguments: "
-            f"`{info['argv']}`", "", "## Versions", ""]
+            f"`{info['argv']}`", *([f"- merged: {info['merged']}"] if info.get("merged") else []),
+            "", "## Versions", ""]
     out += [f"- {k}: {v}" for k, v in info["versions"].items()]
     out += ["", "## Summary against targets", "", "| figure | ours | peer | ratio | target | verdict |",
             "|---|---|---|---|---|---|"]
@@ -1148,6 +1149,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the work folder (simulated files, stores)")
     ap.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON")
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="a --json file of an earlier run: its results are kept for what this run does not redo "
+                         "(ingest sizes merge one by one); the report says so")
     ap.add_argument("--internal", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--args", default="{}", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -1173,6 +1177,13 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     info: dict[str, Any] = {"machine": machine(), "load_before": _load(), "started": f"{started:%Y-%m-%d %H:%M} UTC",
                             "argv": " ".join(argv if argv is not None else sys.argv[1:]), "versions": versions()}
+    if a.merge:
+        prev = json.loads(a.merge.read_text())
+        run.results = prev["results"]
+        run.errors = {k: v for k, v in prev["errors"].items() if not any(k.startswith(x) for x in sections)}
+        run.commands = [f"# merged from the run of {prev['info']['started']}:", *prev.get("commands", [])]
+        info["merged"] = (f"results not redone here come from the run of {prev['info']['started']} "
+                          f"(load before {prev['info']['load_before']}, after {prev['info']['load_after']})")
     run.log(f"work folder {work}; sections {sections}")
     try:
         if "ingest" in sections:
@@ -1192,8 +1203,8 @@ def main(argv: list[str] | None = None) -> int:
         text = render(run, info)
         a.out.write_text(text)
         if a.json:
-            a.json.write_text(json.dumps({"info": info, "results": run.results, "errors": run.errors}, indent=1,
-                                         default=str))
+            a.json.write_text(json.dumps({"info": info, "results": run.results, "errors": run.errors,
+                                          "commands": run.commands}, indent=1, default=str))
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
         run.log(f"wrote {a.out}")
