@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -128,7 +128,7 @@ class DevSeries:
     limits: list[tuple[int, int]]
 
 
-def _nab_limits(ts: np.ndarray, starts: list[np.datetime64]) -> list[tuple[int, int]]:
+def _nab_limits(ts: np.ndarray, starts: Sequence[Any]) -> list[tuple[int, int]]:
     """NAB-style windows: total width 10% of the rows split over the anomalies, centred on each start, merged
     when they overlap."""
     n = len(ts)
@@ -174,7 +174,7 @@ def synthetic_series(seed: int = 7, count: int = 24) -> dict[str, DevSeries]:
         scale = float(np.std(np.diff(x))) + 1.0
         k = int(rng.integers(1, 4))
         starts_i = np.sort(rng.choice(np.arange(int(0.2 * n), n - 200), size=k, replace=False))
-        starts: list[np.datetime64] = []
+        starts: list[Any] = []
         for s0 in (int(v) for v in starts_i):
             kind = anomalies[int(rng.integers(len(anomalies)))]
             if kind == "shift":
@@ -212,7 +212,7 @@ def nasa_series(nasa_dir: Path) -> dict[str, DevSeries]:
     out = {}
     for name, rule in (("nasa/requests_5min", "5min"), ("nasa/requests_1h", "1h")):
         r = s.resample(rule).sum(min_count=1).dropna()
-        t = r.index.tz_convert("UTC").tz_localize(None).to_numpy()
+        t = pd.DatetimeIndex(r.index).tz_convert("UTC").tz_localize(None).to_numpy()
         out[name] = DevSeries(t, r.to_numpy(), _nab_limits(t, starts))
     return out
 
@@ -511,12 +511,15 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="forumpulse-eval", description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--data", type=Path, default=Path(os.environ.get("FORUMPULSE_EVAL_DATA", DEFAULT_DATA)))
-    ap.add_argument("--only", choices=["nab", "nasa", "sim"], action="append")
+    ap.add_argument("--only", choices=["nab", "nasa", "sim", "dev"], action="append",
+                    help="dev = the development corpus the generic score's parameters were chosen on (not default)")
+    ap.add_argument("--dev-sim", type=Path, action="append", default=[],
+                    help="simulator dump folder for the dev corpus (created with seed 1, 2, ... when absent)")
     ap.add_argument("--sim-days", type=int, default=28)
     ap.add_argument("--sim-lines-per-day", type=int, default=60_000)
     args = ap.parse_args(argv)
     data: Path = args.data
-    parts = set(args.only or ["nab", "nasa", "sim"])
+    parts = set(args.only or ["nab", "nasa", "sim"])  # dev only on request
     if not data.is_dir():
         _say(f"evaluation data folder {data} is absent: pass --data PATH (the shared data folder with nab/ and "
              "nasa_http_1995/) or set FORUMPULSE_EVAL_DATA -- NAB and NASA parts skipped")
@@ -533,6 +536,15 @@ def main(argv: list[str] | None = None) -> int:
         nasa_part(data / "nasa_http_1995", rules)
     if "sim" in parts:
         simulator_part(days=args.sim_days, lines_per_day=args.sim_lines_per_day)
+    if "dev" in parts:
+        for seed, d in enumerate(args.dev_sim, start=1):
+            if not (d / "truth.json").is_file():
+                dump_sim(d, seed=seed)
+        res = score_dev(dev_corpus(data, args.dev_sim), score_params(rules))
+        _say("\n## Development corpus (synthetic, NASA 1995, simulator; NAB-style windows and scoring)\n")
+        _say("| profile | optimised | threshold | shipped |\n|---|---|---|---|")
+        for profile, (opt, thr, shipped) in res.items():
+            _say(f"| {profile} | {opt:.1f} | {thr:.4f} | {shipped:.1f} |")
     return 0
 
 

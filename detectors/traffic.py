@@ -214,6 +214,18 @@ class _TopicState:
         return max(1, len(self.base))
 
 
+def surge_p_value(views: int, total: int, base_share: float) -> float:
+    """One-sided binomial tail ``P(X >= views)`` for ``X ~ Binomial(total, base_share)``: how likely this many of
+    the window's ``total`` topic views fall on the topic/group if its share were still ``base_share``.  Small
+    counts decide as soon as they are improbable (no fixed minimum count); 1.0 for ``views <= 0``."""
+    from scipy.stats import binom
+
+    if views <= 0 or total <= 0:
+        return 1.0
+    share = min(max(base_share, 1e-12), 1.0)
+    return float(binom.sf(views - 1, max(total, views), share))
+
+
 class TopicSurgeDetector:
     """Surges of topics and topic groups from per-minute human topic views (see module docstring)."""
 
@@ -248,11 +260,10 @@ class TopicSurgeDetector:
             base_rate = st.base_sum.get(scope, 0) / st.baseline_minutes
             det = self.open.get(scope)
             if det is None:
-                exp_v = max(base_share * win_total, 1.0)
                 if (v >= self.r["min_views"] and share >= self.r["min_share"]
-                        and (v - exp_v) / exp_v ** 0.5 >= self.r["min_z"]
                         and share >= self.r["share_ratio"] * base_share
-                        and rate >= self.r["rate_ratio"] * max(base_rate, 1e-9)):
+                        and rate >= self.r["rate_ratio"] * max(base_rate, 1e-9)
+                        and surge_p_value(v, st.win_total, base_share) <= self._max_p(scope)):
                     det = Detection("topic_surge", scope, minute, None, minute, share, base_share,
                                     min(1.0, share / base_share / (2 * self.r["share_ratio"])), "surge",
                                     self._detail(scope, v, share, base_share, rate, base_rate), site=self.site)
@@ -270,6 +281,11 @@ class TopicSurgeDetector:
                 det.end, det.state = minute, "closed"
                 del self.open[scope]
                 yield det
+
+    def _max_p(self, scope: str) -> float:
+        """Per-family test level: configured groups are a handful of pre-declared watch items, topics are
+        thousands of simultaneous tests, so topics need the stricter level (Bonferroni-style)."""
+        return float(self.r["group_max_p"] if scope.startswith("group:") else self.r["max_p"])
 
     def _detail(self, scope: str, v: int, share: float, base_share: float, rate: float, base_rate: float) -> dict[str, Any]:
         return {"views": v, "replies": self.state.win_replies.get(scope, 0), "share": round(share, 5),

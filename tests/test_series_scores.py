@@ -1,0 +1,87 @@
+"""Generic streaming score (``anomaly_scores``): seasonal models by timestamp, streaming with absent rows,
+calibration on noise, and the development corpus helpers used to choose its parameters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from forumpulse.detectors import nab
+from forumpulse.detectors.evaluate import _nab_limits, score_dev, synthetic_series
+from forumpulse.detectors.series import ScoreParams, _lag_rows, anomaly_scores, series_periods
+from forumpulse.detectors.traffic import load_rules, score_params
+
+
+def _daily(days: int = 12, seed: int = 11) -> tuple[pd.DatetimeIndex, np.ndarray]:
+    n = 288 * days
+    ts = pd.date_range("2026-01-05", periods=n, freq="5min")
+    t = np.arange(n)
+    x = 100 + 60 * np.sin(2 * np.pi * t / 288) + np.random.default_rng(seed).normal(0, 4, n)
+    return ts, x
+
+
+def test_periods_from_the_row_step() -> None:
+    ts5 = pd.date_range("2026-01-05", periods=10, freq="5min")
+    assert series_periods(ts5) == (300, [288, 2016])
+    assert series_periods(pd.date_range("2026-01-05", periods=10, freq="1h")) == (3600, [24, 168])
+    assert series_periods(pd.date_range("2026-01-05", periods=10, freq="7min")) == (420, [1440])  # divides a week only
+    assert series_periods(None) == (0, [])
+    assert series_periods(ts5[:1]) == (0, [])
+
+
+def test_seasonal_lags_follow_time_not_rows() -> None:
+    sec = np.array([0, 300, 600, 1200, 1500], dtype=np.int64)  # the row at 900 s is absent
+    np.testing.assert_array_equal(_lag_rows(sec, 600), [-1, -1, 0, 2, -1])
+    np.testing.assert_array_equal(_lag_rows(sec, 300), [-1, 0, 1, -1, 3])
+
+
+def test_missing_daily_peak_is_found_only_with_the_seasonal_model() -> None:
+    ts, x = _daily()
+    start = 9 * 288 + 40
+    x[start: start + 90] = 100 + np.random.default_rng(3).normal(0, 4, 90)  # the daily peak does not happen
+    p = ScoreParams()
+    with_ts = np.flatnonzero(anomaly_scores(x, p, ts) >= p.alarm)
+    without = np.flatnonzero(anomaly_scores(x, p) >= p.alarm)
+    assert len(with_ts) >= 1 and start <= with_ts[0] <= start + 12, with_ts
+    assert not np.any(with_ts < start), with_ts  # the normal days raise no alarm
+    assert not np.any((without >= start) & (without < start + 90)), without  # the raw level alone cannot see it
+
+
+def test_streaming_with_timestamps_and_absent_rows() -> None:
+    ts, x = _daily(days=10, seed=5)
+    x[8 * 288 + 100: 8 * 288 + 160] += 80
+    keep = np.ones(len(x), dtype=bool)
+    keep[5 * 288 + 10: 5 * 288 + 70] = False  # absent rows: lags must stay in phase
+    ts, x = ts[keep], x[keep]
+    full = anomaly_scores(x, None, ts)
+    assert full.max() <= 1.0 and full.min() >= 0.0 and full.max() >= 0.5
+    for cut in (700, 5 * 288 + 11, 8 * 288 + 50, 8 * 288 + 105):
+        np.testing.assert_array_equal(anomaly_scores(x[:cut], None, ts[:cut]), full[:cut])
+
+
+def test_noise_with_timestamps_raises_few_alarms() -> None:
+    n = 20_000
+    ts = pd.date_range("2026-01-05", periods=n, freq="5min")
+    p = ScoreParams()
+    for seed in (3, 4):
+        s = anomaly_scores(100 + np.random.default_rng(seed).normal(0, 5, n), p, ts)
+        assert int((s >= p.alarm).sum()) <= 2
+
+
+def test_shipped_parameters_are_the_rules_file() -> None:
+    assert score_params(load_rules()) == ScoreParams()
+
+
+def test_nab_style_windows() -> None:
+    ts = pd.date_range("2026-01-05", periods=1000, freq="5min").to_numpy()
+    assert _nab_limits(ts, [ts[500]]) == [(450, 550)]
+    assert _nab_limits(ts, [ts[300], ts[320]]) == [(275, 345)]  # overlapping windows merge
+    assert _nab_limits(ts, []) == []
+
+
+def test_dev_corpus_scores_are_deterministic_and_above_null() -> None:
+    corpus = dict(list(synthetic_series(count=8).items()))
+    a = score_dev(corpus, ScoreParams())
+    b = score_dev(corpus, ScoreParams())
+    assert a == b
+    assert set(a) == set(nab.PROFILES)
+    assert all(v[0] > 0.0 for v in a.values()), a  # better than detecting nothing

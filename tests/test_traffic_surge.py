@@ -1,0 +1,76 @@
+"""Topic-surge decision: binomial tail test (known answers) and the detector's delay / quietness on synthetic
+per-minute topic views (pure, no store)."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+from forumpulse.detectors.traffic import TopicSurgeDetector, load_rules, surge_p_value
+
+
+def test_p_value_known_answers() -> None:
+    # P(X >= 1) = 1 - (1 - p)^n
+    assert surge_p_value(1, 100, 0.01) == pytest.approx(1 - 0.99 ** 100, rel=1e-9)
+    # P(X >= n) = p^n
+    assert surge_p_value(5, 5, 0.1) == pytest.approx(1e-5, rel=1e-9)
+    # P(X >= 2) for n = 3: 3 p^2 (1 - p) + p^3
+    assert surge_p_value(2, 3, 0.2) == pytest.approx(3 * 0.04 * 0.8 + 0.008, rel=1e-9)
+    assert surge_p_value(0, 100, 0.01) == 1.0
+    assert surge_p_value(3, 0, 0.01) == 1.0
+    # more views of the same total are less likely; a larger baseline share makes them more likely
+    assert surge_p_value(6, 90, 0.004) < surge_p_value(5, 90, 0.004) < surge_p_value(5, 90, 0.04)
+
+
+def _run(rate_per_min: float, group_share: list[float], seed: int = 1) -> list:
+    """Feed ``len(group_share)`` minutes: Poisson topic views spread over 200 background topics, the group
+    (topics 1 and 2) taking ``group_share[i]`` of minute i.  Returns every emitted detection."""
+    rng = np.random.default_rng(seed)
+    det = TopicSurgeDetector(load_rules(), {"election": {1, 2}}, "forum")
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    pop = 1.0 / np.arange(1, 201)
+    pop /= pop.sum()
+    out = []
+    for i, g in enumerate(group_share):
+        total = int(rng.poisson(rate_per_min))
+        gv = int(rng.binomial(total, g))
+        views: dict[int, tuple[int, int]] = {}
+        for tid in rng.choice(np.arange(100, 300), size=total - gv, p=pop):
+            v, r = views.get(int(tid), (0, 0))
+            views[int(tid)] = (v + 1, r)
+        for tid in rng.choice([1, 2], size=gv):
+            v, r = views.get(int(tid), (0, 0))
+            views[int(tid)] = (v + 1, r)
+        out.extend(det.update(t0 + timedelta(minutes=i), views, total))
+    return out
+
+
+def test_surge_found_within_minutes_of_crossing_at_forum_volume() -> None:
+    base, warm = 0.004, 3 * 1440
+    ramp = [min(base + 0.5 * k / 300, 0.5) for k in range(240)]  # election night: to half of all views in 5 h
+    dets = _run(200.0, [base] * warm + ramp)
+    crossing = next(k for k, s in enumerate(ramp) if s >= 3 * base)
+    group = [d for d in dets if d.scope == "group:election"]
+    assert group, [d.scope for d in dets]
+    first = min(group, key=lambda d: d.start).start
+    delay = (first - datetime(2026, 3, 2, tzinfo=UTC)).total_seconds() / 60 - warm - crossing
+    assert -5 <= delay <= 10, delay
+
+
+def test_steady_traffic_raises_no_surge() -> None:
+    dets = _run(200.0, [0.004] * (3 * 1440), seed=2)
+    assert not [d for d in dets if d.start >= datetime(2026, 3, 2, 12, tzinfo=UTC)], dets[:3]
+
+
+def test_single_view_burst_of_a_quiet_topic_is_no_surge() -> None:
+    """Two views of a new topic in a busy minute are likely enough under the new-topic floor: no detection."""
+    det = TopicSurgeDetector(load_rules(), {}, "forum")
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    for i in range(600):
+        list(det.update(t0 + timedelta(minutes=i), {100: (50, 0)}, 50))
+    got = list(det.update(t0 + timedelta(minutes=600), {100: (48, 0), 7: (2, 0)}, 50))
+    assert not got
+    assert surge_p_value(2, 250, 0.002) > load_rules()["topic"]["max_p"]
+    assert math.isfinite(surge_p_value(2, 250, 0.002))
