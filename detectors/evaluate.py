@@ -411,6 +411,10 @@ def simulator_part(work: Path | None = None, days: int = 28, lines_per_day: int 
         crossing = _surge_crossing(store, truth, settings)
     finally:
         store.close()
+    if work is None:  # our own temporary folder (1.7 GB of logs at 300k lines/day): remove it
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
     report = score_simulation(truth, dets, start, end, crossing)
     _say(f"\n## Simulator ({days} days, {res.total_lines} lines, seed {seed}; simulate {t_sim:.0f} s, ingest "
          f"{t_ing:.0f} s, detect {t_det:.0f} s; scored from {start:%Y-%m-%d} to {end:%Y-%m-%d})\n")
