@@ -123,6 +123,7 @@ class SplitPlan:
     slots: dict[str, list[int]]
     time_kind: str  # clf | iso | epoch
     kinds: dict[int, str]  # group index -> field kind
+    squid: bool = False  # native squid: tokens split on runs of spaces (see FastPath.convert_squid)
 
 
 def _tokens_for(spec: str) -> list[Tok] | None:
@@ -344,6 +345,23 @@ def plan_for_spec(spec: str, name: str) -> SplitPlan | None:
     return plan
 
 
+_T = rf"[^{_WS}]"
+#: The subset of ``formats.squid.FAST`` taken by the fast path: the same tokens, only spaces between them, no
+#: header columns (9 or 10 tokens).  For such a line the groups of FAST are the space-separated tokens.
+SQUID_RE2 = (rf"^ *\d+\.\d{{1,6}} +-?\d+ +{_T}+ +[A-Za-z0-9_]+/\d{{1,3}} +(?:\d+|-) +{_T}+ +{_T}+ +{_T}+"
+             rf" +[A-Za-z0-9_]+/{_T}+(?: +{_T}*)? *(?:\r\n|\n)?$")
+
+
+def squid_plan(name: str) -> SplitPlan | None:
+    """The plan of native squid lines, or ``None`` when the squid parser is not the one this module knows."""
+    from forumpulse.pipeline.formats import squid
+
+    if squid.FAST.pattern != (r" *(\d+)\.(\d{1,6}) +(-?\d+) +(\S+) +([A-Za-z0-9_]+)/(\d{1,3}) +(\d+|-) +(\S+) +(\S+)"
+                              r" +(\S+) +([A-Za-z0-9_]+)/(\S+)(?: +(\S*))?(?: +\[(.*)\] +\[(.*)\])? *"):
+        return None
+    return SplitPlan(name, SQUID_RE2, 1, {}, {}, [], {}, "epoch", {}, squid=True)
+
+
 # ----------------------------------------------------------------------------------------------- helpers
 
 _NULL_STR = pa.scalar(None, pa.string())
@@ -406,6 +424,7 @@ class _Chunk:
         self.valid = valid
         self._pos: dict[int, np.ndarray] = {}
         self._arr: pa.Array | None = None
+        self._tok: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def arr(self) -> pa.Array:
@@ -418,6 +437,17 @@ class _Chunk:
         if p is None:
             p = self._pos[byte] = np.flatnonzero(self.buf[:self.size] == byte)
         return p
+
+    def tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """Starts and (exclusive) ends of runs of bytes other than space, CR and LF, over the whole chunk."""
+        if self._tok is None:
+            b = self.buf[:self.size]
+            sep = np.ones(self.size + 2, dtype=bool)
+            sep[1:-1] = (b == 32) | (b == 10) | (b == 13)
+            edge = sep[:-1] != sep[1:]  # edge[i]: between byte i-1 and byte i (in buffer positions)
+            pos = np.flatnonzero(edge)
+            self._tok = (pos[0::2], pos[1::2])
+        return self._tok
 
     def window(self, a: np.ndarray) -> np.ndarray:
         """``(n, 12)`` bytes starting at each position of ``a`` (past the data: zero padding)."""
@@ -506,7 +536,9 @@ class FastPath:
 
     def plan(self, spec: str) -> SplitPlan | None:
         if spec not in self._plans:
-            if spec in PRESETS:
+            if (spec in PRESETS and PRESETS[spec] == "squid:native") or spec == "squid:native":
+                self._plans[spec] = squid_plan(spec if spec in PRESETS else "custom")
+            elif spec in PRESETS:
                 self._plans[spec] = plan_for_spec(PRESETS[spec], spec)
             elif spec == "auto" or ":" not in spec:
                 self._plans[spec] = None
@@ -929,6 +961,7 @@ class FastPath:
                           source_ref)
 
     def accept(self, plan: SplitPlan, chunk: _Chunk, auto: bool) -> np.ndarray:
+        """Lines the plan's regex accepts (and that are valid UTF-8, not too long)."""
         m = pc.match_substring_regex(chunk.arr, plan.regex).to_numpy(zero_copy_only=False)
         m &= chunk.valid
         if auto:  # AutoParser takes a line's current preset only while len(line) * 4 <= max_line_bytes
@@ -939,8 +972,109 @@ class FastPath:
         """Convert the rows selected by ``mask``; returns their positions and columns (``ok`` marks those that
         converted)."""
         pos = np.flatnonzero(mask)
+        if plan.squid:
+            return pos, self.convert_squid(chunk, pos, site)
         g = self.extract(plan, chunk, pos)
         return pos, self.convert(plan, g, len(pos), site)
+
+    # -------------------------------------------------------------------------------------- squid native
+
+    def convert_squid(self, chunk: _Chunk, rows: np.ndarray, site: str) -> _Cols:
+        """Native squid lines accepted by :data:`SQUID_RE2` (9 or 10 space-separated tokens, no headers): the
+        same values as ``formats.squid._convert`` (tokens split on runs of spaces, the first ``.`` / ``/``)."""
+        p = self.p
+        n = len(rows)
+        b = chunk.buf
+        starts = chunk.offs[rows]
+        ends = chunk.offs[rows + 1]
+        ts_, te_ = chunk.tokens()
+        k0 = np.searchsorted(ts_, starts)
+        tok = [(ts_[k0 + j], te_[k0 + j]) for j in range(9)]
+        k9 = np.minimum(k0 + 9, len(ts_) - 1)
+        has_ct = (k0 + 9 < len(ts_)) & (ts_[k9] < ends)
+        ok = np.ones(n, dtype=bool)
+        g = _Fields(chunk, {})
+        # time: sec.frac -> sec * 1000 + first three fraction digits (padded with zeros)
+        a, z = tok[0]
+        dots = chunk.positions(46)
+        dot = dots[np.searchsorted(dots, a)]
+        g.bounds[0] = (a, dot)
+        sec, _, long_sec = g.uint(0)
+        w = chunk.window(dot + 1).astype(np.int64) - 48
+        flen = z - dot - 1
+        frac = w[:, 0] * 100 + np.where(flen > 1, w[:, 1], 0) * 10 + np.where(flen > 2, w[:, 2], 0)
+        ts = sec * 1000 + frac
+        ok &= ~long_sec & (ts >= V.TS_MIN_MS) & (ts <= V.TS_MAX_MS)
+        cols: dict[str, pa.Array] = {"ts": pa.array(np.where(ok, ts, 0))}
+        # elapsed: -?\d+; a negative value (even -0) is left to the reference converter
+        g.bounds[1] = tok[1]
+        neg = b[tok[1][0]] == 45
+        el, _, long_el = g.uint(1)
+        ok &= ~neg & ~long_el
+        cols["elapsed_ms"] = pa.array(np.where(ok, el, 0).astype(np.float64).astype(np.float32))
+        # client
+        g.bounds[2] = tok[2]
+        uniq, idx = _dict(g.view(2))
+        res = [_safe(V.classify_client, u) for u in uniq]
+        bad = np.array([r is None for r in res], dtype=bool)
+        if bad.any():
+            ok &= ~bad[idx.to_numpy()]
+        real_ip = _take([r[0] if r else None for r in res], pa.string(), idx)
+        cols["client_host"] = _take([r[1] if r else None for r in res], pa.string(), idx)
+        if p._ip_changes:
+            cols["client_ip"] = _take([p.privacy.store_ip(r[0]) if r and r[0] is not None else None for r in res],
+                                      pa.string(), idx)
+        else:
+            cols["client_ip"] = real_ip
+        # code/status
+        g.bounds[3] = tok[3]
+        uniq, idx = _dict(g.view(3))
+        cs = [u.partition("/") for u in uniq]
+        cols["cache_result"] = _take([c[0] for c in cs], pa.string(), idx)
+        cols["status"] = _take([int(c[2]) for c in cs], pa.uint16(), idx)
+        # bytes
+        g.bounds[4] = tok[4]
+        nb, _, long_b = g.uint(4)
+        ok &= ~long_b
+        cols["bytes"] = pa.array(np.where(long_b, 0, nb).astype(np.uint64))
+        # user, hierarchy/peer
+        g.bounds[7] = tok[7]
+        cols["user"] = g.dash_null(7)
+        g.bounds[8] = tok[8]
+        uniq, idx = _dict(g.view(8))
+        hp = [u.partition("/") for u in uniq]
+        cols["hierarchy"] = _take([h[0] for h in hp], pa.string(), idx)
+        cols["upstream"] = _take([None if h[2] == "-" else h[2] for h in hp], pa.string(), idx)
+        # content type (absent: None) and method + url -> path/query, scrubbing, page part of derive
+        g.bounds[9] = (np.where(has_ct, ts_[k9], starts), np.where(has_ct, te_[k9], starts))
+        ctv = g.string(9)
+        g.bounds[5], g.bounds[6] = tok[5], tok[6]
+        key = pc.binary_join_element_wise(g.string(5), g.string(6), ctv, "\x00\x01")
+        combos, cidx = _dict(key)
+        enr = p.enricher
+        saved = enr.empty_user_agents
+        out: dict[str, list[Any]] = {k: [] for k in ("method", "url", "path", "query", "topic_id", "page_kind",
+                                                     "is_static", "content_type")}
+        for c in combos:
+            m_, u_, ct = c.split("\x00\x01")
+            ct_ = None if ct in ("-", ":", "") else ct
+            path, query = V.split_url(u_, True)
+            query = p.privacy.scrub_query(query) if query else query
+            topic_id, kind, is_static, _b, _n = enr.derive(site, m_, path, query, ct_, None)
+            for k, v in (("method", m_), ("url", p.privacy.scrub_url(u_)), ("path", path), ("query", query),
+                         ("topic_id", topic_id or 0), ("page_kind", kind), ("is_static", is_static),
+                         ("content_type", ct_)):
+                out[k].append(v)
+        enr.empty_user_agents = saved
+        types = {"topic_id": pa.uint64(), "is_static": pa.bool_()}
+        for k, vals in out.items():
+            cols[k] = _take(vals, types.get(k, pa.string()), cidx)
+        none_str = pa.nulls(n, pa.string())
+        for k in ("ident", "referer", "user_agent", "bot_name", "vhost"):
+            cols[k] = none_str
+        cols["protocol"] = _take([""], pa.string(), pa.array(np.zeros(n, dtype=np.int32)))
+        cols["is_bot"] = pa.array(np.zeros(n, dtype=bool))
+        return _Cols(ok, cols, real_ip)
 
 
 def _safe(fn: Callable[[Any], Any], v: Any) -> Any:

@@ -51,6 +51,12 @@ vhosts = st.sampled_from(["forum.example", "-", "www.example.org", "a_b"])
 ports = st.sampled_from(["80", "443", "-"])
 ctypes = st.sampled_from(["text/html", "-", ":", "", "image/png", "text/css; charset=utf-8", "application/json"])
 ss = st.sampled_from(["TCP_MISS:HIER_DIRECT", "TCP_HIT:HIER_NONE", "-", "TCP_DENIED:HIER_NONE"])
+squid_times = st.one_of(st.builds(lambda s, f: f"{s}.{f}", st.integers(0, 5 * 10**9), st.sampled_from(
+    ["079", "1", "12", "123456", "000", "1234567"])), st.sampled_from(["-", "99999999999999.1", "1.", ".5"]))
+squid_urls = st.one_of(st.builds(lambda p: "http://forum.example" + p, paths), paths,
+                       st.sampled_from(["domain.xyz:443", "ftp://f.example/x", "a b", "-", "*"]))
+squid_peers = st.sampled_from(["HIER_DIRECT/93.184.216.34", "NONE/-", "TIMEOUT_FIRST_PARENT_MISS/10.0.0.1", "X/"])
+pads = st.sampled_from([" ", "  ", "   ", "\t"])
 
 
 @st.composite
@@ -59,6 +65,9 @@ def record(draw: st.DrawFn) -> dict[str, str]:
         "h": draw(clients), "l": draw(words), "u": draw(words), "t": draw(times), "r": draw(requests),
         "s": draw(statuses), "b": draw(sizes), "ref": draw(referers), "ua": draw(agents), "D": draw(micros),
         "v": draw(vhosts), "p": draw(ports), "ct": draw(ctypes), "ss": draw(ss),
+        "st": draw(squid_times), "su": draw(squid_urls), "sp": draw(squid_peers), "pad": draw(pads),
+        "el": draw(st.sampled_from(["0", "1234", "-5", "-0", "99999999999999", "12"])),
+        "tail": draw(st.sampled_from(["", " ", "  ", " text/html", " -", " :", " [a] [b]", " text/html [Host: x] [y]"])),
     }
 
 
@@ -69,7 +78,15 @@ def _nginx_time(t: str) -> str:
 CT_SPEC = 'apache:%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i" "%{Content-Type}o" %{ms}T'
 NGINX_SPEC = ('nginx:$host $remote_addr - $remote_user [$time_local] "$request" $status $bytes_sent '
               '"$http_referer" "$http_user_agent" $request_time $upstream_addr')
+def _squid(d: dict[str, str]) -> str:
+    code = d["ss"].split(":")[0] if d["ss"] != "-" else "NONE"
+    fields = [d["st"], d["el"], d["h"], f"{code}/{d['s'][:3]}", d["b"], d["r"].split(" ")[0] or "GET", d["su"],
+              d["u"], d["sp"]]
+    return " " * (len(d["pad"]) - 1) + d["pad"].join(fields) + d["tail"]
+
+
 RENDER = {
+    "squid": _squid,
     "common": lambda d: f'{d["h"]} {d["l"]} {d["u"]} {d["t"]} "{d["r"]}" {d["s"]} {d["b"]}',
     "combined": lambda d: f'{d["h"]} {d["l"]} {d["u"]} {d["t"]} "{d["r"]}" {d["s"]} {d["b"]} "{d["ref"]}" "{d["ua"]}"',
     "combined_d": lambda d: RENDER["combined"](d) + f' {d["D"]}',
@@ -136,7 +153,8 @@ def test_generated_lines_really_take_the_fast_path(procs):
     fast_p, ref_p = procs["keep"]
     d = {"h": "10.1.2.3", "l": "-", "u": "bob", "t": "[10/Oct/2000:13:55:36 -0700]", "r": "GET /t/x/45 HTTP/1.1",
          "s": "200", "b": "512", "ref": "-", "ua": "curl/8.1.2", "D": "1234", "v": "forum.example", "p": "443",
-         "ct": "text/html", "ss": "TCP_MISS:HIER_DIRECT"}
+         "ct": "text/html", "ss": "TCP_MISS:HIER_DIRECT", "st": "1677971735.123", "su": "http://f.example/t/x/45",
+         "sp": "HIER_DIRECT/93.184.216.34", "pad": "  ", "el": "567", "tail": " text/html"}
     for fmt in FORMATS:
         lines = [RENDER[fmt](d).encode() + b"\n"] * 5
         run_both(fast_p, ref_p, lines, SourceContext(format=fmt))
