@@ -7,30 +7,36 @@ once per line.
 
 How a chunk is processed (:meth:`FastPath.run`):
 
-1. the raw lines (``bytes``, trailing newline included) are joined into one Arrow string array without copying
-   them one by one; invalid UTF-8 lines are left to the reference path;
+1. the raw lines (``bytes``, trailing newline included) are one buffer with line offsets (no per-line copies);
+   lines that are not valid UTF-8 or longer than ``max_line_bytes`` are left to the reference path;
 2. one RE2 regex per format (:class:`SplitPlan`, built from the same tokens as the format's own ``fast`` regex)
    accepts a line only if it is a *subset* match: the format's strict regex matches it, the quoted fields hold
    no ``"`` and the unquoted fields hold no whitespace (except the one space inside ``[10/Oct/2000:13:55:36
-   -0700]``).  For such a line the field boundaries are fixed, so splitting on ``"`` and then on `` `` yields
-   exactly the regex groups;
-3. fields are converted column-wise: numbers by Arrow casts (length-guarded, so nothing overflows), the rest
-   through :func:`pyarrow.compute.dictionary_encode` and one call of the reference converter per distinct
-   value (timestamps, clients, request lines, statuses, referers, user agents repeat a lot);
+   -0700]``).  For such a line the k-th quote / the k-th space of a segment *is* a field boundary, so field
+   bounds come from the sorted positions of ``"`` and `` `` in the buffer (numpy) and fields become
+   ``string_view`` arrays pointing into the buffer (no copy);
+3. fields are converted column-wise: numbers straight from the bytes (at most 12 digits; longer ones go to the
+   reference), ``-`` fields as validity bitmaps, the rest through :func:`pyarrow.compute.dictionary_encode` and
+   one call of the reference converter per *distinct* value (timestamps, clients, request lines, referers,
+   user agents, privacy scrubbing and the enrichment repeat a lot);
 4. every line that was not accepted, or whose value did not convert (a ``Drop`` on the reference path, an
-   over-long number, an over-long line), goes through the reference per-line code, so drops, reasons, details
-   and lenient parsing are exactly the reference's;
-5. both parts are merged back into input order.
+   over-long number), goes through the reference per-line code, so drops, reasons, details and lenient
+   parsing are exactly the reference's;
+5. both parts are merged back into input order and laid out as ``pa.array`` lays out the reference's columns.
 
-Guarantee: :meth:`FastPath.run` returns tables equal (``pa.Table.equals``, same schema, same values, one chunk)
-to :meth:`Processor.process_reference` on the same input; tests/test_fastpath*.py check this on every fixture
+Guarantee: :meth:`FastPath.run` returns tables equal to :meth:`Processor.process_reference` on the same input
+(same schema, values and Arrow IPC bytes; ``quarantine.ingested_at`` is the wall clock in both); tests/test_fastpath*.py check this on every fixture
 log and on generated lines.  It relies on ``Enricher.derive`` being the composition of a page part (method,
 path, query, content type) and a bot part (``BotDetector.detect`` of the user agent), as documented there.
 
-Formats: every preset except ``squid`` (native squid lines are whitespace-padded; they take the reference path),
-``auto`` (the preset state machine of ``AutoParser`` is replayed: runs of lines the current preset accepts are
-vectorised, every other line goes through the parser itself), and custom ``apache:``/``nginx:`` specs built
-from supported directives (:func:`plan_for_spec` returns ``None`` otherwise and the reference path is used).
+Formats: every preset (native ``squid`` lines without header columns and with only spaces between columns:
+:meth:`FastPath.convert_squid`), ``auto`` (the preset state machine of ``AutoParser`` is replayed: runs of lines
+the current preset accepts are vectorised, every other line goes through the parser itself, so its state after
+the call is the reference's), and custom ``apache:``/``nginx:`` specs built from supported directives
+(:func:`plan_for_spec` returns ``None`` otherwise and the reference path is used).
+
+Input: a list of ``bytes`` lines (:meth:`Processor.process`) or one block of bytes split after every ``\\n``
+(:class:`BlockLines`, :meth:`Processor.process_block`, no per-line objects at all).
 
 Misuse: the fast path only takes ``bytes`` lines (``str`` lines use the reference path); it is not
 thread-safe (it uses the processor's caches and parser).
