@@ -197,6 +197,7 @@ class ChdbStore:
             return
         if not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9.]*", table):
             raise ValueError(f"bad table name {table!r}")
+        data = _without_computed(self, table, data)
         settings: dict[str, Any] = dict(_INSERT_SETTINGS)
         if dedup_token:
             settings["insert_deduplication_token"] = dedup_token
@@ -222,6 +223,24 @@ class ChdbStore:
             if self._eng.refs == 0:
                 _ENGINES.pop(self._eng.path, None)
                 self._eng.close()
+
+
+_COMPUTED: dict[tuple[str, str, str], frozenset[str]] = {}
+
+
+def _without_computed(store: Store, table: str, data: pa.Table) -> pa.Table:
+    """``data`` without the columns ``table`` computes itself (ALIAS): e.g. ``requests.path``, derived from ``url``.
+    Which columns those are is read once per store, database and table."""
+    key = (store.url, store.database, table)
+    computed = _COMPUTED.get(key)
+    if computed is None:
+        name = table.split(".")[-1]
+        rows = store.query_rows(
+            "SELECT name FROM system.columns WHERE database = currentDatabase() "
+            f"AND table = '{name}' AND default_kind = 'ALIAS'")
+        computed = _COMPUTED[key] = frozenset(r[0] for r in rows)
+    drop = [c for c in data.column_names if c in computed]
+    return data.drop_columns(drop) if drop else data
 
 
 def _pylist(col: pa.ChunkedArray) -> list[Any]:
@@ -285,6 +304,7 @@ class ClickHouseStore:
     def insert(self, table: str, data: pa.Table, dedup_token: str | None = None) -> None:
         if data.num_rows == 0:
             return
+        data = _without_computed(self, table, data)
         settings: dict[str, Any] = dict(_INSERT_SETTINGS)
         if dedup_token:
             settings["insert_deduplication_token"] = dedup_token

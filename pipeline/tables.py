@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-#: Columns written to ``requests`` (ALIAS columns ``query``/``client`` are computed by ClickHouse).
+#: Columns of the ``requests`` tables the pipeline produces (ClickHouse computes ``query``/``client`` and stores
+#: no ``path``: see DERIVED_IN_STORE).
 REQUEST_COLUMNS: tuple[str, ...] = (
     "ts", "site", "origin_host", "origin_file", "source_format", "client_ip", "client_host", "ident", "user",
     "method", "url", "path", "protocol", "status", "bytes", "referer", "user_agent", "elapsed_ms",
@@ -25,6 +26,10 @@ REQUESTS_SCHEMA = pa.schema(
         ("page_kind", pa.string()), ("is_static", pa.bool_()), ("is_bot", pa.bool_()), ("bot_name", pa.string()),
     ]
 )
+
+#: Columns of ``REQUESTS_SCHEMA`` that the ``requests`` table derives itself (ALIAS, never stored): the store drops
+#: them on insert.  The table computes them with exactly the parser's semantics (tests/test_schema.py checks).
+DERIVED_IN_STORE: tuple[str, ...] = ("path",)
 
 #: ``requests`` columns plus ``query`` (the stream table handed to detectors and ``forumpulse parse``)
 STREAM_SCHEMA = REQUESTS_SCHEMA.append(pa.field("query", pa.string()))

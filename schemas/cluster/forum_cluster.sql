@@ -5,40 +5,51 @@ CREATE DATABASE IF NOT EXISTS forumpulse ON CLUSTER forum_cluster;
 
 CREATE TABLE IF NOT EXISTS forumpulse.requests_local ON CLUSTER forum_cluster
 (
-    ts            DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(3)),
-    site          LowCardinality(String),
-    origin_host   LowCardinality(String),
-    origin_file   LowCardinality(String),
-    source_format LowCardinality(String),
+    ts            DateTime64(3, 'UTC') CODEC(Delta, ZSTD(3)),
+    site          LowCardinality(String) CODEC(ZSTD(3)),
+    origin_host   LowCardinality(String) CODEC(ZSTD(3)),
+    origin_file   LowCardinality(String) CODEC(ZSTD(3)),
+    source_format LowCardinality(String) CODEC(ZSTD(3)),
     client_ip     IPv6 CODEC(ZSTD(3)),
-    client_host   String CODEC(ZSTD(3)),
-    ident         LowCardinality(String),
-    user          String CODEC(ZSTD(3)),
-    method        LowCardinality(String),
-    url           String CODEC(ZSTD(3)),
-    path          String CODEC(ZSTD(3)),
-    protocol      LowCardinality(String),
+    client_host   String CODEC(ZSTD(6)),
+    ident         LowCardinality(String) CODEC(ZSTD(3)),
+    user          String CODEC(ZSTD(6)),
+    method        LowCardinality(String) CODEC(ZSTD(3)),
+    url           String CODEC(ZSTD(6)),
+    path          String ALIAS multiIf(
+        startsWith(url, '/'), if(position(url, '?') > 0, substring(url, 1, position(url, '?') - 1), url),
+        method != '' AND match(url, '^(?i)(https?|ftp)://'),
+            if(position(substring(url, position(url, '//') + 2), '/') = 0
+               OR (position(substring(url, position(url, '//') + 2), '?') > 0
+                   AND position(substring(url, position(url, '//') + 2), '?') < position(substring(url, position(url, '//') + 2), '/')),
+               '/',
+               splitByChar('?', substring(substring(url, position(url, '//') + 2), position(substring(url, position(url, '//') + 2), '/')))[1]),
+        ''),
+    protocol      LowCardinality(String) CODEC(ZSTD(3)),
     status        UInt16 CODEC(T64, ZSTD(3)),
     bytes         UInt64 CODEC(T64, ZSTD(3)),
-    referer       String CODEC(ZSTD(3)),
-    user_agent    LowCardinality(String),
+    referer       String CODEC(ZSTD(6)),
+    user_agent    LowCardinality(String) CODEC(ZSTD(3)),
     elapsed_ms    Nullable(Float32) CODEC(ZSTD(3)),
-    cache_result  LowCardinality(String),
-    hierarchy     LowCardinality(String),
-    upstream      LowCardinality(String),
-    content_type  LowCardinality(String),
-    vhost         LowCardinality(String),
+    cache_result  LowCardinality(String) CODEC(ZSTD(3)),
+    hierarchy     LowCardinality(String) CODEC(ZSTD(3)),
+    upstream      LowCardinality(String) CODEC(ZSTD(3)),
+    content_type  LowCardinality(String) CODEC(ZSTD(3)),
+    vhost         LowCardinality(String) CODEC(ZSTD(3)),
     topic_id      UInt64 CODEC(T64, ZSTD(3)),
-    page_kind     LowCardinality(String),
+    page_kind     LowCardinality(String) CODEC(ZSTD(3)),
     is_static     Bool,
     is_bot        Bool,
-    bot_name      LowCardinality(String),
-    query         String ALIAS if(position(url, '?') > 0, substring(url, position(url, '?') + 1), ''),
+    bot_name      LowCardinality(String) CODEC(ZSTD(3)),
+    query         String ALIAS multiIf(
+        startsWith(url, '/') OR (method != '' AND match(url, '^(?i)(https?|ftp)://')),
+            if(position(url, '?') > 0, substring(url, position(url, '?') + 1), ''),
+        ''),
     client        String ALIAS if(client_host != '', client_host, replaceRegexpOne(toString(client_ip), '^::ffff:', ''))
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/requests_local', '{replica}')
-PARTITION BY toYYYYMMDD(ts)
-ORDER BY (site, toStartOfHour(ts), topic_id, client_ip, ts)
+PARTITION BY toYYYYMM(ts)
+ORDER BY (site, toStartOfDay(ts), page_kind, topic_id, ts)
 TTL toDateTime(ts) + INTERVAL 90 DAY;
 
 CREATE TABLE IF NOT EXISTS forumpulse.requests ON CLUSTER forum_cluster AS forumpulse.requests_local
