@@ -970,6 +970,9 @@ class FastPath:
         """Lines the plan's regex accepts (and that are valid UTF-8, not too long)."""
         m = pc.match_substring_regex(chunk.arr, plan.regex).to_numpy(zero_copy_only=False)
         m &= chunk.valid
+        if plan.squid and chunk.n > 1:  # tokens are found across the buffer: the line before must end a line
+            starts = chunk.offs[1:-1]
+            m[1:] &= chunk.buf[starts - 1] == 10
         if auto:  # AutoParser takes a line's current preset only while len(line) * 4 <= max_line_bytes
             m &= np.diff(chunk.offs) * 4 <= self.p.max_line_bytes
         return m
@@ -995,7 +998,9 @@ class FastPath:
         ends = chunk.offs[rows + 1]
         ts_, te_ = chunk.tokens()
         k0 = np.searchsorted(ts_, starts)
-        tok = [(ts_[k0 + j], te_[k0 + j]) for j in range(9)]
+        stripped = ends - (b[ends - 1] == 10)
+        stripped = stripped - (b[stripped - 1] == 13) * (b[ends - 1] == 10)
+        tok = [(ts_[k0 + j], np.minimum(te_[k0 + j], stripped)) for j in range(9)]
         k9 = np.minimum(k0 + 9, len(ts_) - 1)
         has_ct = (k0 + 9 < len(ts_)) & (ts_[k9] < ends)
         ok = np.ones(n, dtype=bool)
@@ -1052,7 +1057,7 @@ class FastPath:
         cols["hierarchy"] = _take([h[0] for h in hp], pa.string(), idx)
         cols["upstream"] = _take([None if h[2] == "-" else h[2] for h in hp], pa.string(), idx)
         # content type (absent: None) and method + url -> path/query, scrubbing, page part of derive
-        g.bounds[9] = (np.where(has_ct, ts_[k9], starts), np.where(has_ct, te_[k9], starts))
+        g.bounds[9] = (np.where(has_ct, ts_[k9], starts), np.where(has_ct, np.minimum(te_[k9], stripped), starts))
         ctv = g.string(9)
         g.bounds[5], g.bounds[6] = tok[5], tok[6]
         key = pc.binary_join_element_wise(g.string(5), g.string(6), ctv, "\x00\x01")
