@@ -337,16 +337,17 @@ def _storage(store: Any, raw_bytes: int) -> dict[str, Any]:
 #: schema changes proposed for ``requests`` (measured by copying the same rows into a variant table):
 #: (description, regex on SHOW CREATE TABLE, replacement)
 PROPOSAL: list[tuple[str, str, str]] = [
-    ("`url` LowCardinality(String) (forum URLs repeat: ~2.5% distinct here)",
-     r"`url` String CODEC\(ZSTD\(3\)\)", "`url` LowCardinality(String) CODEC(ZSTD(3))"),
+    ("`url` LowCardinality(String) (forum URLs repeat: a few % distinct per part)",
+     r"`url` String CODEC\(ZSTD\(\d+\)\)", "`url` LowCardinality(String) CODEC(ZSTD(3))"),
     ("`referer` LowCardinality(String)",
-     r"`referer` String CODEC\(ZSTD\(3\)\)", "`referer` LowCardinality(String) CODEC(ZSTD(3))"),
+     r"`referer` String CODEC\(ZSTD\(\d+\)\)", "`referer` LowCardinality(String) CODEC(ZSTD(3))"),
     ("`path` derived: ALIAS if(startsWith(url, '/'), cutQueryString(url), path(url)) (the parser's path is the "
      "path part of url)",
-     r"`path` String CODEC\(ZSTD\(3\)\)",
+     r"`path` String CODEC\(ZSTD\(\d+\)\)",
      "`path` String ALIAS if(startsWith(url, '/'), cutQueryString(url), path(url))"),
     ("`ts` CODEC(Delta, ZSTD(3)) instead of DoubleDelta (ts is not monotonic inside the ORDER BY)",
-     r"`ts` DateTime64\(3, 'UTC'\) CODEC\(DoubleDelta, ZSTD\(3\)\)", "`ts` DateTime64(3, 'UTC') CODEC(Delta, ZSTD(3))"),
+     r"`ts` DateTime64\(3, 'UTC'\) CODEC\(DoubleDelta, ZSTD\(\d+\)\)",
+     "`ts` DateTime64(3, 'UTC') CODEC(Delta, ZSTD(3))"),
 ]
 
 
@@ -376,7 +377,8 @@ def _proposal(store: Any) -> dict[str, Any]:
                                  f"database = currentDatabase() AND table = '{t}'")[0]
             size[t] = {"rows": int(r[0]), "bytes_on_disk": int(r[1])}
         path_diff = int(store.query_rows(
-            "SELECT countIf(path != if(startsWith(url, '/'), cutQueryString(url), path(url))) FROM requests")[0][0])
+            "SELECT countIf(path != if(startsWith(url, '/'), cutQueryString(url), path(url))) FROM requests")[0][0]
+            ) if any(a.startswith("`path`") for a in applied) else None
         cols_after = {str(c): int(b) for c, b in store.query_rows(
             "SELECT column, sum(column_data_compressed_bytes) FROM system.parts_columns WHERE active AND "
             "database = currentDatabase() AND table = 'requests_proposed' GROUP BY column")}
@@ -1065,8 +1067,10 @@ def _storage_md(a: dict[str, Any]) -> list[str]:
         out_p = [f"Proposed `requests` schema changes, measured by copying the same {pr['after']['rows']:,} rows into "
                  f"a variant table (OPTIMIZE FINAL): **{b:.1f} → {a_:.1f} B/row** "
                  f"(raw log / table {_times(st['raw_bytes'], pr['before']['bytes_on_disk'])} → "
-                 f"{_times(st['raw_bytes'], pr['after']['bytes_on_disk'])}); derived `path` differs from the stored "
-                 f"one on {pr['path_mismatches']:,} rows:", ""]
+                 f"{_times(st['raw_bytes'], pr['after']['bytes_on_disk'])})"
+                 + ("" if pr["path_mismatches"] is None else
+                    f"; derived `path` differs from the stored one on {pr['path_mismatches']:,} rows")
+                 + ". Changes (those the current schema does not have yet):", ""]
         out_p += [f"- {x}" for x in pr["applied"]]
         out_p += ["", "| column | before B/row | after B/row |", "|---|---|---|"]
         before_cols = {c["column"]: c["compressed"] for c in st["columns"]}
