@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 DEFAULT_FILE = "/tmp/elastic1m.log"
 DEFAULT_SAMPLE = "/work/shared/data/access_logs/elastic_examples/apache_logs"
@@ -171,7 +171,9 @@ def block_chunks(fh: BinaryIO, lines_per_chunk: int, read_bytes: int = 32 << 20)
 def proposed_ingest(path: str, fmt: str, store_dir: str, workers: int) -> dict[str, float]:
     """What ``ingest_stream`` would do with blocks: the pool starts first (its ~1.5 s start overlaps chDB's),
     the reader hands raw 100k-line blocks to workers (``Processor.process_block``: no readlines, no pickling of
-    100k ``bytes`` objects), the dedup token hashes the block in one call (same digest as per-line updates)."""
+    100k ``bytes`` objects), the dedup token hashes the block in one call (same digest as per-line updates).
+    ``workers=0``: one processing thread in this process instead of worker processes (no start-up, no pickling;
+    processing of the next block overlaps the insert of the previous one)."""
     import hashlib
     import multiprocessing
     import socket
@@ -187,10 +189,23 @@ def proposed_ingest(path: str, fmt: str, store_dir: str, workers: int) -> dict[s
     s.retention.rollup_days = 0
     s.retention.quarantine_days = 0
     t0 = time.perf_counter()
-    ex = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_proto_init,
-                             initargs=(s.model_dump_json(),))
-    for _ in range(workers):  # start the workers now, without waiting: their start overlaps chDB's
-        ex.submit(len, b"")
+    ex: Any
+    if workers > 0:
+        ex = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_proto_init,
+                                 initargs=(s.model_dump_json(),))
+        for _ in range(workers):  # start the workers now, without waiting: their start overlaps chDB's
+            ex.submit(len, b"")
+        work: Any = _proto_work
+    else:  # one processing thread in this process: Arrow, numpy and chDB release the GIL, nothing is pickled
+        from concurrent.futures import ThreadPoolExecutor
+
+        from forumpulse.pipeline.process import Processor
+
+        proc = Processor(s)
+        ex = ThreadPoolExecutor(1)
+
+        def work(data: bytes, ctx: SourceContext, line_no: int, ref: str) -> object:
+            return proc.process_block(data, ctx, line_no_base=line_no, source_ref=ref)
     st = open_store("chdb:" + store_dir)
     migrate(st, s.retention.migration_params())
     ctx = SourceContext(site=s.sites[0].name, origin_host=socket.gethostname(), origin_file=path, format=fmt)
@@ -216,9 +231,9 @@ def proposed_ingest(path: str, fmt: str, store_dir: str, workers: int) -> dict[s
         for data in block_chunks(fh, s.ingest.batch_lines):
             n = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
             read += n
-            pending.append((data, line_no, ex.submit(_proto_work, data, ctx, line_no, ref)))
+            pending.append((data, line_no, ex.submit(work, data, ctx, line_no, ref)))
             line_no += n
-            if len(pending) >= 2 * workers:
+            if len(pending) >= 2 * max(workers, 1):
                 drain(pending.popleft())
     while pending:
         drain(pending.popleft())
@@ -313,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--format", default="combined")
     ap.add_argument("--workers", default="1,2", help="comma-separated worker counts for in-process runs")
     ap.add_argument("--proposed", default="1,2",
-                    help="worker counts for the block-based loop proposed for ingest.py (empty: skip)")
+                    help="worker counts for the block-based loop proposed for ingest.py, 0 = one thread in the "
+                         "main process (empty: skip)")
     ap.add_argument("--skip-stages", action="store_true")
     ap.add_argument("--skip-cli", action="store_true")
     ap.add_argument("--json", help="write the results as JSON to this file")
