@@ -115,7 +115,7 @@ def _epoch_seconds(timestamps: Sequence[Any]) -> npt.NDArray[np.int64]:
     return np.asarray(t.astype("int64").to_numpy() // 10**9, dtype=np.int64)
 
 
-def series_periods(timestamps: Sequence[Any] | None) -> tuple[int, list[int]]:
+def series_periods(timestamps: Sequence[Any] | np.ndarray | None) -> tuple[int, list[int]]:
     """``(step seconds, [periods in rows])`` from the median row step of ``timestamps``: one day and one week,
     when the step divides them and a period has at least 4 rows.  ``(0, [])`` without timestamps or with fewer
     than two rows."""
@@ -179,7 +179,7 @@ def _model_p(y: pd.Series, p: ScoreParams) -> FloatArray:
 
 
 def anomaly_scores(values: Sequence[float] | FloatArray, params: ScoreParams | None = None,
-                   timestamps: Sequence[Any] | None = None) -> FloatArray:
+                   timestamps: Sequence[Any] | np.ndarray | None = None) -> FloatArray:
     """Per-row anomaly score in ``[0, 1]``; row ``t`` depends on rows ``<= t`` only.
 
     Models of the series: the raw values, and — when ``timestamps`` give a row step that divides a day — the

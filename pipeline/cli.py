@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -129,28 +128,14 @@ def ingest(
     Lines that do not parse go to the `quarantine` table with their reason; read == loaded + quarantined is
     checked for every file.  Re-ingesting the same file stores nothing twice (deduplicated blocks).
     """
-    from forumpulse.pipeline.ingest import ingest_paths
+    from forumpulse.pipeline.ingest import file_progress, ingest_paths
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
 
     settings = _settings(config, store)
     st = _open(settings)
     console = Console(stderr=True)
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                      TimeRemainingColumn(), console=console, transient=False) as progress:
-
-            def on_file(name: str, size: int) -> Callable[[int], None]:
-                task = progress.add_task(Path(name).name, total=size or None)
-                return lambda n: progress.advance(task, n)
-
+        with file_progress(console) as on_file:
             results = ingest_paths(st, settings, files, fmt=fmt, site=site, origin_host=origin_host, on_file=on_file)
     finally:
         st.close()

@@ -21,14 +21,6 @@ from typing import Any
 import yaml
 from forumpulse.pipeline.config import Settings, load_settings
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 
 
@@ -71,19 +63,13 @@ def run_demo(data_dir: Path, weeks: int = 4, lines_per_day: int = 60_000, seed: 
               f"in {sim.seconds:.1f} s; scenarios: {', '.join(s['kind'] for s in truth['scenarios'])}")
     cfg_path, settings = _demo_settings(folder, truth)
 
-    from forumpulse.pipeline.ingest import ingest_paths
+    from forumpulse.pipeline.ingest import file_progress, ingest_paths
     from forumpulse.pipeline.store import open_store
 
     store = open_store(settings.store.url)
     try:
         con.rule("[bold]2/5 ingest into chDB (the real ClickHouse engine, in-process)")
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                      TimeRemainingColumn(), console=con) as progress:
-
-            def on_file(name: str, size: int) -> Any:
-                task = progress.add_task(Path(name).name, total=size or None)
-                return lambda n: progress.advance(task, n)
-
+        with file_progress(con) as on_file:
             counts = ingest_paths(store, settings, [str(folder / "logs" / s["file"]) for s in truth["sources"]],
                                   on_file=on_file)
         for c in counts:

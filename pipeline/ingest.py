@@ -23,6 +23,7 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -258,3 +259,26 @@ def _open_maybe_compressed(p: Path) -> BinaryIO:
 
         return gzip.open(p, "rb")  # type: ignore[return-value]
     return open(p, "rb")
+
+
+@contextmanager
+def file_progress(console: Any = None) -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+    """A rich progress display with one bar per file; yields the ``on_file`` callback of :func:`ingest_paths`."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=console) as progress:
+
+        def on_file(name: str, size: int) -> Callable[[int], None]:
+            task = progress.add_task(Path(name).name, total=size or None)
+            return lambda n: progress.advance(task, n)
+
+        yield on_file
+
