@@ -110,7 +110,7 @@ def _norm_sf(z: FloatArray) -> FloatArray:
     return np.asarray(ndtr(-z), dtype=np.float64)
 
 
-def _epoch_seconds(timestamps: Sequence[Any]) -> npt.NDArray[np.int64]:
+def _epoch_seconds(timestamps: Sequence[Any] | np.ndarray) -> npt.NDArray[np.int64]:
     t = pd.to_datetime(pd.Series(list(timestamps)), utc=True)
     return np.asarray(t.astype("int64").to_numpy() // 10**9, dtype=np.int64)
 
