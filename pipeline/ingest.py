@@ -73,18 +73,28 @@ def context_for(path: str, settings: Settings, fmt: str | None, site: str | None
     )
 
 
-def _chunks(fh: BinaryIO, max_lines: int) -> Iterator[list[bytes]]:
-    pending: list[bytes] = []
+def _chunks(fh: BinaryIO, max_lines: int, read_bytes: int = READ_CHUNK_BYTES) -> Iterator[tuple[bytes, int]]:
+    """Raw blocks of at most ``max_lines`` lines, cut after a newline (a last line without one included), with
+    the number of lines each holds as counted here by the reader: no per-line objects are made."""
+    import numpy as np
+
+    rest = b""
     while True:
-        block = fh.readlines(READ_CHUNK_BYTES)
+        block = fh.read(read_bytes)
+        data = rest + block if rest else block
         if not block:
-            break
-        pending.extend(block)
-        while len(pending) >= max_lines:
-            yield pending[:max_lines]
-            del pending[:max_lines]
-    if pending:
-        yield pending
+            if data:
+                yield data, data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+            return
+        nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+        start = 0
+        k = max_lines - 1
+        while k < len(nl):
+            end = int(nl[k]) + 1
+            yield data[start:end], max_lines
+            start = end
+            k += max_lines
+        rest = data[start:]
 
 
 _WORKER: Processor | None = None
@@ -97,16 +107,17 @@ def _worker_init(settings_json: str) -> None:
     _WORKER = Processor(Settings.model_validate_json(settings_json))
 
 
-def _worker_process(chunk: list[bytes], ctx: SourceContext, line_no: int, source_ref: str) -> ProcessedBatch:
+def _worker_process(chunk: bytes, ctx: SourceContext, line_no: int, source_ref: str) -> ProcessedBatch:
     assert _WORKER is not None
-    return _WORKER.process(chunk, ctx, line_no_base=line_no, source_ref=source_ref)
+    return _WORKER.process_block(chunk, ctx, line_no_base=line_no, source_ref=source_ref)
 
 
 class _Pool:
     """Processes chunks in worker processes, results in submission order, at most ``2 * workers`` in flight.
 
-    Workers are *spawned* (never forked: the parent runs the chDB engine's threads).  With ``workers <= 1`` the
-    chunks are processed inline.  Either way the output is identical (processing is a pure function).
+    Workers are *spawned* (never forked: the parent runs the chDB engine's threads) and started at once, so their
+    start-up overlaps chDB's.  With ``workers <= 1`` the chunks are processed inline.  Either way the output is
+    identical (processing is a pure function).
     """
 
     def __init__(self, processor: Processor, workers: int) -> None:
@@ -114,20 +125,26 @@ class _Pool:
         self.workers = workers
         self._ex: Any = None
 
-    def map(self, items: Iterator[tuple[list[bytes], SourceContext, int, str]]) -> Iterator[tuple[list[bytes], ProcessedBatch]]:
+    def start(self) -> None:
+        if self.workers <= 1 or self._ex is not None:
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self._ex = ProcessPoolExecutor(
+            self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+            initargs=(self.processor.settings.model_dump_json(),),
+        )
+        for _ in range(self.workers):  # start now, without waiting
+            self._ex.submit(len, b"")
+
+    def map(self, items: Iterator[tuple[bytes, SourceContext, int, str]]) -> Iterator[tuple[bytes, ProcessedBatch]]:
         if self.workers <= 1:
             for chunk, ctx, line_no, ref in items:
-                yield chunk, self.processor.process(chunk, ctx, line_no_base=line_no, source_ref=ref)
+                yield chunk, self.processor.process_block(chunk, ctx, line_no_base=line_no, source_ref=ref)
             return
-        if self._ex is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            self._ex = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                initargs=(self.processor.settings.model_dump_json(),),
-            )
-        pending: deque[tuple[list[bytes], Any]] = deque()
+        self.start()
+        pending: deque[tuple[bytes, Any]] = deque()
         for chunk, ctx, line_no, ref in items:
             pending.append((chunk, self._ex.submit(_worker_process, chunk, ctx, line_no, ref)))
             if len(pending) >= 2 * self.workers:
@@ -159,21 +176,23 @@ def ingest_stream(
     t0 = time.perf_counter()
     source_ref = f"file:{ctx.origin_file}"
 
-    def numbered() -> Iterator[tuple[list[bytes], SourceContext, int, str]]:
-        line_no = 0
-        for chunk in _chunks(fh, batch_lines):
-            counts.read += len(chunk)  # counted by the reader, independently of what processing returns
-            yield chunk, ctx, line_no, source_ref
-            line_no += len(chunk)
+    starts: deque[int] = deque()
 
-    line_no = 0
+    def numbered() -> Iterator[tuple[bytes, SourceContext, int, str]]:
+        line_no = 0
+        for chunk, n in _chunks(fh, batch_lines):
+            counts.read += n  # counted by the reader, independently of what processing returns
+            starts.append(line_no)
+            yield chunk, ctx, line_no, source_ref
+            line_no += n
+
     for chunk, batch in (pool or _Pool(processor, 1)).map(numbered()):
-        nbytes = sum(map(len, chunk))
+        line_no = starts.popleft()
+        nbytes = len(chunk)
         counts.bytes_read += nbytes
         digest = hashlib.blake2b(digest_size=16)
         digest.update(f"{ctx.site}\0{ctx.origin_host}\0{ctx.origin_file}\0{ctx.format}\0{line_no}\0".encode())
-        for line in chunk:
-            digest.update(line)
+        digest.update(chunk)
         token = digest.hexdigest()
         store.insert("requests", batch.requests, dedup_token=f"req-{token}")
         store.insert("quarantine", batch.quarantine, dedup_token=f"qua-{token}")
@@ -184,7 +203,6 @@ def ingest_stream(
             cutoff = (time.time() - retention_days * 86400) * 1000
             ts_ms = pc.cast(batch.requests.column("ts"), "int64")
             counts.expired += int(pc.sum(pc.less(ts_ms, cutoff)).as_py() or 0)
-        line_no += len(chunk)
         if on_progress:
             on_progress(nbytes)
     counts.seconds = time.perf_counter() - t0
@@ -208,15 +226,19 @@ def ingest_paths(
 ) -> list[FileCounts]:
     """Ingest every path (``-`` = stdin) in order.  ``on_file(name, size)`` may return a progress callback.
 
-    ``workers``: processes that parse and attribute (default: one per core when there is more than one chunk
-    of work, else inline).  Output is the same for any number of workers.
+    ``workers``: processes that parse and attribute.  Default: inline on machines with 2 cores or fewer (the
+    chDB insert needs the other core, and spawning/pickling costs more than it gains: measured with
+    ``python -m forumpulse.pipeline.bench_ingest``), else one per core but one for inputs over 32 MiB.  Output is
+    the same for any number of workers.
     """
-    ensure_schema(store, settings)
     processor = Processor(settings)
     if workers is None:
+        cores = os.cpu_count() or 1
         total = sum(Path(p).stat().st_size for p in paths if p != "-" and Path(p).is_file())
-        workers = (os.cpu_count() or 1) if total > 32 << 20 or "-" in paths else 1
+        workers = cores - 1 if cores > 2 and (total > 32 << 20 or "-" in paths) else 1
     pool = _Pool(processor, workers)
+    pool.start()
+    ensure_schema(store, settings)
     try:
         return _ingest_each(store, settings, processor, pool, paths, fmt, site, origin_host, on_file)
     finally:

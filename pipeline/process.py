@@ -115,7 +115,7 @@ class Processor:
 
             self._fast = FastPath(self)
         if lines and self._fast.supports(ctx.format):
-            batch = self._fast.run(lines, ctx, line_no_base, source_ref)
+            batch = self._fast.run(lines, ctx, line_no_base, source_ref)  # type: ignore[arg-type]  # str lines: run() returns None
             if batch is not None:
                 return batch
         return self.process_reference(lines, ctx, line_no_base, source_ref)
