@@ -1126,7 +1126,7 @@ def _memory_md(r: dict[str, Any]) -> list[str]:
         rows.append(f"| storage/query process | {_mb(r['analyze']['rss_kb'])} |")
     if not rows:
         return []
-    return ["## Memory (peak RSS)", "", "Child processes: `ru_maxrss` from `wait4` (largest process of the tree); "
+    return ["## Memory (peak RSS)", "", "Child processes: GNU time `%M` (peak RSS of the command's own process); "
             "Kafka, syslog-ng and the owner: `VmHWM` before stopping.", "", "| process | peak RSS |", "|---|---|",
             *rows, ""]
 
