@@ -1,6 +1,6 @@
 """Benchmark (a script, not a test; pytest collects nothing here):
 
-    .venv/bin/python tests/test_live_bench.py [--lines 1000000] [--partitions 4] [--batch-lines 50000]
+    .venv/bin/python tests/bench_consumer.py [--lines 1000000] [--partitions 4] [--batch-lines 50000]
 
 Starts a real Kafka broker, pre-fills a topic with N seeded envelope messages, then in the same run measures
 (1) a bare confluent-kafka batched read of the whole topic and (2) the LiveConsumer loading it into a fresh chDB
