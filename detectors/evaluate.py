@@ -239,24 +239,16 @@ def dump_sim(out: Path, lines_per_day: int = 60_000, seed: int = 1, days: int = 
     """Simulate + ingest into a fresh chDB folder and write ``site_minute.csv`` and ``truth.json`` into ``out``."""
     import tempfile
 
-    from forumpulse.pipeline.config import Settings, SiteConfig, SourceConfig, TopicGroup
+    from forumpulse.pipeline.config import Settings
     from forumpulse.pipeline.ingest import ingest_paths
-    from forumpulse.pipeline.simulate import SimConfig, simulate
+    from forumpulse.pipeline.simulate import SimConfig, simulate, truth_config
     from forumpulse.pipeline.store import open_store
 
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="fp-dev-"))
     res = simulate(SimConfig(out=tmp / "sim", days=days, lines_per_day=lines_per_day, seed=seed))
     truth = json.loads(res.truth_path.read_text())
-    settings = Settings(
-        sites=[SiteConfig(name=truth["site"], timezone=truth["timezone"], country=truth["country"])],
-        sources=[SourceConfig(name=s["name"], site=truth["site"], format=s["format"],
-                              paths=[str(tmp / "sim" / s["file"])], origin_host=s["origin_host"])
-                 for s in truth["sources"]],
-        topics={"groups": [TopicGroup(name=g, site=truth["site"], topic_ids=ids)
-                           for g, ids in truth["topic_groups"].items()]},
-        retention={"raw_days": 0, "rollup_days": 0},
-    )
+    settings = Settings(**truth_config(truth, tmp / "sim"))
     store = open_store(f"chdb:{tmp / 'chdb'}")
     try:
         ingest_paths(store, settings, [str(tmp / "sim" / s["file"]) for s in truth["sources"]], workers=1)
@@ -374,14 +366,14 @@ def simulator_part(work: Path | None = None, days: int = 28, lines_per_day: int 
     detections matching no scenario (false alarms) per week."""
     try:
         from forumpulse.pipeline.ingest import ingest_paths
-        from forumpulse.pipeline.simulate import SimConfig, simulate
+        from forumpulse.pipeline.simulate import SimConfig, simulate, truth_config
     except ImportError as exc:
         _say(f"\n## Simulator\n\nsimulator or ingest not available ({exc}) -- skipped")
         return None
     import tempfile
 
     from forumpulse.detectors.traffic import detect_history
-    from forumpulse.pipeline.config import Settings, SiteConfig, SourceConfig, TopicGroup
+    from forumpulse.pipeline.config import Settings
     from forumpulse.pipeline.store import open_store
 
     tmp = Path(tempfile.mkdtemp(prefix="fp-eval-")) if work is None else work
@@ -389,15 +381,7 @@ def simulator_part(work: Path | None = None, days: int = 28, lines_per_day: int 
     res = simulate(SimConfig(out=tmp / "sim", days=days, lines_per_day=lines_per_day, seed=seed))
     truth = json.loads(res.truth_path.read_text())
     t_sim = time.perf_counter() - t0
-    settings = Settings(
-        sites=[SiteConfig(name=truth["site"], timezone=truth["timezone"], country=truth["country"])],
-        sources=[SourceConfig(name=s["name"], site=truth["site"], format=s["format"],
-                              paths=[str(tmp / "sim" / s["file"])], origin_host=s["origin_host"])
-                 for s in truth["sources"]],
-        topics={"groups": [TopicGroup(name=g, site=truth["site"], topic_ids=ids)
-                           for g, ids in truth["topic_groups"].items()]},
-        retention={"raw_days": 0, "rollup_days": 0},
-    )
+    settings = Settings(**truth_config(truth, tmp / "sim"))
     store = open_store(f"chdb:{tmp / 'chdb'}")
     try:
         t1 = time.perf_counter()

@@ -25,18 +25,9 @@ from rich.table import Table
 
 
 def _demo_settings(folder: Path, truth: dict[str, Any]) -> tuple[Path, Settings]:
-    cfg = {
-        "store": {"url": f"chdb:{folder / 'chdb'}"},
-        "sites": [{"name": truth["site"], "timezone": truth["timezone"], "country": truth.get("country"),
-                   "hosts": [truth["host"]]}],
-        "sources": [{"name": s["name"], "site": truth["site"], "format": s["format"],
-                     "paths": [str(folder / "logs" / s["file"])], "origin_host": s["origin_host"]}
-                    for s in truth["sources"]],
-        "retention": {"raw_days": 0, "rollup_days": 0},  # simulated logs are from the past: keep them
-        "topics": {"titles_csv": str(folder / "logs" / truth["topics_csv"]),
-                   "groups": [{"name": g, "site": truth["site"], "topic_ids": ids}
-                              for g, ids in truth["topic_groups"].items()]},
-    }
+    from forumpulse.pipeline.simulate import truth_config
+
+    cfg = {"store": {"url": f"chdb:{folder / 'chdb'}"}, **truth_config(truth, folder / "logs")}
     path = folder / "forumpulse.yaml"
     path.write_text("# written by `forumpulse demo`: the demo's store, sources, site and topic groups\n"
                     + yaml.safe_dump(cfg, sort_keys=False))

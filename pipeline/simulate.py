@@ -1630,3 +1630,21 @@ def _lines_per_second(n: int) -> float:
         res = simulate(SimConfig(out=Path(d), days=max(1, math.ceil(n / 400_000)), lines=n,
                                  sources=(SourceSpec("web1", "combined"),), scenarios=()))
         return res.lines_per_second
+
+
+def truth_config(truth: dict[str, Any], log_dir: Path) -> dict[str, Any]:
+    """The forumpulse configuration (as a mapping for ``Settings``/YAML) that describes a simulated run: its site
+    (time zone, holiday country, host), one source per log file with its format, the topic groups, the titles
+    CSV, and retention off (simulated logs are dated in the past and would be dropped by a TTL)."""
+    return {
+        "sites": [{"name": truth["site"], "timezone": truth["timezone"], "country": truth.get("country"),
+                   "hosts": [truth["host"]]}],
+        "sources": [{"name": s["name"], "site": truth["site"], "format": s["format"],
+                     "paths": [str(Path(log_dir) / s["file"])], "origin_host": s["origin_host"]}
+                    for s in truth["sources"]],
+        "retention": {"raw_days": 0, "rollup_days": 0},
+        "topics": {"titles_csv": str(Path(log_dir) / truth["topics_csv"]),
+                   "groups": [{"name": g, "site": truth["site"], "topic_ids": ids}
+                              for g, ids in truth["topic_groups"].items()]},
+    }
+
