@@ -129,7 +129,10 @@ def ingest(
     checked for every file.  Re-ingesting the same file stores nothing twice (deduplicated blocks).
     """
     from forumpulse.pipeline.ingest import file_progress, ingest_paths
+    from forumpulse.pipeline.runtime import tune_allocator
     from rich.console import Console
+
+    tune_allocator()
 
     settings = _settings(config, store)
     st = _open(settings)

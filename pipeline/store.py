@@ -39,6 +39,9 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "schemas" / "migration
 _INSERT_SETTINGS = {
     "insert_deduplicate": 1,
     "deduplicate_blocks_in_dependent_materialized_views": 1,
+    # the rollup views of one insert run side by side instead of one after the other: measured 1.6x faster
+    # inserts into `requests` (5 views, 100k-row blocks); same rows, same deduplication
+    "parallel_view_processing": 1,
 }
 
 

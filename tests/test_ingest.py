@@ -124,3 +124,42 @@ def test_parallel_workers_give_identical_rows(store, settings, tmp_path):
     assert (one.read, one.loaded, one.quarantined) == (two.read, two.loaded, two.quarantined) == (7000, 4200, 2800)
     assert store.query_rows("SELECT * FROM requests ORDER BY ts, url, client_ip") == rows_one
     assert store.query_rows("SELECT line_no, reason FROM quarantine ORDER BY line_no") == q_one
+
+
+class _FailingStore:
+    """Wraps the real store; the insert of the ``fail_at``-th requests block raises."""
+
+    def __init__(self, inner, fail_at: int) -> None:
+        self.inner, self.fail_at, self.requests_inserts = inner, fail_at, 0
+
+    def insert(self, table, data, dedup_token=None):
+        if table == "requests":
+            self.requests_inserts += 1
+            if self.requests_inserts == self.fail_at:
+                from forumpulse.pipeline.store import StoreError
+
+                raise StoreError("injected: the server went away")
+        self.inner.insert(table, data, dedup_token=dedup_token)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_failed_background_insert_stops_ingestion_with_its_error_and_nothing_after_it(store, settings, tmp_path):
+    """Inserts overlap the processing of the next chunk on a background thread: a failure there must reach the
+    caller, and no later chunk may be stored (so a retry of the file resumes cleanly from deduplicated chunks)."""
+    from forumpulse.pipeline.store import StoreError
+
+    big = tmp_path / "big.log"
+    big.write_bytes(MIXED.read_bytes() * 500)  # 5,000 lines
+    settings.ingest.batch_lines = 1000  # 5 chunks
+    failing = _FailingStore(store, fail_at=2)
+    with pytest.raises(StoreError, match="injected"):
+        ingest_paths(failing, settings, [str(big)], fmt="combined", workers=1)
+    loaded_first_chunk = table_count(store, "requests")
+    assert 0 < loaded_first_chunk < 1000  # only the first chunk's rows (600 parse, 400 quarantined per 1,000)
+    assert failing.requests_inserts == 2  # chunks 3..5 never reached the store
+    # re-running completes the file; the first chunk is deduplicated, nothing is doubled
+    [c] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1)
+    assert (c.read, c.loaded + c.quarantined) == (5000, 5000)
+    assert table_count(store, "requests") == c.loaded

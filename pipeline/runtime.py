@@ -1,0 +1,39 @@
+"""Process-wide runtime tuning for the long batch jobs (``forumpulse ingest``).
+
+:func:`tune_allocator` keeps freed memory in the process instead of handing it back to the kernel after every
+chunk.  Ingestion allocates and frees buffers of tens of MiB per chunk (the file block, its lines, the Arrow
+columns); by default glibc serves those with fresh ``mmap`` pages, which the kernel must fault in and zero on
+every use.  Measured on the 1M-line simulated log: system CPU time of the processing roughly halved.  The price
+is a resident set that stays near its peak until exit, which a batch job does not mind; long-running services
+should not call it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+_M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
+_M_MMAP_THRESHOLD = -3
+
+
+def tune_allocator() -> bool:
+    """Ask glibc to serve allocations up to 32 MiB from the heap and keep up to 256 MiB of freed heap; ask
+    pyarrow's jemalloc to keep dirty pages for 10 s.  Returns whether glibc accepted (False elsewhere, harmless)."""
+    ok = False
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            libc = ctypes.CDLL(name)
+            ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)) \
+                and bool(libc.mallopt(_M_TOP_PAD, 256 << 20))
+        except (OSError, AttributeError):
+            ok = False
+    try:
+        import pyarrow as pa
+
+        pa.jemalloc_set_decay_ms(10_000)
+    except Exception:  # another allocator (mimalloc/system): nothing to tune
+        pass
+    return ok
