@@ -53,39 +53,109 @@ _COLUMNS = ("ts", "client_ip", "method", "path", "query", "status", "user_agent"
 
 # --------------------------------------------------------------------------------------------- batch
 
+_STR_COLUMNS = ("client_ip", "method", "path", "query", "user_agent")
 
-@dataclass
+
+def _encode_arrow(col: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, uniques) of an Arrow string column (chunked or not, dictionary or not); nulls become ''."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    if not pa.types.is_string(col.type):
+        col = col.cast(pa.string())  # large_string, string_view
+    if col.null_count:
+        col = pc.fill_null(col, "")
+    d = col.dictionary_encode()
+    idx = d.indices.to_numpy(zero_copy_only=False)
+    return idx, d.dictionary.to_numpy(zero_copy_only=False)
+
+
+def _encode_objects(values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, uniques) of a sequence of str/None (None -> ''); other objects are encoded by their str()."""
+    import pyarrow as pa
+
+    try:
+        return _encode_arrow(pa.array(values, type=pa.string(), from_pandas=True))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        arr = pd.Series(list(values), dtype=object).fillna("").astype(str).to_numpy(dtype=object)
+        return _encode_arrow(pa.array(arr, type=pa.string()))
+
+
+def _np(col: Any) -> np.ndarray:
+    import pyarrow as pa
+
+    if isinstance(col, pa.ChunkedArray):
+        return col.to_numpy()
+    return np.asarray(col.to_numpy(zero_copy_only=False))
+
+
 class Batch:
-    """Columnar lines: ``ts`` int64 ms UTC; strings as object arrays ('' for None); ``status`` int.
+    """Columnar lines: ``ts`` int64 ms UTC, ``status`` int64, optional ``is_static`` bool, and the string columns
+    ``client_ip``, ``method``, ``path``, ``query``, ``user_agent`` ('' for None).
 
-    ``is_static`` is optional (the enricher's flag); when absent the rules' ``static`` pattern decides.
+    String columns are held dictionary-encoded (codes into a small array of distinct values), so the detector
+    never materialises one Python string per line: :meth:`from_arrow` encodes in Arrow (C++), and
+    :meth:`codes` gives first-appearance-ordered codes (the order ``pandas.factorize`` would give on the
+    decoded column).  The attributes ``client_ip`` etc. decode the whole column on first use (for evidence and
+    compatibility); they are object arrays.  ``Batch(ts, client_ip, method, path, query, status, user_agent,
+    is_static=None)`` with object arrays still works.  ``is_static`` is the enricher's flag; when absent the
+    rules' ``static`` pattern decides.  Batches are immutable in use: do not assign to the columns.
     """
 
-    ts: np.ndarray
-    client_ip: np.ndarray
-    method: np.ndarray
-    path: np.ndarray
-    query: np.ndarray
-    status: np.ndarray
-    user_agent: np.ndarray
-    is_static: np.ndarray | None = None
+    def __init__(self, ts: Any, client_ip: Any = None, method: Any = None, path: Any = None, query: Any = None,
+                 status: Any = None, user_agent: Any = None, is_static: Any = None, *,
+                 encoded: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+        self.ts = np.asarray(ts, dtype=np.int64)
+        self.status = np.asarray(status, dtype=np.int64)
+        self.is_static = None if is_static is None else np.asarray(is_static, dtype=bool)
+        if encoded is None:
+            given = dict(zip(_STR_COLUMNS, (client_ip, method, path, query, user_agent), strict=True))
+            encoded = {k: _encode_objects(v) for k, v in given.items()}
+        self._enc = encoded
+        self._norm: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._dec: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.ts)
 
+    def raw_codes(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(codes, dictionary) as stored: the dictionary may hold values no line uses, in any order."""
+        return self._enc[name]
+
+    def codes(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(codes int64, uniques object array): uniques in order of first appearance, each used by a line."""
+        if name not in self._norm:
+            c, d = self._enc[name]
+            fc, first = pd.factorize(c, sort=False)
+            self._norm[name] = (fc.astype(np.int64, copy=False), np.asarray(d[first], dtype=object))
+        return self._norm[name]
+
+    def column(self, name: str) -> np.ndarray:
+        """The decoded object array of a string column (cached)."""
+        if name not in self._dec:
+            c, d = self._enc[name]
+            self._dec[name] = np.asarray(d, dtype=object)[c]
+        return self._dec[name]
+
+    def value(self, name: str, i: int) -> str:
+        c, d = self._enc[name]
+        return str(d[c[i]])
+
+    client_ip = property(lambda self: self.column("client_ip"))
+    method = property(lambda self: self.column("method"))
+    path = property(lambda self: self.column("path"))
+    query = property(lambda self: self.column("query"))
+    user_agent = property(lambda self: self.column("user_agent"))
+
     @classmethod
     def from_columns(cls, cols: dict[str, Any]) -> Batch:
-        def s(name: str) -> np.ndarray:
-            a = pd.Series(cols[name], dtype=object).fillna("")
-            return a.to_numpy(dtype=object)
-
         st = cols.get("is_static")
-        return cls(
-            ts=np.asarray(cols["ts"], dtype=np.int64),
-            client_ip=s("client_ip"), method=s("method"), path=s("path"), query=s("query"),
-            status=np.asarray(cols["status"], dtype=np.int64), user_agent=s("user_agent"),
-            is_static=None if st is None else np.asarray(st, dtype=bool),
-        )
+        return cls(cols["ts"], status=cols["status"], is_static=st,
+                   encoded={c: _encode_objects(cols[c]) for c in _STR_COLUMNS})
 
     @classmethod
     def from_records(cls, records: Sequence[ParsedLine]) -> Batch:
@@ -93,18 +163,22 @@ class Batch:
 
     @classmethod
     def from_arrow(cls, table: Any) -> Batch:
-        cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in _COLUMNS}
-        if "is_static" in table.column_names:
-            cols["is_static"] = table.column("is_static").to_numpy(zero_copy_only=False)
-        ts = cols["ts"]
-        if np.issubdtype(np.asarray(ts).dtype, np.datetime64):
-            cols["ts"] = np.asarray(ts).astype("datetime64[ms]").astype(np.int64)
-        return cls.from_columns(cols)
+        """From an Arrow table with (at least) the columns ts (timestamp or int64 ms), client_ip, method, path,
+        query, status, user_agent and optionally is_static.  String columns are encoded in Arrow."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        ts = table.column("ts")
+        if pa.types.is_timestamp(ts.type):
+            ts = pc.cast(pc.cast(ts, pa.timestamp("ms", tz=ts.type.tz), safe=False), pa.int64())
+        st = _np(table.column("is_static")) if "is_static" in table.column_names else None
+        return cls(_np(ts), status=_np(table.column("status")), is_static=st,
+                   encoded={c: _encode_arrow(table.column(c)) for c in _STR_COLUMNS})
 
     def take(self, idx: np.ndarray) -> Batch:
-        return Batch(self.ts[idx], self.client_ip[idx], self.method[idx], self.path[idx], self.query[idx],
-                     self.status[idx], self.user_agent[idx], None if self.is_static is None else self.is_static[idx])
-
+        return Batch(self.ts[idx], status=self.status[idx],
+                     is_static=None if self.is_static is None else self.is_static[idx],
+                     encoded={k: (c[idx], d) for k, (c, d) in self._enc.items()})
 
 # --------------------------------------------------------------------------------------------- helpers
 
@@ -121,6 +195,66 @@ def prefix_of(ip: str) -> str:
         a = a.ipv4_mapped
     n = 24 if a.version == 4 else 64
     return str(ipaddress.ip_network(f"{a}/{n}", strict=False))
+
+
+_V4_ARROW = "^" + _V4.pattern + "$"
+_PLAIN = r"^[\x20-\x7e]*$"  # printable ASCII: Python re and RE2 agree on these patterns for such text
+
+
+class _PrefixCache:
+    """Prefix (/24, /64) of many address strings at once: IPv4 in Arrow, others via :func:`prefix_of` with a
+    bounded cache carried across batches ('' for values that are not addresses)."""
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self.max_entries = max_entries
+        self.cache: dict[str, str] = {}
+
+    def __call__(self, uniques: np.ndarray) -> np.ndarray:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not len(uniques):
+            return np.empty(0, dtype=object)
+        arr = pa.array(uniques, type=pa.string())
+        v4 = pc.match_substring_regex(arr, _V4_ARROW).to_numpy(zero_copy_only=False)
+        out = pc.replace_substring_regex(arr, r"\.[0-9]+$", ".0/24").to_numpy(zero_copy_only=False)
+        out = np.asarray(out, dtype=object)
+        other = np.flatnonzero(~v4)
+        if len(other):
+            if len(self.cache) > self.max_entries:
+                self.cache.clear()
+            c = self.cache
+            for i in other.tolist():
+                u = uniques[i]
+                p = c.get(u)
+                if p is None:
+                    try:
+                        p = prefix_of(u)
+                    except ValueError:
+                        p = ""
+                    c[u] = p
+                out[i] = p
+        return out
+
+
+def pattern_hits(rx: re.Pattern[str], uniques: np.ndarray) -> np.ndarray:
+    """``rx.search(u) is not None`` for every value: printable-ASCII values in Arrow's RE2 (one C++ pass), the
+    rest (and every value when RE2 cannot compile the pattern) with Python's ``re``, so results equal re's."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(uniques)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    arr = pa.array(uniques, type=pa.string())
+    try:
+        hit = np.asarray(pc.match_substring_regex(arr, rx.pattern).to_numpy(zero_copy_only=False), dtype=bool)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return np.fromiter((rx.search(u) is not None for u in uniques), dtype=bool, count=n)
+    plain = np.asarray(pc.match_substring_regex(arr, _PLAIN).to_numpy(zero_copy_only=False), dtype=bool)
+    for i in np.flatnonzero(~plain).tolist():
+        hit[i] = rx.search(uniques[i]) is not None
+    return hit
 
 
 def iso_ms(ms: int) -> str:
@@ -240,8 +374,20 @@ class _Baseline:
                                      "ua": pd.Series(dtype=object), "n": pd.Series(dtype=np.int64)})
         self._last_prune = 0
 
-    def update(self, ip: np.ndarray, ua: np.ndarray, secs: np.ndarray, watermark_sec: int) -> None:
-        cur = pd.DataFrame({"ip": ip, "minute": secs // 60, "ua": ua, "n": 1})
+    def update(self, ip: tuple[np.ndarray, np.ndarray], ua: tuple[np.ndarray, np.ndarray], rows: np.ndarray,
+               secs: np.ndarray, watermark_sec: int) -> None:
+        """Learn from the lines ``rows`` (bool mask) of a batch; ``ip``/``ua`` are (codes, uniques) pairs."""
+        ipc, ipu = ip
+        uac, uau = ua
+        # per (address, minute, UA) counts on integer codes first; strings only for the (few) groups
+        nua = np.int64(max(len(uau), 1))
+        minute = secs[rows] // 60
+        m0 = int(minute.min()) if len(minute) else 0
+        span = np.int64(int(minute.max()) - m0 + 1) if len(minute) else np.int64(1)
+        kc, first = pd.factorize((ipc[rows] * nua + uac[rows]) * span + (minute - m0), sort=False)
+        n = np.bincount(kc, minlength=len(first)).astype(np.int64)
+        pair, mins = first // span, first % span + m0
+        cur = pd.DataFrame({"ip": ipu[pair // nua], "minute": mins.astype(np.int64), "ua": uau[pair % nua], "n": n})
         allr = pd.concat([self.pending, cur], ignore_index=True) if len(self.pending) else cur
         g = allr.groupby(["ip", "minute", "ua"], sort=False)["n"].sum().reset_index()
         wm = watermark_sec // 60
@@ -664,23 +810,26 @@ class DosDetector:
                 self.windows[r.name] = (_CountWindow(r.window_s), _DistinctWindow(r.window_s),
                                         _CountWindow(r.window_s))
         self.baseline = _Baseline(self.rules)
+        self._prefixes = _PrefixCache()
         self.watermark_ms = 0
         self.stats: dict[str, int] = {"lines": 0, "ignored": 0, **{r.name: 0 for r in self.rules.rules}}
 
-    # -- feature columns, computed once per batch
-    def _field(self, b: Batch, name: str, cache: dict[str, Any]) -> np.ndarray:
-        if name not in cache:
-            if name == "path_query":
-                q = b.query
-                cache[name] = np.where(q != "", b.path + "?" + q, b.path)
-            else:
-                cache[name] = {"path": b.path, "query": b.query, "user_agent": b.user_agent}[name]
-        return cache[name]
-
+    # -- feature columns, computed once per batch (codes and distinct values, never one string per line)
     def _codes(self, b: Batch, name: str, cache: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """(codes, uniques) of a field, uniques in first-appearance order (as pandas.factorize of the strings)."""
         k = "codes:" + name
         if k not in cache:
-            cache[k] = _factorize(self._field(b, name, cache))
+            if name == "path_query":
+                pcodes, puniq = b.codes("path")
+                qcodes, quniq = b.codes("query")
+                pair, first = pd.factorize(pcodes * np.int64(max(len(quniq), 1)) + qcodes, sort=False)
+                pi, qi = first // max(len(quniq), 1), first % max(len(quniq), 1)
+                strs = np.asarray([p + "?" + q if q else p for p, q in zip(puniq[pi], quniq[qi], strict=True)],
+                                  dtype=object)
+                sc, su = pd.factorize(strs, sort=False)  # distinct pairs may spell the same string
+                cache[k] = (sc.astype(np.int64)[pair], np.asarray(su, dtype=object))
+            else:
+                cache[k] = b.codes(name)
         return cache[k]
 
     def _pattern(self, b: Batch, name: str, cache: dict[str, Any]) -> np.ndarray:
@@ -688,8 +837,7 @@ class DosDetector:
         if k not in cache:
             p = self.rules.patterns[name]
             codes, uniq = self._codes(b, p.field, cache)
-            rx = self.rx[name]
-            hit = np.fromiter((rx.search(u) is not None for u in uniq), dtype=bool, count=len(uniq))
+            hit = pattern_hits(self.rx[name], uniq)
             cache[k] = hit[codes] if len(codes) else np.zeros(0, dtype=bool)
         return cache[k]
 
@@ -702,7 +850,8 @@ class DosDetector:
         if f.status_in:
             m &= np.isin(b.status, f.status_in)
         if f.method_in:
-            m &= np.isin(b.method, f.method_in)
+            mc, mu = self._codes(b, "method", cache)
+            m &= np.isin(mu, f.method_in)[mc]
         if f.pattern:
             m &= self._pattern(b, f.pattern, cache)
         return m
@@ -712,7 +861,8 @@ class DosDetector:
         self.stats["lines"] += n0
         if n0 == 0:
             return []
-        ok = batch.client_ip != ""
+        ipc0, ipu0 = batch.raw_codes("client_ip")
+        ok = (np.asarray(ipu0, dtype=object) != "")[ipc0] if len(ipu0) else np.zeros(n0, dtype=bool)
         if not ok.all():
             self.stats["ignored"] += int((~ok).sum())
             batch = batch.take(np.flatnonzero(ok))
@@ -725,8 +875,7 @@ class DosDetector:
         wm_sec = self.watermark_ms // 1000
         secs = batch.ts // 1000
         cache: dict[str, Any] = {}
-        ip_codes, ip_uniq = _factorize(batch.client_ip)
-        cache["ip"] = (ip_codes, ip_uniq)
+        cache["ip"] = batch.codes("client_ip")
         out: list[Decision] = []
         cands: list[Candidate] = []
         for r in self.rules.rules:
@@ -745,7 +894,7 @@ class DosDetector:
                     self.baseline.taint(c.value, (d.expires_at // 1000))
         # learn after judging: a batch is judged on what earlier batches taught, never on its own future
         nonstatic = self._mask_static(batch, cache)
-        self.baseline.update(batch.client_ip[nonstatic], batch.user_agent[nonstatic], secs[nonstatic], wm_sec)
+        self.baseline.update(cache["ip"], batch.codes("user_agent"), nonstatic, secs, wm_sec)
         return out
 
     def _mask_static(self, b: Batch, cache: dict[str, Any]) -> np.ndarray:
@@ -759,13 +908,7 @@ class DosDetector:
         if r.key == "ip":
             return ip_codes, ip_uniq
         if "prefix" not in cache:
-            pre = []
-            for u in ip_uniq:
-                try:
-                    pre.append(prefix_of(u))
-                except ValueError:
-                    pre.append("")
-            pc, pu = _factorize(np.asarray(pre, dtype=object))
+            pc, pu = _factorize(self._prefixes(ip_uniq))
             cache["prefix"] = (pc[ip_codes], pu)
         return cache["prefix"]
 
@@ -826,7 +969,7 @@ class DosDetector:
         rows = rows[(t <= sec) & (t > sec - 60)]
         if len(rows) == 0:
             return 1.0
-        counts = pd.Series(b.user_agent[rows]).value_counts()
+        counts = np.bincount(b.codes("user_agent")[0][rows])
         users = int((counts >= c.min_requests_per_user).sum())
         return float(min(c.provisional_max_scale, max(1.0, users / c.users_per_unit)))
 
@@ -840,9 +983,9 @@ class DosDetector:
         else:
             trig = sel[-1] if len(sel) else idx[-1]
         in_win = idx[(kc == key_code) & (b.ts[idx] // 1000 > sec - r.window_s) & (b.ts[idx] <= b.ts[trig])]
-        samples = [f"{b.method[i]} {b.path[i]}{'?' + b.query[i] if b.query[i] else ''} {b.status[i]}"
-                   for i in in_win[:3]]
-        uas = sorted({str(b.user_agent[i]) for i in in_win[:50]})
+        samples = [f"{b.value('method', i)} {b.value('path', i)}"
+                   f"{'?' + b.value('query', i) if b.value('query', i) else ''} {b.status[i]}" for i in in_win[:3]]
+        uas = sorted({b.value("user_agent", i) for i in in_win[:50]})
         first = int(row["first_ts"]) if "first_ts" in row and not pd.isna(row["first_ts"]) else int(b.ts[in_win[0]])
         ev = {"rule": r.name, "window_s": r.window_s, "threshold": round(thr, 2),
               "count": int(row["win"]), "samples": samples, "user_agents": uas[:5]}
@@ -886,8 +1029,8 @@ class DosDetector:
                 ev = {"rule": r.name, "window_s": r.window_s, "target": target, "target_count": int(row["win"]),
                       "target_clients": int(row["distinct"]), "count": int(prow["win"]),
                       "threshold": r.per_client_min,
-                      "samples": [f"{b.method[i]} {b.path[i]} {b.status[i]}" for i in sel[:3]]}
-                uas = sorted({str(b.user_agent[i]) for i in sel[:50]})
+                      "samples": [f"{b.value('method', i)} {b.value('path', i)} {b.status[i]}" for i in sel[:3]]}
+                uas = sorted({b.value("user_agent", i) for i in sel[:50]})
                 yield Candidate(rule=r.name, value=ip, scope="ip", decided_at=t_at,
                                 first_seen=int(prow["first_ts"]), duration_s=r.duration_s, evidence=ev,
                                 user_agents=uas)
