@@ -15,6 +15,11 @@ local.  Topic share is a sum over shards anyway (``sum``/``uniqMerge`` over the 
 Deduplication: replicated tables deduplicate insert blocks by default (``insert_deduplication_token`` works as on
 one node), so the single-node ``non_replicated_deduplication_window`` setting is dropped.
 
+Later migrations: ``ALTER TABLE T …`` becomes the same ALTER ``ON CLUSTER`` on ``T_local`` and on ``T``; data
+backfills (``INSERT INTO`` / ``TRUNCATE TABLE`` of a new rollup, e.g. 0003's ``topic_hour``) are left out — a
+cluster created from this DDL has no rows to backfill; to upgrade a cluster in place, run them once per shard on
+the ``_local`` tables.
+
 Misuse to avoid: insert into ``T`` (Distributed) or into ``T_local`` on a shard chosen by the same key — never
 both; and do not create the single-node schema on a cluster.
 """
@@ -36,6 +41,11 @@ SHARDING_KEYS = {
 
 _CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\s*\n?\((.*)\)\s*ENGINE\s*=\s*(\w+)(\(([^)]*)\))?(.*)$", re.S)
 _CREATE_MV = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+) TO (\w+) AS(.*)$", re.S)
+_ALTER = re.compile(r"^ALTER TABLE (\w+) (.*)$", re.S)
+#: data statements of a migration (backfills of a new rollup from existing rows): nothing to backfill on a cluster
+#: created from zero, so the generated DDL leaves them out (an in-place cluster upgrade runs them per shard on the
+#: ``_local`` tables, once).
+_BACKFILL = re.compile(r"^(INSERT INTO|TRUNCATE TABLE) ")
 
 
 def _replicated(engine: str, args: str | None, db: str, table: str) -> str:
@@ -77,6 +87,14 @@ def cluster_statements(cluster: str, database: str, params: dict[str, Any] | Non
                     f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.{name} ON CLUSTER {cluster} "
                     f"TO {database}.{target}_local AS{select}"
                 )
+                continue
+            a = _ALTER.match(stmt)
+            if a and a.group(1) in tables:
+                name, change = a.groups()
+                for t in (f"{name}_local", name):  # the shards' tables, then the Distributed one over them
+                    out.append(f"ALTER TABLE {database}.{t} ON CLUSTER {cluster} {change}")
+                continue
+            if _BACKFILL.match(stmt):
                 continue
             raise ValueError(f"migration {m.version:04d}: statement the cluster generator does not know:\n{stmt[:300]}")
     out.append(

@@ -43,7 +43,11 @@ def test_every_table_is_replicated_and_distributed_and_views_stay_local():
         m = re.search(rf"CREATE MATERIALIZED VIEW IF NOT EXISTS fp\.{v} ON CLUSTER c1 TO fp\.(\w+) AS(.*?)(;|$)", text, re.S)
         assert m, v
         assert m.group(1).endswith("_local")
-        assert "FROM fp.requests_local" in m.group(2)
+        sources = re.findall(r"\bFROM ([\w.]+)", m.group(2))
+        assert sources and all(re.fullmatch(r"fp\.\w+_local", x) for x in sources), (v, sources)
+    # the cascaded hourly topic rollup reads the shard's minute rollup
+    assert re.search(r"VIEW IF NOT EXISTS fp\.topic_hour_mv ON CLUSTER c1 TO fp\.topic_hour_local AS.*?FROM fp\.topic_minute_local",
+                     text, re.S)
     assert "non_replicated_deduplication_window" not in text
     # engine parameters survive replication (ReplacingMergeTree keeps its version column)
     assert re.search(r"ReplicatedReplacingMergeTree\('/clickhouse/tables/\{shard\}/fp/detections_local', '\{replica\}', updated_at\)", text)
@@ -52,3 +56,14 @@ def test_every_table_is_replicated_and_distributed_and_views_stay_local():
 def test_committed_example_is_current():
     committed = (ROOT / "schemas" / "cluster" / "forum_cluster.sql").read_text()
     assert committed == cluster_sql("forum_cluster", "forumpulse"), "regenerate: forumpulse db cluster-ddl > schemas/cluster/forum_cluster.sql"
+
+
+def test_later_alters_reach_shards_and_distributed_tables_and_backfills_are_left_out():
+    alters = [s for m in load_migrations() for s in render(m) if s.startswith("ALTER TABLE ")]
+    assert alters, "migration 0003 alters requests"
+    text = cluster_sql("c1", "fp")
+    for a in alters:
+        table, change = re.match(r"ALTER TABLE (\w+) (.*)$", a, re.S).groups()
+        assert f"ALTER TABLE fp.{table}_local ON CLUSTER c1 {change}" in text
+        assert f"ALTER TABLE fp.{table} ON CLUSTER c1 {change}" in text
+    assert "INSERT INTO" not in text and "TRUNCATE" not in text

@@ -19,7 +19,8 @@ from forumpulse.pipeline.store import (
 from forumpulse.pipeline.tables import DERIVED_IN_STORE, QUARANTINE_SCHEMA, REQUESTS_SCHEMA
 
 EXPECTED_TABLES = {
-    "requests", "quarantine", "site_minute", "topic_minute", "client_minute", "prefix_minute", "transfer_minute",
+    "requests", "quarantine", "site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute",
+    "transfer_minute",
     "detections", "decisions", "pipeline_stats", "source_liveness", "topic_titles", "topic_groups",
     "schema_migrations",
 }
@@ -83,9 +84,9 @@ def test_retention_placeholders_render():
     assert "_ttl:" not in with_ttl and "_ttl:" not in without
 
 
-def _rows(n: int, base_ms: int) -> pa.Table:
+def _rows(n: int, base_ms: int, step_ms: int = 1000) -> pa.Table:
     return pa.table({
-        "ts": pa.array([base_ms + i * 1000 for i in range(n)], pa.timestamp("ms", tz="UTC")),
+        "ts": pa.array([base_ms + i * step_ms for i in range(n)], pa.timestamp("ms", tz="UTC")),
         "site": ["f"] * n,
         "client_ip": [f"10.0.{i % 3}.{i % 7}" for i in range(n)],
         "url": [f"/threads/x.{i % 4}/" for i in range(n)],
@@ -102,7 +103,7 @@ def _rows(n: int, base_ms: int) -> pa.Table:
 def test_replayed_block_is_stored_once_in_table_and_every_rollup(module_store):
     st = module_store
     st.command("TRUNCATE TABLE requests")
-    for t in ("site_minute", "topic_minute", "client_minute", "prefix_minute"):
+    for t in ("site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute"):
         st.command(f"TRUNCATE TABLE {t}")
     now = int(time.time() * 1000)
     block = _rows(500, now)
@@ -115,6 +116,55 @@ def test_replayed_block_is_stored_once_in_table_and_every_rollup(module_store):
     assert st.query_rows("SELECT sum(requests) FROM prefix_minute") == [(510,)]
     topic_views = st.query_rows("SELECT sum(views) FROM topic_minute")[0][0]
     assert topic_views == st.query_rows("SELECT count() FROM requests WHERE topic_id != 0")[0][0]
+    # the cascade (topic_minute -> topic_hour) drops the replayed block too
+    assert st.query_rows("SELECT sum(views) FROM topic_hour")[0][0] == topic_views
+
+
+HOURLY_FROM_MINUTES = (
+    "SELECT topic_id, toStartOfHour(minute) AS h, sum(views), sum(replies), sum(bot_views), uniqMerge(visitors) "
+    "FROM topic_minute GROUP BY topic_id, h ORDER BY topic_id, h"
+)
+HOURLY = (
+    "SELECT topic_id, hour AS h, sum(views), sum(replies), sum(bot_views), uniqMerge(visitors) "
+    "FROM topic_hour GROUP BY topic_id, h ORDER BY topic_id, h"
+)
+
+
+def test_upgrade_to_0003_backfills_topic_hour_once_and_keeps_requests(empty_store):
+    st = empty_store
+    params = {"raw_ttl_days": 0, "rollup_ttl_days": 0}
+    older = [m for m in load_migrations() if m.version < 3]
+    (m3,) = [m for m in load_migrations() if m.version == 3]
+    for m in older:  # a store as it was before 0003, holding history
+        for stmt in render(m, params):
+            st.command(stmt)
+    base = 1_700_000_000_000
+    for i in range(4):  # 4 blocks over ~5 hours: one (topic, minute) row can come from several blocks
+        st.insert("requests", _rows(700, base + i * 997, step_ms=26_000), dedup_token=f"old-{i}")
+    before = st.query_rows("SELECT url, referer, count() FROM requests GROUP BY url, referer ORDER BY url")
+    want = st.query_rows(HOURLY_FROM_MINUTES)
+    assert len(want) >= 3 * 5 and sum(r[2] for r in want) == 2800 * 3 // 4  # topics 1..3 of 0..3
+
+    stmts = render(m3, params)
+    for stmt in stmts:
+        st.command(stmt)
+    assert st.query_rows(HOURLY) == want
+    for stmt in stmts:  # a failed migration is re-run from its first statement: still counted once
+        st.command(stmt)
+    assert st.query_rows(HOURLY) == want
+    assert st.query_rows("SELECT count() FROM topic_hour") == [(len(want),)]
+
+    types = dict(st.query_rows("SELECT name, type FROM system.columns WHERE database = currentDatabase() "
+                               "AND table = 'requests' AND name IN ('url', 'referer')"))
+    assert types == {"url": "LowCardinality(String)", "referer": "LowCardinality(String)"}
+    assert st.query_rows("SELECT url, referer, count() FROM requests GROUP BY url, referer ORDER BY url") == before
+
+    # new inserts reach topic_hour through the cascade, and the pipeline's Arrow strings still insert
+    st.insert("requests", _rows(300, base + 3 * 3_600_000, step_ms=7_000), dedup_token="new-1")
+    st.insert("requests", _rows(300, base + 3 * 3_600_000, step_ms=7_000), dedup_token="new-1")
+    after = st.query_rows(HOURLY)
+    assert after == st.query_rows(HOURLY_FROM_MINUTES)
+    assert sum(r[2] for r in after) == (2800 + 300) * 3 // 4
 
 
 def test_second_process_gets_a_clear_busy_error(store, chdb_path):

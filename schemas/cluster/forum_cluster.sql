@@ -388,4 +388,42 @@ TTL toDateTime(created_at) + INTERVAL 30 DAY;
 CREATE TABLE IF NOT EXISTS forumpulse.consumer_batches ON CLUSTER forum_cluster AS forumpulse.consumer_batches_local
 ENGINE = Distributed(forum_cluster, forumpulse, consumer_batches_local, rand());
 
+ALTER TABLE forumpulse.requests_local ON CLUSTER forum_cluster MODIFY COLUMN url LowCardinality(String) CODEC(ZSTD(3));
+
+ALTER TABLE forumpulse.requests ON CLUSTER forum_cluster MODIFY COLUMN url LowCardinality(String) CODEC(ZSTD(3));
+
+ALTER TABLE forumpulse.requests_local ON CLUSTER forum_cluster MODIFY COLUMN referer LowCardinality(String) CODEC(ZSTD(3));
+
+ALTER TABLE forumpulse.requests ON CLUSTER forum_cluster MODIFY COLUMN referer LowCardinality(String) CODEC(ZSTD(3));
+
+CREATE TABLE IF NOT EXISTS forumpulse.topic_hour_local ON CLUSTER forum_cluster
+(
+    site      LowCardinality(String),
+    topic_id  UInt64,
+    hour      DateTime('UTC'),
+    views     SimpleAggregateFunction(sum, UInt64),
+    replies   SimpleAggregateFunction(sum, UInt64),
+    bot_views SimpleAggregateFunction(sum, UInt64),
+    visitors  AggregateFunction(uniq, IPv6)
+)
+ENGINE = ReplicatedAggregatingMergeTree('/clickhouse/tables/{shard}/forumpulse/topic_hour_local', '{replica}')
+PARTITION BY toYYYYMM(hour)
+ORDER BY (site, hour, topic_id)
+TTL hour + INTERVAL 730 DAY;
+
+CREATE TABLE IF NOT EXISTS forumpulse.topic_hour ON CLUSTER forum_cluster AS forumpulse.topic_hour_local
+ENGINE = Distributed(forum_cluster, forumpulse, topic_hour_local, rand());
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS forumpulse.topic_hour_mv ON CLUSTER forum_cluster TO forumpulse.topic_hour_local AS
+SELECT
+    site,
+    topic_id,
+    toStartOfHour(minute) AS hour,
+    sum(views) AS views,
+    sum(replies) AS replies,
+    sum(bot_views) AS bot_views,
+    uniqMergeState(visitors) AS visitors
+FROM forumpulse.topic_minute_local
+GROUP BY site, topic_id, hour;
+
 CREATE TABLE IF NOT EXISTS forumpulse.schema_migrations ON CLUSTER forum_cluster (version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/schema_migrations', '{replica}') ORDER BY version;
