@@ -688,7 +688,10 @@ class FastPath:
         assert ti is not None
         fn = {"clf": V.clf_timestamp_ms, "iso": V.iso_timestamp_ms, "epoch": V.epoch_seconds_ms}[plan.time_kind]
         uniq, idx = _dict(g.view(ti))
-        ts_vals = [_safe(fn, u) for u in uniq]
+        if plan.time_kind == "clf" and all(type(u) is str for u in uniq):
+            ts_vals = V.clf_timestamps_ms(uniq)  # the same values, converted per distinct day
+        else:
+            ts_vals = [_safe(fn, u) for u in uniq]
         ts = _take(ts_vals, pa.int64(), idx)
         ok &= ~np.asarray(ts.is_null().to_numpy(zero_copy_only=False))
         cols["ts"] = ts

@@ -71,6 +71,47 @@ def clf_timestamp_ms(text: str) -> int | None:
     return ms
 
 
+_CLF_STRICT = re.compile(r"\[?\d\d/[A-Za-z]{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4}\]?", re.ASCII)
+_clf_day: dict[str, int | None] = {}
+
+
+def clf_timestamps_ms(texts: list[str]) -> list[int | None]:
+    """:func:`clf_timestamp_ms` of each text, equal value for value, faster on the common shape
+    ``dd/Mon/yyyy:HH:MM:SS +hhmm`` (brackets optional): the date and zone part is converted once per distinct
+    day and zone (cached), the time of day is added as arithmetic.  Any other shape takes the general function."""
+    out: list[int | None] = []
+    strict = _CLF_STRICT.fullmatch
+    day_cache = _clf_day
+    for text in texts:
+        if strict(text) is None:
+            out.append(clf_timestamp_ms(text))
+            continue
+        t = text[1:] if text[0] == "[" else text
+        hh, mm, ss = int(t[12:14]), int(t[15:17]), int(t[18:20])
+        if hh > 23 or mm > 59 or ss > 60:
+            out.append(None)
+            continue
+        key = t[:11] + t[20:26]
+        base = day_cache.get(key, -1)
+        if base == -1:
+            month = MONTHS.get(t[3:6].lower())
+            off = int(t[22:24]) * 60 + int(t[24:26])
+            b = None if month is None else civil_to_ms(int(t[7:11]), month, int(t[0:2]), 0, 0, 0, 0,
+                                                      -off if t[21] == "-" else off)
+            if b is None and month is not None:  # midnight out of range but the time of day may be in: exact path
+                out.append(clf_timestamp_ms(text))
+                continue
+            if len(day_cache) >= CACHE_LIMIT:
+                day_cache.clear()
+            day_cache[key] = base = b
+        if base is None:
+            out.append(None)
+            continue
+        ms = base + (hh * 3600 + mm * 60 + ss) * 1000
+        out.append(ms if TS_MIN_MS <= ms <= TS_MAX_MS else None)
+    return out
+
+
 _iso_cache: dict[str, int | None] = {}
 
 
