@@ -91,8 +91,8 @@ def cluster_statements(cluster: str, database: str, params: dict[str, Any] | Non
             a = _ALTER.match(stmt)
             if a and a.group(1) in tables:
                 name, change = a.groups()
-                for t in (f"{name}_local", name):  # the shards' tables, then the Distributed one over them
-                    out.append(f"ALTER TABLE {database}.{t} ON CLUSTER {cluster} {change}")
+                for tbl in (f"{name}_local", name):  # the shards' tables, then the Distributed one over them
+                    out.append(f"ALTER TABLE {database}.{tbl} ON CLUSTER {cluster} {change}")
                 continue
             if _BACKFILL.match(stmt):
                 continue
