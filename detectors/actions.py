@@ -80,6 +80,8 @@ class NftablesAction:
     """
 
     name = "nftables"
+    #: the kernel set is lost on reboot: the owner re-applies bans still in force when it restarts
+    reapply_on_restore = True
 
     def __init__(self, table: str = "forumpulse", set_v4: str = "ban_v4", set_v6: str = "ban_v6",
                  hook_priority: int = -10, netns: str | None = None) -> None:
@@ -152,6 +154,7 @@ class IpsetAction:
     """``hash:net`` ipsets with default timeout support, plus (optionally) iptables INPUT DROP rules for them."""
 
     name = "ipset"
+    reapply_on_restore = True
 
     def __init__(self, set_v4: str = "forumpulse4", set_v6: str = "forumpulse6", iptables_rule: bool = True,
                  netns: str | None = None) -> None:

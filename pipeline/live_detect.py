@@ -239,7 +239,10 @@ class LiveDos:
 
     # -- state ----------------------------------------------------------------------------------------
     def restore(self) -> int:
-        """Put bans still in force (``decisions`` table, wall clock) back into the manager and the registry."""
+        """Put bans still in force (``decisions`` table, wall clock) back into the manager and the registry, and
+        re-apply them, with the time they have left, to the actions that hold kernel state lost on a reboot
+        (``reapply_on_restore``: nftables, ipset; re-adding is idempotent).  Webhooks are not called again: their
+        receivers were told when the ban was made.  Action errors are logged and counted, never fatal."""
         try:
             active = active_from_store(self.store, self.clock())
         except Exception as exc:
@@ -254,7 +257,16 @@ class LiveDos:
                 self.manager.active[d.value] = d
                 left = int(d.created_at / 1000 + d.duration_s - self.clock())
                 if left > 0:
-                    self.registry.ban(replace(d, duration_s=left))
+                    again = replace(d, duration_s=left)
+                    self.registry.ban(again)
+                    for a in self.manager.actions:
+                        if getattr(a, "reapply_on_restore", False):
+                            try:
+                                a.ban(again)
+                            except Exception as exc:
+                                self.manager.action_errors += 1
+                                log.warning("could not re-apply %s to %s: %s", d.value, getattr(a, "name", a),
+                                            str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
                 self.restored += 1
         if self.restored:
             log.info("restored %d active decision(s) from the decisions table", self.restored)

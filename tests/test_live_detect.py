@@ -206,6 +206,48 @@ def test_restart_restores_active_bans_and_direct_unban(chdb_path: Path, settings
                       reason="manual")
 
 
+class _Recorder:
+    """An action that records what it was asked to do."""
+
+    def __init__(self, name: str, reapply: bool) -> None:
+        self.name, self.reapply_on_restore, self.bans = name, reapply, []
+
+    def ban(self, d: Any) -> None:
+        self.bans.append((d.value, d.duration_s))
+
+    def unban(self, d: Any) -> None:
+        pass
+
+
+def test_restart_reapplies_bans_in_force_to_kernel_state_actions_only(chdb_path: Path, settings: Settings) -> None:
+    """After a reboot the nftables/ipset sets are empty: a restarted owner must put the bans still in force back,
+    with the time they have left; a webhook receiver is not told twice."""
+    store = open_store(f"chdb:{chdb_path}?database=live_reapply")
+    try:
+        migrate(store, NO_TTL)
+        t0 = 1_760_000_000.0
+        first = LiveDos(settings, store, actions=[], publish=False, clock=lambda: t0 + 2)
+        made = first.process_stream(_flood_stream(settings, "198.51.100.9", t0))
+        assert [d.value for d in made] == ["198.51.100.9"]
+        duration = made[0].duration_s
+        first.close()
+
+        firewall, webhook = _Recorder("nftables", True), _Recorder("webhook", False)
+        later = t0 + 2 + 100  # 100 s after the ban was made
+        second = LiveDos(settings, store, actions=[firewall, webhook], publish=False, clock=lambda: later)
+        assert second.restored == 1
+        assert len(firewall.bans) == 1 and firewall.bans[0][0] == "198.51.100.9"
+        assert duration - 105 <= firewall.bans[0][1] <= duration - 95  # what is left, not the full duration
+        assert webhook.bans == []
+        second.close()
+
+        expired = LiveDos(settings, store, actions=[firewall], publish=False, clock=lambda: t0 + duration + 60)
+        assert len(firewall.bans) == 1  # a ban past its end is not re-applied
+        expired.close()
+    finally:
+        store.close()
+
+
 # ------------------------------------------------------------------------------------------------ traffic
 
 
