@@ -229,9 +229,15 @@ class _PrefixCache:
                 p = c.get(u)
                 if p is None:
                     try:
-                        p = prefix_of(u)
-                    except ValueError:
-                        p = ""
+                        if "." in u or "%" in u:  # IPv4-mapped / embedded IPv4, scoped: the careful path
+                            raise ValueError(u)
+                        b = socket.inet_pton(socket.AF_INET6, u)  # /64: same text as ipaddress (RFC 5952)
+                        p = socket.inet_ntop(socket.AF_INET6, b[:8] + bytes(8)) + "/64"
+                    except (OSError, ValueError):
+                        try:
+                            p = prefix_of(u)
+                        except ValueError:
+                            p = ""
                     c[u] = p
                 out[i] = p
         return out
@@ -255,6 +261,11 @@ def pattern_hits(rx: re.Pattern[str], uniques: np.ndarray) -> np.ndarray:
     for i in np.flatnonzero(~plain).tolist():
         hit[i] = rx.search(uniques[i]) is not None
     return hit
+
+
+def _points(res: pd.DataFrame) -> np.ndarray:
+    """(key, sec) rows of a window result as query points (key * _BIG + sec)."""
+    return res["key"].to_numpy(dtype=np.int64) * _BIG + res["sec"].to_numpy(dtype=np.int64)
 
 
 def iso_ms(ms: int) -> str:
@@ -318,7 +329,13 @@ class _CountWindow:
 
 
 class _DistinctWindow:
-    """Per-key number of distinct values over the last ``w`` whole seconds, carried across batches."""
+    """Per-key number of distinct values over the last ``w`` whole seconds, carried across batches.
+
+    The carried state is the (key, value, second) sightings of the last ``w`` seconds.  Counts are computed
+    only for the (key, second) points asked for (``query``): rules ask only where the request count of the
+    same window already reaches their threshold (distinct values never exceed requests), so most of a batch
+    costs one filter, not a sort.
+    """
 
     def __init__(self, w: int) -> None:
         self.w = w
@@ -326,14 +343,49 @@ class _DistinctWindow:
                                   "sec": pd.Series(dtype=np.int64)})
 
     def update(self, codes: np.ndarray, uniques: np.ndarray, vcodes: np.ndarray, vuniques: np.ndarray,
-               secs: np.ndarray, watermark_sec: int) -> tuple[pd.DataFrame, np.ndarray]:
-        keys = _Keys(uniques, self.tail["key"].to_numpy(dtype=object))
-        vals = _Keys(vuniques, self.tail["val"].to_numpy(dtype=object))
-        nv = np.int64(max(len(vals.table), 1))
-        k = np.concatenate([codes, keys.carried_codes])
-        v = np.concatenate([vcodes, vals.carried_codes])
-        s = np.concatenate([secs, self.tail["sec"].to_numpy(dtype=np.int64)])
-        new_q = np.unique(codes * _BIG + secs)  # query points: (key, sec) touched by this batch
+               secs: np.ndarray, watermark_sec: int,
+               query: np.ndarray | None = None) -> tuple[pd.DataFrame, np.ndarray]:
+        """Add a batch's sightings; return (key, sec, distinct) for ``query`` (key code * _BIG + second, key
+        codes of this batch; default: every (key, second) the batch touches) and the key table."""
+        new_q = np.unique(codes * _BIG + secs) if query is None else np.unique(np.asarray(query, dtype=np.int64))
+        tail = self.tail
+        out = self._count(codes, uniques, vcodes, vuniques, secs, new_q, tail)
+        # carry the sightings of the last w seconds (deduplicated per batch part)
+        lo = watermark_sec - self.w
+        bsel = np.flatnonzero(secs > lo)
+        if len(bsel):
+            nv = np.int64(max(len(vuniques), 1))
+            comb = (codes[bsel] * nv + vcodes[bsel]) * np.int64(self.w) + (secs[bsel] - lo - 1)
+            _, first = np.unique(comb, return_index=True)
+            bsel = bsel[first]
+        keep_t = tail["sec"].to_numpy(dtype=np.int64) > lo
+        parts = [tail[keep_t]] if keep_t.any() else []
+        if len(bsel):
+            parts.append(pd.DataFrame({"key": uniques[codes[bsel]], "val": vuniques[vcodes[bsel]],
+                                       "sec": secs[bsel].astype(np.int64)}))
+        self.tail = pd.concat(parts, ignore_index=True) if len(parts) > 1 else (
+            parts[0].reset_index(drop=True) if parts else tail.iloc[:0])
+        return out, uniques
+
+    def _count(self, codes: np.ndarray, uniques: np.ndarray, vcodes: np.ndarray, vuniques: np.ndarray,
+               secs: np.ndarray, new_q: np.ndarray, tail: pd.DataFrame) -> pd.DataFrame:
+        if not len(new_q):
+            return pd.DataFrame({"key": np.empty(0, np.int64), "sec": np.empty(0, np.int64),
+                                 "distinct": np.empty(0, np.int64)})
+        qk = np.unique(new_q // _BIG)
+        bm = np.isin(codes, qk)
+        t_idx = pd.Index(uniques).get_indexer(pd.Index(tail["key"].to_numpy(dtype=object))) if len(tail) else \
+            np.empty(0, dtype=np.int64)
+        tm = np.isin(t_idx, qk) if len(t_idx) else np.zeros(0, dtype=bool)
+        vals = _Keys(vuniques, tail["val"].to_numpy(dtype=object)[tm]) if tm.any() else None
+        nv = np.int64(max(len(vals.table) if vals is not None else len(vuniques), 1))
+        k = codes[bm]
+        v = vcodes[bm]
+        s = secs[bm]
+        if vals is not None:
+            k = np.concatenate([k, t_idx[tm]])
+            v = np.concatenate([v, vals.carried_codes])
+            s = np.concatenate([s, tail["sec"].to_numpy(dtype=np.int64)[tm]])
         pair = k * nv + v
         o = np.lexsort((s, pair))
         pr, sc = pair[o], s[o]
@@ -355,10 +407,8 @@ class _DistinctWindow:
         order = np.argsort(ev_c, kind="stable")
         ev_c, cum = ev_c[order], np.cumsum(ev_d[order])
         pos = np.searchsorted(ev_c, new_q, side="right")
-        dist = np.where(pos > 0, cum[np.maximum(pos - 1, 0)], 0)
-        keep = sc > watermark_sec - self.w
-        self.tail = pd.DataFrame({"key": keys.table[kk[keep]], "val": vals.table[(pr % nv)[keep]], "sec": sc[keep]})
-        return pd.DataFrame({"key": new_q // _BIG, "sec": new_q % _BIG, "distinct": dist}), keys.table
+        dist = np.where(pos > 0, cum[np.maximum(pos - 1, 0)], 0) if len(ev_c) else np.zeros(len(new_q), np.int64)
+        return pd.DataFrame({"key": new_q // _BIG, "sec": new_q % _BIG, "distinct": dist})
 
 
 class _Baseline:
@@ -923,8 +973,10 @@ class DosDetector:
             res["value"] = res["win"]
         elif r.kind == "distinct":
             vc, vu = self._codes(b, r.distinct_of or "path", cache)
-            dres, table = win[0].update(kc, kuniq, vc[idx], vu, s, wm_sec)
             cres, _ = win[1].update(kc, kuniq, s, ts, wm_sec)
+            # distinct values <= requests in the same window: only points with enough requests are counted
+            cres = cres[cres["win"] >= r.threshold]
+            dres, table = win[0].update(kc, kuniq, vc[idx], vu, s, wm_sec, query=_points(cres))
             res = cres.merge(dres, on=["key", "sec"], how="left")
             res["value"] = res["distinct"].fillna(0)
             if r.min_ratio is not None:
@@ -936,12 +988,12 @@ class DosDetector:
         if r.key == "prefix" and r.min_clients > 1 and len(hits):
             ip_codes = cache["ip"][0][idx]
             dwin = self.windows.setdefault(r.name + ":clients", (_DistinctWindow(r.window_s),))[0]
-            dres, _ = dwin.update(kc, kuniq, ip_codes, cache["ip"][1], s, wm_sec)
+            dres, _ = dwin.update(kc, kuniq, ip_codes, cache["ip"][1], s, wm_sec, query=_points(hits))
             hits = hits.merge(dres, on=["key", "sec"], how="left")
             hits = hits[hits["distinct"] >= r.min_clients]
         elif r.key == "prefix" and r.min_clients > 1:
             dwin = self.windows.setdefault(r.name + ":clients", (_DistinctWindow(r.window_s),))[0]
-            dwin.update(kc, kuniq, cache["ip"][0][idx], cache["ip"][1], s, wm_sec)
+            dwin.update(kc, kuniq, cache["ip"][0][idx], cache["ip"][1], s, wm_sec, query=_points(hits))
         if hits.empty:
             return
         for key_code, grp in hits.groupby("key", sort=False):
@@ -1001,7 +1053,8 @@ class DosDetector:
         ip_codes, ip_uniq = cache["ip"]
         ipc = ip_codes[idx]
         res, table = cnt_w.update(tc, tuniq, s, ts, wm_sec)
-        dres, _ = cli_w.update(tc, tuniq, ipc, ip_uniq, s, wm_sec)
+        # clients are counted only where the target has enough requests (clients <= requests)
+        dres, _ = cli_w.update(tc, tuniq, ipc, ip_uniq, s, wm_sec, query=_points(res[res["win"] >= r.threshold]))
         res = res.merge(dres, on=["key", "sec"], how="left")
         # per-client counts only for "warm" targets (>= 1/4 of the threshold): keeps the pair state small
         warm = res.loc[res["win"] * 4 >= r.threshold, "key"].unique()
