@@ -406,6 +406,12 @@ def simulator_part(work: Path | None = None, days: int = 28, lines_per_day: int 
     _say("|---|---|---|---|---|")
     for row in report["rows"]:
         _say("| " + " | ".join(str(x) for x in row) + " |")
+    if CROSSING_STATS:
+        c = CROSSING_STATS
+        _say(f"\nElection group at the 3x crossing: baseline share {c['baseline_share']:.4%}, "
+             f"{c['topic_views_per_min']:.0f} human topic views/min, group views/min expected at baseline "
+             f"{c['group_views_per_min_expected']:.2f}, at 3x {c['group_views_per_min_at_3x']:.2f} "
+             f"({c['group_views_in_window']:.0f} group views in the crossing 5-min window)")
     _say(f"\nDetections matching no scenario: {len(report['false'])} over {report['weeks']:.1f} weeks "
          f"= {len(report['false']) / report['weeks']:.2f} per week")
     for d in report["false"]:
@@ -490,8 +496,18 @@ def _surge_crossing(store: Any, truth: dict[str, Any], settings: Any) -> datetim
         share = sum(x for x, _ in win) / max(sum(y for _, y in win), 1)
         if len(win) == 5 and share >= 3 * share0:
             m = minute if isinstance(minute, datetime) else datetime.fromtimestamp(int(minute), UTC)
-            return m.replace(tzinfo=UTC) if m.tzinfo is None else m
+            m = m.replace(tzinfo=UTC) if m.tzinfo is None else m
+            per_min = sum(y for _, y in win) / 5
+            CROSSING_STATS.update({"baseline_share": share0, "topic_views_per_min": per_min,
+                                   "group_views_per_min_expected": share0 * per_min,
+                                   "group_views_per_min_at_3x": 3 * share0 * per_min,
+                                   "group_views_in_window": sum(x for x, _ in win)})
+            return m
     return None
+
+
+#: what the last :func:`_surge_crossing` saw at the crossing minute (printed with the simulator table)
+CROSSING_STATS: dict[str, float] = {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -274,6 +274,7 @@ class SeasonalParams:
     dip_ratio: float = 0.4          # unexplained dips: observed / expected at most this
     holiday_dip_ratio: float = 0.85  # on holidays: at most this to report a holiday dip
     dip_z: float = 8.0
+    dip_min_loss: float = 0.05      # unexplained dips: traffic missing in the window >= this share of a normal day
     outage_fraction: float = 0.05   # minute below this fraction of its expectation counts as "down"
     outage_min_minutes: int = 60
     merge_minutes: int = 60         # a new event within this long after the previous one (same kind) continues it
@@ -308,6 +309,7 @@ class SeasonalDetector:
         self._kinds: dict[date, DayKind] = {}
         self._spike_run = 0
         self._refs: dict[tuple[date, DayKind], list[date]] = {}
+        self._day_totals: dict[tuple[date, DayKind | None], float] = {}
         self.open: dict[str, Detection] = {}
         self.closed: list[Detection] = []
         self._down_run: list[datetime] = []
@@ -361,6 +363,16 @@ class SeasonalDetector:
             if len(valid) >= 0.8 * minutes:
                 sums.append(float(valid.mean()) * minutes)
         return sums
+
+    def _day_expected(self, d: date, kind: DayKind | None = None) -> float:
+        """Expected whole-day count of ``d`` (median of its reference days' totals), cached per day; ``inf``
+        without reference days (no materiality can be shown)."""
+        key = (d, kind)
+        if key not in self._day_totals:
+            local = datetime.combine(d, datetime.min.time()).replace(hour=23, minute=59, tzinfo=self.tz)
+            exp, n = self.expected(local, 1440, kind)
+            self._day_totals[key] = exp if n else math.inf
+        return self._day_totals[key]
 
     def _observed(self, local: datetime, minutes: int, raw: bool = False) -> tuple[float, int]:
         d = local.date()
@@ -522,6 +534,8 @@ class SeasonalDetector:
         limit = self.p.holiday_dip_ratio if holiday else self.p.dip_ratio
         hit = obs_scaled / bound <= limit and z >= self.p.dip_z
         if det is None:
+            if hit and not holiday:  # materiality: an unexplained dip must cost a share of a normal day
+                hit = exp - obs_scaled >= self.p.dip_min_loss * self._day_expected(d, kind)
             if hit:
                 label = "holiday" if holiday else "unexplained"
                 detail: dict[str, Any] = {"ratio": round(ratio, 3), "window_minutes": m}

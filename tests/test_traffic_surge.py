@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
-from forumpulse.detectors.traffic import TopicSurgeDetector, load_rules, surge_p_value
+from forumpulse.detectors.traffic import SurgeCusum, TopicSurgeDetector, load_rules, surge_p_value
 
 
 def test_p_value_known_answers() -> None:
@@ -74,3 +74,66 @@ def test_single_view_burst_of_a_quiet_topic_is_no_surge() -> None:
     assert not got
     assert surge_p_value(2, 250, 0.002) > load_rules()["topic"]["max_p"]
     assert math.isfinite(surge_p_value(2, 250, 0.002))
+
+
+def test_cusum_log_likelihood_ratio_known_answers() -> None:
+    t = datetime(2026, 3, 2, tzinfo=UTC)
+    cs = SurgeCusum(3.0, 100.0)
+    cs.update(t, 2, 50, 0.01)  # 2 ln 3 + 48 ln(0.97 / 0.99)
+    assert cs.stat == pytest.approx(2 * math.log(3) + 48 * math.log(0.97 / 0.99), rel=1e-12)
+    assert cs.since == t
+    cs.update(t + timedelta(minutes=1), 0, 1000, 0.01)  # strongly negative evidence: floored at 0, no change point
+    assert cs.stat == 0.0 and cs.since is None
+
+
+def test_cusum_fires_at_h_and_resets() -> None:
+    t = datetime(2026, 3, 2, tzinfo=UTC)
+    cs = SurgeCusum(3.0, 10.0)
+    step = 5 * math.log(3) + 95 * math.log(0.97 / 0.99)  # 5 of 100 views at a 1% baseline: ~ +3.5 per minute
+    fired = [cs.update(t + timedelta(minutes=i), 5, 100, 0.01) for i in range(5)]
+    first = fired.index(True)
+    assert first == math.ceil(10.0 / step) - 1
+    assert cs.fired_since == t and cs.fired_stat >= 10.0
+    cs.reset()
+    assert cs.stat == 0.0 and cs.since is None
+
+
+def _group_step(rate_per_min: float, base: float, ratio: float, warm: int, after: int, seed: int) -> list:
+    return _run(rate_per_min, [base] * warm + [ratio * base] * after, seed=seed)
+
+
+@pytest.mark.parametrize("rate", [20.0, 300.0])
+def test_cusum_finds_a_3x_share_step_within_its_expected_delay(rate: float) -> None:
+    """A step to exactly 3x the share: the CUSUM's mean delay is about h / (per-minute drift at 3x); the group is
+    found within twice that (a 5-minute window test alone needs far more at 20 views per minute)."""
+    r = load_rules()["topic"]
+    base, warm = 0.004, 2 * 1440
+    lam0 = rate * base
+    drift = 3 * lam0 * math.log(3) - 2 * lam0  # Poisson approximation of E[LLR] per minute at 3x
+    bound = 2 * float(r["cusum_h"]) / drift
+    dets = _group_step(rate, base, 3.0, warm, int(bound) + 60, seed=4)
+    group = [d for d in dets if d.scope == "group:election"]
+    assert group, [d.scope for d in dets]
+    delay = (min(d.start for d in group) - datetime(2026, 3, 2, tzinfo=UTC)).total_seconds() / 60 - warm
+    assert 0 <= delay <= bound, (delay, bound)
+    assert group[0].detail["trigger"] == "cusum"
+
+
+def test_cusum_quiet_for_a_week_at_low_volume() -> None:
+    """Seven days of a steady 0.4% group share at 20 topic views per minute: no group surge (the binomial CUSUM
+    at h = 10 has a mean time between false alarms of weeks)."""
+    dets = _run(20.0, [0.004] * (8 * 1440), seed=6)
+    late = [d for d in dets if d.scope == "group:election" and d.start >= datetime(2026, 3, 3, tzinfo=UTC)]
+    assert not late, [d.to_json() for d in late]
+
+
+def test_surge_reopens_within_merge_minutes_as_one_event() -> None:
+    """A surge whose window share dips under the end level for a few minutes continues (same id) when it comes
+    back within ``merge_minutes``."""
+    base, warm = 0.004, 1440
+    shares = [base] * warm + [0.2] * 30 + [base] * 5 + [0.2] * 30
+    dets = _run(200.0, shares, seed=7)
+    group = {d.id for d in dets if d.scope == "group:election"}
+    assert len(group) == 1, group
+    last = [d for d in dets if d.scope == "group:election"][-1]
+    assert last.end is None or last.end >= datetime(2026, 3, 2, tzinfo=UTC) + timedelta(minutes=warm + 60)
