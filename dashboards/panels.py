@@ -16,6 +16,13 @@ SimpleAggregateFunction columns, ``uniqMerge(visitors)``, ``quantilesTDigestMerg
 panels, ``detections`` / ``source_liveness`` / ``topic_*`` (ReplacingMergeTree, read with ``FINAL`` or
 ``argMax``), and ``decisions`` / ``quarantine`` / ``pipeline_stats``.
 
+Topic panels read ``topic_hour`` (migration 0003: the hourly rollup cascaded from ``topic_minute``) for the whole
+hours inside the dashboard range and ``topic_minute`` for the partial hours at its edges (:func:`topic_rows`), so
+their numbers are exactly those of ``topic_minute`` alone (tests/test_dashboards.py compares both paths).  Range
+aggregates (rankings, the top-topics table) always take that path; time series only when every bucket is whole
+hours (``$__interval_s`` a multiple of 3600), otherwise they keep per-minute data.  ``$metric`` aggregates only the
+chosen metric (``-If`` combinators with the constant condition): ``uniqMerge`` of visitor states is the costly one.
+
 Variables used: ``site`` (single), ``metric`` (views | replies | visitors), ``group`` (multi, All),
 ``topic`` (single topic id).  Detections that concern one topic are expected to carry ``scope = 'topic:<id>'``
 (group surges ``group:<name>``); the event list links topic events to the topic drill-down.
@@ -83,32 +90,72 @@ class ClickHouseQuery(cogbuilder.Builder[cogvariants.Dataquery]):
 
 SITE = "site = ${site:singlequote}"
 TOPIC = "toUInt64(${topic:singlequote})"
+METRIC = "${metric:singlequote}"
 
 
 def metric_expr(prefix: str = "") -> str:
-    """The ``$metric`` value of topic_minute rows (views/replies: sum; visitors: uniqMerge)."""
+    """The ``$metric`` value of topic rows (views/replies: sum; visitors: uniqMerge).
+
+    Each aggregate runs only for its metric (``-If`` with a condition that is constant per query): ``multiIf``
+    alone would still merge every visitor state when the metric is views.
+    """
     p = prefix
     return (
-        f"multiIf(${{metric:singlequote}} = 'replies', toFloat64(sum({p}replies)), "
-        f"${{metric:singlequote}} = 'visitors', toFloat64(uniqMerge({p}visitors)), toFloat64(sum({p}views)))"
+        f"multiIf({METRIC} = 'replies', toFloat64(sumIf({p}replies, {METRIC} = 'replies')), "
+        f"{METRIC} = 'visitors', toFloat64(uniqMergeIf({p}visitors, {METRIC} = 'visitors')), "
+        f"toFloat64(sumIf({p}views, {METRIC} NOT IN ('replies', 'visitors'))))"
     )
 
 
 #: The forum-wide denominator of ``$metric`` from site_minute (human topic views / replies / visitors).
 SITE_METRIC = (
-    "multiIf(${metric:singlequote} = 'replies', toFloat64(sum(replies)), "
-    "${metric:singlequote} = 'visitors', toFloat64(uniqMerge(visitors)), toFloat64(sum(topic_views)))"
+    f"multiIf({METRIC} = 'replies', toFloat64(sumIf(replies, {METRIC} = 'replies')), "
+    f"{METRIC} = 'visitors', toFloat64(uniqMergeIf(visitors, {METRIC} = 'visitors')), "
+    f"toFloat64(sumIf(topic_views, {METRIC} NOT IN ('replies', 'visitors'))))"
 )
+
+#: First and end (exclusive) of the whole hours inside the range ``$__timeFilter`` selects (minute >= from AND
+#: minute <= to): hour h is whole when h >= from and its last minute h + 59 min <= to.  Empty when from >= to.
+HOUR_FROM = "toStartOfHour($__fromTime + INTERVAL 3599 SECOND)"
+HOUR_TO = "toStartOfHour($__toTime + INTERVAL 60 SECOND)"
+#: When ``topic_rows`` reads whole hours from topic_hour: always (range totals), or when the buckets of
+#: ``$__timeInterval`` are whole hours (toStartOfInterval is aligned to the epoch).
+HOURS_ALWAYS = "(3600 > 0)"
+HOURS_IF_HOURLY_BUCKETS = "($__interval_s % 3600 = 0)"
+
+
+def minute_path(sql: str) -> str:
+    """``sql`` (a panel query) reading ``topic_minute`` only: the reference the hourly path must equal (tests,
+    comparisons).  Not for dashboards: it is the slow path."""
+    return sql.replace(HOURS_ALWAYS, "(1 = 0)").replace(HOURS_IF_HOURLY_BUCKETS, "(1 = 0)")
+
+
+def topic_rows(where: str = "", bucketed: bool = True) -> str:
+    """A subquery (for ``FROM (...)``) with the ``topic_minute`` rows of the dashboard range, whole hours read from
+    ``topic_hour``: columns ``t`` (minute or hour start), ``topic_id``, ``views``, ``replies``, ``bot_views``,
+    ``visitors`` (uniq states).  Aggregate it (``sum``/``uniqMerge``); never read ``t`` as a minute.
+
+    ``where``: an extra condition on those columns (e.g. one topic).  ``bucketed``: the caller groups by
+    ``$__timeInterval(t)``, so hours are used only when the buckets are whole hours; otherwise (range totals,
+    rankings) whole hours are always read hourly.
+    """
+    use = HOURS_IF_HOURLY_BUCKETS if bucketed else HOURS_ALWAYS
+    extra = f" AND {where}" if where else ""
+    return (
+        "SELECT minute AS t, topic_id, views, replies, bot_views, visitors FROM topic_minute "
+        f"WHERE {SITE} AND $__timeFilter(minute){extra} AND NOT ({use} AND minute >= {HOUR_FROM} AND minute < {HOUR_TO}) "
+        "UNION ALL "
+        "SELECT hour AS t, topic_id, views, replies, bot_views, visitors FROM topic_hour "
+        f"WHERE {SITE} AND {use} AND hour >= {HOUR_FROM} AND hour < {HOUR_TO}{extra}"
+    )
+
 
 TITLES = (
     "SELECT topic_id, argMax(title, updated_at) AS title, argMax(forum, updated_at) AS forum "
     f"FROM topic_titles WHERE {SITE} GROUP BY topic_id"
 )
 GROUPS = f"SELECT topic_id, group_name FROM topic_groups FINAL WHERE {SITE} AND group_name IN (${{group:singlequote}})"
-TOP_TOPICS = (
-    f"SELECT topic_id FROM topic_minute WHERE {SITE} AND $__timeFilter(minute) "
-    f"GROUP BY topic_id ORDER BY {metric_expr()} DESC, topic_id LIMIT 10"
-)
+TOP_TOPICS = f"SELECT topic_id FROM ({topic_rows(bucketed=False)}) GROUP BY topic_id ORDER BY {metric_expr()} DESC, topic_id LIMIT 10"
 SITE_TOTALS = (
     f"SELECT $__timeInterval(minute) AS time, {SITE_METRIC} AS total FROM site_minute "
     f"WHERE {SITE} AND $__timeFilter(minute) GROUP BY time"
@@ -242,9 +289,8 @@ TOPIC_PANELS: list[PanelSpec] = [
     PanelSpec("timeseries", "Top topics: $metric (stacked)", f"""
 SELECT s.time AS time, {TOPIC_LABEL} AS topic, s.value AS value
 FROM (
-    SELECT $__timeInterval(minute) AS time, topic_id, {metric_expr()} AS value
-    FROM topic_minute
-    WHERE {SITE} AND $__timeFilter(minute) AND topic_id IN ({TOP_TOPICS})
+    SELECT $__timeInterval(t) AS time, topic_id, {metric_expr()} AS value
+    FROM ({topic_rows(f"topic_id IN ({TOP_TOPICS})")})
     GROUP BY time, topic_id
 ) AS s
 LEFT JOIN ({TITLES}) AS t ON s.topic_id = t.topic_id
@@ -252,9 +298,8 @@ ORDER BY time, topic""", stacked=True),
     PanelSpec("timeseries", "Top topics: share of forum $metric (%)", f"""
 SELECT s.time AS time, {TOPIC_LABEL} AS topic, round(100 * s.value / d.total, 4) AS share_pct
 FROM (
-    SELECT $__timeInterval(minute) AS time, topic_id, {metric_expr()} AS value
-    FROM topic_minute
-    WHERE {SITE} AND $__timeFilter(minute) AND topic_id IN ({TOP_TOPICS})
+    SELECT $__timeInterval(t) AS time, topic_id, {metric_expr()} AS value
+    FROM ({topic_rows(f"topic_id IN ({TOP_TOPICS})")})
     GROUP BY time, topic_id
 ) AS s
 INNER JOIN ({SITE_TOTALS}) AS d ON s.time = d.time
@@ -262,18 +307,16 @@ LEFT JOIN ({TITLES}) AS t ON s.topic_id = t.topic_id
 WHERE d.total > 0
 ORDER BY time, topic""", unit="percent", stacked=True),
     PanelSpec("timeseries", "Topic groups: $metric (stacked)", f"""
-SELECT $__timeInterval(tm.minute) AS time, g.group_name AS topic_group, {metric_expr('tm.')} AS value
-FROM topic_minute AS tm
+SELECT $__timeInterval(tm.t) AS time, g.group_name AS topic_group, {metric_expr('tm.')} AS value
+FROM ({topic_rows()}) AS tm
 INNER JOIN ({GROUPS}) AS g ON tm.topic_id = g.topic_id
-WHERE tm.{SITE} AND $__timeFilter(tm.minute)
 GROUP BY time, topic_group ORDER BY time, topic_group""", stacked=True),
     PanelSpec("timeseries", "Topic groups: share of forum $metric (%)", f"""
 SELECT s.time AS time, s.topic_group AS topic_group, round(100 * s.value / d.total, 4) AS share_pct
 FROM (
-    SELECT $__timeInterval(tm.minute) AS time, g.group_name AS topic_group, {metric_expr('tm.')} AS value
-    FROM topic_minute AS tm
+    SELECT $__timeInterval(tm.t) AS time, g.group_name AS topic_group, {metric_expr('tm.')} AS value
+    FROM ({topic_rows()}) AS tm
     INNER JOIN ({GROUPS}) AS g ON tm.topic_id = g.topic_id
-    WHERE tm.{SITE} AND $__timeFilter(tm.minute)
     GROUP BY time, topic_group
 ) AS s
 INNER JOIN ({SITE_TOTALS}) AS d ON s.time = d.time
@@ -283,27 +326,31 @@ ORDER BY time, topic_group""", unit="percent", stacked=True),
 SELECT p.topic_id AS topic_id, t.title AS title, t.forum AS forum, p.views AS views, p.replies AS replies,
        p.visitors AS visitors, p.bot_views AS bot_views,
        round(100 * p.views / greatest(d.total_views, 1), 2) AS views_share_pct,
-       p.peak_minute AS peak_minute, p.peak_views AS peak_views
+       k.peak_minute AS peak_minute, k.peak_views AS peak_views
 FROM (
-    SELECT topic_id, sum(mv) AS views, sum(mr) AS replies, uniqMerge(vs) AS visitors, sum(mb) AS bot_views,
-           argMax(minute, mv) AS peak_minute, max(mv) AS peak_views
+    SELECT topic_id, sum(views) AS views, sum(replies) AS replies, uniqMerge(visitors) AS visitors,
+           sum(bot_views) AS bot_views
+    FROM ({topic_rows(bucketed=False)})
+    GROUP BY topic_id ORDER BY views DESC, topic_id LIMIT 25
+) AS p
+LEFT JOIN (
+    SELECT topic_id, argMax(minute, mv) AS peak_minute, max(mv) AS peak_views
     FROM (
-        SELECT topic_id, minute, sum(views) AS mv, sum(replies) AS mr, sum(bot_views) AS mb,
-               uniqMergeState(visitors) AS vs
+        SELECT topic_id, minute, sum(views) AS mv
         FROM topic_minute
-        WHERE {SITE} AND $__timeFilter(minute)
+        WHERE {SITE} AND $__timeFilter(minute) AND topic_id IN (
+            SELECT topic_id FROM ({topic_rows(bucketed=False)}) GROUP BY topic_id ORDER BY sum(views) DESC, topic_id LIMIT 25)
         GROUP BY topic_id, minute
     )
     GROUP BY topic_id
-) AS p
+) AS k ON p.topic_id = k.topic_id
 LEFT JOIN ({TITLES}) AS t ON p.topic_id = t.topic_id
 CROSS JOIN (SELECT sum(topic_views) AS total_views FROM site_minute WHERE {SITE} AND $__timeFilter(minute)) AS d
 ORDER BY views DESC, topic_id LIMIT 25""", w=24, links=(("Open topic", TOPIC_LINK),)),
     PanelSpec("timeseries", "Selected topic: activity", f"""
-SELECT $__timeInterval(minute) AS time, sum(views) AS views, sum(replies) AS replies,
+SELECT $__timeInterval(t) AS time, sum(views) AS views, sum(replies) AS replies,
        uniqMerge(visitors) AS visitors, sum(bot_views) AS bot_views
-FROM topic_minute
-WHERE {SITE} AND topic_id = {TOPIC} AND $__timeFilter(minute)
+FROM ({topic_rows(f"topic_id = {TOPIC}")})
 GROUP BY time ORDER BY time"""),
     PanelSpec("timeseries", "Selected topic: share of forum traffic (%)", f"""
 SELECT s.time AS time,
@@ -311,10 +358,9 @@ SELECT s.time AS time,
        round(100 * s.replies / greatest(d.replies, 1), 4) AS replies_share_pct,
        round(100 * s.visitors / greatest(d.visitors, 1), 4) AS visitors_share_pct
 FROM (
-    SELECT $__timeInterval(minute) AS time, sum(views) AS views, sum(replies) AS replies,
+    SELECT $__timeInterval(t) AS time, sum(views) AS views, sum(replies) AS replies,
            uniqMerge(visitors) AS visitors
-    FROM topic_minute
-    WHERE {SITE} AND topic_id = {TOPIC} AND $__timeFilter(minute)
+    FROM ({topic_rows(f"topic_id = {TOPIC}")})
     GROUP BY time
 ) AS s
 INNER JOIN (

@@ -23,6 +23,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 import test_dashboards_fixture as fx
 from forumpulse.dashboards import build
+from forumpulse.dashboards import panels as panels_mod
 from forumpulse.dashboards.macros import QueryContext, TemplateVar, render_query
 from forumpulse.pipeline.store import migrate, open_store
 
@@ -586,3 +587,49 @@ def test_annotations_and_variables(world: Any) -> None:
     assert [(r["topic_id"], r["label"]) for r in topics] == [(t, label(t)) for t in sorted(fx.TOPICS)]
     assert tvars["group"]["multi"] and tvars["group"]["includeAll"]
     assert tvars["metric"]["query"].split(",") == ["views", "replies", "visitors"]
+
+
+# ------------------------------------------------------------------------------- hourly rollup = minute rollup
+
+HOURLY_PANELS = {"Top topics: $metric (stacked)", "Top topics: share of forum $metric (%)",
+                 "Topic groups: $metric (stacked)", "Topic groups: share of forum $metric (%)", "Top topics",
+                 "Selected topic: activity", "Selected topic: share of forum traffic (%)"}
+
+
+def _sorted_rows(store: Any, sql: str, ctx: QueryContext, vs: dict[str, TemplateVar]) -> list[tuple[Any, ...]]:
+    return sorted(store.query_rows(render_query(sql, ctx, vs)), key=repr)
+
+
+def test_hourly_path_gives_the_minute_paths_numbers(world: Any) -> None:
+    """Every topic panel reads whole hours from topic_hour (migration 0003) and the range edges from topic_minute;
+    the same query reading topic_minute only (panels.minute_path) must give the same rows, for ranges aligned and
+    not aligned to hours, shorter than an hour, and bucket intervals below, at and above an hour."""
+    store = world[0]
+    panels = {p["title"]: p["targets"][0]["rawSql"] for d in load_dashboards().values() for p in d["panels"]
+              if "topic_hour" in p["targets"][0]["rawSql"]}
+    assert set(panels) == HOURLY_PANELS
+    ranges = [(T0, T1), (T0 + timedelta(minutes=7), T1 - timedelta(minutes=13)),
+              (T0 + timedelta(minutes=30, seconds=17), T0 + timedelta(minutes=150, seconds=41)),
+              (T0 + timedelta(minutes=61), T0 + timedelta(minutes=119)), (T0 + timedelta(minutes=65), T0 + timedelta(minutes=80))]
+    hour_rows = (f"SELECT count() FROM topic_hour WHERE site = 'forum' AND hour >= {panels_mod.HOUR_FROM} "
+                 f"AND hour < {panels_mod.HOUR_TO}")
+    used_hours = 0
+    for title, sql in sorted(panels.items()):
+        assert panels_mod.minute_path(sql) != sql and "topic_hour" in sql
+        metrics = ("views", "replies", "visitors") if "$metric" in sql or "${metric" in sql else ("views",)
+        for metric in metrics:
+            vs = variables(metric=metric)
+            for f, t in ranges:
+                for interval_s in (60, 600, 3600, 7200):
+                    ctx = QueryContext(f, t, interval_s * 1000)
+                    hourly = _sorted_rows(store, sql, ctx, vs)
+                    minutely = _sorted_rows(store, panels_mod.minute_path(sql), ctx, vs)
+                    assert hourly == minutely, (title, metric, f, t, interval_s)
+                    assert hourly or (t - f) < timedelta(minutes=20), (title, metric, f, t, interval_s)
+                used_hours += store.query_rows(render_query(hour_rows, QueryContext(f, t), vs))[0][0]
+    assert used_hours > 0  # the aligned ranges do read hours from topic_hour
+    # and the hourly rollup holds exactly the minute rollup's hours
+    assert (store.query_rows("SELECT topic_id, hour, sum(views), sum(replies), sum(bot_views), uniqMerge(visitors) "
+                             "FROM topic_hour GROUP BY topic_id, hour ORDER BY topic_id, hour")
+            == store.query_rows("SELECT topic_id, toStartOfHour(minute) AS h, sum(views), sum(replies), sum(bot_views), "
+                                "uniqMerge(visitors) FROM topic_minute GROUP BY topic_id, h ORDER BY topic_id, h"))
