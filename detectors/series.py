@@ -111,7 +111,7 @@ def _norm_sf(z: FloatArray) -> FloatArray:
 
 
 def _epoch_seconds(timestamps: Sequence[Any] | np.ndarray) -> npt.NDArray[np.int64]:
-    t = pd.to_datetime(pd.Series(list(timestamps)), utc=True)
+    t = pd.to_datetime(pd.Series(list(timestamps)), utc=True).astype("datetime64[ns, UTC]")  # unit-independent
     return np.asarray(t.astype("int64").to_numpy() // 10**9, dtype=np.int64)
 
 
@@ -605,7 +605,7 @@ def series_events(ts: Sequence[datetime], values: FloatArray, tz: str = "UTC", c
         finite = vals[~np.isnan(vals)]
         mode = "counts" if len(finite) and bool(np.all(finite >= 0) and np.all(finite == np.round(finite))) else "generic"
     if mode == "generic":
-        sc = anomaly_scores(vals, score)
+        sc = anomaly_scores(vals, score, ts if len(ts) > 1 else None)
         return score_events(ts, sc, vals, (score or ScoreParams()).alarm, scope)
     if len(ts) < 2:
         return []
@@ -639,7 +639,7 @@ def detect_series_command(
     rules = load_rules(rules_file)
     ts, vals = read_series_csv(input)
     if scores:
-        sc = anomaly_scores(vals, score_params(rules))
+        sc = anomaly_scores(vals, score_params(rules), ts if len(ts) > 1 else None)  # as in the NAB evaluation
         print("timestamp,value,score")
         for t, v, s in zip(ts, vals, sc, strict=True):
             print(f"{_iso(t)},{'' if np.isnan(v) else repr(float(v))},{s:.6f}")

@@ -85,3 +85,20 @@ def test_dev_corpus_scores_are_deterministic_and_above_null() -> None:
     assert a == b
     assert set(a) == set(nab.PROFILES)
     assert all(v[0] > 0.0 for v in a.values()), a  # better than detecting nothing
+
+
+def test_cli_scores_use_the_timestamps(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``detect series --scores`` prints what the NAB evaluation scores: the seasonal models see the timestamps
+    (a missing daily peak alarms, which the raw model alone cannot see)."""
+    from forumpulse.detectors.series import detect_series_command
+
+    ts, x = _daily()
+    start = 9 * 288 + 40
+    x[start: start + 90] = 100 + np.random.default_rng(3).normal(0, 4, 90)
+    f = tmp_path / "s.csv"
+    f.write_text("timestamp,value\n" + "".join(f"{t.isoformat()}Z,{float(v)!r}\n" for t, v in zip(ts, x, strict=True)))
+    detect_series_command(input=str(f), scores=True)
+    got = np.array([float(line.rsplit(",", 1)[1]) for line in capsys.readouterr().out.splitlines()[1:]])
+    want = anomaly_scores(x, score_params(load_rules()), ts)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert got[start: start + 12].max() >= 0.5
