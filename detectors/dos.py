@@ -479,6 +479,72 @@ class _Baseline:
         return float(min(c.max_scale, max(1.0, by_rate, by_users)))
 
 
+class _PathRates:
+    """Learned requests per minute of each busy target (EWMA over completed minutes; minutes with fewer than
+    ``floor`` requests count as 0).  Targets under a swarm watch are not learned from (a swarm never raises
+    its own baseline)."""
+
+    def __init__(self, alpha: float, floor: int = 5, forget_after_min: int = 24 * 60) -> None:
+        self.alpha = alpha
+        self.floor = floor
+        self.forget_after_min = forget_after_min
+        self.rate: dict[str, tuple[float, int]] = {}  # target -> (EWMA requests/min, last learned minute)
+        self.pending: dict[tuple[str, int], int] = {}
+        self.tainted: dict[str, int] = {}  # target -> last tainted second
+        self._last_prune = 0
+
+    def per_minute(self, target: str, minute: int) -> float:
+        r = self.rate.get(target)
+        if r is None:
+            return 0.0
+        gap = max(minute - r[1] - 1, 0)
+        return r[0] * (1 - self.alpha) ** gap
+
+    def update(self, codes: np.ndarray, uniques: np.ndarray, secs: np.ndarray, watermark_sec: int) -> None:
+        """Count a batch's requests per (target, minute); learn the minutes before the watermark's."""
+        wm = watermark_sec // 60
+        if len(codes):
+            minute = secs // 60
+            m0 = int(minute.min())
+            span = np.int64(int(minute.max()) - m0 + 1)
+            kc, first = pd.factorize(codes * span + (minute - m0), sort=False)
+            n = np.bincount(kc, minlength=len(first))
+            fm = first % span + m0
+            # Python work only for groups that can matter: busy ones, the open minute, and minutes pending
+            open_min = {k[1] for k in self.pending}
+            sel = (n >= self.floor) | (fm >= wm) | np.isin(fm, list(open_min))
+            for f, c in zip(first[sel].tolist(), n[sel].tolist(), strict=True):
+                k = (str(uniques[f // span]), int(f % span) + m0)
+                self.pending[k] = self.pending.get(k, 0) + int(c)
+        done = sorted((k for k in self.pending if k[1] < wm), key=lambda k: k[1])
+        a = self.alpha
+        for k in done:
+            c = self.pending.pop(k)
+            target, mi = k
+            if c < self.floor or self.tainted.get(target, -1) >= mi * 60:
+                continue
+            prev = self.per_minute(target, mi)
+            self.rate[target] = (a * c + (1 - a) * prev if target in self.rate else float(c), mi)
+        if watermark_sec - self._last_prune > 3600:
+            self._last_prune = watermark_sec
+            self.rate = {t: r for t, r in self.rate.items() if r[1] >= wm - self.forget_after_min}
+            self.tainted = {t: v for t, v in self.tainted.items() if v >= watermark_sec - 86_400}
+
+
+@dataclass
+class _SwarmWatch:
+    """A target under a suspected swarm: its clients' request counts since ``start_sec``."""
+
+    target: str
+    start_sec: int
+    until_sec: int
+    trigger: dict[str, Any]
+    clients: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
+        {"t": pd.Series(dtype=np.int64), "st": pd.Series(dtype=np.int64), "oth": pd.Series(dtype=np.int64)}))
+    decided: set[str] = field(default_factory=set)
+    crowd: bool = False
+
+
 # --------------------------------------------------------------------------------------------- crawlers
 
 #: Crawlers that publish reverse-DNS verification: UA regex -> accepted host name suffixes.
@@ -588,6 +654,7 @@ class Candidate:
     duration_s: int
     evidence: dict[str, Any]
     user_agents: list[str] = field(default_factory=list)
+    breaker_group: str = ""  # "swarm": counted against max_swarm_bans_per_minute instead
 
 
 @dataclass
@@ -658,6 +725,7 @@ class DecisionManager:
         self.active: dict[str, Decision] = {}
         self.offences: dict[str, deque[int]] = {}
         self.minute_bans: dict[int, int] = {}
+        self.swarm_minute_bans: dict[int, int] = {}
         self.decisions: list[Decision] = []
         self.suppressed: dict[str, int] = {"allowlist": 0, "crawler": 0, "active": 0}
         self.action_errors = 0
@@ -690,15 +758,17 @@ class DecisionManager:
         duration = int(min(esc.max_duration_s, c.duration_s * esc.factor ** len(hist)))
         hist.append(c.decided_at)
         minute = c.decided_at // 60_000
-        self.minute_bans[minute] = self.minute_bans.get(minute, 0) + 1
-        if len(self.minute_bans) > 10:
-            for k in sorted(self.minute_bans)[:-5]:
-                del self.minute_bans[k]
+        bans, limit = ((self.swarm_minute_bans, self.cfg.max_swarm_bans_per_minute) if c.breaker_group == "swarm"
+                       else (self.minute_bans, self.cfg.max_bans_per_minute))
+        bans[minute] = bans.get(minute, 0) + 1
+        if len(bans) > 10:
+            for k in sorted(bans)[:-5]:
+                del bans[k]
         mode: str = self.cfg.mode
-        if mode == "enforce" and self.minute_bans[minute] > self.cfg.max_bans_per_minute:
+        if mode == "enforce" and bans[minute] > limit:
             mode = "breaker"
             log.warning("dos circuit breaker: more than %d bans in minute %s; %s not enforced",
-                        self.cfg.max_bans_per_minute, iso_ms(minute * 60_000), c.value)
+                        limit, iso_ms(minute * 60_000), c.value)
         d = Decision(
             id=uuid.uuid4().hex, created_at=int(self.wall() * 1000), decided_at=c.decided_at,
             first_seen=c.first_seen, expires_at=c.decided_at + duration * 1000, site=self.cfg.site, action="ban",
@@ -856,9 +926,15 @@ class DosDetector:
                 self.windows[r.name] = (_CountWindow(r.window_s),)
             elif r.kind == "distinct":
                 self.windows[r.name] = (_DistinctWindow(r.window_s), _CountWindow(r.window_s))
+            elif r.kind == "swarm":
+                self.windows[r.name] = (_CountWindow(r.window_s), _DistinctWindow(r.window_s))
             else:
                 self.windows[r.name] = (_CountWindow(r.window_s), _DistinctWindow(r.window_s),
                                         _CountWindow(r.window_s))
+        self.path_rates = _PathRates(self.rules.baseline.alpha)
+        self.has_swarm_rules = any(r.kind == "swarm" for r in self.rules.rules)
+        self.swarms: dict[tuple[str, str], _SwarmWatch] = {}  # (rule, target) -> watch
+        self.first_ms: int | None = None
         self.baseline = _Baseline(self.rules)
         self._prefixes = _PrefixCache()
         self.watermark_ms = 0
@@ -922,6 +998,8 @@ class DosDetector:
         if not (order == np.arange(len(order))).all():
             batch = batch.take(order)
         self.watermark_ms = max(self.watermark_ms, int(batch.ts[-1]))
+        if self.first_ms is None:
+            self.first_ms = int(batch.ts[0])
         wm_sec = self.watermark_ms // 1000
         secs = batch.ts // 1000
         cache: dict[str, Any] = {}
@@ -945,6 +1023,10 @@ class DosDetector:
         # learn after judging: a batch is judged on what earlier batches taught, never on its own future
         nonstatic = self._mask_static(batch, cache)
         self.baseline.update(cache["ip"], batch.codes("user_agent"), nonstatic, secs, wm_sec)
+        if self.has_swarm_rules:
+            pc, pu = self._codes(batch, "path", cache)
+            self.path_rates.update(pc[nonstatic], pu, secs[nonstatic], wm_sec)
+            self.swarms = {k: w for k, w in self.swarms.items() if w.until_sec >= wm_sec}
         return out
 
     def _mask_static(self, b: Batch, cache: dict[str, Any]) -> np.ndarray:
@@ -953,7 +1035,7 @@ class DosDetector:
 
     def _keys(self, r: Rule, b: Batch, cache: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         ip_codes, ip_uniq = cache["ip"]
-        if r.kind == "distributed":
+        if r.kind in ("distributed", "swarm"):
             return self._codes(b, "path", cache)
         if r.key == "ip":
             return ip_codes, ip_uniq
@@ -981,6 +1063,9 @@ class DosDetector:
             res["value"] = res["distinct"].fillna(0)
             if r.min_ratio is not None:
                 res = res[res["distinct"] >= r.min_ratio * res["win"]]
+        elif r.kind == "swarm":
+            yield from self._swarm(r, b, idx, kc, kuniq, s, ts, wm_sec, cache)
+            return
         else:
             yield from self._distributed(r, b, idx, kc, kuniq, s, ts, wm_sec, cache)
             return
@@ -1087,6 +1172,118 @@ class DosDetector:
                 yield Candidate(rule=r.name, value=ip, scope="ip", decided_at=t_at,
                                 first_seen=int(prow["first_ts"]), duration_s=r.duration_s, evidence=ev,
                                 user_agents=uas)
+
+
+    def _swarm(self, r: Rule, b: Batch, idx: np.ndarray, tc: np.ndarray, tuniq: np.ndarray, s: np.ndarray,
+               ts: np.ndarray, wm_sec: int, cache: dict[str, Any]) -> Iterator[Candidate]:
+        """Swarm: a target's requests in the window reach ``threshold`` from >= ``min_clients`` addresses and
+        ``rise_factor`` x its learned rate (after ``min_history_s`` of stream time).  The target is then
+        watched for ``watch_s``; its clients with >= ``per_client_min`` target requests, <= ``member_max_static``
+        static requests and >= ``member_min_target_share`` of their requests on the target are members.  They
+        are banned only while members are >= ``min_member_share`` of the clients with ``per_client_min``
+        target requests: a crowd of browsers (assets, other pages) is real users and bans nobody."""
+        cnt_w, cli_w = self.windows[r.name]
+        ip_codes, ip_uniq = cache["ip"]
+        res, table = cnt_w.update(tc, tuniq, s, ts, wm_sec)
+        hot = res[res["win"] >= r.threshold]
+        dres, _ = cli_w.update(tc, tuniq, ip_codes[idx], ip_uniq, s, wm_sec, query=_points(hot))
+        hot = hot.merge(dres, on=["key", "sec"], how="left")
+        hot = hot[hot["distinct"] >= r.min_clients]
+        first_sec = (self.first_ms if self.first_ms is not None else self.watermark_ms) // 1000
+        warm = wm_sec - first_sec >= r.min_history_s
+        for key_code, grp in hot.groupby("key", sort=False):
+            target = str(table[key_code])
+            w = self.swarms.get((r.name, target))
+            if w is not None:
+                w.until_sec = max(w.until_sec, int(grp["sec"].max()) + r.watch_s)
+                continue
+            if not warm:
+                continue
+            base = np.asarray([self.path_rates.per_minute(target, int(x) // 60) for x in grp["sec"]]) * (
+                r.window_s / 60.0)
+            ok = grp[grp["win"].to_numpy() >= r.rise_factor * np.maximum(base, 1e-9)]
+            ok = ok[ok["sec"] >= first_sec + r.min_history_s]
+            if ok.empty:
+                continue
+            row = ok.sort_values("sec").iloc[0]
+            sec = int(row["sec"])
+            per_min = self.path_rates.per_minute(target, sec // 60)
+            self.swarms[(r.name, target)] = _SwarmWatch(
+                target=target, start_sec=sec - r.window_s + 1, until_sec=sec + r.watch_s,
+                trigger={"target": target, "at": iso_ms(sec * 1000), "target_count": int(row["win"]),
+                         "target_clients": int(row["distinct"]), "window_s": r.window_s,
+                         "baseline_per_window": round(per_min * r.window_s / 60.0, 2)})
+        for (rule, _target), w in list(self.swarms.items()):
+            if rule == r.name:
+                yield from self._swarm_members(r, b, w, wm_sec, cache)
+
+    def _swarm_members(self, r: Rule, b: Batch, w: _SwarmWatch, wm_sec: int,
+                       cache: dict[str, Any]) -> Iterator[Candidate]:
+        secs = b.ts // 1000
+        rows = np.flatnonzero((secs >= w.start_sec) & (secs <= w.until_sec))
+        self.path_rates.tainted[w.target] = max(self.path_rates.tainted.get(w.target, 0), w.until_sec)
+        if not len(rows):
+            return
+        ip_codes, ip_uniq = cache["ip"]
+        pc, pu = self._codes(b, "path", cache)
+        hit = np.flatnonzero(pu == w.target)
+        st = ~self._mask_static(b, cache)
+        on_t = (pc[rows] == hit[0]) & ~st[rows] if len(hit) else np.zeros(len(rows), dtype=bool)
+        ipc = ip_codes[rows]
+        nip = len(ip_uniq)
+        n_t = np.bincount(ipc[on_t], minlength=nip)
+        n_st = np.bincount(ipc[st[rows]], minlength=nip)
+        n_oth = np.bincount(ipc, minlength=nip) - n_t - n_st
+        seen = np.flatnonzero(n_t + n_st + n_oth)
+        cur = pd.DataFrame({"t": n_t[seen], "st": n_st[seen], "oth": n_oth[seen]}, index=ip_uniq[seen])
+        prior_t = w.clients["t"].reindex(cur.index, fill_value=0).to_numpy()
+        w.clients = w.clients.add(cur, fill_value=0).astype(np.int64) if len(w.clients) else cur
+        c = w.clients
+        eligible = c[c["t"] >= r.per_client_min]
+        if eligible.empty:
+            return
+        total = eligible["t"] + eligible["st"] + eligible["oth"]
+        member = (eligible["st"] <= r.member_max_static) & (eligible["t"] >= r.member_min_target_share * total)
+        share = float(member.mean())
+        w.crowd = share < r.min_member_share
+        if w.crowd:
+            return
+        new = [ip for ip in eligible.index[member.to_numpy()] if ip not in w.decided]
+        if not new:
+            return
+        # decided_at: the member's per_client_min-th target request when it falls in this batch
+        t_rows = rows[on_t]
+        t_ip = ipc[on_t]
+        k_in_batch = pd.Series(t_ip).groupby(t_ip).cumcount().to_numpy() + 1
+        prior = dict(zip(cur.index.tolist(), prior_t.tolist(), strict=True))
+        wanted = set(new)
+        mine_rows: dict[str, list[int]] = {}
+        cross: dict[str, int] = {}
+        for row_i, code, kk in zip(t_rows.tolist(), t_ip.tolist(), k_in_batch.tolist(), strict=True):
+            ip = str(ip_uniq[code])
+            if ip not in wanted:
+                continue
+            lst = mine_rows.setdefault(ip, [])
+            if len(lst) < 50:
+                lst.append(row_i)
+            if ip not in cross and prior.get(ip, 0) + kk >= r.per_client_min:
+                cross[ip] = row_i
+        for ip in new:
+            w.decided.add(ip)
+            mine = mine_rows.get(ip, [])
+            i = cross.get(ip, mine[0] if mine else None)
+            at = int(b.ts[i]) if i is not None else int(b.ts[-1])
+            cr = c.loc[ip]
+            ev = {"rule": r.name, **w.trigger, "members": int(member.sum()), "eligible": len(eligible),
+                  "member_share": round(share, 3), "count": int(cr["t"]), "static": int(cr["st"]),
+                  "other": int(cr["oth"]), "threshold": r.per_client_min,
+                  "samples": [f"{b.value('method', j)} {b.value('path', j)}"
+                              f"{'?' + b.value('query', j) if b.value('query', j) else ''} {b.status[j]}"
+                              for j in mine[:3]]}
+            uas = sorted({b.value("user_agent", j) for j in mine})
+            yield Candidate(rule=r.name, value=ip, scope="ip", decided_at=at,
+                            first_seen=int(b.ts[mine[0]]) if mine else at, duration_s=r.duration_s,
+                            evidence=ev, user_agents=uas, breaker_group="swarm")
 
 
 def detect_records(records: Iterable[ParsedLine], detector: DosDetector | None = None,

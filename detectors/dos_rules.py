@@ -54,7 +54,7 @@ class RuleFilter(_Strict):
 class Rule(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     description: str
-    kind: Literal["count", "distinct", "distributed"]
+    kind: Literal["count", "distinct", "distributed", "swarm"]
     key: Literal["ip", "prefix"] = "ip"
     target: Literal["path"] = "path"
     distinct_of: PatternField | None = None
@@ -67,6 +67,16 @@ class Rule(_Strict):
     scale: Literal["none", "baseline"] = "none"
     scope: Literal["ip", "range"] = "ip"
     duration_s: int = Field(ge=1)
+    # swarm rules (many addresses, each below per-client thresholds, one target): see docs/dos.md
+    rise_factor: float = Field(1.0, ge=1, description="swarm: target requests in the window >= this x the "
+                               "target's learned requests per window")
+    min_history_s: int = Field(0, ge=0, description="swarm: stream time the detector must have seen first")
+    watch_s: int = Field(1800, ge=1, description="swarm: how long a triggered target's clients are followed")
+    member_max_static: int = Field(0, ge=0, description="swarm member: at most this many static requests")
+    member_min_target_share: float = Field(0.8, gt=0, le=1, description="swarm member: share of its requests "
+                                           "on the target")
+    min_member_share: float = Field(0.5, gt=0, le=1, description="swarm: members / clients with "
+                                    "per_client_min target requests; below it the crowd is taken as real users")
 
     @model_validator(mode="after")
     def _consistent(self) -> Rule:
@@ -74,8 +84,8 @@ class Rule(_Strict):
             raise ValueError("a distinct rule needs distinct_of")
         if self.scope == "range" and self.key != "prefix":
             raise ValueError("scope range needs key prefix")
-        if self.kind == "distributed" and self.scope != "ip":
-            raise ValueError("a distributed rule bans clients (scope ip)")
+        if self.kind in ("distributed", "swarm") and self.scope != "ip":
+            raise ValueError(f"a {self.kind} rule bans clients (scope ip)")
         return self
 
 
@@ -163,6 +173,8 @@ class DosConfig(_Strict):
     escalation: EscalationConfig = Field(default_factory=EscalationConfig)
     max_bans_per_minute: int = Field(30, ge=1, description="circuit breaker: more bans in one stream minute are "
                                      "recorded with mode=breaker and not enforced")
+    max_swarm_bans_per_minute: int = Field(1000, ge=1, description="circuit breaker for the members of a swarm "
+                                           "(counted apart: one swarm bans many addresses at once)")
     site: str = "forum"
 
     _norm = field_validator("allowlist")(lambda cls, v: [_network(x) for x in v])
