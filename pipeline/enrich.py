@@ -79,9 +79,13 @@ def builtin_rules_path(name: str) -> Path:
     return Path(str(resources.files("forumpulse.pipeline").joinpath("rules", name)))
 
 
+#: libyaml's safe loader when PyYAML was built with it (several times faster on the rule files), else PyYAML's own
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_SAFE_LOADER)
     except (OSError, yaml.YAMLError) as exc:
         raise RulesError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
