@@ -539,6 +539,7 @@ class _SwarmWatch:
     start_sec: int
     until_sec: int
     trigger: dict[str, Any]
+    trigger_ms: int
     clients: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
         {"t": pd.Series(dtype=np.int64), "st": pd.Series(dtype=np.int64), "oth": pd.Series(dtype=np.int64)}))
     decided: set[str] = field(default_factory=set)
@@ -1208,9 +1209,13 @@ class DosDetector:
             row = ok.sort_values("sec").iloc[0]
             sec = int(row["sec"])
             per_min = self.path_rates.per_minute(target, sec // 60)
+            # the line that completed the trigger: the threshold-th request of the window (count semantics)
+            in_sec = idx[(tc == key_code) & (s == sec)]
+            k = int(r.threshold) - (int(row["win"]) - int(row["n"]))
+            trig_ms = int(b.ts[in_sec[min(max(k, 1), len(in_sec)) - 1]]) if len(in_sec) else sec * 1000
             self.swarms[(r.name, target)] = _SwarmWatch(
-                target=target, start_sec=sec - r.window_s + 1, until_sec=sec + r.watch_s,
-                trigger={"target": target, "at": iso_ms(sec * 1000), "target_count": int(row["win"]),
+                target=target, start_sec=sec - r.window_s + 1, until_sec=sec + r.watch_s, trigger_ms=trig_ms,
+                trigger={"target": target, "at": iso_ms(trig_ms), "target_count": int(row["win"]),
                          "target_clients": int(row["distinct"]), "window_s": r.window_s,
                          "baseline_per_window": round(per_min * r.window_s / 60.0, 2)})
         for (rule, _target), w in list(self.swarms.items()):
@@ -1272,7 +1277,8 @@ class DosDetector:
             w.decided.add(ip)
             mine = mine_rows.get(ip, [])
             i = cross.get(ip, mine[0] if mine else None)
-            at = int(b.ts[i]) if i is not None else int(b.ts[-1])
+            # never before the line that triggered the watch (stream-time causality)
+            at = max(int(b.ts[i]) if i is not None else int(b.ts[-1]), w.trigger_ms)
             cr = c.loc[ip]
             ev = {"rule": r.name, **w.trigger, "members": int(member.sum()), "eligible": len(eligible),
                   "member_share": round(share, 3), "count": int(cr["t"]), "static": int(cr["st"]),

@@ -24,6 +24,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from forumpulse.detectors.dos import Batch, CrawlerVerifier, DecisionManager, DosDetector, parse_file
@@ -232,11 +233,8 @@ def simulation(seed: int = 7) -> SimResult:
     return SimResult(rows, len(caught) / len(attackers), len(false), max(caught.values(), default=float("inf")))
 
 
-def bench(lines: int = 1_000_000, batch: int = 100_000, seed: int = 5) -> float:
-    """Detector-only throughput (lines/s) on pre-parsed columnar batches of synthetic forum traffic
-    (20k clients, 5k topics, assets, 2% 404s, some probes and one flood); parsing is not included."""
-    import time
-
+def bench_columns(lines: int = 1_000_000, seed: int = 5) -> dict[str, np.ndarray]:
+    """Synthetic forum traffic as columns (20k clients, 5k topics, assets, 2% 404s, 1% SQLi probes)."""
     rng = np.random.default_rng(seed)
     t0 = 1_700_000_000_000
     ts = np.sort(t0 + rng.integers(0, lines * 5, lines))  # ~200 lines/s of stream time per ... x5 ms
@@ -249,14 +247,129 @@ def bench(lines: int = 1_000_000, batch: int = 100_000, seed: int = 5) -> float:
     query = np.where(rng.random(lines) < 0.01, "q=union+select+1", "").astype(object)
     status = np.where(rng.random(lines) < 0.02, 404, 200)
     ua = np.array([b.format(v=v) for b in BROWSERS for v in range(100, 140)], dtype=object)[client % 200]
-    cols = {"ts": ts, "client_ip": ip, "method": np.full(lines, "GET", dtype=object), "path": paths,
+    return {"ts": ts, "client_ip": ip, "method": np.full(lines, "GET", dtype=object), "path": paths,
             "query": query, "status": status, "user_agent": ua}
-    batches = [Batch.from_columns({k: v[i:i + batch] for k, v in cols.items()}) for i in range(0, lines, batch)]
-    det = DosDetector(manager=DecisionManager(DosConfig(crawlers={"verify": "off"})))
+
+
+def _load_module(path: str) -> Any:
+    """A detector module from a file (e.g. ``git show 5f2c296:detectors/dos.py > /tmp/dos_old.py``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("forumpulse_dos_compare", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bench(lines: int = 1_000_000, batch: int = 100_000, seed: int = 5, module: Any = None,
+          arrow: bool = False) -> float:
+    """Detector throughput (lines/s) on synthetic forum traffic (:func:`bench_columns`).
+
+    ``arrow=False``: ``process`` alone on prebuilt batches; ``arrow=True``: ``process(Batch.from_arrow(t))`` on
+    Arrow tables, conversion included (what the live feed and ``make bench`` do).  ``module``: another
+    implementation of ``forumpulse.detectors.dos`` to measure (default: the current one).  Parsing is never
+    included."""
+    import time
+
+    import pyarrow as pa
+
+    m = module if module is not None else sys.modules[DosDetector.__module__]
+    cols = bench_columns(lines, seed)
+    det = m.DosDetector(manager=m.DecisionManager(DosConfig(crawlers={"verify": "off"})))
+    if arrow:
+        tbl = pa.table({k: pa.array(v) for k, v in cols.items()})
+        tables = [tbl.slice(i, batch) for i in range(0, lines, batch)]
+        start = time.perf_counter()
+        for t in tables:
+            det.process(m.Batch.from_arrow(t))
+        return lines / (time.perf_counter() - start)
+    batches = [m.Batch.from_columns({k: v[i:i + batch] for k, v in cols.items()}) for i in range(0, lines, batch)]
     start = time.perf_counter()
     for b in batches:
         det.process(b)
     return lines / (time.perf_counter() - start)
+
+
+def demo_eval(workdir: Path, weeks: int = 4, lines_per_day: int = 60_000, seed: int = 7,
+              batch_ms: int = 86_400_000) -> tuple[list[list[str]], dict[str, Any]]:
+    """The ``make demo`` simulation (same defaults) through ingest and a DoS replay in log-time order (one day
+    per batch, as the demo does), scored per address against the simulator's own plan: which addresses of each
+    flood were banned, and every ban of an address that belongs to no attack (false bans; the election surge
+    is real users).  Needs chDB (in-process); writes under ``workdir``."""
+    import shutil
+
+    import yaml
+    from forumpulse.detectors.dos import build_detector
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.ingest import ingest_paths
+    from forumpulse.pipeline.simulate import SimConfig, _Plan, simulate, truth_config
+    from forumpulse.pipeline.store import open_store
+
+    folder = Path(workdir) / "dos-demo-eval"
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "logs").mkdir(parents=True)
+    cfg = SimConfig(out=folder / "logs", days=7 * weeks, lines_per_day=lines_per_day, seed=seed)
+    sim = simulate(cfg)
+    truth = json.loads(sim.truth_path.read_text())
+    plan = _Plan(cfg)  # the same deterministic plan: the addresses behind every scenario
+    attack: dict[str, set[str]] = {}
+    for scn in plan.scenarios:
+        if scn.kind in ("flood_ip", "flood_prefix", "flood_distributed", "scan"):
+            attack[scn.id] = set(plan.site.client_strs[scn.client_off: scn.client_off + scn.n_clients])
+    settings_path = folder / "forumpulse.yaml"
+    settings_path.write_text(yaml.safe_dump({"store": {"url": f"chdb:{folder / 'chdb'}"},
+                                             **truth_config(truth, folder / "logs")}, sort_keys=False))
+    settings = load_settings(settings_path)
+    store = open_store(settings.store.url)
+    try:
+        ingest_paths(store, settings, [str(folder / "logs" / x["file"]) for x in truth["sources"]])
+        det = build_detector()
+        for h in range(truth["start_ms"] // batch_ms, truth["end_ms"] // batch_ms + 1):
+            tbl = store.query_arrow(
+                "SELECT ts, client AS client_ip, method, path, query, status, user_agent, is_static FROM requests "
+                f"WHERE ts >= fromUnixTimestamp64Milli({h * batch_ms}) "
+                f"AND ts < fromUnixTimestamp64Milli({(h + 1) * batch_ms}) ORDER BY ts")
+            if tbl.num_rows:
+                det.process(Batch.from_arrow(tbl))
+    finally:
+        store.close()
+    import ipaddress
+
+    bans = [d for d in det.manager.decisions if d.action == "ban"]
+
+    def owner(value: str) -> str | None:
+        for sid, ips in attack.items():
+            if value in ips:
+                return sid
+            if "/" in value and any(ipaddress.ip_address(i) in ipaddress.ip_network(value) for i in ips):
+                return sid
+        return None
+
+    rows: list[list[str]] = []
+    for sid, ips in attack.items():
+        mine = [d for d in bans if owner(d.value) == sid]
+        covered = {i for i in ips if any(d.value == i or ("/" in d.value and ipaddress.ip_address(i) in
+                                                         ipaddress.ip_network(d.value)) for d in mine)}
+        enforced = [d for d in mine if d.mode == "enforce"]
+        reasons = sorted({d.reason for d in mine})
+        first = min((d.decided_at for d in mine), default=None)
+        scn = next(x for x in truth["scenarios"] if x["id"] == sid)
+        delay = f"{(first - scn['start_ms']) / 1000:.0f}" if first is not None else "-"
+        rows.append([sid, str(len(ips)), f"{len(covered)} ({100 * len(covered) / max(len(ips), 1):.1f}%)",
+                     str(len(mine)), str(len(enforced)), delay, ", ".join(reasons) or "-"])
+    false = [d for d in bans if owner(d.value) is None]
+    ev = next((x for x in truth["scenarios"] if x["kind"] == "event"), None)
+    in_event = [d for d in false if ev is not None and ev["start_ms"] <= d.decided_at <= ev["end_ms"]]
+    true_n = len(bans) - len(false)
+    rows.append(["(false bans: no attack)", "", "", str(len(false)), str(sum(d.mode == "enforce" for d in false)),
+                 "", ", ".join(sorted({f"{d.reason}:{d.value}" for d in false}))[:300] or "-"])
+    summary = {"bans": len(bans), "true": true_n, "false": len(false), "false_in_election": len(in_event),
+               "precision": true_n / max(len(bans), 1), "lines": det.stats["lines"],
+               "distributed": next((r for r in rows if r[0].startswith("flood_distributed")), None)}
+    return rows, summary
 
 
 def _md(title: str, head: list[str], rows: list[list[str]]) -> str:
@@ -270,10 +383,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--out", default=None, help="write the tables as markdown to this file")
     ap.add_argument("--bench", action="store_true", help="only measure detector throughput (lines/s)")
+    ap.add_argument("--compare", metavar="DOS_PY", default=None,
+                    help="with --bench: also measure this older dos.py, interleaved in the same process")
+    ap.add_argument("--rounds", type=int, default=1, help="with --bench: rounds (the best of each is reported)")
+    ap.add_argument("--demo", metavar="WORKDIR", default=None,
+                    help="score the DoS replay of the `make demo` simulation per address (needs chDB; slow)")
     a = ap.parse_args(argv)
+    if a.demo:
+        rows, summ = demo_eval(Path(a.demo))
+        print(_md("DoS decisions on the demo simulation, per address vs the simulator's plan",
+                  ["scenario", "addresses", "addresses banned", "bans", "enforced", "first ban s after start",
+                   "rules"], rows))
+        print(json.dumps({k: v for k, v in summ.items() if k != "distributed"}))
+        return 0
     if a.bench:
-        for size in (20_000, 100_000):
-            print(f"detector-only throughput, batches of {size}: {bench(batch=size):,.0f} lines/s")
+        impls: list[tuple[str, Any]] = [("current", None)]
+        if a.compare:
+            impls.append((f"compare ({a.compare})", _load_module(a.compare)))
+        best: dict[tuple[str, str, int], float] = {}
+        for _ in range(max(a.rounds, 1)):
+            for arrow in (False, True):
+                for size in (20_000, 100_000):
+                    for name, mod in impls:
+                        key = (name, "from_arrow + process" if arrow else "process", size)
+                        best[key] = max(best.get(key, 0.0), bench(batch=size, module=mod, arrow=arrow))
+        for (name, what, size), v in best.items():
+            print(f"{name:>10}: {what}, batches of {size}: {v:,.0f} lines/s")
+        if a.compare:
+            for (name, what, size), v in best.items():
+                if name == "current":
+                    old = best[(impls[1][0], what, size)]
+                    print(f"speed-up {what}, batches of {size}: {v / old:.2f}x")
         return 0
     data = Path(a.data)
     parts: list[str] = ["# DoS detector evaluation\n"]

@@ -237,3 +237,52 @@ def test_columnar_rewrite_gives_the_recorded_decisions(source: str) -> None:
         assert len(got) == len(want) > 60
         assert got == json.loads(json.dumps(want)), f"batch size {bs}"
         assert {d["reason"] for d in got} == set(golden["rules"])
+
+
+# ------------------------------------------------------------------ swarm rule
+
+
+def _swarm_log(bare: int, browsers: int, start_s: int = 660) -> list:
+    """20 background visitors for 1000 s; from ``start_s`` on, ``bare`` addresses request /search/ with random
+    queries every 10 s (nothing else) and ``browsers`` addresses request it as often but also load assets."""
+    recs = []
+    for k in range(20):
+        for i in range(200):
+            recs.append(rec(T0 + i * 5000 + k * 97, f"10.0.0.{k + 1}", f"/t/topic-{k}"))
+            recs.append(rec(T0 + i * 5000 + k * 97 + 300, f"10.0.0.{k + 1}", "/assets/app.js"))
+    for k in range(bare + browsers):
+        ip = f"172.16.{k // 200}.{k % 200 + 1}"
+        for i in range(30):
+            t = T0 + (start_s + 10 * i) * 1000 + 37 * k
+            recs.append(rec(t, ip, "/search/", f"q={k}-{i}", ua="Mozilla/5.0 (compatible; MSIE 9.0)"))
+            if k >= bare:
+                recs.append(rec(t + 150, ip, "/assets/app.css"))
+    return ordered(recs)
+
+
+def test_swarm_bans_bare_members_only_after_the_trigger_and_not_browsers_in_it() -> None:
+    recs = _swarm_log(bare=150, browsers=30)
+    det = run_detector(recs, cfg(), batch_lines=3000)
+    bans = {d.value: d for d in det.manager.decisions if d.reason == "swarm_flood"}
+    members = {f"172.16.{k // 200}.{k % 200 + 1}" for k in range(150)}
+    browsers = {f"172.16.{k // 200}.{k % 200 + 1}" for k in range(150, 180)}
+    assert set(bans) == members and not (set(bans) & browsers)
+    assert not [d for d in det.manager.decisions if d.value.startswith("10.0.0.")]
+    (w,) = det.swarms.values()
+    trig = det.swarms[("swarm_flood", "/search/")].trigger_ms
+    assert w.crowd is False and all(d.decided_at >= trig for d in bans.values())
+    d = next(iter(bans.values()))
+    assert d.mode == "enforce" and d.evidence["target"] == "/search/" and d.evidence["members"] == 150
+    assert d.evidence["eligible"] == 180 and d.evidence["static"] == 0
+
+
+def test_swarm_crowd_safeguard_and_own_breaker_budget() -> None:
+    # mostly browsers on the target: a crowd, nobody is banned although the target is watched
+    det = run_detector(_swarm_log(bare=40, browsers=140), cfg(), batch_lines=3000)
+    assert [d for d in det.manager.decisions if d.reason == "swarm_flood"] == []
+    assert det.swarms[("swarm_flood", "/search/")].crowd is True
+    # swarm bans count against their own per-minute budget, not the 30 bans/min of single offenders
+    det = run_detector(_swarm_log(bare=150, browsers=0), cfg(max_swarm_bans_per_minute=100, max_bans_per_minute=5),
+                       batch_lines=3000)
+    modes = [d.mode for d in det.manager.decisions if d.reason == "swarm_flood"]
+    assert len(modes) == 150 and modes.count("enforce") >= 100 and "breaker" in modes
