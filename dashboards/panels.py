@@ -16,9 +16,10 @@ SimpleAggregateFunction columns, ``uniqMerge(visitors)``, ``quantilesTDigestMerg
 panels, ``detections`` / ``source_liveness`` / ``topic_*`` (ReplacingMergeTree, read with ``FINAL`` or
 ``argMax``), and ``decisions`` / ``quarantine`` / ``pipeline_stats``.
 
-Topic panels read ``topic_hour`` (migration 0003: the hourly rollup cascaded from ``topic_minute``) for the whole
-hours inside the dashboard range and ``topic_minute`` for the partial hours at its edges (:func:`topic_rows`), so
-their numbers are exactly those of ``topic_minute`` alone (tests/test_dashboards.py compares both paths).  Range
+Topic, top-client and top-prefix panels read ``topic_hour`` / ``client_hour`` / ``prefix_hour`` (migration 0003:
+hourly rollups cascaded from the ``*_minute`` ones) for the whole hours inside the dashboard range and the minute
+rollup for the partial hours at its edges (:func:`rollup_rows`), so their numbers are exactly those of the minute
+rollup alone (tests/test_dashboards.py compares both paths).  Range
 aggregates (rankings, the top-topics table) always take that path; time series only when every bucket is whole
 hours (``$__interval_s`` a multiple of 3600), otherwise they keep per-minute data.  ``$metric`` aggregates only the
 chosen metric (``-If`` combinators with the constant condition): ``uniqMerge`` of visitor states is the costly one.
@@ -130,24 +131,29 @@ def minute_path(sql: str) -> str:
     return sql.replace(HOURS_ALWAYS, "(1 = 0)").replace(HOURS_IF_HOURLY_BUCKETS, "(1 = 0)")
 
 
-def topic_rows(where: str = "", bucketed: bool = True) -> str:
-    """A subquery (for ``FROM (...)``) with the ``topic_minute`` rows of the dashboard range, whole hours read from
-    ``topic_hour``: columns ``t`` (minute or hour start), ``topic_id``, ``views``, ``replies``, ``bot_views``,
-    ``visitors`` (uniq states).  Aggregate it (``sum``/``uniqMerge``); never read ``t`` as a minute.
+def rollup_rows(kind: str, columns: str, where: str = "", bucketed: bool = True) -> str:
+    """A subquery (for ``FROM (...)``) with the ``<kind>_minute`` rows of the dashboard range, the whole hours read
+    from ``<kind>_hour`` (migration 0003): column ``t`` (minute or hour start) and ``columns``.  Aggregate it
+    (``sum``/``uniqMerge``); never read ``t`` as a minute.
 
     ``where``: an extra condition on those columns (e.g. one topic).  ``bucketed``: the caller groups by
     ``$__timeInterval(t)``, so hours are used only when the buckets are whole hours; otherwise (range totals,
-    rankings) whole hours are always read hourly.
+    rankings) whole hours are always read hourly.  Misuse: ``$__timeFilter`` must stay the panel's only range.
     """
     use = HOURS_IF_HOURLY_BUCKETS if bucketed else HOURS_ALWAYS
     extra = f" AND {where}" if where else ""
     return (
-        "SELECT minute AS t, topic_id, views, replies, bot_views, visitors FROM topic_minute "
+        f"SELECT minute AS t, {columns} FROM {kind}_minute "
         f"WHERE {SITE} AND $__timeFilter(minute){extra} AND NOT ({use} AND minute >= {HOUR_FROM} AND minute < {HOUR_TO}) "
         "UNION ALL "
-        "SELECT hour AS t, topic_id, views, replies, bot_views, visitors FROM topic_hour "
+        f"SELECT hour AS t, {columns} FROM {kind}_hour "
         f"WHERE {SITE} AND {use} AND hour >= {HOUR_FROM} AND hour < {HOUR_TO}{extra}"
     )
+
+
+def topic_rows(where: str = "", bucketed: bool = True) -> str:
+    """:func:`rollup_rows` of topics: ``t``, ``topic_id``, ``views``, ``replies``, ``bot_views``, ``visitors``."""
+    return rollup_rows("topic", "topic_id, views, replies, bot_views, visitors", where, bucketed)
 
 
 TITLES = (
@@ -156,6 +162,11 @@ TITLES = (
 )
 GROUPS = f"SELECT topic_id, group_name FROM topic_groups FINAL WHERE {SITE} AND group_name IN (${{group:singlequote}})"
 TOP_TOPICS = f"SELECT topic_id FROM ({topic_rows(bucketed=False)}) GROUP BY topic_id ORDER BY {metric_expr()} DESC, topic_id LIMIT 10"
+#: The 25 topics of the "Top topics" table (most human views in the range); visitor states are merged for these
+#: only, and their peak minute (earliest on ties) comes from topic_minute.
+TOP_TABLE_TOPICS = (
+    f"SELECT topic_id FROM ({topic_rows(bucketed=False)}) GROUP BY topic_id ORDER BY sum(views) DESC, topic_id LIMIT 25"
+)
 SITE_TOTALS = (
     f"SELECT $__timeInterval(minute) AS time, {SITE_METRIC} AS total FROM site_minute "
     f"WHERE {SITE} AND $__timeFilter(minute) GROUP BY time"
@@ -212,14 +223,12 @@ SELECT if(client_ip = toIPv6('::'), '(hostname clients)', replaceRegexpOne(toStr
        sum(requests) AS requests_total, sum(bytes) AS bytes_total, sum(status_4xx) AS errors_4xx,
        sum(status_5xx) AS errors_5xx, sum(bot_requests) AS bot_requests_total,
        round(requests_total / greatest(dateDiff('second', $__fromTime, $__toTime), 1), 3) AS avg_rps
-FROM client_minute
-WHERE {SITE} AND $__timeFilter(minute)
+FROM ({rollup_rows("client", "client_ip, requests, bytes, status_4xx, status_5xx, bot_requests", bucketed=False)})
 GROUP BY client_ip ORDER BY requests_total DESC, client LIMIT 25"""),
     PanelSpec("table", "Top prefixes", f"""
 SELECT concat(replaceRegexpOne(toString(prefix), '^::ffff:', ''), '/', toString(prefix_len)) AS network,
        sum(requests) AS requests_total, uniqMerge(clients) AS distinct_clients
-FROM prefix_minute
-WHERE {SITE} AND $__timeFilter(minute)
+FROM ({rollup_rows("prefix", "prefix, prefix_len, requests, clients", bucketed=False)})
 GROUP BY prefix, prefix_len ORDER BY requests_total DESC, network LIMIT 25"""),
     PanelSpec("table", "Active bans (at end of range)", f"""
 SELECT value, scope, reason, mode, origin, decided_at, expires_at,
@@ -324,22 +333,25 @@ WHERE d.total > 0
 ORDER BY time, topic_group""", unit="percent", stacked=True),
     PanelSpec("table", "Top topics", f"""
 SELECT p.topic_id AS topic_id, t.title AS title, t.forum AS forum, p.views AS views, p.replies AS replies,
-       p.visitors AS visitors, p.bot_views AS bot_views,
+       v.visitors AS visitors, p.bot_views AS bot_views,
        round(100 * p.views / greatest(d.total_views, 1), 2) AS views_share_pct,
        k.peak_minute AS peak_minute, k.peak_views AS peak_views
 FROM (
-    SELECT topic_id, sum(views) AS views, sum(replies) AS replies, uniqMerge(visitors) AS visitors,
-           sum(bot_views) AS bot_views
+    SELECT topic_id, sum(views) AS views, sum(replies) AS replies, sum(bot_views) AS bot_views
     FROM ({topic_rows(bucketed=False)})
     GROUP BY topic_id ORDER BY views DESC, topic_id LIMIT 25
 ) AS p
 LEFT JOIN (
-    SELECT topic_id, argMax(minute, mv) AS peak_minute, max(mv) AS peak_views
+    SELECT topic_id, uniqMerge(visitors) AS visitors
+    FROM ({topic_rows(f"topic_id IN ({TOP_TABLE_TOPICS})", bucketed=False)})
+    GROUP BY topic_id
+) AS v ON p.topic_id = v.topic_id
+LEFT JOIN (
+    SELECT topic_id, argMax(minute, (mv, -toUnixTimestamp(minute))) AS peak_minute, max(mv) AS peak_views
     FROM (
         SELECT topic_id, minute, sum(views) AS mv
         FROM topic_minute
-        WHERE {SITE} AND $__timeFilter(minute) AND topic_id IN (
-            SELECT topic_id FROM ({topic_rows(bucketed=False)}) GROUP BY topic_id ORDER BY sum(views) DESC, topic_id LIMIT 25)
+        WHERE {SITE} AND $__timeFilter(minute) AND topic_id IN ({TOP_TABLE_TOPICS})
         GROUP BY topic_id, minute
     )
     GROUP BY topic_id

@@ -593,7 +593,13 @@ def test_annotations_and_variables(world: Any) -> None:
 
 HOURLY_PANELS = {"Top topics: $metric (stacked)", "Top topics: share of forum $metric (%)",
                  "Topic groups: $metric (stacked)", "Topic groups: share of forum $metric (%)", "Top topics",
-                 "Selected topic: activity", "Selected topic: share of forum traffic (%)"}
+                 "Selected topic: activity", "Selected topic: share of forum traffic (%)", "Top clients", "Top prefixes"}
+#: each hourly rollup and the same hours computed from its minute rollup
+HOUR_EQUALS_MINUTES = [
+    ("topic_id, {h}, sum(views), sum(replies), sum(bot_views), uniqMerge(visitors)", "topic_id"),
+    ("client_ip, {h}, sum(requests), sum(bytes), sum(status_4xx), sum(status_5xx), sum(bot_requests)", "client_ip"),
+    ("prefix, prefix_len, {h}, sum(requests), uniqMerge(clients)", "prefix, prefix_len"),
+]
 
 
 def _sorted_rows(store: Any, sql: str, ctx: QueryContext, vs: dict[str, TemplateVar]) -> list[tuple[Any, ...]]:
@@ -601,12 +607,13 @@ def _sorted_rows(store: Any, sql: str, ctx: QueryContext, vs: dict[str, Template
 
 
 def test_hourly_path_gives_the_minute_paths_numbers(world: Any) -> None:
-    """Every topic panel reads whole hours from topic_hour (migration 0003) and the range edges from topic_minute;
-    the same query reading topic_minute only (panels.minute_path) must give the same rows, for ranges aligned and
-    not aligned to hours, shorter than an hour, and bucket intervals below, at and above an hour."""
+    """Topic, top-client and top-prefix panels read whole hours from the hourly rollups (migration 0003) and the
+    range edges from the minute rollups; the same query reading minute rollups only (panels.minute_path) must give
+    the same rows, for ranges aligned and not aligned to hours, shorter than an hour, and bucket intervals below, at
+    and above an hour."""
     store = world[0]
     panels = {p["title"]: p["targets"][0]["rawSql"] for d in load_dashboards().values() for p in d["panels"]
-              if "topic_hour" in p["targets"][0]["rawSql"]}
+              if "_hour " in p["targets"][0]["rawSql"]}
     assert set(panels) == HOURLY_PANELS
     ranges = [(T0, T1), (T0 + timedelta(minutes=7), T1 - timedelta(minutes=13)),
               (T0 + timedelta(minutes=30, seconds=17), T0 + timedelta(minutes=150, seconds=41)),
@@ -615,12 +622,12 @@ def test_hourly_path_gives_the_minute_paths_numbers(world: Any) -> None:
                  f"AND hour < {panels_mod.HOUR_TO}")
     used_hours = 0
     for title, sql in sorted(panels.items()):
-        assert panels_mod.minute_path(sql) != sql and "topic_hour" in sql
+        assert panels_mod.minute_path(sql) != sql
         metrics = ("views", "replies", "visitors") if "$metric" in sql or "${metric" in sql else ("views",)
         for metric in metrics:
             vs = variables(metric=metric)
             for f, t in ranges:
-                for interval_s in (60, 600, 3600, 7200):
+                for interval_s in (60, 3600, 7200):
                     ctx = QueryContext(f, t, interval_s * 1000)
                     hourly = _sorted_rows(store, sql, ctx, vs)
                     minutely = _sorted_rows(store, panels_mod.minute_path(sql), ctx, vs)
@@ -628,8 +635,10 @@ def test_hourly_path_gives_the_minute_paths_numbers(world: Any) -> None:
                     assert hourly or (t - f) < timedelta(minutes=20), (title, metric, f, t, interval_s)
                 used_hours += store.query_rows(render_query(hour_rows, QueryContext(f, t), vs))[0][0]
     assert used_hours > 0  # the aligned ranges do read hours from topic_hour
-    # and the hourly rollup holds exactly the minute rollup's hours
-    assert (store.query_rows("SELECT topic_id, hour, sum(views), sum(replies), sum(bot_views), uniqMerge(visitors) "
-                             "FROM topic_hour GROUP BY topic_id, hour ORDER BY topic_id, hour")
-            == store.query_rows("SELECT topic_id, toStartOfHour(minute) AS h, sum(views), sum(replies), sum(bot_views), "
-                                "uniqMerge(visitors) FROM topic_minute GROUP BY topic_id, h ORDER BY topic_id, h"))
+    # and each hourly rollup holds exactly its minute rollup's hours
+    for cols, key in HOUR_EQUALS_MINUTES:
+        kind = cols.split(",")[0].split("_")[0]
+        hourly = store.query_rows(f"SELECT {cols.format(h='hour AS h')} FROM {kind}_hour GROUP BY {key}, h ORDER BY {key}, h")
+        minutely = store.query_rows(f"SELECT {cols.format(h='toStartOfHour(minute) AS h')} FROM {kind}_minute "
+                                    f"GROUP BY {key}, h ORDER BY {key}, h")
+        assert hourly == minutely and len(hourly) > 3, kind

@@ -19,8 +19,8 @@ from forumpulse.pipeline.store import (
 from forumpulse.pipeline.tables import DERIVED_IN_STORE, QUARANTINE_SCHEMA, REQUESTS_SCHEMA
 
 EXPECTED_TABLES = {
-    "requests", "quarantine", "site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute",
-    "transfer_minute",
+    "requests", "quarantine", "site_minute", "topic_minute", "topic_hour", "client_minute", "client_hour",
+    "prefix_minute", "prefix_hour", "transfer_minute",
     "detections", "decisions", "pipeline_stats", "source_liveness", "topic_titles", "topic_groups",
     "schema_migrations",
 }
@@ -103,7 +103,7 @@ def _rows(n: int, base_ms: int, step_ms: int = 1000) -> pa.Table:
 def test_replayed_block_is_stored_once_in_table_and_every_rollup(module_store):
     st = module_store
     st.command("TRUNCATE TABLE requests")
-    for t in ("site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute"):
+    for t in ("site_minute", "topic_minute", "topic_hour", "client_minute", "client_hour", "prefix_minute", "prefix_hour"):
         st.command(f"TRUNCATE TABLE {t}")
     now = int(time.time() * 1000)
     block = _rows(500, now)
@@ -116,21 +116,27 @@ def test_replayed_block_is_stored_once_in_table_and_every_rollup(module_store):
     assert st.query_rows("SELECT sum(requests) FROM prefix_minute") == [(510,)]
     topic_views = st.query_rows("SELECT sum(views) FROM topic_minute")[0][0]
     assert topic_views == st.query_rows("SELECT count() FROM requests WHERE topic_id != 0")[0][0]
-    # the cascade (topic_minute -> topic_hour) drops the replayed block too
+    # the cascades (X_minute -> X_hour) drop the replayed block too
     assert st.query_rows("SELECT sum(views) FROM topic_hour")[0][0] == topic_views
+    assert st.query_rows("SELECT sum(requests) FROM client_hour") == [(510,)]
+    assert st.query_rows("SELECT sum(requests) FROM prefix_hour") == [(510,)]
 
 
-HOURLY_FROM_MINUTES = (
-    "SELECT topic_id, toStartOfHour(minute) AS h, sum(views), sum(replies), sum(bot_views), uniqMerge(visitors) "
-    "FROM topic_minute GROUP BY topic_id, h ORDER BY topic_id, h"
-)
-HOURLY = (
-    "SELECT topic_id, hour AS h, sum(views), sum(replies), sum(bot_views), uniqMerge(visitors) "
-    "FROM topic_hour GROUP BY topic_id, h ORDER BY topic_id, h"
-)
+_HOURLY = [  # (kind, columns with {h}, key)
+    ("topic", "topic_id, {h}, sum(views), sum(replies), sum(bot_views), uniqMerge(visitors)", "topic_id"),
+    ("client", "client_ip, {h}, sum(requests), sum(bytes), sum(status_4xx), sum(status_5xx), sum(bot_requests)",
+     "client_ip"),
+    ("prefix", "prefix, prefix_len, {h}, sum(requests), uniqMerge(clients)", "prefix, prefix_len"),
+]
+HOURLY_FROM_MINUTES = "SELECT * FROM (" + " UNION ALL ".join(
+    f"SELECT '{k}', toString(tuple({c.format(h='toStartOfHour(minute) AS h')})) FROM {k}_minute GROUP BY {key}, h"
+    for k, c, key in _HOURLY) + ") ORDER BY 1, 2"
+HOURLY = "SELECT * FROM (" + " UNION ALL ".join(
+    f"SELECT '{k}', toString(tuple({c.format(h='hour AS h')})) FROM {k}_hour GROUP BY {key}, h"
+    for k, c, key in _HOURLY) + ") ORDER BY 1, 2"
 
 
-def test_upgrade_to_0003_backfills_topic_hour_once_and_keeps_requests(empty_store):
+def test_upgrade_to_0003_backfills_hourly_rollups_once_and_keeps_requests(empty_store):
     st = empty_store
     params = {"raw_ttl_days": 0, "rollup_ttl_days": 0}
     older = [m for m in load_migrations() if m.version < 3]
@@ -143,7 +149,8 @@ def test_upgrade_to_0003_backfills_topic_hour_once_and_keeps_requests(empty_stor
         st.insert("requests", _rows(700, base + i * 997, step_ms=26_000), dedup_token=f"old-{i}")
     before = st.query_rows("SELECT url, referer, count() FROM requests GROUP BY url, referer ORDER BY url")
     want = st.query_rows(HOURLY_FROM_MINUTES)
-    assert len(want) >= 3 * 5 and sum(r[2] for r in want) == 2800 * 3 // 4  # topics 1..3 of 0..3
+    assert {k for k, _ in want} == {"topic", "client", "prefix"} and len(want) >= 3 * 5
+    views = "SELECT sum(views) FROM topic_hour"
 
     stmts = render(m3, params)
     for stmt in stmts:
@@ -152,7 +159,9 @@ def test_upgrade_to_0003_backfills_topic_hour_once_and_keeps_requests(empty_stor
     for stmt in stmts:  # a failed migration is re-run from its first statement: still counted once
         st.command(stmt)
     assert st.query_rows(HOURLY) == want
-    assert st.query_rows("SELECT count() FROM topic_hour") == [(len(want),)]
+    assert st.query_rows(views) == [(2800 * 3 // 4,)]  # topics 1..3 of 0..3
+    assert st.query_rows("SELECT (SELECT count() FROM topic_hour) + (SELECT count() FROM client_hour) + "
+                         "(SELECT count() FROM prefix_hour)") == [(len(want),)]
 
     types = dict(st.query_rows("SELECT name, type FROM system.columns WHERE database = currentDatabase() "
                                "AND table = 'requests' AND name IN ('url', 'referer')"))
@@ -162,9 +171,8 @@ def test_upgrade_to_0003_backfills_topic_hour_once_and_keeps_requests(empty_stor
     # new inserts reach topic_hour through the cascade, and the pipeline's Arrow strings still insert
     st.insert("requests", _rows(300, base + 3 * 3_600_000, step_ms=7_000), dedup_token="new-1")
     st.insert("requests", _rows(300, base + 3 * 3_600_000, step_ms=7_000), dedup_token="new-1")
-    after = st.query_rows(HOURLY)
-    assert after == st.query_rows(HOURLY_FROM_MINUTES)
-    assert sum(r[2] for r in after) == (2800 + 300) * 3 // 4
+    assert st.query_rows(HOURLY) == st.query_rows(HOURLY_FROM_MINUTES)
+    assert st.query_rows(views) == [((2800 + 300) * 3 // 4,)]
 
 
 def test_second_process_gets_a_clear_busy_error(store, chdb_path):

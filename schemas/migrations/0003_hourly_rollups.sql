@@ -1,21 +1,22 @@
--- forumpulse schema, migration 0003: hourly topic rollup (dashboard ranges of days), url/referer LowCardinality.
+-- forumpulse schema, migration 0003: hourly topic, client and prefix rollups (dashboard ranges of days),
+-- url/referer LowCardinality.
 --
--- topic_hour holds what topic_minute holds, per hour.  It is fed by a CASCADED materialized view on topic_minute
--- (not on requests): the view sees only the small aggregated blocks the topic_minute view writes, so the insert
--- path into requests does not grow.  The view receives the block of states inserted into topic_minute, so it
--- re-aggregates them: sum() of the sums, uniqMergeState() of the uniq states.  Exactly once: a replayed insert
--- into requests carries the same insert_deduplication_token; the store inserts with
--- deduplicate_blocks_in_dependent_materialized_views = 1, so topic_minute and topic_hour (both with
+-- X_hour (topic_hour, client_hour, prefix_hour) holds what X_minute holds, per hour.  Each is fed by a CASCADED
+-- materialized view on X_minute (not on requests): the view sees only the small aggregated blocks the X_minute
+-- view writes, so the insert path into requests does not grow.  The view receives the block of states inserted
+-- into X_minute, so it re-aggregates them: sum() of the sums, uniqMergeState() of the uniq states.  Exactly once:
+-- a replayed insert into requests carries the same insert_deduplication_token; the store inserts with
+-- deduplicate_blocks_in_dependent_materialized_views = 1, so X_minute and X_hour (all with
 -- non_replicated_deduplication_window) each drop the replayed block (tests/test_schema.py checks).
 --
--- Upgrades keep history: the last two statements fill topic_hour from the topic_minute rows already stored.
+-- Upgrades keep history: the TRUNCATE + INSERT pairs at the end fill X_hour from the X_minute rows already stored.
 -- Run this migration with ingestion stopped (as every migration: the embedded store migrates when it opens,
 -- before it ingests).  A migration that failed half-way is re-run from its first statement: the TRUNCATE makes the
--- backfill idempotent (topic_hour holds nothing but this backfill until the migration is recorded).
+-- backfill idempotent (X_hour holds nothing but this backfill until the migration is recorded).
 -- The backfill is not part of the cluster DDL (schemas/cluster): a cluster created from it has no history.
 --
--- Dashboards read topic_hour for the whole hours inside a range and topic_minute for the partial hours at its
--- edges (forumpulse.dashboards.panels), so every number is the same as from topic_minute alone.
+-- Dashboards read X_hour for the whole hours inside a range and X_minute for the partial hours at its
+-- edges (forumpulse.dashboards.panels), so every number is the same as from X_minute alone.
 --
 -- requests.url / requests.referer become LowCardinality(String): forum URLs and referers repeat (a few % distinct
 -- per part), 14.8 -> 9.3 B/row for requests (BENCHMARKS.md), and the insert is not slower (measured: docs/schema.md).
@@ -55,6 +56,62 @@ SELECT
 FROM topic_minute
 GROUP BY site, topic_id, hour;
 
+CREATE TABLE IF NOT EXISTS client_hour
+(
+    site         LowCardinality(String),
+    hour         DateTime('UTC'),
+    client_ip    IPv6,
+    requests     SimpleAggregateFunction(sum, UInt64),
+    bytes        SimpleAggregateFunction(sum, UInt64),
+    status_4xx   SimpleAggregateFunction(sum, UInt64),
+    status_5xx   SimpleAggregateFunction(sum, UInt64),
+    bot_requests SimpleAggregateFunction(sum, UInt64)
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toYYYYMM(hour)
+ORDER BY (site, hour, client_ip)
+{rollup_ttl:hour}
+SETTINGS non_replicated_deduplication_window = 1000;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS client_hour_mv TO client_hour AS
+SELECT
+    site,
+    toStartOfHour(minute) AS hour,
+    client_ip,
+    sum(requests) AS requests,
+    sum(bytes) AS bytes,
+    sum(status_4xx) AS status_4xx,
+    sum(status_5xx) AS status_5xx,
+    sum(bot_requests) AS bot_requests
+FROM client_minute
+GROUP BY site, hour, client_ip;
+
+CREATE TABLE IF NOT EXISTS prefix_hour
+(
+    site       LowCardinality(String),
+    hour       DateTime('UTC'),
+    prefix     IPv6,
+    prefix_len UInt8,
+    requests   SimpleAggregateFunction(sum, UInt64),
+    clients    AggregateFunction(uniq, IPv6)
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toYYYYMM(hour)
+ORDER BY (site, hour, prefix_len, prefix)
+{rollup_ttl:hour}
+SETTINGS non_replicated_deduplication_window = 1000;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS prefix_hour_mv TO prefix_hour AS
+SELECT
+    site,
+    toStartOfHour(minute) AS hour,
+    prefix,
+    prefix_len,
+    sum(requests) AS requests,
+    uniqMergeState(clients) AS clients
+FROM prefix_minute
+GROUP BY site, hour, prefix, prefix_len;
+
 TRUNCATE TABLE IF EXISTS topic_hour;
 
 INSERT INTO topic_hour (site, topic_id, hour, views, replies, bot_views, visitors)
@@ -68,3 +125,31 @@ SELECT
     uniqMergeState(visitors) AS visitors
 FROM topic_minute
 GROUP BY site, topic_id, hour;
+
+TRUNCATE TABLE IF EXISTS client_hour;
+
+INSERT INTO client_hour (site, hour, client_ip, requests, bytes, status_4xx, status_5xx, bot_requests)
+SELECT
+    site,
+    toStartOfHour(minute) AS hour,
+    client_ip,
+    sum(requests) AS requests,
+    sum(bytes) AS bytes,
+    sum(status_4xx) AS status_4xx,
+    sum(status_5xx) AS status_5xx,
+    sum(bot_requests) AS bot_requests
+FROM client_minute
+GROUP BY site, hour, client_ip;
+
+TRUNCATE TABLE IF EXISTS prefix_hour;
+
+INSERT INTO prefix_hour (site, hour, prefix, prefix_len, requests, clients)
+SELECT
+    site,
+    toStartOfHour(minute) AS hour,
+    prefix,
+    prefix_len,
+    sum(requests) AS requests,
+    uniqMergeState(clients) AS clients
+FROM prefix_minute
+GROUP BY site, hour, prefix, prefix_len;
