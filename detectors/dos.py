@@ -243,21 +243,22 @@ class _PrefixCache:
         return out
 
 
-def pattern_hits(rx: re.Pattern[str], uniques: np.ndarray) -> np.ndarray:
+def pattern_hits(rx: re.Pattern[str], uniques: np.ndarray, prepared: tuple[Any, np.ndarray] | None = None,
+                 ) -> np.ndarray:
     """``rx.search(u) is not None`` for every value: printable-ASCII values in Arrow's RE2 (one C++ pass), the
-    rest (and every value when RE2 cannot compile the pattern) with Python's ``re``, so results equal re's."""
+    rest (and every value when RE2 cannot compile the pattern) with Python's ``re``, so results equal re's.
+    ``prepared``: :func:`prepare_values` of ``uniques`` (reused across patterns on the same values)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     n = len(uniques)
     if n == 0:
         return np.zeros(0, dtype=bool)
-    arr = pa.array(uniques, type=pa.string())
+    arr, plain = prepared if prepared is not None else prepare_values(uniques)
     try:
         hit = np.asarray(pc.match_substring_regex(arr, rx.pattern).to_numpy(zero_copy_only=False), dtype=bool)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return np.fromiter((rx.search(u) is not None for u in uniques), dtype=bool, count=n)
-    plain = np.asarray(pc.match_substring_regex(arr, _PLAIN).to_numpy(zero_copy_only=False), dtype=bool)
     for i in np.flatnonzero(~plain).tolist():
         hit[i] = rx.search(uniques[i]) is not None
     return hit
@@ -266,6 +267,15 @@ def pattern_hits(rx: re.Pattern[str], uniques: np.ndarray) -> np.ndarray:
 def _points(res: pd.DataFrame) -> np.ndarray:
     """(key, sec) rows of a window result as query points (key * _BIG + sec)."""
     return res["key"].to_numpy(dtype=np.int64) * _BIG + res["sec"].to_numpy(dtype=np.int64)
+
+
+def prepare_values(uniques: np.ndarray) -> tuple[Any, np.ndarray]:
+    """(Arrow array of the values, mask of the printable-ASCII ones) for :func:`pattern_hits`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = pa.array(uniques, type=pa.string())
+    return arr, np.asarray(pc.match_substring_regex(arr, _PLAIN).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def iso_ms(ms: int) -> str:
@@ -277,11 +287,27 @@ def _factorize(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes.astype(np.int64), np.asarray(uniques, dtype=object)
 
 
+_INDEX_CACHE: list[tuple[np.ndarray, pd.Index]] = []
+
+
+def _index(uniques: np.ndarray) -> pd.Index:
+    """A pandas Index over an array of distinct values, reused while the same array object is in use (several
+    windows map their carried keys onto one batch's uniques: the hash table is built once)."""
+    for arr, ix in _INDEX_CACHE:
+        if arr is uniques:
+            return ix
+    ix = pd.Index(uniques)
+    _INDEX_CACHE.append((uniques, ix))
+    if len(_INDEX_CACHE) > 8:
+        del _INDEX_CACHE[0]
+    return ix
+
+
 class _Keys:
     """Maps carried (string) keys and batch codes into one integer space for a window update."""
 
     def __init__(self, uniques: np.ndarray, carried: np.ndarray) -> None:
-        idx = pd.Index(uniques).get_indexer(pd.Index(carried)) if len(carried) else np.empty(0, dtype=np.int64)
+        idx = _index(uniques).get_indexer(pd.Index(carried)) if len(carried) else np.empty(0, dtype=np.int64)
         missing = carried[idx < 0] if len(carried) else carried
         extra, _ = (np.unique(missing), None) if len(missing) else (np.empty(0, dtype=object), None)
         self.table = np.concatenate([uniques, extra.astype(object)]) if len(extra) else uniques
@@ -374,7 +400,7 @@ class _DistinctWindow:
                                  "distinct": np.empty(0, np.int64)})
         qk = np.unique(new_q // _BIG)
         bm = np.isin(codes, qk)
-        t_idx = pd.Index(uniques).get_indexer(pd.Index(tail["key"].to_numpy(dtype=object))) if len(tail) else \
+        t_idx = _index(uniques).get_indexer(pd.Index(tail["key"].to_numpy(dtype=object))) if len(tail) else \
             np.empty(0, dtype=np.int64)
         tm = np.isin(t_idx, qk) if len(t_idx) else np.zeros(0, dtype=bool)
         vals = _Keys(vuniques, tail["val"].to_numpy(dtype=object)[tm]) if tm.any() else None
@@ -426,10 +452,14 @@ class _Baseline:
 
     def update(self, ip: tuple[np.ndarray, np.ndarray], ua: tuple[np.ndarray, np.ndarray], rows: np.ndarray,
                secs: np.ndarray, watermark_sec: int) -> None:
-        """Learn from the lines ``rows`` (bool mask) of a batch; ``ip``/``ua`` are (codes, uniques) pairs."""
+        """Learn from the lines ``rows`` (bool mask) of a batch; ``ip``/``ua`` are (codes, uniques) pairs.
+
+        Minutes complete within this batch are counted on integer codes only (strings just for the busy
+        addresses); the open minute and minutes that earlier batches left pending go through ``pending``.
+        Per address, minutes are learned in time order (the EWMA depends on it)."""
         ipc, ipu = ip
         uac, uau = ua
-        # per (address, minute, UA) counts on integer codes first; strings only for the (few) groups
+        wm = watermark_sec // 60
         nua = np.int64(max(len(uau), 1))
         minute = secs[rows] // 60
         m0 = int(minute.min()) if len(minute) else 0
@@ -437,36 +467,51 @@ class _Baseline:
         kc, first = pd.factorize((ipc[rows] * nua + uac[rows]) * span + (minute - m0), sort=False)
         n = np.bincount(kc, minlength=len(first)).astype(np.int64)
         pair, mins = first // span, first % span + m0
-        cur = pd.DataFrame({"ip": ipu[pair // nua], "minute": mins.astype(np.int64), "ua": uau[pair % nua], "n": n})
+        g_ip, g_ua = pair // nua, pair % nua
+        pend_mins = self.pending["minute"].unique() if len(self.pending) else np.empty(0, np.int64)
+        slow = (mins >= wm) | np.isin(mins, pend_mins)
+        cur = pd.DataFrame({"ip": ipu[g_ip[slow]], "minute": mins[slow].astype(np.int64), "ua": uau[g_ua[slow]],
+                            "n": n[slow]})
         allr = pd.concat([self.pending, cur], ignore_index=True) if len(self.pending) else cur
         g = allr.groupby(["ip", "minute", "ua"], sort=False)["n"].sum().reset_index()
-        wm = watermark_sec // 60
         done = g[g["minute"] < wm]
         self.pending = g[g["minute"] >= wm]
+        c = self.cfg
+        floor = c.min_requests_per_user * c.users_per_unit
         if len(done):
             # only addresses busy enough to ever raise a threshold are learned (keeps this O(busy addresses))
-            floor = self.cfg.min_requests_per_user * self.cfg.users_per_unit
             per = done.groupby(["ip", "minute"], sort=False)["n"].sum()
             per = per[per >= floor]
             if len(per):
-                busy = done[done["n"] >= self.cfg.min_requests_per_user].groupby(["ip", "minute"]).size()
+                busy = done[done["n"] >= c.min_requests_per_user].groupby(["ip", "minute"]).size()
                 users = busy.reindex(per.index, fill_value=0)
-                a = self.cfg.alpha
-                ips = per.index.get_level_values(0).tolist()
-                mins = per.index.get_level_values(1).tolist()
-                for addr, minute, total, u in zip(ips, mins, per.tolist(), users.tolist(), strict=True):
-                    if self.tainted.get(addr, -1) >= minute * 60:
-                        continue
-                    r = total / 60.0
-                    self.rate[addr] = a * r + (1 - a) * self.rate.get(addr, r)
-                    self.users[addr] = a * u + (1 - a) * self.users.get(addr, u)
-                    self.seen[addr] = minute * 60
+                self._learn(per.index.get_level_values(0).tolist(), per.index.get_level_values(1).tolist(),
+                            per.tolist(), users.tolist())
+        fast = np.flatnonzero(~slow)
+        if len(fast):
+            pk, pfirst = pd.factorize(g_ip[fast] * span + (mins[fast] - m0), sort=False)
+            total = np.bincount(pk, weights=n[fast], minlength=len(pfirst))
+            nusers = np.bincount(pk, weights=(n[fast] >= c.min_requests_per_user), minlength=len(pfirst))
+            sel = np.flatnonzero(total >= floor)
+            if len(sel):
+                self._learn(ipu[pfirst[sel] // span].tolist(), (pfirst[sel] % span + m0).tolist(),
+                            total[sel].astype(np.int64).tolist(), nusers[sel].astype(np.int64).tolist())
         if watermark_sec - self._last_prune > 600:
             self._last_prune = watermark_sec
             old = [k for k, v in self.seen.items() if v < watermark_sec - self.cfg.forget_after_s]
             for k in old:
                 self.rate.pop(k, None), self.users.pop(k, None), self.seen.pop(k, None)
             self.tainted = {k: v for k, v in self.tainted.items() if v >= watermark_sec - self.cfg.forget_after_s}
+
+    def _learn(self, ips: list[Any], mins: list[Any], totals: list[Any], users: list[Any]) -> None:
+        a = self.cfg.alpha
+        for addr, minute, total, u in zip(ips, mins, totals, users, strict=True):
+            if self.tainted.get(addr, -1) >= minute * 60:
+                continue
+            r = total / 60.0
+            self.rate[addr] = a * r + (1 - a) * self.rate.get(addr, r)
+            self.users[addr] = a * u + (1 - a) * self.users.get(addr, u)
+            self.seen[addr] = minute * 60
 
     def taint(self, addr: str, until_sec: int) -> None:
         """Stop learning from ``addr`` (it was decided against) so an attack never raises its own threshold."""
@@ -964,7 +1009,10 @@ class DosDetector:
         if k not in cache:
             p = self.rules.patterns[name]
             codes, uniq = self._codes(b, p.field, cache)
-            hit = pattern_hits(self.rx[name], uniq)
+            pk = "prepared:" + p.field
+            if pk not in cache:
+                cache[pk] = prepare_values(uniq)
+            hit = pattern_hits(self.rx[name], uniq, cache[pk])
             cache[k] = hit[codes] if len(codes) else np.zeros(0, dtype=bool)
         return cache[k]
 
@@ -1162,7 +1210,7 @@ class DosDetector:
             for name, g2 in cand.groupby("name", sort=False):
                 ip = str(name)[len(pre):]
                 prow = g2.sort_values("sec").iloc[0]
-                sel = idx[(ipc == pd.Index(ip_uniq).get_loc(ip)) & (tc == key_code)]
+                sel = idx[(ipc == _index(ip_uniq).get_loc(ip)) & (tc == key_code)]
                 k = min(r.per_client_min, len(sel)) - 1
                 t_at = max(int(b.ts[sel[k]]), sec * 1000) if len(sel) else sec * 1000
                 ev = {"rule": r.name, "window_s": r.window_s, "target": target, "target_count": int(row["win"]),
