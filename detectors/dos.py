@@ -996,8 +996,13 @@ class DosDetector:
                 qcodes, quniq = b.codes("query")
                 pair, first = pd.factorize(pcodes * np.int64(max(len(quniq), 1)) + qcodes, sort=False)
                 pi, qi = first // max(len(quniq), 1), first % max(len(quniq), 1)
-                strs = np.asarray([p + "?" + q if q else p for p, q in zip(puniq[pi], quniq[qi], strict=True)],
-                                  dtype=object)
+                import pyarrow as pa
+                import pyarrow.compute as pc
+
+                pa_p = pa.array(puniq[pi], type=pa.string())
+                pa_q = pa.array(quniq[qi], type=pa.string())
+                joined = pc.if_else(pc.equal(pa_q, ""), pa_p, pc.binary_join_element_wise(pa_p, pa_q, "?"))
+                strs = np.asarray(joined.to_numpy(zero_copy_only=False), dtype=object)
                 sc, su = pd.factorize(strs, sort=False)  # distinct pairs may spell the same string
                 cache[k] = (sc.astype(np.int64)[pair], np.asarray(su, dtype=object))
             else:
