@@ -246,8 +246,15 @@ def child_count(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def child_dos(a: dict[str, Any]) -> dict[str, Any]:
-    """DosDetector alone over the parsed rows of a store (time of ``process(Batch.from_arrow(slice))``)."""
-    from forumpulse.detectors.dos import Batch, DecisionManager, DosDetector
+    """DosDetector alone over the parsed rows of a store (time of ``process(Batch.from_arrow(slice))``).
+
+    The headline figure uses batches of ``batch`` (default 100k); ``lines_s_by_batch`` adds 20k-line batches
+    (the live feed's largest).  ``compare``: path of another ``detectors/dos.py`` (e.g. an older commit's,
+    from ``git show REV:detectors/dos.py``) measured in the same process on the same table, interleaved, so
+    the before/after ratio is not skewed by a busy machine; the best of ``rounds`` runs counts."""
+    import importlib.util
+
+    from forumpulse.detectors import dos as current
     from forumpulse.detectors.dos_rules import DosConfig
     from forumpulse.pipeline.store import open_store
 
@@ -257,15 +264,43 @@ def child_dos(a: dict[str, Any]) -> dict[str, Any]:
                                 "FROM requests ORDER BY ts")
     finally:
         store.close()
+    impls: dict[str, Any] = {"current": current}
+    if a.get("compare"):
+        spec = importlib.util.spec_from_file_location("forumpulse_dos_compare", a["compare"])
+        assert spec is not None and spec.loader is not None, a["compare"]
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        impls["compare"] = mod
+
+    def one(m: Any, batch: int) -> tuple[float, int]:
+        det = m.DosDetector(manager=m.DecisionManager(DosConfig(crawlers={"verify": "off"})))
+        decisions = 0
+        t0 = time.perf_counter()
+        for off in range(0, tbl.num_rows, batch):
+            decisions += len(det.process(m.Batch.from_arrow(tbl.slice(off, batch))))
+        return time.perf_counter() - t0, decisions
+
     batch = int(a.get("batch", 100_000))
-    det = DosDetector(manager=DecisionManager(DosConfig(crawlers={"verify": "off"})))
-    decisions = 0
-    t0 = time.perf_counter()
-    for off in range(0, tbl.num_rows, batch):
-        decisions += len(det.process(Batch.from_arrow(tbl.slice(off, batch))))
-    secs = time.perf_counter() - t0
-    return {"lines": tbl.num_rows, "seconds": secs, "lines_s": tbl.num_rows / secs, "batch": batch,
-            "decisions": decisions}
+    sizes = sorted({batch, 20_000}, reverse=True)
+    best: dict[str, dict[int, float]] = {k: {} for k in impls}
+    dec: dict[str, dict[int, int]] = {k: {} for k in impls}
+    for _ in range(max(int(a.get("rounds", 1)), 1)):
+        for size in sizes:
+            for name, m in impls.items():
+                secs, n = one(m, size)
+                best[name][size] = min(best[name].get(size, float("inf")), secs)
+                dec[name][size] = n
+    secs = best["current"][batch]
+    out: dict[str, Any] = {"lines": tbl.num_rows, "seconds": secs, "lines_s": tbl.num_rows / secs, "batch": batch,
+                           "decisions": dec["current"][batch],
+                           "lines_s_by_batch": {str(k): tbl.num_rows / v for k, v in best["current"].items()}}
+    if "compare" in impls:
+        out["compare"] = {"module": a["compare"],
+                          "lines_s_by_batch": {str(k): tbl.num_rows / v for k, v in best["compare"].items()},
+                          "decisions_by_batch": {str(k): v for k, v in dec["compare"].items()},
+                          "speedup_by_batch": {str(k): best["compare"][k] / best["current"][k] for k in sizes}}
+    return out
 
 
 class _TimingStore:
@@ -758,7 +793,11 @@ class Run:
         n = min(self.sizes)
         store = self.ensure_store(n)
         f = simulated_file(self.work, n)
-        res, m = internal("dos", {"store": f"chdb:{store}"}, self.work)
+        args: dict[str, Any] = {"store": f"chdb:{store}"}
+        compare = os.environ.get("FORUMPULSE_BENCH_DOS_COMPARE")  # an older dos.py, measured side by side
+        if compare:
+            args.update(compare=compare, rounds=2)
+        res, m = internal("dos", args, self.work)
         res["rss_kb"] = m.max_rss_kb
         filt = DEPLOY / "fail2ban-http-get-dos.conf"
         fcmd = ["fail2ban-regex", "--raw", "--print-no-missed", str(f), str(filt)]
