@@ -19,9 +19,9 @@ panels, ``detections`` / ``source_liveness`` / ``topic_*`` (ReplacingMergeTree, 
 Topic, top-client and top-prefix panels read ``topic_hour`` / ``client_hour`` / ``prefix_hour`` (migration 0003:
 hourly rollups cascaded from the ``*_minute`` ones) for the whole hours inside the dashboard range and the minute
 rollup for the partial hours at its edges (:func:`rollup_rows`), so their numbers are exactly those of the minute
-rollup alone (tests/test_dashboards.py compares both paths).  Range
-aggregates (rankings, the top-topics table) always take that path; time series only when every bucket is whole
-hours (``$__interval_s`` a multiple of 3600), otherwise they keep per-minute data.  ``$metric`` aggregates only the
+rollup alone (tests/test_dashboards.py compares both paths).  Range aggregates (rankings, top tables) always take
+that path; time series only when every bucket is whole hours (``$__interval_s`` a multiple of 3600), otherwise
+they keep per-minute data.  ``$metric`` aggregates only the
 chosen metric (``-If`` combinators with the constant condition): ``uniqMerge`` of visitor states is the costly one.
 
 Variables used: ``site`` (single), ``metric`` (views | replies | visitors), ``group`` (multi, All),
@@ -119,14 +119,14 @@ SITE_METRIC = (
 #: minute <= to): hour h is whole when h >= from and its last minute h + 59 min <= to.  Empty when from >= to.
 HOUR_FROM = "toStartOfHour($__fromTime + INTERVAL 3599 SECOND)"
 HOUR_TO = "toStartOfHour($__toTime + INTERVAL 60 SECOND)"
-#: When ``topic_rows`` reads whole hours from topic_hour: always (range totals), or when the buckets of
+#: When :func:`rollup_rows` reads whole hours from an hourly rollup: always (range totals), or when the buckets of
 #: ``$__timeInterval`` are whole hours (toStartOfInterval is aligned to the epoch).
 HOURS_ALWAYS = "(3600 > 0)"
 HOURS_IF_HOURLY_BUCKETS = "($__interval_s % 3600 = 0)"
 
 
 def minute_path(sql: str) -> str:
-    """``sql`` (a panel query) reading ``topic_minute`` only: the reference the hourly path must equal (tests,
+    """``sql`` (a panel query) reading the minute rollups only: the reference the hourly path must equal (tests,
     comparisons).  Not for dashboards: it is the slow path."""
     return sql.replace(HOURS_ALWAYS, "(1 = 0)").replace(HOURS_IF_HOURLY_BUCKETS, "(1 = 0)")
 
