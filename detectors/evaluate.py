@@ -218,7 +218,7 @@ def nasa_series(nasa_dir: Path) -> dict[str, DevSeries]:
 
 
 def sim_series(sim_dir: Path) -> dict[str, DevSeries]:
-    """Simulator site series per 5 minutes (5xx+no-status, human pageviews) from ``site_minute.csv`` +
+    """Simulator site series per 5 minutes (5xx+no-status, human pageviews, all requests) from ``site_minute.csv`` +
     ``truth.json`` (written by :func:`dump_sim`); every scenario start is a window."""
     f, tf = sim_dir / "site_minute.csv", sim_dir / "truth.json"
     if not (f.is_file() and tf.is_file()):
@@ -228,7 +228,7 @@ def sim_series(sim_dir: Path) -> dict[str, DevSeries]:
     idx = pd.to_datetime(df["ts"], unit="s")
     starts = [np.datetime64(pd.Timestamp(s["start_ms"], unit="ms")) for s in truth["scenarios"]]
     out = {}
-    for col in ("bad", "pageviews"):  # requests: dominated by benign crawler bursts (unlabelled spikes)
+    for col in ("bad", "pageviews", "requests"):  # requests: benign crawler bursts (unlabelled) test false alarms
         r = pd.Series(df[col].to_numpy(dtype=float), index=idx).resample("5min").sum(min_count=1).dropna()
         t = r.index.to_numpy()
         out[f"sim{truth['seed']}/{col}_5min"] = DevSeries(t, r.to_numpy(), _nab_limits(t, starts))
@@ -412,6 +412,14 @@ def simulator_part(work: Path | None = None, days: int = 28, lines_per_day: int 
              f"{c['topic_views_per_min']:.0f} human topic views/min, group views/min expected at baseline "
              f"{c['group_views_per_min_expected']:.2f}, at 3x {c['group_views_per_min_at_3x']:.2f} "
              f"({c['group_views_in_window']:.0f} group views in the crossing 5-min window)")
+        topic = load_rules()["topic"]
+        lam0 = c["group_views_per_min_expected"]
+        k = float(topic["cusum_ratio"])
+        drift = k * lam0 * np.log(k) - (k - 1) * lam0  # E[LLR] per minute at exactly 3x (Poisson approximation)
+        if drift > 0:
+            _say(f"Statistics bound: a step to exactly {k:g}x would take the group CUSUM ~{topic['cusum_h'] / drift:.0f} "
+                 f"min on average (h = {topic['cusum_h']:g}, +{drift:.2f} evidence per minute); a ramp that keeps "
+                 "rising is found sooner")
     _say(f"\nDetections matching no scenario: {len(report['false'])} over {report['weeks']:.1f} weeks "
          f"= {len(report['false']) / report['weeks']:.2f} per week")
     for d in report["false"]:

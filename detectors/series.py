@@ -102,6 +102,9 @@ class ScoreParams:
     seasonal_min_cycles: int = 2  # periods of history before a seasonal predictor counts
     combine: str = "min"        # "min": Bonferroni minimum of the raw and the best seasonal model; "select": best only
     seasonal_gain: float = 0.7  # a seasonal model is used when its trailing error is under this × the raw model's
+    score_window: int = 2000    # likelihood layer over the score itself: rows of score history (0 = layer off)
+    score_short: int = 5        # ... rows of score averaged before its tail probability
+    score_sd_floor: float = 0.05  # ... floor of the std of the averaged-score history (score units)
 
 
 def _norm_sf(z: FloatArray) -> FloatArray:
@@ -229,9 +232,28 @@ def anomaly_scores(values: Sequence[float] | FloatArray, params: ScoreParams | N
                 else:
                     pv = np.where(use, _model_p(resid, p), pv)
                 best_err = np.where(use, err, best_err)
-    score = np.clip(-np.log10(np.maximum(pv, 1e-300)) / 10.0, 0.0, 1.0)
+    # evidence on the score scale; below 0 where the Bonferroni factors make p > 1 (calm rows), capped at 1
+    score = np.minimum(-np.log10(np.maximum(pv, 1e-300)) / 10.0, 1.0)
+    score[: p.min_history] = 0.0
+    if p.score_window > 0:
+        score = np.minimum(score, _score_likelihood(score, p))
+    score = np.clip(score, 0.0, 1.0)
     score[: p.min_history] = 0.0
     return _suppress(score, p.alarm, p.suppress)
+
+
+def _score_likelihood(score: FloatArray, p: ScoreParams) -> FloatArray:
+    """Anomaly likelihood of the score itself (Numenta's layer over a raw score): the ``score_short``-row mean
+    against the mean/std (floored at ``score_sd_floor``) of that mean over the previous ``score_window`` rows,
+    Gaussian tail, on the same ``-log10(p)/10`` scale (``score`` unclipped below: calm rows count as calm).  A series whose scores are often high (bursty counts)
+    must exceed its own usual level to alarm; a calm series alarms as before (one or two rows later at most)."""
+    a = pd.Series(score).rolling(p.score_short, min_periods=1).mean()
+    h = a.shift(1)
+    mu = h.rolling(p.score_window, min_periods=p.min_history).mean()
+    sd = h.rolling(p.score_window, min_periods=p.min_history).std()
+    z = ((a - mu) / np.maximum(sd.fillna(p.score_sd_floor), p.score_sd_floor)).to_numpy()
+    pv = _norm_sf(np.nan_to_num(z, nan=-np.inf))
+    return np.asarray(np.clip(-np.log10(np.maximum(pv, 1e-300)) / 10.0, 0.0, 1.0), dtype=np.float64)
 
 
 def _suppress(score: FloatArray, alarm: float, rows: int) -> FloatArray:
