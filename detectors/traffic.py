@@ -12,8 +12,10 @@ Detectors (thresholds in ``detectors/rules/traffic.yaml``; fixture cases in ``de
   fed to the traffic detectors as zeros, so a gap is never a dip.
 * ``topic_surge`` — per topic and per topic group (``topic_groups`` table + ``Settings.topics.groups``): the
   share of human topic views in the last ``window_minutes`` against the share over the previous
-  ``baseline_hours``, and the view rate against its own baseline rate; lifecycle start -> peak -> end; detail
-  carries views, replies, visitors, peak share, magnitude.
+  ``baseline_hours``, and the view rate against its own baseline rate; for configured groups also a binomial
+  CUSUM on the per-minute counts (:class:`SurgeCusum`), which accumulates evidence while a share ramps up;
+  lifecycle start -> peak -> end (a surge reopening within ``merge_minutes`` continues its event); detail
+  carries views, replies, visitors, peak share, magnitude, the trigger (``window`` / ``cusum``).
 * ``transfer_regression`` / ``latency_regression`` — per (origin_host, upstream, large size class) per window:
   median transfer rate (bytes/s) and p95 response time against the median of the previous windows.
 
