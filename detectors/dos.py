@@ -700,7 +700,8 @@ class Candidate:
     duration_s: int
     evidence: dict[str, Any]
     user_agents: list[str] = field(default_factory=list)
-    breaker_group: str = ""  # "swarm": counted against max_swarm_bans_per_minute instead
+    breaker_group: str = ""  # non-empty: counted against its own per-minute budget (breaker_limit)
+    breaker_limit: int | None = None
 
 
 @dataclass
@@ -771,7 +772,7 @@ class DecisionManager:
         self.active: dict[str, Decision] = {}
         self.offences: dict[str, deque[int]] = {}
         self.minute_bans: dict[int, int] = {}
-        self.swarm_minute_bans: dict[int, int] = {}
+        self.group_minute_bans: dict[str, dict[int, int]] = {}
         self.decisions: list[Decision] = []
         self.suppressed: dict[str, int] = {"allowlist": 0, "crawler": 0, "active": 0}
         self.action_errors = 0
@@ -804,8 +805,10 @@ class DecisionManager:
         duration = int(min(esc.max_duration_s, c.duration_s * esc.factor ** len(hist)))
         hist.append(c.decided_at)
         minute = c.decided_at // 60_000
-        bans, limit = ((self.swarm_minute_bans, self.cfg.max_swarm_bans_per_minute) if c.breaker_group == "swarm"
-                       else (self.minute_bans, self.cfg.max_bans_per_minute))
+        if c.breaker_group and c.breaker_limit is not None:
+            bans, limit = self.group_minute_bans.setdefault(c.breaker_group, {}), c.breaker_limit
+        else:
+            bans, limit = self.minute_bans, self.cfg.max_bans_per_minute
         bans[minute] = bans.get(minute, 0) + 1
         if len(bans) > 10:
             for k in sorted(bans)[:-5]:
@@ -1342,7 +1345,8 @@ class DosDetector:
             uas = sorted({b.value("user_agent", j) for j in mine})
             yield Candidate(rule=r.name, value=ip, scope="ip", decided_at=at,
                             first_seen=int(b.ts[mine[0]]) if mine else at, duration_s=r.duration_s,
-                            evidence=ev, user_agents=uas, breaker_group="swarm")
+                            evidence=ev, user_agents=uas, breaker_group=r.name,
+                            breaker_limit=r.max_bans_per_minute)
 
 
 def detect_records(records: Iterable[ParsedLine], detector: DosDetector | None = None,

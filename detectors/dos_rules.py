@@ -77,6 +77,8 @@ class Rule(_Strict):
                                            "on the target")
     min_member_share: float = Field(0.5, gt=0, le=1, description="swarm: members / clients with "
                                     "per_client_min target requests; below it the crowd is taken as real users")
+    max_bans_per_minute: int | None = Field(None, ge=1, description="own circuit-breaker budget for this rule's "
+                                            "bans (a swarm bans many members at once); default: the shared one")
 
     @model_validator(mode="after")
     def _consistent(self) -> Rule:
@@ -173,8 +175,6 @@ class DosConfig(_Strict):
     escalation: EscalationConfig = Field(default_factory=EscalationConfig)
     max_bans_per_minute: int = Field(30, ge=1, description="circuit breaker: more bans in one stream minute are "
                                      "recorded with mode=breaker and not enforced")
-    max_swarm_bans_per_minute: int = Field(1000, ge=1, description="circuit breaker for the members of a swarm "
-                                           "(counted apart: one swarm bans many addresses at once)")
     site: str = "forum"
 
     _norm = field_validator("allowlist")(lambda cls, v: [_network(x) for x in v])

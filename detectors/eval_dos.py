@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 from forumpulse.detectors.dos import Batch, CrawlerVerifier, DecisionManager, DosDetector, parse_file
-from forumpulse.detectors.dos_rules import DosConfig
+from forumpulse.detectors.dos_rules import DosConfig, load_rules
 from forumpulse.pipeline.record import ParsedLine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,8 +110,10 @@ def ordered(records: Iterable[ParsedLine]) -> list[ParsedLine]:
 
 def run_detector(records: list[ParsedLine], cfg: DosConfig | None = None, batch_lines: int = 20_000,
                  verifier: CrawlerVerifier | None = None) -> DosDetector:
-    mgr = DecisionManager(cfg or DosConfig(crawlers={"verify": "ua"}), verifier=verifier)
-    det = DosDetector(manager=mgr)
+    """Replay records through a detector built from ``cfg`` (its rules file and rule_overrides included)."""
+    cfg = cfg or DosConfig(crawlers={"verify": "ua"})
+    mgr = DecisionManager(cfg, verifier=verifier)
+    det = DosDetector(load_rules(cfg.rules_file, cfg.rule_overrides), mgr)
     for i in range(0, len(records), batch_lines):
         det.process(Batch.from_records(records[i:i + batch_lines]))
     return det

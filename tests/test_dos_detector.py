@@ -281,8 +281,8 @@ def test_swarm_crowd_safeguard_and_own_breaker_budget() -> None:
     det = run_detector(_swarm_log(bare=40, browsers=140), cfg(), batch_lines=3000)
     assert [d for d in det.manager.decisions if d.reason == "swarm_flood"] == []
     assert det.swarms[("swarm_flood", "/search/")].crowd is True
-    # swarm bans count against their own per-minute budget, not the 30 bans/min of single offenders
-    det = run_detector(_swarm_log(bare=150, browsers=0), cfg(max_swarm_bans_per_minute=100, max_bans_per_minute=5),
-                       batch_lines=3000)
+    # swarm bans count against the rule's own per-minute budget, not the shared one of single offenders
+    det = run_detector(_swarm_log(bare=150, browsers=0), cfg(max_bans_per_minute=5, rule_overrides={
+        "swarm_flood": {"max_bans_per_minute": 100}}), batch_lines=3000)
     modes = [d.mode for d in det.manager.decisions if d.reason == "swarm_flood"]
     assert len(modes) == 150 and modes.count("enforce") >= 100 and "breaker" in modes
