@@ -6,7 +6,9 @@ writing to a ClickHouse server or to the owner's ClickHouse-compatible endpoint.
 
 How a batch is loaded (per Kafka partition, offsets ``first..last``, at most ``batch_lines`` messages; a partial
 batch is loaded once its oldest message waited ``max_wait_s``, default 0.3 s, or 10x that while the consumer is
-behind, so a backlog loads in large batches):
+behind — Kafka already holds the rest of a full batch — so a backlog loads in large batches; the age limit also
+grows to 1.5 x partitions-with-data x the recent store time per batch, because an insert into ``requests`` costs
+about the same whatever its size and small batches would otherwise outrun a slow store):
 
 1. messages are split by source (envelope, :mod:`forumpulse.pipeline.contracts`; :func:`split_values` does it
    for the whole batch at once), each source's lines go through the pure
@@ -118,7 +120,8 @@ class ConsumerOptions:
     poll_messages: int = 10_000
     session_timeout_ms: int = 6_000
     max_poll_interval_ms: int = 300_000
-    queued_max_kbytes: int = 16_384
+    #: librdkafka's prefetch queue: it fills while a batch is processed and inserted (65 MB ~ 200k lines)
+    queued_max_kbytes: int = 65_536
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 5.0
     stats_interval_s: float = 10.0
@@ -222,7 +225,8 @@ class LiveConsumer:
         self._producer: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: _Batch | None = None
-        self._backlog = False
+        self._store_s = 0.0  # recent store time per batch (EWMA), see _flush_ready
+        self._wait_s = self.opt.max_wait_s
         self.hook_errors = 0
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -318,7 +322,6 @@ class LiveConsumer:
     def _poll(self, timeout: float) -> None:
         started = time.monotonic()
         msgs = self._consumer.consume(num_messages=self.opt.poll_messages, timeout=timeout)
-        self._backlog = len(msgs) >= self.opt.poll_messages
         if not msgs:
             return
         self._last_message = time.monotonic()
@@ -476,7 +479,18 @@ class LiveConsumer:
             log.info("replay plan for %s/%s from offset %d: %d batch(es) %s", key[0], key[1], start,
                      len(p.plan), list(p.plan)[:5])
 
-    def _cut(self, p: _Part, now: float, force: bool) -> tuple[int, bool] | None:
+    def _rest_waiting(self, key: tuple[str, int], last: int, have: int) -> bool:
+        """Whether the partition's high watermark (cached from fetch responses, no broker round trip) is at least
+        a full batch beyond ``last``."""
+        from confluent_kafka import TopicPartition
+
+        try:
+            _low, high = self._consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+        except Exception:
+            return False
+        return bool(high - (last + 1) >= self.opt.batch_lines - have)
+
+    def _cut(self, key: tuple[str, int], p: _Part, now: float, force: bool) -> tuple[int, bool] | None:
         """How many buffered messages form the next batch (and whether it is a replay), or None to wait."""
         msgs = p.msgs
         if not msgs:
@@ -502,14 +516,21 @@ class LiveConsumer:
         if len(msgs) >= self.opt.batch_lines:
             return self.opt.batch_lines, False
         age = now - p.first_seen
-        # behind (the last poll was full): more is waiting, so grow the batch instead of loading a partial one on
-        # age (fewer, larger inserts); a partition still loads within 10 x max_wait_s
-        wait = self.opt.max_wait_s * (10 if self._backlog else 1)
-        if force or age >= wait:
+        if force or age >= 10 * self._wait_s:
+            return len(msgs), False
+        # old enough, unless Kafka already holds the rest of a full batch (the consumer is behind): then waiting
+        # for it makes fewer, larger inserts and delays nothing
+        if age >= self._wait_s and not self._rest_waiting(key, msgs[-1].offset(), len(msgs)):
             return len(msgs), False
         return None
 
     def _flush_ready(self, force: bool) -> None:
+        # A partial batch waits max_wait_s, or longer when stores are slow: an insert costs about the same whatever
+        # its size (materialized views), so with P partitions holding data the store is kept busy at most ~2/3 of
+        # the time (age >= 1.5 x P x recent store time per batch); otherwise a slow store would make the consumer
+        # fall behind on small batches and freshness would collapse.
+        active = sum(1 for p in self._parts.values() if p.msgs)
+        self._wait_s = max(self.opt.max_wait_s, 1.5 * active * self._store_s)
         progressed = True
         while progressed and not (self._stop.is_set() and not force):
             progressed = False
@@ -522,7 +543,7 @@ class LiveConsumer:
                         self._load_plan(key, p)
                     except _Revoked:
                         continue
-                cut = self._cut(p, time.monotonic(), force)
+                cut = self._cut(key, p, time.monotonic(), force)
                 if cut is None or cut[0] == 0:
                     continue
                 n, replay = cut
@@ -663,6 +684,7 @@ class LiveConsumer:
         insert thread; returns the exception instead of raising (the consumer thread decides: retry or die)."""
         steps = [("consumer_batches", b.intent, ":batch"), ("requests", b.requests, ":requests"),
                  ("quarantine", b.quarantine, ":quarantine")]
+        t0 = time.perf_counter()
         try:
             for i in range(start, len(steps)):
                 table, data, suffix = steps[i]
@@ -671,6 +693,8 @@ class LiveConsumer:
                 b.stored = i + 1
         except BaseException as exc:  # handed to the consumer thread
             return exc
+        took = time.perf_counter() - t0
+        self._store_s = took if self._store_s == 0.0 else 0.7 * self._store_s + 0.3 * took
         return None
 
     def _finish_inflight(self) -> None:
