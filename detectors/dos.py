@@ -318,21 +318,30 @@ class _Keys:
 
 
 class _CountWindow:
-    """Per-key request counts over the last ``w`` whole seconds, carried across batches."""
+    """Per-key request counts over the last ``w`` whole seconds, carried across batches.
+
+    The carried tail is (key, second, count, first ts) of the last ``w`` seconds, as numpy arrays."""
 
     def __init__(self, w: int) -> None:
         self.w = w
-        self.tail = pd.DataFrame({"key": pd.Series(dtype=object), "sec": pd.Series(dtype=np.int64),
-                                  "n": pd.Series(dtype=np.int64), "t0": pd.Series(dtype=np.int64)})
+        self.t_key = np.empty(0, dtype=object)
+        self.t_sec = np.empty(0, dtype=np.int64)
+        self.t_n = np.empty(0, dtype=np.int64)
+        self.t0 = np.empty(0, dtype=np.int64)
+
+    @property
+    def tail(self) -> pd.DataFrame:
+        return pd.DataFrame({"key": self.t_key, "sec": self.t_sec, "n": self.t_n, "t0": self.t0})
 
     def update(self, codes: np.ndarray, uniques: np.ndarray, secs: np.ndarray, ts: np.ndarray,
-               watermark_sec: int) -> tuple[pd.DataFrame, np.ndarray]:
-        """Returns (rows of (key, sec) touched by this batch with n, win, first_ts; key table)."""
-        keys = _Keys(uniques, self.tail["key"].to_numpy(dtype=object))
-        old_c = keys.carried_codes * _BIG + self.tail["sec"].to_numpy(dtype=np.int64)
+               watermark_sec: int, min_win: float = 0) -> tuple[pd.DataFrame, np.ndarray]:
+        """Returns (rows of (key, sec) touched by this batch with n, win, first_ts, only where
+        win >= ``min_win``; key table)."""
+        keys = _Keys(uniques, self.t_key)
+        old_c = keys.carried_codes * _BIG + self.t_sec
         allc = np.concatenate([codes * _BIG + secs, old_c])
-        alln = np.concatenate([np.ones(len(codes), dtype=np.int64), self.tail["n"].to_numpy(dtype=np.int64)])
-        allt = np.concatenate([ts, self.tail["t0"].to_numpy(dtype=np.int64)])
+        alln = np.concatenate([np.ones(len(codes), dtype=np.int64), self.t_n])
+        allt = np.concatenate([ts, self.t0])
         new = np.concatenate([np.ones(len(codes), dtype=np.int8), np.zeros(len(old_c), dtype=np.int8)])
         o = np.argsort(allc, kind="stable")
         cs = allc[o]
@@ -348,8 +357,8 @@ class _CountWindow:
         key = c // _BIG
         sec = c % _BIG
         keep = sec > watermark_sec - self.w
-        self.tail = pd.DataFrame({"key": keys.table[key[keep]], "sec": sec[keep], "n": n[keep], "t0": t0[keep]})
-        m = newm
+        self.t_key, self.t_sec, self.t_n, self.t0 = keys.table[key[keep]], sec[keep], n[keep], t0[keep]
+        m = newm & (win >= min_win) if min_win > 0 else newm
         out = pd.DataFrame({"key": key[m], "sec": sec[m], "n": n[m], "win": win[m], "first_ts": t0[lo[m]]})
         return out, keys.table
 
@@ -1108,11 +1117,11 @@ class DosDetector:
         kc, s, ts = kcodes[idx], secs[idx], b.ts[idx]
         win = self.windows[r.name]
         if r.kind == "count":
-            res, table = win[0].update(kc, kuniq, s, ts, wm_sec)
+            res, table = win[0].update(kc, kuniq, s, ts, wm_sec, min_win=r.threshold)  # scaling only raises it
             res["value"] = res["win"]
         elif r.kind == "distinct":
             vc, vu = self._codes(b, r.distinct_of or "path", cache)
-            cres, _ = win[1].update(kc, kuniq, s, ts, wm_sec)
+            cres, _ = win[1].update(kc, kuniq, s, ts, wm_sec, min_win=r.threshold)
             # distinct values <= requests in the same window: only points with enough requests are counted
             cres = cres[cres["win"] >= r.threshold]
             dres, table = win[0].update(kc, kuniq, vc[idx], vu, s, wm_sec, query=_points(cres))
@@ -1194,7 +1203,7 @@ class DosDetector:
         cnt_w, cli_w, pair_w = self.windows[r.name]
         ip_codes, ip_uniq = cache["ip"]
         ipc = ip_codes[idx]
-        res, table = cnt_w.update(tc, tuniq, s, ts, wm_sec)
+        res, table = cnt_w.update(tc, tuniq, s, ts, wm_sec, min_win=r.threshold / 4)  # "warm" targets and up
         # clients are counted only where the target has enough requests (clients <= requests)
         dres, _ = cli_w.update(tc, tuniq, ipc, ip_uniq, s, wm_sec, query=_points(res[res["win"] >= r.threshold]))
         res = res.merge(dres, on=["key", "sec"], how="left")
@@ -1204,7 +1213,7 @@ class DosDetector:
         nip = np.int64(len(ip_uniq) + 1)
         pair_codes, pair_uniq = _factorize(tc[wm] * nip + ipc[wm])
         names = np.asarray([f"{tuniq[p // nip]}\x1f{ip_uniq[p % nip]}" for p in pair_uniq], dtype=object)
-        pres, ptable = pair_w.update(pair_codes, names, s[wm], ts[wm], wm_sec)
+        pres, ptable = pair_w.update(pair_codes, names, s[wm], ts[wm], wm_sec, min_win=r.per_client_min)
         hits = res[(res["win"] >= r.threshold) & (res["distinct"] >= r.min_clients)]
         if hits.empty:
             return
@@ -1241,8 +1250,8 @@ class DosDetector:
         target requests: a crowd of browsers (assets, other pages) is real users and bans nobody."""
         cnt_w, cli_w = self.windows[r.name]
         ip_codes, ip_uniq = cache["ip"]
-        res, table = cnt_w.update(tc, tuniq, s, ts, wm_sec)
-        hot = res[res["win"] >= r.threshold]
+        res, table = cnt_w.update(tc, tuniq, s, ts, wm_sec, min_win=r.threshold)
+        hot = res
         dres, _ = cli_w.update(tc, tuniq, ip_codes[idx], ip_uniq, s, wm_sec, query=_points(hot))
         hot = hot.merge(dres, on=["key", "sec"], how="left")
         hot = hot[hot["distinct"] >= r.min_clients]
