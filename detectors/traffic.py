@@ -296,8 +296,9 @@ class TopicSurgeDetector:
             for scope, cs in self.cusum.items():
                 if scope in self.open:
                     continue
-                # as the window test: a group without views in its baseline gets the new-topic share
-                p0 = max(st.base_sum[scope] / st.base_total if scope in st.base_sum else floor, floor / 10)
+                # floored at the new-topic share: a group with (almost) no baseline views must not fire on a
+                # trickle (a handful of views over a week gives a share estimate near 0)
+                p0 = max(st.base_sum.get(scope, 0) / st.base_total, floor)
                 x = views.get(scope, (0, 0))[0]
                 if cs.update(minute, x, max(total_views, x), p0):
                     fired[scope] = (cs.fired_stat, cs.fired_since or minute)

@@ -137,3 +137,27 @@ def test_surge_reopens_within_merge_minutes_as_one_event() -> None:
     assert len(group) == 1, group
     last = [d for d in dets if d.scope == "group:election"][-1]
     assert last.end is None or last.end >= datetime(2026, 3, 2, tzinfo=UTC) + timedelta(minutes=warm + 60)
+
+
+def test_group_cusum_baseline_floor_ignores_a_trickle() -> None:
+    """The group CUSUM's baseline share is floored at ``new_topic_share``: a group with no baseline views that
+    gets one view every 40 minutes at 20 topic views per minute (0.125%, under the 0.2% floor) for a day raises
+    no surge; against a 10x lower floor the CUSUM climbs ~0.02 per minute and fires."""
+    rng = np.random.default_rng(8)
+    det = TopicSurgeDetector(load_rules(), {"quiet": {9001}}, "forum")
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    out = []
+    for i in range(3 * 1440):
+        total = int(rng.poisson(20))
+        views: dict[int, tuple[int, int]] = {int(t): (1, 0) for t in rng.integers(100, 10_000, size=total)}
+        if i >= 2 * 1440 and i % 40 == 0:
+            views[9001] = (1, 0)
+            total += 1
+        out.extend(det.update(t0 + timedelta(minutes=i), views, total))
+    assert not [d for d in out if d.scope == "group:quiet"], [d.to_json() for d in out if d.scope == "group:quiet"]
+    cs = SurgeCusum(3.0, 10.0)
+    fired = False
+    for i in range(1440):
+        x = 1 if i % 40 == 0 else 0
+        fired = fired or cs.update(t0 + timedelta(minutes=i), x, 20, 0.0002)
+    assert fired
