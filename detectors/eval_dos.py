@@ -390,9 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="with --bench: rounds (the best of each is reported)")
     ap.add_argument("--demo", metavar="WORKDIR", default=None,
                     help="score the DoS replay of the `make demo` simulation per address (needs chDB; slow)")
+    ap.add_argument("--demo-batch-s", type=int, default=86_400,
+                    help="with --demo: stream seconds per replay batch (the demo uses a day)")
     a = ap.parse_args(argv)
     if a.demo:
-        rows, summ = demo_eval(Path(a.demo))
+        rows, summ = demo_eval(Path(a.demo), batch_ms=a.demo_batch_s * 1000)
         print(_md("DoS decisions on the demo simulation, per address vs the simulator's plan",
                   ["scenario", "addresses", "addresses banned", "bans", "enforced", "first ban s after start",
                    "rules"], rows))
