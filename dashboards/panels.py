@@ -16,8 +16,8 @@ SimpleAggregateFunction columns, ``uniqMerge(visitors)``, ``quantilesTDigestMerg
 panels, ``detections`` / ``source_liveness`` / ``topic_*`` (ReplacingMergeTree, read with ``FINAL`` or
 ``argMax``), and ``decisions`` / ``quarantine`` / ``pipeline_stats``.
 
-Topic, top-client and top-prefix panels read ``topic_hour`` / ``client_hour`` / ``prefix_hour`` (migration 0003:
-hourly rollups cascaded from the ``*_minute`` ones) for the whole hours inside the dashboard range and the minute
+Topic and top-prefix panels read ``topic_hour`` / ``prefix_hour`` (migration 0003: hourly rollups cascaded from
+the ``*_minute`` ones) for the whole hours inside the dashboard range and the minute
 rollup for the partial hours at its edges (:func:`rollup_rows`), so their numbers are exactly those of the minute
 rollup alone (tests/test_dashboards.py compares both paths).  Range aggregates (rankings, top tables) always take
 that path; time series only when every bucket is whole hours (``$__interval_s`` a multiple of 3600), otherwise
@@ -223,7 +223,8 @@ SELECT if(client_ip = toIPv6('::'), '(hostname clients)', replaceRegexpOne(toStr
        sum(requests) AS requests_total, sum(bytes) AS bytes_total, sum(status_4xx) AS errors_4xx,
        sum(status_5xx) AS errors_5xx, sum(bot_requests) AS bot_requests_total,
        round(requests_total / greatest(dateDiff('second', $__fromTime, $__toTime), 1), 3) AS avg_rps
-FROM ({rollup_rows("client", "client_ip, requests, bytes, status_4xx, status_5xx, bot_requests", bucketed=False)})
+FROM client_minute
+WHERE {SITE} AND $__timeFilter(minute)
 GROUP BY client_ip ORDER BY requests_total DESC, client LIMIT 25"""),
     PanelSpec("table", "Top prefixes", f"""
 SELECT concat(replaceRegexpOne(toString(prefix), '^::ffff:', ''), '/', toString(prefix_len)) AS network,

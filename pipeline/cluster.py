@@ -35,7 +35,6 @@ from forumpulse.pipeline.store import load_migrations, render
 SHARDING_KEYS = {
     "requests": "cityHash64(client_ip)",
     "client_minute": "cityHash64(client_ip)",
-    "client_hour": "cityHash64(client_ip)",
     "prefix_minute": "cityHash64(prefix)",
     "prefix_hour": "cityHash64(prefix)",
     "quarantine": "cityHash64(raw)",

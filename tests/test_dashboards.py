@@ -593,11 +593,10 @@ def test_annotations_and_variables(world: Any) -> None:
 
 HOURLY_PANELS = {"Top topics: $metric (stacked)", "Top topics: share of forum $metric (%)",
                  "Topic groups: $metric (stacked)", "Topic groups: share of forum $metric (%)", "Top topics",
-                 "Selected topic: activity", "Selected topic: share of forum traffic (%)", "Top clients", "Top prefixes"}
+                 "Selected topic: activity", "Selected topic: share of forum traffic (%)", "Top prefixes"}
 #: each hourly rollup and the same hours computed from its minute rollup
 HOUR_EQUALS_MINUTES = [
     ("topic_id, {h}, sum(views), sum(replies), sum(bot_views), uniqMerge(visitors)", "topic_id"),
-    ("client_ip, {h}, sum(requests), sum(bytes), sum(status_4xx), sum(status_5xx), sum(bot_requests)", "client_ip"),
     ("prefix, prefix_len, {h}, sum(requests), uniqMerge(clients)", "prefix, prefix_len"),
 ]
 
@@ -607,7 +606,7 @@ def _sorted_rows(store: Any, sql: str, ctx: QueryContext, vs: dict[str, Template
 
 
 def test_hourly_path_gives_the_minute_paths_numbers(world: Any) -> None:
-    """Topic, top-client and top-prefix panels read whole hours from the hourly rollups (migration 0003) and the
+    """Topic and top-prefix panels read whole hours from the hourly rollups (migration 0003) and the
     range edges from the minute rollups; the same query reading minute rollups only (panels.minute_path) must give
     the same rows, for ranges aligned and not aligned to hours, shorter than an hour, and bucket intervals below, at
     and above an hour."""

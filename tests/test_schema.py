@@ -19,8 +19,8 @@ from forumpulse.pipeline.store import (
 from forumpulse.pipeline.tables import DERIVED_IN_STORE, QUARANTINE_SCHEMA, REQUESTS_SCHEMA
 
 EXPECTED_TABLES = {
-    "requests", "quarantine", "site_minute", "topic_minute", "topic_hour", "client_minute", "client_hour",
-    "prefix_minute", "prefix_hour", "transfer_minute",
+    "requests", "quarantine", "site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute",
+    "prefix_hour", "transfer_minute",
     "detections", "decisions", "pipeline_stats", "source_liveness", "topic_titles", "topic_groups",
     "schema_migrations",
 }
@@ -103,7 +103,7 @@ def _rows(n: int, base_ms: int, step_ms: int = 1000) -> pa.Table:
 def test_replayed_block_is_stored_once_in_table_and_every_rollup(module_store):
     st = module_store
     st.command("TRUNCATE TABLE requests")
-    for t in ("site_minute", "topic_minute", "topic_hour", "client_minute", "client_hour", "prefix_minute", "prefix_hour"):
+    for t in ("site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute", "prefix_hour"):
         st.command(f"TRUNCATE TABLE {t}")
     now = int(time.time() * 1000)
     block = _rows(500, now)
@@ -118,14 +118,11 @@ def test_replayed_block_is_stored_once_in_table_and_every_rollup(module_store):
     assert topic_views == st.query_rows("SELECT count() FROM requests WHERE topic_id != 0")[0][0]
     # the cascades (X_minute -> X_hour) drop the replayed block too
     assert st.query_rows("SELECT sum(views) FROM topic_hour")[0][0] == topic_views
-    assert st.query_rows("SELECT sum(requests) FROM client_hour") == [(510,)]
     assert st.query_rows("SELECT sum(requests) FROM prefix_hour") == [(510,)]
 
 
 _HOURLY = [  # (kind, columns with {h}, key)
     ("topic", "topic_id, {h}, sum(views), sum(replies), sum(bot_views), uniqMerge(visitors)", "topic_id"),
-    ("client", "client_ip, {h}, sum(requests), sum(bytes), sum(status_4xx), sum(status_5xx), sum(bot_requests)",
-     "client_ip"),
     ("prefix", "prefix, prefix_len, {h}, sum(requests), uniqMerge(clients)", "prefix, prefix_len"),
 ]
 HOURLY_FROM_MINUTES = "SELECT * FROM (" + " UNION ALL ".join(
@@ -149,7 +146,7 @@ def test_upgrade_to_0003_backfills_hourly_rollups_once_and_keeps_requests(empty_
         st.insert("requests", _rows(700, base + i * 997, step_ms=26_000), dedup_token=f"old-{i}")
     before = st.query_rows("SELECT url, referer, count() FROM requests GROUP BY url, referer ORDER BY url")
     want = st.query_rows(HOURLY_FROM_MINUTES)
-    assert {k for k, _ in want} == {"topic", "client", "prefix"} and len(want) >= 3 * 5
+    assert {k for k, _ in want} == {"topic", "prefix"} and len(want) >= 3 * 5
     views = "SELECT sum(views) FROM topic_hour"
 
     stmts = render(m3, params)
@@ -160,8 +157,7 @@ def test_upgrade_to_0003_backfills_hourly_rollups_once_and_keeps_requests(empty_
         st.command(stmt)
     assert st.query_rows(HOURLY) == want
     assert st.query_rows(views) == [(2800 * 3 // 4,)]  # topics 1..3 of 0..3
-    assert st.query_rows("SELECT (SELECT count() FROM topic_hour) + (SELECT count() FROM client_hour) + "
-                         "(SELECT count() FROM prefix_hour)") == [(len(want),)]
+    assert st.query_rows("SELECT (SELECT count() FROM topic_hour) + (SELECT count() FROM prefix_hour)") == [(len(want),)]
 
     types = dict(st.query_rows("SELECT name, type FROM system.columns WHERE database = currentDatabase() "
                                "AND table = 'requests' AND name IN ('url', 'referer')"))

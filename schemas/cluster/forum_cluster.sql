@@ -426,38 +426,6 @@ SELECT
 FROM forumpulse.topic_minute_local
 GROUP BY site, topic_id, hour;
 
-CREATE TABLE IF NOT EXISTS forumpulse.client_hour_local ON CLUSTER forum_cluster
-(
-    site         LowCardinality(String),
-    hour         DateTime('UTC'),
-    client_ip    IPv6,
-    requests     SimpleAggregateFunction(sum, UInt64),
-    bytes        SimpleAggregateFunction(sum, UInt64),
-    status_4xx   SimpleAggregateFunction(sum, UInt64),
-    status_5xx   SimpleAggregateFunction(sum, UInt64),
-    bot_requests SimpleAggregateFunction(sum, UInt64)
-)
-ENGINE = ReplicatedAggregatingMergeTree('/clickhouse/tables/{shard}/forumpulse/client_hour_local', '{replica}')
-PARTITION BY toYYYYMM(hour)
-ORDER BY (site, hour, client_ip)
-TTL hour + INTERVAL 730 DAY;
-
-CREATE TABLE IF NOT EXISTS forumpulse.client_hour ON CLUSTER forum_cluster AS forumpulse.client_hour_local
-ENGINE = Distributed(forum_cluster, forumpulse, client_hour_local, cityHash64(client_ip));
-
-CREATE MATERIALIZED VIEW IF NOT EXISTS forumpulse.client_hour_mv ON CLUSTER forum_cluster TO forumpulse.client_hour_local AS
-SELECT
-    site,
-    toStartOfHour(minute) AS hour,
-    client_ip,
-    sum(requests) AS requests,
-    sum(bytes) AS bytes,
-    sum(status_4xx) AS status_4xx,
-    sum(status_5xx) AS status_5xx,
-    sum(bot_requests) AS bot_requests
-FROM forumpulse.client_minute_local
-GROUP BY site, hour, client_ip;
-
 CREATE TABLE IF NOT EXISTS forumpulse.prefix_hour_local ON CLUSTER forum_cluster
 (
     site       LowCardinality(String),

@@ -1,7 +1,7 @@
--- forumpulse schema, migration 0003: hourly topic, client and prefix rollups (dashboard ranges of days),
+-- forumpulse schema, migration 0003: hourly topic and prefix rollups (dashboard ranges of days),
 -- url/referer LowCardinality.
 --
--- X_hour (topic_hour, client_hour, prefix_hour) holds what X_minute holds, per hour.  Each is fed by a CASCADED
+-- X_hour (topic_hour, prefix_hour) holds what X_minute holds, per hour.  Each is fed by a CASCADED
 -- materialized view on X_minute (not on requests): the view sees only the small aggregated blocks the X_minute
 -- view writes, so the insert path into requests does not grow.  The view receives the block of states inserted
 -- into X_minute, so it re-aggregates them: sum() of the sums, uniqMergeState() of the uniq states.  Exactly once:
@@ -17,9 +17,14 @@
 --
 -- Dashboards read X_hour for the whole hours inside a range and X_minute for the partial hours at its
 -- edges (forumpulse.dashboards.panels), so every number is the same as from X_minute alone.
+-- No client_hour: client rows hardly aggregate by hour (0.59 of client_minute's rows on the 10M-line benchmark,
+-- against 0.25 for topics and 0.33 for prefixes), so it would cost inserts nearly what client_minute does for
+-- a 1.2x faster "Top clients".
 --
 -- requests.url / requests.referer become LowCardinality(String): forum URLs and referers repeat (a few % distinct
--- per part), 14.8 -> 9.3 B/row for requests (BENCHMARKS.md), and the insert is not slower (measured: docs/schema.md).
+-- per part), 14.8 -> 9.3 B/row for requests (BENCHMARKS.md).  Insert of 100k-line blocks into requests with all
+-- its views, old vs new schema side by side in one process (issue #8): this change alone 1.00x the CPU time;
+-- with the hourly cascades ~1.1x.
 -- ALTER … MODIFY COLUMN rewrites these two columns of every existing part (a mutation, in the background on a
 -- server); re-running it on columns that already have the type is a no-op.  LowCardinality(String) accepts the
 -- plain strings the pipeline inserts (pipeline/tables.py is unchanged).
@@ -55,36 +60,6 @@ SELECT
     uniqMergeState(visitors) AS visitors
 FROM topic_minute
 GROUP BY site, topic_id, hour;
-
-CREATE TABLE IF NOT EXISTS client_hour
-(
-    site         LowCardinality(String),
-    hour         DateTime('UTC'),
-    client_ip    IPv6,
-    requests     SimpleAggregateFunction(sum, UInt64),
-    bytes        SimpleAggregateFunction(sum, UInt64),
-    status_4xx   SimpleAggregateFunction(sum, UInt64),
-    status_5xx   SimpleAggregateFunction(sum, UInt64),
-    bot_requests SimpleAggregateFunction(sum, UInt64)
-)
-ENGINE = AggregatingMergeTree
-PARTITION BY toYYYYMM(hour)
-ORDER BY (site, hour, client_ip)
-{rollup_ttl:hour}
-SETTINGS non_replicated_deduplication_window = 1000;
-
-CREATE MATERIALIZED VIEW IF NOT EXISTS client_hour_mv TO client_hour AS
-SELECT
-    site,
-    toStartOfHour(minute) AS hour,
-    client_ip,
-    sum(requests) AS requests,
-    sum(bytes) AS bytes,
-    sum(status_4xx) AS status_4xx,
-    sum(status_5xx) AS status_5xx,
-    sum(bot_requests) AS bot_requests
-FROM client_minute
-GROUP BY site, hour, client_ip;
 
 CREATE TABLE IF NOT EXISTS prefix_hour
 (
@@ -125,21 +100,6 @@ SELECT
     uniqMergeState(visitors) AS visitors
 FROM topic_minute
 GROUP BY site, topic_id, hour;
-
-TRUNCATE TABLE IF EXISTS client_hour;
-
-INSERT INTO client_hour (site, hour, client_ip, requests, bytes, status_4xx, status_5xx, bot_requests)
-SELECT
-    site,
-    toStartOfHour(minute) AS hour,
-    client_ip,
-    sum(requests) AS requests,
-    sum(bytes) AS bytes,
-    sum(status_4xx) AS status_4xx,
-    sum(status_5xx) AS status_5xx,
-    sum(bot_requests) AS bot_requests
-FROM client_minute
-GROUP BY site, hour, client_ip;
 
 TRUNCATE TABLE IF EXISTS prefix_hour;
 
