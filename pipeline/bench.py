@@ -569,7 +569,10 @@ def _http_count(port: int) -> int:
 
 
 def child_e2e(a: dict[str, Any]) -> dict[str, Any]:
-    """file -> syslog-ng -> Kafka -> owner (``forumpulse run --consume``) -> rows counted over HTTP."""
+    """file -> syslog-ng -> Kafka -> owner (``forumpulse run --consume``) -> rows counted over HTTP.
+
+    For side-by-side comparisons (not used by ``make bench``): ``owner_cmd`` replaces the owner command (before
+    ``--config``), ``sng_defines`` overrides syslog-ng defines (e.g. ``fp_follow_freq``)."""
     ls = _live_stack()
     work = Path(a["work"])
     n = int(a["lines"])
@@ -586,12 +589,13 @@ def child_e2e(a: dict[str, Any]) -> dict[str, Any]:
         cfg = write_settings(work / "owner.yaml", f"chdb:{work}/chdb", broker.bootstrap)
         log = work / "owner.log"
         with log.open("ab") as lf:
-            owner = subprocess.Popen([PY, "-m", "forumpulse.pipeline.owner", "--config", str(cfg), "--port", str(port),
+            owner_cmd = list(a.get("owner_cmd") or [PY, "-m", "forumpulse.pipeline.owner"])
+            owner = subprocess.Popen([*owner_cmd, "--config", str(cfg), "--port", str(port),
                                       "--consume", "--instance-id", "bench"], stdout=lf, stderr=subprocess.STDOUT,
                                      cwd=REPO, env={**os.environ, "FORUMPULSE_LOG_LEVEL": "WARNING"})
         try:
             ls.wait_until(lambda: _owner_ready(port, owner), 120, what=f"owner on port {port} ({log})")
-            defines = ls.forumpulse_defines(work / "logs", broker)
+            defines = ls.forumpulse_defines(work / "logs", broker, **dict(a.get("sng_defines") or {}))
             target = work / "logs" / "vhosts" / "bench.example.org.access.log"
             with target.open("wb") as out:
                 out.writelines(lines[:n])

@@ -6,9 +6,9 @@ writing to a ClickHouse server or to the owner's ClickHouse-compatible endpoint.
 
 How a batch is loaded (per Kafka partition, offsets ``first..last``, at most ``batch_lines`` messages; a partial
 batch is loaded once its oldest message waited ``max_wait_s``, default 0.3 s, or 10x that while the consumer is
-behind — Kafka already holds the rest of a full batch — so a backlog loads in large batches; the age limit also
-grows to 1.5 x partitions-with-data x the recent store time per batch, because an insert into ``requests`` costs
-about the same whatever its size and small batches would otherwise outrun a slow store):
+behind — Kafka already holds the rest of a full batch — so a backlog loads in large batches — and while the store
+is busy with the batch in flight: an insert into ``requests`` costs about the same whatever its size (its
+materialized views), so partial batches grow while they wait instead of queueing up behind a slow store):
 
 1. messages are split by source (envelope, :mod:`forumpulse.pipeline.contracts`; :func:`split_values` does it
    for the whole batch at once), each source's lines go through the pure
@@ -225,8 +225,6 @@ class LiveConsumer:
         self._producer: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: _Batch | None = None
-        self._store_s = 0.0  # recent store time per batch (EWMA), see _flush_ready
-        self._wait_s = self.opt.max_wait_s
         self.hook_errors = 0
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -479,6 +477,9 @@ class LiveConsumer:
             log.info("replay plan for %s/%s from offset %d: %d batch(es) %s", key[0], key[1], start,
                      len(p.plan), list(p.plan)[:5])
 
+    def _store_idle(self) -> bool:
+        return self._inflight is None or self._inflight.future is None or self._inflight.future.done()
+
     def _rest_waiting(self, key: tuple[str, int], last: int, have: int) -> bool:
         """Whether the partition's high watermark (cached from fetch responses, no broker round trip) is at least
         a full batch beyond ``last``."""
@@ -516,21 +517,17 @@ class LiveConsumer:
         if len(msgs) >= self.opt.batch_lines:
             return self.opt.batch_lines, False
         age = now - p.first_seen
-        if force or age >= 10 * self._wait_s:
+        if force or age >= 10 * self.opt.max_wait_s:
             return len(msgs), False
-        # old enough, unless Kafka already holds the rest of a full batch (the consumer is behind): then waiting
-        # for it makes fewer, larger inserts and delays nothing
-        if age >= self._wait_s and not self._rest_waiting(key, msgs[-1].offset(), len(msgs)):
+        # old enough, unless the store is still busy with the batch in flight (an insert costs about the same
+        # whatever its size, so partial batches grow while the store is busy instead of queueing behind it:
+        # group commit), or Kafka already holds the rest of a full batch (the consumer is behind)
+        if (age >= self.opt.max_wait_s and self._store_idle()
+                and not self._rest_waiting(key, msgs[-1].offset(), len(msgs))):
             return len(msgs), False
         return None
 
     def _flush_ready(self, force: bool) -> None:
-        # A partial batch waits max_wait_s, or longer when stores are slow: an insert costs about the same whatever
-        # its size (materialized views), so with P partitions holding data the store is kept busy at most ~2/3 of
-        # the time (age >= 1.5 x P x recent store time per batch); otherwise a slow store would make the consumer
-        # fall behind on small batches and freshness would collapse.
-        active = sum(1 for p in self._parts.values() if p.msgs)
-        self._wait_s = max(self.opt.max_wait_s, 1.5 * active * self._store_s)
         progressed = True
         while progressed and not (self._stop.is_set() and not force):
             progressed = False
@@ -684,7 +681,6 @@ class LiveConsumer:
         insert thread; returns the exception instead of raising (the consumer thread decides: retry or die)."""
         steps = [("consumer_batches", b.intent, ":batch"), ("requests", b.requests, ":requests"),
                  ("quarantine", b.quarantine, ":quarantine")]
-        t0 = time.perf_counter()
         try:
             for i in range(start, len(steps)):
                 table, data, suffix = steps[i]
@@ -693,8 +689,6 @@ class LiveConsumer:
                 b.stored = i + 1
         except BaseException as exc:  # handed to the consumer thread
             return exc
-        took = time.perf_counter() - t0
-        self._store_s = took if self._store_s == 0.0 else 0.7 * self._store_s + 0.3 * took
         return None
 
     def _finish_inflight(self) -> None:
