@@ -256,6 +256,9 @@ def dump_sim(out: Path, lines_per_day: int = 60_000, seed: int = 1, days: int = 
                                 "sum(topic_views), sum(pageviews) FROM site_minute GROUP BY minute ORDER BY minute")
     finally:
         store.close()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)  # logs + chDB (~0.5 GB at 60k lines/day): only the CSV is kept
     pd.DataFrame(rows, columns=["ts", "requests", "bad", "topic_views", "pageviews"]).to_csv(
         out / "site_minute.csv", index=False)
     (out / "truth.json").write_text(json.dumps(truth))
