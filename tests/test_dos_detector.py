@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -206,7 +207,7 @@ def test_lines_without_client_ip_are_ignored_and_out_of_order_lines_count() -> N
 EQUIV = Path(__file__).parent / "fixtures" / "dos_equiv"
 
 
-def _equiv_table() -> object:
+def _equiv_table() -> Any:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
