@@ -287,3 +287,76 @@ def test_swarm_crowd_safeguard_and_own_breaker_budget() -> None:
         "swarm_flood": {"max_bans_per_minute": 100}}), batch_lines=3000)
     modes = [d.mode for d in det.manager.decisions if d.reason == "swarm_flood"]
     assert len(modes) == 150 and modes.count("enforce") >= 100 and "breaker" in modes
+
+
+# ------------------------------------------------------------------ columnar helpers agree with the per-value ones
+
+
+def test_pattern_hits_equal_python_re_on_awkward_values() -> None:
+    import random
+
+    from forumpulse.detectors.dos import pattern_hits
+
+    rnd = random.Random(5)
+    alphabet = "abc/.?=%'<>()\\-_0123456789ABCDEF éü٣\n\t\x0b\x1f"
+    values = ["/.env", "/x.CSS", "/a.css\n", "q=1'+or+'1'='1", "q=<script>alert(1)</script>", "/ABCDEF",
+              "/etc/passwd", "sleep(٣)", "sleep(3)", "12345678", "v=12345678", "/x.js\x0b", "", "é.png"]
+    values += ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 30))) for _ in range(3000)]
+    uniq = np.asarray(list(dict.fromkeys(values)), dtype=object)
+    rules = load_rules()
+    for name, rx in rules.compiled.items():
+        want = np.array([rx.search(v) is not None for v in uniq])
+        assert (pattern_hits(rx, uniq) == want).all(), name
+        assert want.any(), name  # the values exercise every pattern
+
+
+def test_prefix_cache_equals_prefix_of() -> None:
+    import ipaddress
+    import random
+
+    from forumpulse.detectors.dos import _PrefixCache, prefix_of
+
+    rnd = random.Random(9)
+    vals = ["1.2.3.4", "255.255.255.255", "01.2.3.4", "1.2.3", "::ffff:198.51.100.7", "fe80::1%eth0", "::",
+            "2001:db8::", "not an ip", "", "1.2.3.4 ", "2001:DB8:0:0:1::1"]
+    for _ in range(2000):
+        if rnd.random() < 0.5:
+            vals.append(str(ipaddress.IPv4Address(rnd.getrandbits(32))))
+        else:
+            a = ipaddress.IPv6Address(rnd.getrandbits(128) & ~((1 << rnd.choice([0, 16, 48, 80])) - 1))
+            vals.append(a.exploded if rnd.random() < 0.3 else str(a))
+
+    def ref(v: str) -> str:
+        try:
+            return prefix_of(v)
+        except ValueError:
+            return ""
+
+    uniq = np.asarray(list(dict.fromkeys(vals)), dtype=object)
+    cache = _PrefixCache()
+    for _ in range(2):  # the second pass answers from the cache
+        assert list(cache(uniq)) == [ref(v) for v in uniq]
+
+
+def test_batch_constructors_agree_and_decode() -> None:
+    import pyarrow as pa
+
+    recs = [rec(T0 + 5, "10.0.0.2", "/b", "x=1", 404, "UA2"), rec(T0, "10.0.0.1", "/a", "", 200, "UA1"),
+            rec(T0 + 9, "10.0.0.2", "/a", "", 200, "UA2")]
+    cols = {"ts": [r.ts for r in recs], "client_ip": [r.client_ip for r in recs],
+            "method": [r.method for r in recs], "path": [r.path for r in recs],
+            "query": [None, "", ""], "status": [r.status for r in recs], "user_agent": [r.user_agent for r in recs]}
+    tbl = pa.table({**cols, "ts": pa.array(cols["ts"], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+                    "path": pa.array(cols["path"]).dictionary_encode()})
+    batches = [Batch.from_records(recs), Batch.from_columns(cols), Batch.from_arrow(tbl),
+               Batch(np.array(cols["ts"]), np.array(cols["client_ip"], dtype=object), np.array(cols["method"],
+                     dtype=object), np.array(cols["path"], dtype=object), np.array(["x=1", None, ""], dtype=object),
+                     np.array(cols["status"]), np.array(cols["user_agent"], dtype=object))]
+    for b in batches:
+        assert list(b.ts) == cols["ts"] and list(b.status) == cols["status"]
+        assert list(b.client_ip) == cols["client_ip"] and list(b.path) == ["/b", "/a", "/a"]
+        codes, uniq = b.codes("path")
+        assert list(codes) == [0, 1, 1] and list(uniq) == ["/b", "/a"]  # first-appearance order
+        t = b.take(np.array([1, 2]))
+        assert list(t.codes("client_ip")[1]) == ["10.0.0.1", "10.0.0.2"] and t.value("user_agent", 1) == "UA2"
+    assert list(batches[1].query) == ["", "", ""] and list(batches[3].query) == ["x=1", "", ""]
