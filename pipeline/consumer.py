@@ -37,8 +37,8 @@ detector hooks may see a replayed batch twice.
 
 Backpressure: a store error (server down, owner restarting, insert refused) pauses every assigned partition and
 retries the same batch with exponential backoff (``backoff_max_s``), forever, while still polling Kafka so the
-group membership stays alive; memory is bounded by 2 x ``batch_lines`` per assigned partition (a partition whose
-buffer holds that many is paused) plus one batch in flight plus librdkafka's fetch queue
+group membership stays alive; memory is bounded by ``batch_lines + min(batch_lines, poll_messages)`` per
+assigned partition (a partition whose buffer holds that many is paused) plus one batch in flight plus librdkafka's fetch queue
 (``queued.max.messages.kbytes``).  Nothing is dropped.
 
 Rebalances: static membership (``instance_id`` → ``group.instance.id``) lets a restarted consumer take its
@@ -354,12 +354,16 @@ class LiveConsumer:
             cap = max(cap, last - first + 1)
         return cap
 
+    def _pause_at(self, p: _Part) -> int:
+        cap = self._cap(p)
+        return cap + min(cap, self.opt.poll_messages)
+
     def _pause_full(self) -> None:
         from confluent_kafka import TopicPartition
 
-        # 2 x the cap: a partition that just filled a batch is flushed right after this poll; pausing it would
-        # make librdkafka drop its prefetched messages and fetch them again after the resume
-        to_pause = [k for k, p in self._parts.items() if k not in self._paused and len(p.msgs) >= 2 * self._cap(p)]
+        # cap + one poll (at most 2 x cap): a partition that just filled a batch is flushed right after this poll;
+        # pausing it would make librdkafka drop its prefetched messages and fetch them again after the resume
+        to_pause = [k for k, p in self._parts.items() if k not in self._paused and len(p.msgs) >= self._pause_at(p)]
         if to_pause:
             self._consumer.pause([TopicPartition(t, n) for t, n in to_pause])
             self._paused.update(to_pause)
@@ -371,7 +375,7 @@ class LiveConsumer:
         if self._global_pause:
             return
         ready = [k for k in self._paused if k in self._parts
-                 and len(self._parts[k].msgs) < 2 * self._cap(self._parts[k])]
+                 and len(self._parts[k].msgs) < self._pause_at(self._parts[k])]
         ready += [k for k in self._paused if k not in self._parts]
         if ready:
             with contextlib.suppress(Exception):
