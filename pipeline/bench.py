@@ -345,8 +345,8 @@ def child_analyze(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def _storage(store: Any, raw_bytes: int) -> dict[str, Any]:
-    tables = ["requests", "quarantine", "site_minute", "topic_minute", "client_minute", "prefix_minute",
-              "transfer_minute"]
+    tables = ["requests", "quarantine", "site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute",
+              "prefix_hour", "transfer_minute"]
     t0 = time.perf_counter()
     for t in tables:
         store.command(f"OPTIMIZE TABLE {t} FINAL")
@@ -386,15 +386,18 @@ PROPOSAL: list[tuple[str, str, str]] = [
 ]
 
 
-def _proposal(store: Any) -> dict[str, Any]:
+def _proposal(store: Any) -> dict[str, Any] | None:
     """Copy ``requests`` into a variant with :data:`PROPOSAL` applied; bytes/row before and after, and whether
-    the derived ``path`` equals the stored one on every row."""
+    the derived ``path`` equals the stored one on every row.  ``None`` when the schema already has every
+    proposed change (migration 0003 made url/referer LowCardinality)."""
     ddl = str(store.query_rows("SHOW CREATE TABLE requests")[0][0])
     applied = []
     for desc, pat, rep in PROPOSAL:
         ddl, n = re.subn(pat, rep, ddl)
         if n:
             applied.append(desc)
+    if not applied:
+        return None
     ddl = re.sub(r"CREATE TABLE (\S+\.)?requests\b", "CREATE TABLE requests_proposed", ddl, count=1)
     ddl = re.sub(r"\n\s*TTL [^\n]*", "", ddl)
     store.command("DROP TABLE IF EXISTS requests_proposed")
