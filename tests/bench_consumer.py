@@ -64,12 +64,12 @@ def main() -> None:
         bare_rate = got / bare_s
         variants: dict[str, dict[str, object]] = {}
         anchor = open_store(f"chdb:{tmp}/chdb")  # keeps the process's one chDB session open across variants
-        for name in [v.strip() for v in args.variants.split(",") if v.strip()]:
-            store = open_store(f"chdb:{tmp}/chdb", database=f"bench_{name}")
+        for i, name in enumerate(v.strip() for v in args.variants.split(",") if v.strip()):
+            store = open_store(f"chdb:{tmp}/chdb", database=f"bench_{name}_{i}")
             migrate(store, NO_TTL_PARAMS)
             opts = ConsumerOptions(bootstrap_servers=broker.bootstrap, topic="bench.raw",
-                                   dead_letter_topic="bench.dlq", group_id=f"fp-bench-{name}",
-                                   instance_id=f"bench-{name}", batch_lines=args.batch_lines, stats_interval_s=5,
+                                   dead_letter_topic="bench.dlq", group_id=f"fp-bench-{name}-{i}",
+                                   instance_id=f"bench-{name}-{i}", batch_lines=args.batch_lines, stats_interval_s=5,
                                    pipeline_inserts=name != "inline")
             lc = LiveConsumer(settings, store, opts)
             idle = 1.0
@@ -78,7 +78,7 @@ def main() -> None:
             load_s = time.perf_counter() - t0 - idle
             rows = store.query_rows("SELECT (SELECT count() FROM requests) + (SELECT count() FROM quarantine)")[0][0]
             store.close()
-            variants[name] = {"lines_s": round(n / load_s), "ratio_to_bare": round(n / load_s / bare_rate, 3),
+            variants[f"{i}:{name}"] = {"lines_s": round(n / load_s), "ratio_to_bare": round(n / load_s / bare_rate, 3),
                               "load_s": round(load_s, 1), "rows_stored": rows, "batches": summary["batches"]}
         anchor.close()
     print(json.dumps({
