@@ -118,8 +118,12 @@ do_start() {
   write_config
   if [ ! -f "$DIR/data/meta.properties" ]; then
     local id
-    # what `StorageTool random-uuid` prints (base64url of 16 random bytes), without a second JVM start
-    id=$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+    # what `StorageTool random-uuid` prints (base64url of 16 random bytes), without a second JVM start; like
+    # Kafka's Uuid.randomUuid, never one starting with '-' (the tool's argument parser takes it for an option)
+    id=-
+    while [ "${id#-}" != "$id" ]; do
+      id=$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+    done
     [ "${#id}" = 22 ] || die "could not make a cluster id"
     echo "$id" > "$DIR/cluster.id"
     java_cmd kafka.tools.StorageTool format -t "$id" -c "$DIR/server.properties" >>"$LOG" 2>&1 \
