@@ -491,10 +491,35 @@ def _detector_queries(store: Any, minutes: int) -> list[dict[str, Any]]:
     return out
 
 
+def bare_read(bootstrap: str, topic: str, n: int, timeout_s: float = 600) -> tuple[int, int, float]:
+    """The consumer's ceiling: one confluent-kafka consumer reads ``n`` messages of ``topic`` from the start in
+    batches of 10,000 and sums their value lengths.  Returns (messages, value bytes, seconds from the first
+    batch to the last)."""
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bare", "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    c.subscribe([topic])
+    got = nbytes = 0
+    t_first: float | None = None
+    deadline = time.monotonic() + timeout_s
+    while got < n and time.monotonic() < deadline:
+        msgs = c.consume(num_messages=10_000, timeout=1.0)
+        if msgs and t_first is None:
+            t_first = time.perf_counter()
+        for m in msgs:
+            if m.error() is None:
+                got += 1
+                nbytes += len(m.value() or b"")
+    seconds = time.perf_counter() - (t_first or time.perf_counter())
+    c.close()
+    return got, nbytes, seconds
+
+
 def child_consumer(a: dict[str, Any]) -> dict[str, Any]:
     """Pre-fill a topic with the file's lines as envelopes; bare batched read; then ``forumpulse consume``
     (child process, measured) loads it into a fresh chDB store."""
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Producer
     from forumpulse.pipeline.contracts import build_envelope
 
     ls = _live_stack()
@@ -525,22 +550,7 @@ def child_consumer(a: dict[str, Any]) -> dict[str, Any]:
         if p.flush(120):
             raise RuntimeError("messages left undelivered")
         produce_s = time.perf_counter() - t0
-        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "bare", "auto.offset.reset": "earliest",
-                      "enable.auto.commit": False})
-        c.subscribe(["bench.raw"])
-        got = nbytes = 0
-        t_first: float | None = None
-        deadline = time.monotonic() + 600
-        while got < n and time.monotonic() < deadline:
-            msgs = c.consume(num_messages=10_000, timeout=1.0)
-            if msgs and t_first is None:
-                t_first = time.perf_counter()
-            for m in msgs:
-                if m.error() is None:
-                    got += 1
-                    nbytes += len(m.value() or b"")
-        bare_s = time.perf_counter() - (t_first or time.perf_counter())
-        c.close()
+        got, nbytes, bare_s = bare_read(broker.bootstrap, "bench.raw", n)
         cfg = write_settings(work / "consumer.yaml", f"chdb:{work}/chdb", broker.bootstrap)
         idle = 2.0
         cm = run_measured([PY, "-m", "forumpulse.pipeline.consumer", "--config", cfg, "--topic", "bench.raw",

@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--batch-lines", type=int, default=50_000)
     ap.add_argument("--variants", default="pipelined,inline")
     args = ap.parse_args()
-    from confluent_kafka import Consumer
+    from forumpulse.pipeline.bench import bare_read
     from forumpulse.pipeline.config import load_settings
     from forumpulse.pipeline.consumer import ConsumerOptions, LiveConsumer
     from forumpulse.pipeline.store import migrate, open_store
@@ -43,22 +43,7 @@ def main() -> None:
         n = produce(broker.bootstrap, "bench.raw", stream(args.lines, seed=1))
         produce_s = time.perf_counter() - t0
 
-        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "bare", "auto.offset.reset": "earliest",
-                      "enable.auto.commit": False})
-        c.subscribe(["bench.raw"])
-        got = 0
-        nbytes = 0
-        t_first = None
-        while got < n:
-            msgs = c.consume(num_messages=10_000, timeout=1.0)
-            if msgs and t_first is None:
-                t_first = time.perf_counter()
-            for m in msgs:
-                if m.error() is None:
-                    got += 1
-                    nbytes += len(m.value())
-        bare_s = time.perf_counter() - (t_first or time.perf_counter())
-        c.close()
+        got, nbytes, bare_s = bare_read(broker.bootstrap, "bench.raw", n)
 
         settings = load_settings()
         bare_rate = got / bare_s

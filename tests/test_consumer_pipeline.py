@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.consumer import ConsumerOptions, LiveConsumer
-from forumpulse.pipeline.store import Store, StoreError, migrate, open_store
+from forumpulse.pipeline.store import Store, StoreError
 from live_stack import Broker, kafka_broker
-from test_live_support import NO_TTL_PARAMS, create_topics, differences, load_reference, produce, stream
+from test_live_support import assert_same_as_reference, create_topics, produce, reference_diff, stream
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +60,8 @@ def test_store_errors_in_the_insert_thread_are_retried_exactly(broker: Broker, s
     summary = c.run(idle_exit_s=2)
     assert flaky.failed == 6 and summary["store_errors"] >= 6
     assert summary["lag"] == 0
-    ref = open_store(f"chdb:{chdb_path}", database=store.database + "_ref")
-    try:
-        migrate(ref, NO_TTL_PARAMS)
-        load_reference(ref, settings, msgs)
-        diff = differences(store, store.database, ref.database)
-    finally:
-        ref.close()
-    tables = {k: v for k, v in diff.items() if isinstance(v, tuple)}
-    assert all(v == (0, 0) for v in tables.values()), tables
-    assert diff["counts"] == diff["ref_counts"]
+    diff = reference_diff(store, chdb_path, settings, msgs)
+    assert_same_as_reference(diff)
     # recorded ranges tile every partition from 0 to its end, each range once
     rows = store.query_rows("SELECT partition, first_offset, last_offset FROM consumer_batches FINAL "
                             "WHERE group_id = 'g-pipe' ORDER BY partition, first_offset")

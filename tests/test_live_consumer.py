@@ -24,6 +24,7 @@ from forumpulse.pipeline.store import ClickHouseStore, migrate
 from live_stack import Broker, kafka_broker
 from test_live_support import (
     NO_TTL_PARAMS,
+    assert_same_as_reference,
     consumer_cmd,
     create_topics,
     differences,
@@ -78,9 +79,7 @@ def _verify(port: int, config: Path, msgs: list[Any], tag: str) -> dict[str, Any
 
 
 def _assert_exact(diff: dict[str, Any], expected_lines: int) -> None:
-    tables = {k: v for k, v in diff.items() if isinstance(v, tuple)}
-    assert all(v == (0, 0) for v in tables.values()), f"tables differ (extra, missing): {tables}"
-    assert diff["counts"] == diff["ref_counts"], diff
+    assert_same_as_reference(diff)
     assert sum(diff["counts"].values()) == expected_lines
     assert diff["counts"]["quarantine"] > 0 and diff["duplicate_quarantine_offsets"] == 0
 

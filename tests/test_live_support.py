@@ -214,7 +214,8 @@ def last_json(log: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ comparison
 
-ROLLUPS = ("site_minute", "topic_minute", "client_minute", "prefix_minute", "transfer_minute")
+ROLLUPS = ("site_minute", "topic_minute", "client_minute", "prefix_minute", "transfer_minute", "topic_hour",
+           "prefix_hour")
 
 
 def _table_query(store: Any, db: str, table: str) -> str:
@@ -253,6 +254,27 @@ def differences(store: Any, db: str, ref: str) -> dict[str, Any]:
     out["ref_counts"] = {t: int(store.query_rows(f"SELECT count() FROM {ref}.{t}")[0][0])
                          for t in ("requests", "quarantine")}
     return out
+
+
+def reference_diff(store: Any, chdb_path: Any, settings: Any, msgs: list[Msg]) -> dict[str, Any]:
+    """:func:`differences` between ``store`` and a reference database on the same chDB folder, loaded with every
+    message's line processed once (:func:`load_reference`)."""
+    from forumpulse.pipeline.store import migrate, open_store
+
+    ref = open_store(f"chdb:{chdb_path}", database=store.database + "_ref")
+    try:
+        migrate(ref, NO_TTL_PARAMS)
+        load_reference(ref, settings, msgs)
+        return differences(store, store.database, ref.database)
+    finally:
+        ref.close()
+
+
+def assert_same_as_reference(diff: dict[str, Any]) -> None:
+    """Every table (requests, quarantine, each rollup) holds exactly what the reference holds."""
+    tables = {k: v for k, v in diff.items() if isinstance(v, tuple)}
+    assert all(v == (0, 0) for v in tables.values()), f"tables differ (extra, missing): {tables}"
+    assert diff["counts"] == diff["ref_counts"], diff
 
 
 def load_reference(store: Any, settings: Any, msgs: list[Msg], chunk: int = 50_000) -> None:
