@@ -10,7 +10,7 @@ behind — Kafka already holds the rest of a full batch — so a backlog loads i
 is busy with the batch in flight: an insert into ``requests`` costs about the same whatever its size (its
 materialized views), so partial batches grow while they wait instead of queueing up behind a slow store):
 
-1. messages are split by source (envelope, :mod:`forumpulse.pipeline.contracts`; :func:`split_values` does it
+1. messages are split by source (envelope, :mod:`forumpulse.pipeline.contracts`; :func:`~forumpulse.pipeline.contracts.split_values` does it
    for the whole batch at once), each source's lines go through the pure
    :class:`~forumpulse.pipeline.process.Processor`; heartbeats update liveness; values that are not envelopes go
    to the dead-letter topic;
@@ -71,12 +71,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from forumpulse.pipeline.config import Settings, load_settings
-from forumpulse.pipeline.contracts import HEARTBEAT_FORMAT, heartbeat_time_ms
+from forumpulse.pipeline.contracts import heartbeat_time_ms, split_values
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
 from forumpulse.pipeline.store import Store, StoreError, migrate, open_store
 
 log = logging.getLogger("forumpulse.consumer")
-_HB = HEARTBEAT_FORMAT.encode()
 
 BATCHES_SCHEMA = pa.schema([
     ("group_id", pa.string()), ("topic", pa.string()), ("partition", pa.uint32()),
@@ -847,100 +846,6 @@ class LiveConsumer:
 
 
 # ---------------------------------------------------------------------------------------------- envelope split
-
-
-@dataclass
-class SplitBatch:
-    """A batch of envelope values split by source, without a Python call per value beyond one slice per line.
-
-    ``groups``: ``(site, origin_host, origin_file, format)`` (bytes, ``-``/empty format already ``auto``) →
-    ``(positions, lines)`` in input order; ``heartbeats``: ``(position, source, line)``; ``bad``: positions of
-    values that are not v1 envelopes.  Every position appears in exactly one of the three.
-    """
-
-    groups: dict[tuple[bytes, bytes, bytes, bytes], tuple[np.ndarray, list[bytes]]]
-    heartbeats: list[tuple[int, tuple[bytes, bytes, bytes], bytes]]
-    bad: list[int]
-
-
-def split_values(values: Sequence[bytes | None]) -> SplitBatch:
-    """Split a batch of ``weblogs.raw`` values exactly as :func:`~forumpulse.pipeline.contracts.split_raw` splits
-    each one (same fields, same line, same trailing ``\\n``/``\\r\\n`` removal; ``None`` is not an envelope).
-
-    The 5th tab of every value is found with numpy over the whole batch and the distinct prefixes
-    (``fp1<TAB>site<TAB>host<TAB>file<TAB>format<TAB>``) are dictionary-encoded by Arrow, so a batch costs one
-    slice per line instead of a ``split`` and a few dict operations per message (tests compare it with
-    ``split_raw`` on arbitrary bytes).
-    """
-    n = len(values)
-    if n == 0:
-        return SplitBatch({}, [], [])
-    arr = pa.array(values, pa.large_binary())
-    offs = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
-    dbuf = arr.buffers()[2]
-    raw = np.frombuffer(dbuf, dtype=np.uint8) if dbuf is not None and dbuf.size else np.zeros(0, np.uint8)
-    data = np.zeros(len(raw) + 8, np.uint8)  # padded: reads past a value's end stay in bounds
-    data[:len(raw)] = raw
-    starts, ends = offs[:-1], offs[1:]
-    tabs = np.flatnonzero(raw == 9)
-    nt = len(tabs)
-    ok = ends - starts >= 8  # "fp1" + 5 tabs at least
-    if nt >= 5:
-        k = np.searchsorted(tabs, starts)
-        k1 = np.minimum(k, nt - 1)
-        k5 = np.minimum(k + 4, nt - 1)
-        t5 = tabs[k5]
-        ok &= (k + 4 < nt) & (t5 < ends) & (tabs[k1] == starts + 3)
-        ok &= (data[starts] == 0x66) & (data[starts + 1] == 0x70) & (data[starts + 2] == 0x31)  # b"fp1"
-    else:
-        t5 = starts
-        ok[:] = False
-    bad = np.flatnonzero(~ok).tolist()
-    okp = np.flatnonzero(ok)
-    groups: dict[tuple[bytes, bytes, bytes, bytes], tuple[np.ndarray, list[bytes]]] = {}
-    heartbeats: list[tuple[int, tuple[bytes, bytes, bytes], bytes]] = []
-    if not len(okp):
-        return SplitBatch(groups, heartbeats, bad)
-    s_ok = starts[okp]
-    e_ok = ends[okp]
-    line_lo = t5[okp] + 1  # absolute start of the line
-    plen = line_lo - s_ok
-    # trailing "\n" / "\r\n" of the line part (split_raw removes one of them)
-    ll = e_ok - line_lo
-    nl = (ll >= 1) & (data[e_ok - 1] == 10)
-    crnl = nl & (ll >= 2) & (data[e_ok - 2] == 13)
-    line_hi = e_ok - nl - crnl
-    # distinct prefixes: gather them into one binary array and dictionary-encode it
-    cum = np.zeros(len(okp) + 1, np.int64)
-    np.cumsum(plen, out=cum[1:])
-    gidx = np.repeat(s_ok - cum[:-1], plen) + np.arange(int(cum[-1]), dtype=np.int64)
-    parr = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(okp),
-                                            [None, pa.py_buffer(cum), pa.py_buffer(data[gidx].tobytes())])
-    enc = parr.dictionary_encode()
-    codes = enc.indices.to_numpy(zero_copy_only=False)
-    prefixes = enc.dictionary.to_pylist()
-    rel_lo = (plen).tolist()
-    rel_hi = (line_hi - s_ok).tolist()
-    okl = okp.tolist()
-    by_key: dict[tuple[bytes, bytes, bytes, bytes], list[int]] = {}
-    for code, prefix in enumerate(prefixes):
-        _fp1, site, host, file, fmt, _ = prefix.split(b"\t")
-        if fmt in (b"-", b""):
-            fmt = b"auto"
-        if fmt == _HB:
-            for j in np.flatnonzero(codes == code).tolist():
-                i = okl[j]
-                heartbeats.append((i, (site, host, file), values[i][rel_lo[j]:rel_hi[j]]))
-            continue
-        by_key.setdefault((site, host, file, fmt), []).append(code)
-    single = len(prefixes) == 1
-    for key, codes_k in by_key.items():
-        sel = np.arange(len(okp)) if single else np.flatnonzero(np.isin(codes, codes_k))
-        sl = sel.tolist()
-        lines = [values[okl[j]][rel_lo[j]:rel_hi[j]] for j in sl]
-        groups[key] = (okp[sel], lines)
-    heartbeats.sort()
-    return SplitBatch(groups, heartbeats, bad)
 
 
 def _ts_ms(v: Any) -> int:

@@ -421,20 +421,12 @@ class DosFeed:
         self.assigned.set()
 
     def stream_of(self, msgs: Sequence[Any]) -> pa.Table | None:
-        from forumpulse.pipeline.contracts import HEARTBEAT_FORMAT, split_raw
+        from forumpulse.pipeline.contracts import split_values
         from forumpulse.pipeline.process import SourceContext
 
-        hb = HEARTBEAT_FORMAT.encode()
-        groups: dict[tuple[bytes, bytes, bytes, bytes], list[bytes]] = {}
-        for m in msgs:
-            if m.error() is not None:
-                continue
-            r = split_raw(m.value() or b"")
-            if r is None or r[3] == hb:
-                continue
-            groups.setdefault((r[0], r[1], r[2], r[3]), []).append(r[4])
+        groups = split_values([m.value() for m in msgs if m.error() is None]).groups  # heartbeats/bad left out
         parts = []
-        for (site, host, file, fmt), lines in groups.items():
+        for (site, host, file, fmt), (_pos, lines) in groups.items():
             d = [x.decode("utf-8", "backslashreplace") for x in (site, host, file, fmt)]
             pb = self.processor.process(lines, SourceContext(site=d[0], origin_host=d[1], origin_file=d[2],
                                                              format=d[3]), source_ref="dos-feed")

@@ -1,10 +1,15 @@
-"""The consumer's batch envelope splitter (:func:`forumpulse.pipeline.consumer.split_values`) against the
+"""The consumer's batch envelope splitter (:func:`forumpulse.pipeline.contracts.split_values`) against the
 per-message definition (:func:`forumpulse.pipeline.contracts.split_raw`) on arbitrary and tricky values."""
 
 from __future__ import annotations
 
-from forumpulse.pipeline.consumer import split_values
-from forumpulse.pipeline.contracts import HEARTBEAT_FORMAT, build_envelope, build_heartbeat, split_raw
+from forumpulse.pipeline.contracts import (
+    HEARTBEAT_FORMAT,
+    build_envelope,
+    build_heartbeat,
+    split_raw,
+    split_values,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
