@@ -19,8 +19,8 @@ _M_MMAP_THRESHOLD = -3
 
 
 def tune_allocator() -> bool:
-    """Ask glibc to serve allocations up to 32 MiB from the heap and keep up to 256 MiB of freed heap; ask
-    pyarrow's jemalloc to keep dirty pages for 10 s.  Returns whether glibc accepted (False elsewhere, harmless)."""
+    """Ask glibc to serve allocations up to 32 MiB from the heap and keep up to 256 MiB of freed heap; make
+    pyarrow allocate from jemalloc and keep dirty pages for 10 s.  Returns whether glibc accepted (False elsewhere, harmless)."""
     ok = False
     name = ctypes.util.find_library("c")
     if name:
@@ -33,7 +33,11 @@ def tune_allocator() -> bool:
     try:
         import pyarrow as pa
 
+        # Arrow's default pool is mimalloc in current wheels; jemalloc with a 10 s decay reuses the buffers of the
+        # previous chunk instead of faulting fresh pages in: the parse step of the 1M-line simulated log took
+        # 5.5-5.7 CPU-s against 6.2-6.3 with mimalloc (alternating runs, same process code)
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
         pa.jemalloc_set_decay_ms(10_000)
-    except Exception:  # another allocator (mimalloc/system): nothing to tune
+    except Exception:  # a pyarrow built without jemalloc: keep its default pool
         pass
     return ok
