@@ -258,7 +258,11 @@ def ingest_stream(
     on_progress: Callable[[int], None] | None = None,
     name: str | None = None,
     pool: _Pool | None = None,
+    schema_ready: Callable[[], object] | None = None,
 ) -> FileCounts:
+    """Ingest one stream.  ``schema_ready`` (if given) is called before every insert, on the insert thread, and
+    must return once the store's tables exist (it re-raises a failed migration): parsing of the first chunks
+    overlaps the migrations."""
     counts = FileCounts(name=name or ctx.origin_file)
     retention_days = processor.settings.retention.raw_days
     t0 = time.perf_counter()
@@ -275,6 +279,8 @@ def ingest_stream(
             line_no += n
 
     def load(batch: ProcessedBatch, token: str) -> None:  # runs on the inserter thread, in submission order
+        if schema_ready is not None:
+            schema_ready()
         store.insert("requests", batch.requests, dedup_token=f"req-{token}")
         store.insert("quarantine", batch.quarantine, dedup_token=f"qua-{token}")
         counts.loaded += batch.requests.num_rows
@@ -331,11 +337,17 @@ def ingest_paths(
         workers = cores - 1 if cores > 2 and (total > 32 << 20 or "-" in paths) else 1
     pool = _Pool(processor, workers, 2 if threads is None else threads)
     pool.start()
-    ensure_schema(store, settings)
-    try:
-        return _ingest_each(store, settings, processor, pool, paths, fmt, site, origin_host, on_file)
-    finally:
-        pool.close()
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="forumpulse-migrate") as ex:
+        migrated = ex.submit(ensure_schema, store, settings)  # while the first chunks are parsed
+        try:
+            results = _ingest_each(store, settings, processor, pool, paths, fmt, site, origin_host, on_file,
+                                   migrated.result)
+        finally:
+            pool.close()
+        migrated.result()  # also for inputs with nothing to insert
+    return results
 
 
 def _ingest_each(
@@ -348,6 +360,7 @@ def _ingest_each(
     site: str | None,
     origin_host: str | None,
     on_file: Callable[[str, int], Callable[[int], None] | None] | None,
+    schema_ready: Callable[[], object] | None = None,
 ) -> list[FileCounts]:
     results = []
     for path in paths:
@@ -355,7 +368,8 @@ def _ingest_each(
         if path == "-":
             cb = on_file("stdin", 0) if on_file else None
             results.append(ingest_stream(store, processor, sys.stdin.buffer, ctx, pool=pool,
-                                         batch_lines=settings.ingest.batch_lines, on_progress=cb, name="stdin"))
+                                         batch_lines=settings.ingest.batch_lines, on_progress=cb, name="stdin",
+                                         schema_ready=schema_ready))
             continue
         p = Path(path)
         if not p.is_file():
@@ -364,7 +378,7 @@ def _ingest_each(
         opener = _open_maybe_compressed(p)
         with opener as fh:
             results.append(ingest_stream(store, processor, fh, ctx, batch_lines=settings.ingest.batch_lines,
-                                         on_progress=cb, name=path, pool=pool))
+                                         on_progress=cb, name=path, pool=pool, schema_ready=schema_ready))
     return results
 
 

@@ -204,3 +204,39 @@ def test_a_failed_background_insert_stops_ingestion_with_its_error_and_nothing_a
     [c] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1)
     assert (c.read, c.loaded + c.quarantined) == (5000, 5000)
     assert table_count(store, "requests") == c.loaded
+
+
+class _MigrationFails:
+    """Wraps the real store; the first migration statement raises (like a server refusing DDL)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.inserts = inner, 0
+
+    def command(self, sql):
+        if sql.startswith("CREATE TABLE IF NOT EXISTS schema_migrations"):
+            from forumpulse.pipeline.store import StoreError
+
+            raise StoreError("injected: DDL refused")
+        self.inner.command(sql)
+
+    def insert(self, table, data, dedup_token=None):
+        self.inserts += 1
+        self.inner.insert(table, data, dedup_token=dedup_token)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("lines", [0, 3000])
+def test_a_failed_migration_is_raised_and_nothing_is_inserted(store, settings, tmp_path, lines):
+    """Migrations run while the first chunks are parsed; their failure must still stop ingestion before any
+    insert, also for an empty input (nothing to insert, the error must not be lost)."""
+    from forumpulse.pipeline.store import StoreError
+
+    f = tmp_path / "in.log"
+    f.write_bytes(MIXED.read_bytes() * (lines // 10))
+    settings.ingest.batch_lines = 1000
+    failing = _MigrationFails(store)
+    with pytest.raises(StoreError, match="DDL refused"):
+        ingest_paths(failing, settings, [str(f)], fmt="combined")
+    assert failing.inserts == 0
