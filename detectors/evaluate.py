@@ -380,15 +380,25 @@ def simulator_part(work: Path | None = None, days: int = 28, lines_per_day: int 
     from forumpulse.pipeline.store import open_store
 
     tmp = Path(tempfile.mkdtemp(prefix="fp-eval-")) if work is None else work
+    marker = tmp / "ingested.json"  # written after a complete ingest: a kept work folder is re-used as it is
+    wanted = {"days": days, "lines_per_day": lines_per_day, "seed": seed}
+    reuse = work is not None and marker.is_file() and json.loads(marker.read_text()) == wanted
     t0 = time.perf_counter()
-    res = simulate(SimConfig(out=tmp / "sim", days=days, lines_per_day=lines_per_day, seed=seed))
-    truth = json.loads(res.truth_path.read_text())
+    if reuse:
+        truth = json.loads((tmp / "sim" / "truth.json").read_text())
+        total_lines = int(truth.get("total_lines", 0))
+    else:
+        res = simulate(SimConfig(out=tmp / "sim", days=days, lines_per_day=lines_per_day, seed=seed))
+        truth = json.loads(res.truth_path.read_text())
+        total_lines = res.total_lines
     t_sim = time.perf_counter() - t0
     settings = Settings(**truth_config(truth, tmp / "sim"))
     store = open_store(f"chdb:{tmp / 'chdb'}")
     try:
         t1 = time.perf_counter()
-        ingest_paths(store, settings, [str(tmp / "sim" / s["file"]) for s in truth["sources"]], workers=1)
+        if not reuse:
+            ingest_paths(store, settings, [str(tmp / "sim" / s["file"]) for s in truth["sources"]], workers=1)
+            marker.write_text(json.dumps(wanted))
         t_ing = time.perf_counter() - t1
         start = datetime.fromtimestamp(truth["start_ms"] / 1000, UTC) + timedelta(days=8)
         end = datetime.fromtimestamp(truth["end_ms"] / 1000, UTC)
@@ -402,9 +412,12 @@ def simulator_part(work: Path | None = None, days: int = 28, lines_per_day: int 
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        (tmp / "detections.jsonl").write_text("".join(d.to_json() + "\n" for d in dets))
     report = score_simulation(truth, dets, start, end, crossing)
-    _say(f"\n## Simulator ({days} days, {res.total_lines} lines, seed {seed}; simulate {t_sim:.0f} s, ingest "
-         f"{t_ing:.0f} s, detect {t_det:.0f} s; scored from {start:%Y-%m-%d} to {end:%Y-%m-%d})\n")
+    how = "re-used store: no simulate / ingest" if reuse else f"simulate {t_sim:.0f} s, ingest {t_ing:.0f} s"
+    _say(f"\n## Simulator ({days} days, {total_lines} lines, seed {seed}; {how}, detect {t_det:.0f} s; "
+         f"scored from {start:%Y-%m-%d} to {end:%Y-%m-%d})\n")
     _say("| scenario | local start | found | detection | delay |")
     _say("|---|---|---|---|---|")
     for row in report["rows"]:
@@ -532,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="simulator dump folder for the dev corpus (created with seed 1, 2, ... when absent)")
     ap.add_argument("--sim-days", type=int, default=28)
     ap.add_argument("--sim-lines-per-day", type=int, default=60_000)
+    ap.add_argument("--sim-work", type=Path, default=None,
+                    help="keep the simulator's logs and chDB store in this folder; a folder ingested before with "
+                         "the same days / lines per day is re-used (detection only)")
     args = ap.parse_args(argv)
     data: Path = args.data
     parts = set(args.only or ["nab", "nasa", "sim"])  # dev only on request
@@ -550,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     if "nasa" in parts:
         nasa_part(data / "nasa_http_1995", rules)
     if "sim" in parts:
-        simulator_part(days=args.sim_days, lines_per_day=args.sim_lines_per_day)
+        simulator_part(work=args.sim_work, days=args.sim_days, lines_per_day=args.sim_lines_per_day)
     if "dev" in parts:
         for seed, d in enumerate(args.dev_sim, start=1):
             if not (d / "truth.json").is_file():
