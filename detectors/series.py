@@ -101,7 +101,7 @@ class ScoreParams:
     seasonal_cycles: int = 3    # seasonal-naive predictor: median of the same phase in the last N periods
     seasonal_min_cycles: int = 2  # periods of history before a seasonal predictor counts
     combine: str = "min"        # "min": Bonferroni minimum of the raw and the best seasonal model; "select": best only
-    seasonal_gain: float = 0.7  # a seasonal model is used when its trailing error is under this × the raw model's
+    seasonal_gain: float = 0.5  # a seasonal model is used when its trailing error is under this × the raw model's
     score_window: int = 2000    # likelihood layer over the score itself: rows of score history (0 = layer off)
     score_short: int = 5        # ... rows of score averaged before its tail probability
     score_sd_floor: float = 0.05  # ... floor of the std of the averaged-score history (score units)

@@ -17,7 +17,9 @@ Detectors (thresholds in ``detectors/rules/traffic.yaml``; fixture cases in ``de
   lifecycle start -> peak -> end (a surge reopening within ``merge_minutes`` continues its event); detail
   carries views, replies, visitors, peak share, magnitude, the trigger (``window`` / ``cusum``).
 * ``transfer_regression`` / ``latency_regression`` — per (origin_host, upstream, large size class) per window:
-  median transfer rate (bytes/s) and p95 response time against the median of the previous windows.
+  median transfer rate (bytes/s) and p95 response time against the median of the previous windows; a low
+  transfer median opens a regression only on enough evidence (binomial tail of the window's responses, multiplied
+  over consecutive low windows, :class:`TransferDetector`).
 
 Every detection has a stable ``id`` (site, kind, scope, start) so the ``detections`` ReplacingMergeTree keeps its
 latest state; it is printed as a JSON line, inserted, and handed to an optional ``producer`` hook
@@ -60,7 +62,8 @@ RULES_FILE = Path(__file__).resolve().parent / "rules" / "traffic.yaml"
 # ------------------------------------------------------------------------------------------------ config
 
 
-RULES_VERSION = 2  # 2: topic.cusum_ratio / cusum_h / merge_minutes (group CUSUM), series.likelihood_* changes
+RULES_VERSION = 3  # 2: topic.cusum_ratio / cusum_h / merge_minutes (group CUSUM), series.likelihood_* changes;
+# 3: transfer regressions by binomial evidence (transfer.max_p / tail_share / tail_min_requests), series.seasonal_gain
 
 
 @lru_cache(maxsize=8)
@@ -379,21 +382,51 @@ class TopicSurgeDetector:
 class TransferDetector:
     """``transfer_regression``: median transfer rate of large responses per (origin_host, upstream, size_class)
     against the median of the previous ``baseline_hours`` of windows; ``latency_regression``: p95 response time of
-    the common small classes.  Windows that are part of a regression stay out of the baseline."""
+    the common small classes.  Windows that are part of a regression stay out of the baseline.
+
+    Transfer windows are judged by *evidence*, not by a count floor (rules v3): a window whose median rate is at
+    most ``rate_drop_ratio`` x baseline is "low"; under no regression that needs at least half of its ``n``
+    responses under ``rate_drop_ratio`` x baseline, each with probability ``q`` (see :meth:`tail_share`), so its
+    probability is the binomial tail ``P(X >= ceil(n/2) | n, q)``.  The tails of consecutive low windows are
+    multiplied; the regression opens when the product is at most ``max_p`` (start = first low window), and a
+    window that is not low resets it.  A median of 3 responses is weak evidence (``q`` = 5%: 7e-3), 20 responses
+    are strong (1e-8), a run of low windows adds up.  Guarantee: one window counts once; windows are fed in order."""
 
     def __init__(self, rules: dict[str, Any], site: str) -> None:
         self.rules = {"transfer_regression": rules["transfer"], "latency_regression": rules["latency"]}
         self.site = site
         self.history: dict[tuple[str, str], deque[float]] = {}
+        self.lower: dict[tuple[str, str], deque[float]] = {}  # baseline windows' q05 / median (enough responses)
         self.pending: dict[tuple[str, str], int] = {}
+        self.evidence: dict[tuple[str, str], tuple[float, datetime, int]] = {}  # log10 p, first low window, n
         self.open: dict[tuple[str, str], Detection] = {}
 
-    def update(self, kind: str, window_end: datetime, rows: list[tuple[str, str, str, int, float]]) -> Iterator[Detection]:
-        """``rows``: (origin_host, upstream, size_class, requests, value) of one window, value = median rate
-        (B/s) for ``transfer_regression``, p95 elapsed (ms) for ``latency_regression``."""
+    def tail_share(self, key: tuple[str, str]) -> float:
+        """``q``: share of single responses expected under ``rate_drop_ratio`` x the baseline median.  From the
+        baseline windows with at least ``tail_min_requests`` responses, the median ratio q05 / median gives a
+        log-normal left tail (sigma = ln(median / q05) / 1.645); ``q`` is that tail at the drop ratio, never under
+        ``tail_share`` (5%: a lower tail as wide as the class's own spread is assumed when the baseline says less
+        or has no large windows)."""
+        r = self.rules["transfer_regression"]
+        floor = float(r["tail_share"])
+        lows = self.lower.get(key)
+        if not lows:
+            return floor
+        lo = sorted(lows)[len(lows) // 2]
+        if lo >= r["rate_drop_ratio"] or lo <= 0.0:
+            return floor
+        sigma = math.log(1.0 / lo) / 1.6449
+        return max(floor, 0.5 * math.erfc(math.log(1.0 / float(r["rate_drop_ratio"])) / sigma / math.sqrt(2.0)))
+
+    def update(self, kind: str, window_end: datetime,
+               rows: list[tuple[str, str, str, int, float]] | list[tuple[str, str, str, int, float, float]]
+               ) -> Iterator[Detection]:
+        """``rows``: (origin_host, upstream, size_class, requests, value[, q05]) of one window, value = median rate
+        (B/s) and q05 its 5% quantile for ``transfer_regression``, p95 elapsed (ms) for ``latency_regression``."""
         r = self.rules[kind]
         keep = int(r["baseline_hours"]) * 60 // int(r["window_minutes"])
-        for host, upstream, size_class, n, value in rows:
+        for row in rows:
+            host, upstream, size_class, n, value = row[:5]
             key = (kind, f"{host}|{upstream or '-'}|{size_class}")
             hist = self.history.setdefault(key, deque(maxlen=keep))
             if n < r["min_requests"]:
@@ -401,11 +434,44 @@ class TransferDetector:
             bad = False
             if len(hist) >= r["min_baseline_windows"]:
                 base = sorted(hist)[len(hist) // 2]
-                bad = (value <= r["rate_drop_ratio"] * base if kind == "transfer_regression"
-                       else value >= r["latency_rise_ratio"] * base and value - base >= r["min_rise_ms"])
-                yield from self._check(key, window_end, value, base, bad, n, r)
+                if kind == "transfer_regression":
+                    bad = value <= r["rate_drop_ratio"] * base
+                    yield from self._check_transfer(key, window_end, value, base, bad, n, r)
+                else:
+                    bad = value >= r["latency_rise_ratio"] * base and value - base >= r["min_rise_ms"]
+                    yield from self._check(key, window_end, value, base, bad, n, r)
             if not bad and key not in self.open:
                 hist.append(value)
+                if kind == "transfer_regression" and len(row) > 5 and n >= r["tail_min_requests"] and value > 0:
+                    self.lower.setdefault(key, deque(maxlen=keep)).append(float(row[5]) / value)
+
+    def _check_transfer(self, key: tuple[str, str], ts: datetime, obs: float, exp: float, bad: bool, n: int,
+                        r: dict[str, Any]) -> Iterator[Detection]:
+        w = timedelta(minutes=int(r["window_minutes"]))
+        if key in self.open:
+            yield from self._check(key, ts, obs, exp, bad, n, r)
+            return
+        if not bad:
+            self.evidence.pop(key, None)
+            return
+        from scipy.stats import binom  # scipy ships with statsmodels (a pinned dependency)
+
+        q = self.tail_share(key)
+        log_p = float(binom.logsf(math.ceil(n / 2) - 1, n, q)) / math.log(10.0)
+        prev = self.evidence.get(key)
+        total, first, n_all = (prev[0] + log_p, prev[1], prev[2] + n) if prev else (log_p, ts - w, n)
+        self.evidence[key] = (total, first, n_all)
+        if total > math.log10(float(r["max_p"])):
+            return
+        del self.evidence[key]
+        ratio = obs / exp if exp else float("inf")
+        det = Detection(key[0], key[1], first, None, ts, obs, exp, min(1.0, abs(1 - ratio)), "regression",
+                        {"metric": "bytes_per_s_p50", "ratio": round(ratio, 3), "requests": n,
+                         "requests_in_run": n_all, "log10_p": round(total, 2), "tail_share": round(q, 4),
+                         "confirmed_at": ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
+                        site=self.site)
+        self.open[key] = det
+        yield det
 
     def _check(self, key: tuple[str, str], ts: datetime, obs: float, exp: float, bad: bool, n: int,
                r: dict[str, Any]) -> Iterator[Detection]:
@@ -704,9 +770,9 @@ class TrafficDetector:
     def _transfer(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime) -> Iterator[Detection]:
         w = int(self.rules["transfer"]["window_minutes"])
         first = rt.transfer_cursor or start
-        specs = (("transfer_regression", "transfer", "quantilesTDigestMerge(0.05, 0.5, 0.95)(rate_q)[2]"),
-                 ("latency_regression", "latency", "quantilesTDigestMerge(0.5, 0.95, 0.99)(elapsed_q)[2]"))
-        by: dict[datetime, list[tuple[str, list[tuple[str, str, str, int, float]]]]] = {}
+        specs = (("transfer_regression", "transfer", "quantilesTDigestMerge(0.05, 0.5, 0.95)(rate_q)"),
+                 ("latency_regression", "latency", "quantilesTDigestMerge(0.5, 0.95, 0.99)(elapsed_q)"))
+        by: dict[datetime, list[tuple[str, list[tuple[str, str, str, int, float, float]]]]] = {}
         for kind, section, expr in specs:
             classes = ", ".join(_q(c) for c in self.rules[section]["size_classes"])
             rows = store.query_rows(
@@ -714,9 +780,10 @@ class TrafficDetector:
                 f"sum(requests), {expr} FROM transfer_minute "
                 f"WHERE site = {_q(rt.name)} AND size_class IN ({classes}) AND minute >= {_sql_ts(first)} "
                 f"AND minute < {_sql_ts(until)} GROUP BY w, origin_host, upstream, size_class ORDER BY w")
-            grouped: dict[datetime, list[tuple[str, str, str, int, float]]] = {}
-            for wstart, host, up, sc, n, value in rows:
-                grouped.setdefault(_utc(wstart), []).append((str(host), str(up), str(sc), int(n), float(value)))
+            grouped: dict[datetime, list[tuple[str, str, str, int, float, float]]] = {}
+            for wstart, host, up, sc, n, qs in rows:  # transfer: (q05, median, q95) of rates; latency: p50/p95/p99
+                grouped.setdefault(_utc(wstart), []).append(
+                    (str(host), str(up), str(sc), int(n), float(qs[1]), float(qs[0])))
             for ws, lst in grouped.items():
                 by.setdefault(ws, []).append((kind, lst))
         for wstart in sorted(by):

@@ -94,7 +94,9 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
                       "page_kind": ["topic_view"] * m, "upstream": [""] * m, "elapsed_ms": [None] * m})
     for u, factor in rate_factor.items():
         per = case.get("large_per_minute", 0)
+        every = case.get("large_every_minutes", 1)  # sparse large responses: one every N minutes
         li = np.repeat(np.arange(len(minutes)), per)
+        li = li[li % every == 0]
         m = len(li)
         size = np.full(m, 2_000_000)
         rate = 700e6 * factor[li] * rng.uniform(0.9, 1.1, m)  # bytes per second
