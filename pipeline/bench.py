@@ -82,6 +82,8 @@ class Measured:
     max_rss_kb: int
     out: str
     err: str
+    #: user + system CPU seconds of the command (all its threads; children it waited for included)
+    cpu_s: float = 0.0
 
     @property
     def rss_mb(self) -> float:
@@ -111,7 +113,7 @@ def run_measured(cmd: Sequence[str | Path], cwd: Path | None = None, env: dict[s
     rss_p = log_dir / f"child-{stamp}.rss"
     # GNU time reports the peak RSS of the command itself; ru_maxrss from our own wait4 would include this
     # (larger) process's pages at fork time, which Linux keeps across exec.
-    wrap = [GNU_TIME, "-q", "-f", "%M", "-o", str(rss_p)] if GNU_TIME else []
+    wrap = [GNU_TIME, "-q", "-f", "%M %U %S", "-o", str(rss_p)] if GNU_TIME else []
     with out_p.open("wb") as fo, err_p.open("wb") as fe:
         t0 = time.perf_counter()
         p = subprocess.Popen([*wrap, *(str(c) for c in cmd)], stdout=fo, stderr=fe, cwd=cwd,
@@ -120,11 +122,13 @@ def run_measured(cmd: Sequence[str | Path], cwd: Path | None = None, env: dict[s
         secs = time.perf_counter() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
     rss = int(ru.ru_maxrss)
+    cpu = ru.ru_utime + ru.ru_stime
     if GNU_TIME:
         with contextlib.suppress(OSError, ValueError, IndexError):
-            rss = int(rss_p.read_text().strip().splitlines()[-1])
+            f_rss, f_user, f_sys = rss_p.read_text().strip().splitlines()[-1].split()
+            rss, cpu = int(f_rss), float(f_user) + float(f_sys)
     m = Measured([str(c) for c in cmd], secs, p.returncode, rss,
-                 out_p.read_text(errors="replace"), err_p.read_text(errors="replace"))
+                 out_p.read_text(errors="replace"), err_p.read_text(errors="replace"), cpu)
     for f in (out_p, err_p, rss_p):
         f.unlink(missing_ok=True)
     if check and m.rc != 0:
@@ -752,7 +756,7 @@ class Run:
         counts, _ = internal("count", {"store": f"chdb:{store}"}, self.work)
         row: dict[str, Any] = {"lines": meta["lines"], "bytes": meta["bytes"], "days": meta["days"],
                                "seconds": m.seconds, "lines_s": meta["lines"] / m.seconds, "rss_kb": m.max_rss_kb,
-                               "rows": counts}
+                               "cpu_s": m.cpu_s, "rows": counts}
         if counts["requests"] + counts["quarantine"] != meta["lines"]:
             row["error"] = f"stored {counts} for {meta['lines']} lines"
         if peer:
@@ -763,7 +767,7 @@ class Run:
             g = run_measured(gcmd, log_dir=self.work)
             doc = json.loads(out.read_text())
             row["goaccess"] = {"seconds": g.seconds, "lines_s": meta["lines"] / g.seconds, "rss_kb": g.max_rss_kb,
-                               "total_requests": doc.get("general", {}).get("total_requests")}
+                               "cpu_s": g.cpu_s, "total_requests": doc.get("general", {}).get("total_requests")}
             out.unlink()
             row["ratio"] = row["lines_s"] / row["goaccess"]["lines_s"]
         self.stores[n] = store
@@ -1025,13 +1029,16 @@ def _ingest_md(ing: dict[str, Any]) -> list[str]:
            "`forumpulse ingest` wall time from process start to exit (interpreter, chDB start-up and migrations "
            "included); GoAccess 1.7 parses and aggregates the same file into a JSON report. Rows stored are checked "
            "(requests + quarantine = lines).", "",
-           "| lines | days | file | forumpulse s | lines/s | peak RSS | GoAccess s | GoAccess lines/s | GoAccess RSS "
-           "| ratio | rows stored |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "CPU s is user + system time of all the process's threads (GoAccess 1.7 parses on one thread; "
+           "forumpulse parses on two threads while chDB inserts on its own): the wall-clock ratio is the target, "
+           "the CPU columns show how much of it is parallelism.", "",
+           "| lines | days | file | forumpulse s | CPU s | lines/s | peak RSS | GoAccess s | CPU s | GoAccess lines/s "
+           "| GoAccess RSS | ratio | rows stored |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _n, x in sorted(ing.items(), key=lambda kv: int(kv[0])):
         g = x.get("goaccess")
         out.append(f"| {x['lines']:,} | {x['days']} | {x['bytes'] / 1e9:.2f} GB | {x['seconds']:.1f} | "
-                   f"{_f(x['lines_s'])} | {_mb(x['rss_kb'])} | {_f(g['seconds'], 1) if g else ''} | "
-                   f"{_f(g['lines_s']) if g else ''} | {_mb(g['rss_kb']) if g else ''} | "
+                   f"{_cpu(x)} | {_f(x['lines_s'])} | {_mb(x['rss_kb'])} | {_f(g['seconds'], 1) if g else ''} | "
+                   f"{_cpu(g) if g else ''} | {_f(g['lines_s']) if g else ''} | {_mb(g['rss_kb']) if g else ''} | "
                    f"{_ratio(x) if g else ''} | {x['rows']['requests']:,} + {x['rows']['quarantine']:,} "
                    f"quarantined{' — ' + x['error'] if 'error' in x else ''} |")
     pts = sorted((int(n), x) for n, x in ing.items())
@@ -1048,6 +1055,10 @@ def _stages_md(st: dict[str, Any]) -> list[str]:
             f"**{_f(n / st['fast_s'])} lines/s**; per-line reference path {_f(n / st['ref_s'])} lines/s "
             f"(identical output: {st['identical']}); chDB insert alone (requests + materialized views) "
             f"{_f(n / st['insert_s'])} rows/s.", ""]
+
+
+def _cpu(x: dict[str, Any]) -> str:
+    return f"{x['cpu_s']:.1f}" if "cpu_s" in x else "–"  # runs merged from before CPU time was recorded
 
 
 def _ratio(x: dict[str, Any]) -> str:
