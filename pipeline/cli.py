@@ -128,8 +128,10 @@ def ingest(
     Lines that do not parse go to the `quarantine` table with their reason; read == loaded + quarantined is
     checked for every file.  Re-ingesting the same file stores nothing twice (deduplicated blocks).
     """
+    from forumpulse.pipeline.runtime import preload_in_background, tune_allocator
+
+    preload_in_background("pandas")
     from forumpulse.pipeline.ingest import file_progress, ingest_paths
-    from forumpulse.pipeline.runtime import tune_allocator
     from rich.console import Console
 
     tune_allocator()

@@ -10,6 +10,7 @@ should not call it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 
@@ -41,3 +42,21 @@ def tune_allocator() -> bool:
     except Exception:  # a pyarrow built without jemalloc: keep its default pool
         pass
     return ok
+
+
+def preload_in_background(*modules: str) -> None:
+    """Import ``modules`` on a daemon thread (missing ones are ignored).
+
+    pyarrow imports pandas (when installed) on its first conversion of a Python sequence, to check for pandas
+    objects: ~0.35 s here, which would otherwise land on the first chunk's parse, i.e. on the path to the first
+    insert.  Started before the store is opened, the import overlaps chDB's start-up and migrations.
+    """
+    import importlib
+    import threading
+
+    def run() -> None:
+        for m in modules:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(m)
+
+    threading.Thread(target=run, name="forumpulse-preload", daemon=True).start()
