@@ -415,6 +415,83 @@ def _clients(view: pa.Array) -> tuple[pa.Array, pa.Array, np.ndarray | None, pa.
     return ip_dict.take(idx), host_dict.take(idx), bad, ip_dict, idx
 
 
+_CLF_DIGITS = np.array([0, 1, 7, 8, 9, 10, 12, 13, 15, 16, 18, 19, 22, 23, 24, 25])
+_CLF_SEPS = {2: ord("/"), 6: ord("/"), 11: ord(":"), 14: ord(":"), 17: ord(":"), 20: ord(" ")}
+
+
+def _clf_column(view: pa.Array) -> pa.Array:
+    """``int64`` UTC milliseconds of a column of CLF timestamps, equal value for value to
+    :func:`V.clf_timestamps_ms` (null where it gives ``None``).
+
+    Distinct texts of the common shape ``dd/Mon/yyyy:HH:MM:SS +hhmm`` (26 bytes, or 28 in brackets) are checked
+    and converted as NumPy columns, and the date-and-zone part once per distinct day and zone through the same
+    Python arithmetic; every other text (fractions, odd brackets, other digits) goes to ``clf_timestamps_ms``."""
+    d = pc.dictionary_encode(view)
+    if isinstance(d, pa.ChunkedArray):
+        d = d.combine_chunks()
+    dic = d.dictionary.cast(pa.string())
+    n = len(dic)
+    out = np.zeros(n, dtype=np.int64)
+    valid = np.zeros(n, dtype=bool)
+    lens = np.asarray(pc.binary_length(dic).to_numpy(zero_copy_only=False), dtype=np.int64)
+    offs = np.frombuffer(dic.buffers()[1], dtype=np.int32, count=n + 1, offset=dic.offset * 4).astype(np.int64)
+    data = np.frombuffer(dic.buffers()[2], dtype=np.uint8) if dic.buffers()[2] is not None else np.zeros(0, np.uint8)
+    start = offs[:-1].copy()
+    cand = lens == 26
+    if n and data.size:
+        bracket = (lens == 28) & (data[np.minimum(start, data.size - 1)] == ord("["))
+        bracket &= data[np.minimum(start + 27, data.size - 1)] == ord("]")
+        start[bracket] += 1
+        cand |= bracket
+    rows = np.flatnonzero(cand)
+    handled = np.zeros(n, dtype=bool)
+    if len(rows):
+        w = data[start[rows][:, None] + np.arange(26)[None, :]].astype(np.int64)
+        dig = w[:, _CLF_DIGITS] - 48
+        shape = ((dig >= 0) & (dig <= 9)).all(axis=1)
+        for k, c in _CLF_SEPS.items():
+            shape &= w[:, k] == c
+        shape &= (w[:, 21] == ord("+")) | (w[:, 21] == ord("-"))
+        letters = w[:, 3:6] | 0x20
+        shape &= ((letters >= ord("a")) & (letters <= ord("z"))).all(axis=1)
+        rows, w = rows[shape], w[shape]
+        hh = (w[:, 12] - 48) * 10 + w[:, 13] - 48
+        mm = (w[:, 15] - 48) * 10 + w[:, 16] - 48
+        ss = (w[:, 18] - 48) * 10 + w[:, 19] - 48
+        in_day = (hh <= 23) & (mm <= 59) & (ss <= 60)
+        handled[rows[~in_day]] = True  # out-of-range time of day: None, as the reference
+        rows, w, hh, mm, ss = rows[in_day], w[in_day], hh[in_day], mm[in_day], ss[in_day]
+        key_cols = np.concatenate([w[:, :11], w[:, 20:26]], axis=1).astype(np.uint8)
+        keys, inv = np.unique(np.ascontiguousarray(key_cols).view(np.dtype((np.void, 17))).ravel(),
+                              return_inverse=True)
+        base = np.zeros(len(keys), dtype=np.int64)
+        base_ok = np.zeros(len(keys), dtype=bool)
+        exact = np.zeros(len(keys), dtype=bool)
+        for i, kb in enumerate(keys):
+            t = bytes(kb).decode("ascii")  # dd/Mon/yyyy + " +hhmm"
+            month = V.MONTHS.get(t[3:6].lower())
+            off = int(t[13:15]) * 60 + int(t[15:17])
+            b = None if month is None else V.civil_to_ms(int(t[7:11]), month, int(t[0:2]), 0, 0, 0, 0,
+                                                        -off if t[12] == "-" else off)
+            if b is None and month is not None:
+                exact[i] = True  # midnight out of range, the time of day may be in: the exact path decides
+            elif b is not None:
+                base[i], base_ok[i] = b, True
+        inv = inv.ravel()
+        ms = base[inv] + (hh * 3600 + mm * 60 + ss) * 1000
+        ok = base_ok[inv] & (ms >= V.TS_MIN_MS) & (ms <= V.TS_MAX_MS)
+        out[rows[ok]] = ms[ok]
+        valid[rows[ok]] = True
+        handled[rows[~exact[inv]]] = True
+    rest = np.flatnonzero(~handled)
+    if len(rest):
+        vals = V.clf_timestamps_ms(dic.take(pa.array(rest)).to_pylist())
+        for j, v in zip(rest.tolist(), vals, strict=True):
+            if v is not None:
+                out[j], valid[j] = v, True
+    return pa.array(out, mask=~valid).take(d.indices)
+
+
 def _dash_null(arr: pa.Array) -> pa.Array:
     return pc.if_else(pc.equal(arr, "-"), _NULL_STR, arr)
 
@@ -727,12 +804,11 @@ class FastPath:
         ti = _first(slots, "time")
         assert ti is not None
         fn = {"clf": V.clf_timestamp_ms, "iso": V.iso_timestamp_ms, "epoch": V.epoch_seconds_ms}[plan.time_kind]
-        uniq, idx = _dict(g.view(ti))
-        if plan.time_kind == "clf" and all(type(u) is str for u in uniq):
-            ts_vals = V.clf_timestamps_ms(uniq)  # the same values, converted per distinct day
+        if plan.time_kind == "clf":
+            ts = _clf_column(g.view(ti))  # the same values as clf_timestamp_ms, as columns
         else:
-            ts_vals = [_safe(fn, u) for u in uniq]
-        ts = _take(ts_vals, pa.int64(), idx)
+            uniq, idx = _dict(g.view(ti))
+            ts = _take([_safe(fn, u) for u in uniq], pa.int64(), idx)
         ok &= ~np.asarray(ts.is_null().to_numpy(zero_copy_only=False))
         cols["ts"] = ts
 

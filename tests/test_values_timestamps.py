@@ -38,3 +38,28 @@ def test_batch_clf_conversion_equals_the_reference_per_value(texts: list[str]) -
 def test_batch_clf_conversion_known_values() -> None:
     assert V.clf_timestamps_ms(["10/Oct/2000:13:55:36 -0700", "[31/Dec/1999:23:59:60 +0000]", "30/Feb/2000:00:00:00 +0000"]) == [
         971211336000, 946684800000, None]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(clf_texts(), st.text(max_size=30)), max_size=60))
+def test_columnar_clf_conversion_equals_the_batch_converter(texts: list[str]) -> None:
+    """The fast path's NumPy conversion (distinct values as byte columns) gives the batch converter's values,
+    nulls where it gives None, for well-formed, malformed and out-of-range texts alike."""
+    import pyarrow as pa
+    from forumpulse.pipeline.fastpath import _clf_column
+
+    V._clf_day.clear()
+    got = _clf_column(pa.array(texts, pa.string()).cast(pa.string_view())).to_pylist()
+    assert got == V.clf_timestamps_ms(texts)
+
+
+def test_columnar_clf_conversion_known_values() -> None:
+    import pyarrow as pa
+    from forumpulse.pipeline.fastpath import _clf_column
+
+    texts = ["10/Oct/2000:13:55:36 -0700", "[31/Dec/1999:23:59:60 +0000]", "30/Feb/2000:00:00:00 +0000",
+             "10/Oct/2000:24:00:00 -0700", "10/Oct/2000:13:55:36 -0700", "[10/Oct/2000:13:55:36 -0700",
+             "10/Oct/2000:13:55:36.123 -0700", "01/Jan/1900:00:00:00 +0100"]
+    got = _clf_column(pa.array(texts, pa.string()).cast(pa.string_view())).to_pylist()
+    assert got == [971211336000, 946684800000, None, None, 971211336000, 971211336000, 971211336123,
+                   V.clf_timestamp_ms("01/Jan/1900:00:00:00 +0100")]
