@@ -904,9 +904,9 @@ class FastPath:
             if name in slots and plan.kinds[slots[name][0]] == NUM:
                 vals, dash, too_long = g.uint(slots[name][0])
                 ok &= ~too_long
-                v = vals.astype(np.float64)
-                v = v * scale / div if div != 1.0 else v * scale
-                el = pa.array(np.where(dash | too_long, 0.0, v).astype(np.float32), mask=dash | too_long)
+                fv = vals.astype(np.float64)
+                fv = fv * scale / div if div != 1.0 else fv * scale
+                el = pa.array(np.where(dash | too_long, 0.0, fv).astype(np.float32), mask=dash | too_long)
                 break
             if name in slots:
                 e = g.string(slots[name][0])
