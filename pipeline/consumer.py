@@ -54,6 +54,7 @@ topic into the same database.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -324,24 +325,31 @@ class LiveConsumer:
         self._last_message = time.monotonic()
         parts = self._parts
         now = started  # a message may have waited in librdkafka's queue since the call began: age it from there
-        added = 0
-        for m in msgs:
-            err = m.error()
-            if err is not None:
+        errors = [m for m in msgs if m.error() is not None]
+        if errors:
+            for m in errors:
+                err = m.error()
                 if err.fatal():
                     from confluent_kafka import KafkaException
 
                     raise KafkaException(err)
                 log.warning("kafka: %s", err)
+            msgs = [m for m in msgs if m.error() is None]
+        # messages come in runs of one partition (one fetch response each): cut the runs with numpy and move
+        # each as one list slice (we subscribe to one topic: a run's first message names it)
+        pn = np.fromiter((m.partition() for m in msgs), dtype=np.int64, count=len(msgs))
+        cuts = [0, *(np.flatnonzero(pn[1:] != pn[:-1]) + 1).tolist(), len(msgs)]
+        for a, z in itertools.pairwise(cuts):
+            if a == z:
                 continue
-            key = (m.topic(), m.partition())
+            key = (msgs[a].topic(), int(pn[a]))
             p = parts.get(key)
             if p is None:  # a message for a partition we were not told about (should not happen): take it
                 p = parts[key] = _Part()
             if not p.msgs:
                 p.first_seen = now
-            p.msgs.append(m)
-            added += 1
+            p.msgs.extend(msgs[a:z])
+        added = len(msgs)
         self._buffered += added
         self.metrics.set_buffered(self._buffered)
         self._pause_full()
@@ -623,7 +631,7 @@ class LiveConsumer:
         values = [m.value() for m in msgs]
         tss = np.fromiter((m.timestamp()[1] for m in msgs), dtype=np.int64, count=len(msgs))
         batch_ts = max(0, int(tss.max()))
-        sb = split_values(values)
+        sb = split_values(values, blocks=True)
         b.bad_n = len(sb.bad)
         b.hb_n = len(sb.heartbeats)
         for i, src, hline in sb.heartbeats:
@@ -949,6 +957,9 @@ def consume_command(
     """
     logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from forumpulse.pipeline.runtime import use_jemalloc
+
+    use_jemalloc()
     settings = load_settings(config)
     url = store or settings.store.url
     stop = threading.Event()

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 ENVELOPE_V1 = b"fp1"
 HEARTBEAT_FORMAT = "-heartbeat-"
@@ -124,15 +125,142 @@ class SplitBatch:
     bad: list[int]
 
 
-def split_values(values: Sequence[bytes | None]) -> SplitBatch:
+def split_values(values: Sequence[bytes | None], blocks: bool = False) -> SplitBatch:
     """Split a batch of ``weblogs.raw`` values exactly as :func:`~forumpulse.pipeline.contracts.split_raw` splits
     each one (same fields, same line, same trailing ``\\n``/``\\r\\n`` removal; ``None`` is not an envelope).
+    Tests compare it with ``split_raw`` on arbitrary bytes.
 
-    The 5th tab of every value is found with numpy over the whole batch and the distinct prefixes
-    (``fp1<TAB>site<TAB>host<TAB>file<TAB>format<TAB>``) are dictionary-encoded by Arrow, so a batch costs one
-    slice per line instead of a ``split`` and a few dict operations per message (tests compare it with
-    ``split_raw`` on arbitrary bytes).
+    A batch holds few sources (prefixes ``fp1<TAB>site<TAB>host<TAB>file<TAB>format<TAB>``), so they are found
+    one at a time: the first value not yet placed gives a prefix and one Arrow ``starts_with`` over the batch
+    finds every value with it (no Python work per value).  After :data:`PREFIX_ROUNDS` prefixes, the rest goes
+    through :func:`_split_generic` (numpy over every byte).
+
+    ``blocks=True``: a group's lines come as one :class:`~forumpulse.pipeline.fastpath.BlockLines` (every line
+    followed by ``\\n`` in one buffer, cut by an Arrow kernel: no Python object per line) wherever that is the
+    same input to :meth:`~forumpulse.pipeline.process.Processor.process` as the list — no line of the group
+    holds a ``\\n`` or ends with ``\\r`` (:func:`~forumpulse.pipeline.process.decode_line` would strip those),
+    and the group has one prefix spelling — else the list, as without it.  ``block[i]`` is then
+    ``line + b"\\n"``.
     """
+    n = len(values)
+    if n == 0:
+        return SplitBatch({}, [], [])
+    arr = _binary_array(values)
+    offs = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
+    dbuf = arr.buffers()[2]
+    raw = np.frombuffer(dbuf, dtype=np.uint8) if dbuf is not None and dbuf.size else np.zeros(1, np.uint8)
+    ends = offs[1:]
+    todo = np.ones(n, dtype=bool)
+    found: list[tuple[bytes, np.ndarray]] = []  # (prefix, positions) in order of first appearance
+    bad: list[int] = []
+    rounds = 0
+    while rounds < PREFIX_ROUNDS:
+        first = int(np.argmax(todo))
+        if not todo[first]:
+            break
+        rounds += 1
+        v = values[first]
+        r = v.split(b"\t", 5) if v is not None else []
+        if v is None or len(r) != 6 or r[0] != ENVELOPE_V1:
+            bad.append(first)
+            todo[first] = False
+            continue
+        prefix = v[:len(v) - len(r[5])]
+        hit = pc.fill_null(pc.starts_with(arr, pattern=prefix), False).to_numpy(zero_copy_only=False)
+        pos = np.flatnonzero(todo & hit)
+        todo[pos] = False
+        found.append((prefix, pos))
+    rest = np.flatnonzero(todo)
+    sb = _split_generic([values[i] for i in rest.tolist()]) if len(rest) else SplitBatch({}, [], [])
+
+    keyed: dict[tuple[bytes, bytes, bytes, bytes], list[tuple[bytes | None, np.ndarray, list[bytes] | None]]] = {}
+    heartbeats = [(int(rest[i]), src, line) for i, src, line in sb.heartbeats]
+    for prefix, pos in found:
+        _fp1, site, host, file, fmt, _ = prefix.split(b"\t")
+        if fmt in (b"-", b""):
+            fmt = b"auto"
+        if fmt == _HEARTBEAT_B:
+            heartbeats += [(i, (site, host, file), _line_of(values[i], len(prefix))) for i in pos.tolist()]
+            continue
+        keyed.setdefault((site, host, file, fmt), []).append((prefix, pos, None))
+    for key, (gpos, glines) in sb.groups.items():
+        keyed.setdefault(key, []).append((None, rest[gpos], glines))
+    firsts = {key: min(int(p[0]) for _, p, _ in parts) for key, parts in keyed.items()}
+    groups: dict[tuple[bytes, bytes, bytes, bytes], tuple[np.ndarray, Any]] = {}
+    for key in sorted(keyed, key=firsts.__getitem__):
+        parts = keyed[key]
+        only = parts[0][0] if len(parts) == 1 else None
+        if only is not None:
+            pos = parts[0][1]
+            block = _block(arr, raw, ends, pos, len(only)) if blocks else None
+            groups[key] = (pos, block if block is not None
+                           else [_line_of(values[i], len(only)) for i in pos.tolist()])
+            continue
+        pieces = [(pos, lines if lines is not None else [_line_of(values[i], len(pr or b"")) for i in pos.tolist()])
+                  for pr, pos, lines in parts]
+        allpos = np.concatenate([p for p, _ in pieces])
+        alllines = [x for _, lines in pieces for x in lines]
+        order = np.argsort(allpos, kind="stable")
+        groups[key] = (allpos[order], [alllines[k] for k in order.tolist()])
+    heartbeats.sort()
+    bad = sorted(bad + rest[sb.bad].tolist())
+    return SplitBatch(groups, heartbeats, bad)
+
+
+def _binary_array(values: Sequence[bytes | None]) -> pa.Array:
+    """``values`` as a large_binary array (``None`` = null): one join and one length pass when there is no
+    ``None`` (2x ``pa.array`` on a batch of log lines)."""
+    try:
+        data = b"".join(values)  # type: ignore[arg-type]
+    except TypeError:  # a None (or not bytes): the general conversion
+        return pa.array(values, pa.large_binary())
+    offs = np.zeros(len(values) + 1, dtype=np.int64)
+    lens = map(len, values)  # type: ignore[arg-type]  # no None: the join took them all
+    np.cumsum(np.fromiter(lens, dtype=np.int64, count=len(values)), out=offs[1:])
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(values),
+                                            [None, pa.py_buffer(offs), pa.py_buffer(data)])
+
+
+#: prefixes found one by one (one Arrow pass each) before the numpy splitter takes the rest of a batch
+PREFIX_ROUNDS = 32
+
+
+def _line_of(value: bytes | None, prefix_len: int) -> bytes:
+    assert value is not None  # values that matched a prefix
+    line = value[prefix_len:]
+    if line.endswith(b"\n"):
+        line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+    return line
+
+
+def _block(arr: pa.Array, raw: np.ndarray, ends: np.ndarray, pos: np.ndarray, prefix_len: int) -> Any:
+    """The lines of values ``pos`` of ``arr`` (all with the same prefix of ``prefix_len`` bytes) as one block,
+    each line followed by ``\\n``; ``None`` when a line ends with ``\\n`` or ``\\r`` or holds a ``\\n``."""
+    from forumpulse.pipeline.fastpath import BlockLines
+
+    if len(pos) == 0:
+        return None
+    last = raw[ends[pos] - 1]  # a value is longer than its prefix or its last byte is the prefix's tab
+    if bool(np.any((last == 10) | (last == 13))):
+        return None
+    part = arr if len(pos) == len(arr) else arr.take(pa.array(pos))
+    # every value's prefix replaced by "\n": "\nline1\nline2...", then the first "\n" moved to the end
+    nl_lines = pc.binary_replace_slice(part, 0, prefix_len, b"\n")
+    o = np.frombuffer(nl_lines.buffers()[1], dtype=np.int64, count=len(nl_lines) + 1, offset=nl_lines.offset * 8)
+    buf = nl_lines.buffers()[2]
+    assert buf is not None  # every value has its "\n"
+    body = memoryview(buf)[int(o[0]):int(o[-1])]
+    if body.nbytes and bytes(body[: 1]) != b"\n":  # pragma: no cover - the kernel's contract
+        return None
+    data = bytes(body[1:]) + b"\n"
+    if data.count(b"\n") != len(pos):  # a line holds a "\n" of its own
+        return None
+    return BlockLines(data, o - o[0])  # line i: its "\n"-prefixed value, the "\n" moved behind it
+
+
+def _split_generic(values: Sequence[bytes | None]) -> SplitBatch:
+    """:func:`split_values` for any batch: the 5th tab of every value is found with numpy over the whole batch
+    and the distinct prefixes are dictionary-encoded by Arrow (used for what the prefix loop leaves)."""
     n = len(values)
     if n == 0:
         return SplitBatch({}, [], [])

@@ -504,8 +504,13 @@ class BlockLines(Sequence[bytes]):
     """The lines of a block of bytes, split after every ``\\n`` (as ``readlines`` splits a file); a last line
     without a newline counts.  ``block[i]`` is the line with its newline, made on demand."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, offsets: np.ndarray | None = None) -> None:
+        """``offsets`` (line starts plus the end, int64) may be given when known; they must be exactly the
+        positions after every ``\n`` (the caller checked: :func:`~forumpulse.pipeline.contracts.split_values`)."""
         self.data = data
+        if offsets is not None:
+            self.offsets = offsets
+            return
         nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10) + 1
         ends = nl if (not data or data.endswith(b"\n")) else np.append(nl, len(data))
         self.offsets = np.zeros(len(ends) + 1, dtype=np.int64)
