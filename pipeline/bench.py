@@ -220,15 +220,17 @@ def file_meta(f: Path) -> dict[str, Any]:
     return dict(json.loads((f.parent / "meta.json").read_text()))
 
 
-def write_settings(path: Path, store: str, bootstrap: str | None = None, batch_lines: int = 100_000) -> Path:
-    """A config file with retention off (simulated timestamps are old) and the given store/broker."""
+def write_settings(path: Path, store: str, bootstrap: str | None = None, batch_lines: int | None = None) -> Path:
+    """A config file with retention off (simulated timestamps are old) and the given store/broker; batching is
+    the shipped default unless ``batch_lines`` is given."""
     import yaml
 
     doc: dict[str, Any] = {
         "store": {"url": store},
         "retention": {"raw_days": 0, "rollup_days": 0, "quarantine_days": 0, "stats_days": 0},
-        "ingest": {"batch_lines": batch_lines},
     }
+    if batch_lines is not None:
+        doc["ingest"] = {"batch_lines": batch_lines}
     if bootstrap:
         doc["kafka"] = {"bootstrap_servers": bootstrap}
     path.write_text(yaml.safe_dump(doc))

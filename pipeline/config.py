@@ -146,7 +146,8 @@ class KafkaConfig(_Strict):
 class IngestConfig(_Strict):
     """Batching and limits of the loaders."""
 
-    batch_lines: int = Field(100_000, ge=1, description="lines per columnar insert")
+    batch_lines: int = Field(250_000, ge=1, description="lines per columnar insert (files: parsed in chunks of at "
+                             "most 100,000; consumers: at most 50,000 per partition)")
     max_line_bytes: int = Field(65_536, ge=256, description="longer lines are quarantined as line_too_long")
 
 

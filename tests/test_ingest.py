@@ -133,6 +133,40 @@ def test_parallel_workers_give_identical_rows(store, settings, tmp_path):
     assert store.query_rows("SELECT line_no, reason FROM quarantine ORDER BY line_no") == q_one
 
 
+def test_chunks_gathered_into_insert_blocks_store_the_same_rows_once(store, settings, tmp_path, monkeypatch):
+    """Parse chunks are gathered into blocks of ``batch_lines`` rows (fewer, cheaper inserts): the same rows and
+    quarantine as one chunk per insert, line numbers included, and re-ingesting stores nothing twice."""
+    import forumpulse.pipeline.ingest as ingest_mod
+
+    big = tmp_path / "big.log"
+    big.write_bytes(MIXED.read_bytes() * 700)  # 7,000 lines
+    settings.ingest.batch_lines = 700
+    [one] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1, threads=1)
+    rows_one = store.query_rows("SELECT * FROM requests ORDER BY ts, url, client_ip")
+    q_one = store.query_rows("SELECT line_no, reason, raw FROM quarantine ORDER BY line_no")
+    store.command("TRUNCATE TABLE requests")
+    store.command("TRUNCATE TABLE quarantine")
+    monkeypatch.setattr(ingest_mod, "PARSE_CHUNK_LINES", 700)
+    settings.ingest.batch_lines = 2500  # blocks of 4 chunks of (at most) 625 lines: 3 blocks
+    inserts: list[int] = []
+    real_insert = store.insert
+
+    def counting_insert(table, data, dedup_token=None):
+        if table == "requests":
+            inserts.append(data.num_rows)
+        return real_insert(table, data, dedup_token=dedup_token)
+
+    monkeypatch.setattr(store, "insert", counting_insert)
+    [gathered] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1, threads=2)
+    assert len(inserts) == 3 and sum(inserts) == 4200
+    assert (gathered.read, gathered.loaded, gathered.quarantined) == (one.read, one.loaded, one.quarantined)
+    assert store.query_rows("SELECT * FROM requests ORDER BY ts, url, client_ip") == rows_one
+    assert store.query_rows("SELECT line_no, reason, raw FROM quarantine ORDER BY line_no") == q_one
+    ingest_paths(store, settings, [str(big)], fmt="combined", workers=1, threads=2)  # the same blocks again
+    assert store.query_rows("SELECT count() FROM requests")[0][0] == 4200
+    assert store.query_rows("SELECT count() FROM quarantine")[0][0] == 2800
+
+
 @pytest.mark.parametrize("threads", [2, 3])
 def test_parse_threads_give_the_same_batches_as_inline_processing(settings, threads):
     """Parse threads each own a Processor (processors are not thread-safe); their batches, taken in submission
