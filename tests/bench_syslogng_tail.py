@@ -1,14 +1,17 @@
 """Benchmark (not a test): syslog-ng file tail -> Kafka rate with the shipped config (reliable disk buffer,
 flow-control, lz4, idempotent producer), broker on the same machine.
 
-    .venv/bin/python tests/bench_syslogng_tail.py [LINES=1000000] [--tcp] [define=value ...]
+    .venv/bin/python tests/bench_syslogng_tail.py [LINES=1000000] [--tcp] [--config PATH] [define=value ...]
 
 Writes LINES combined lines (~200 B) to a vhost file, starts syslog-ng, and reports lines/s from syslog-ng start
-until the topic holds all LINES (polled every 0.2 s).  --tcp also sends LINES over the raw TCP listener.
+until the topic holds all LINES (polled every 0.2 s), and syslog-ng's CPU seconds (all its threads, librdkafka's
+included).  --tcp also sends LINES over the raw TCP listener.  --config runs another configuration (e.g. a copy
+of syslog-ng/forumpulse.conf without its disk-buffer() block) with the same defines.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import tempfile
@@ -16,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from live_stack import forumpulse_defines, kafka_broker, syslog_ng
+from live_stack import FORUMPULSE_CONF, forumpulse_defines, kafka_broker, syslog_ng
 
 
 def line(i: int) -> str:
@@ -33,10 +36,11 @@ def wait_count(broker, topic: str, n: int) -> float:  # type: ignore[no-untyped-
 
 def main() -> None:
     n = int(next((a for a in sys.argv[1:] if a.isdigit()), 1_000_000))
+    conf = sys.argv[sys.argv.index("--config") + 1] if "--config" in sys.argv else str(FORUMPULSE_CONF)
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         with kafka_broker(tmp / "kafka") as broker:
-            extra = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+            extra = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a and not a.startswith("-"))
             d = forumpulse_defines(tmp / "logs", broker, **extra)
             f = tmp / "logs" / "vhosts" / "bench.example.org.access.log"
             with f.open("w") as out:
@@ -44,10 +48,14 @@ def main() -> None:
                     out.write("".join(line(i) for i in range(a, min(n, a + 100_000))))
             size = f.stat().st_size
             t0 = time.monotonic()
-            with syslog_ng(tmp / "sng", defines=d) as sng:
+            with syslog_ng(tmp / "sng", config=conf, defines=d) as sng:
                 t1 = wait_count(broker, "weblogs.raw", n)
+                stat = (sng.dir / "syslog-ng.pid").read_text().strip()
+                fields = Path(f"/proc/{stat}/stat").read_text().rsplit(")", 1)[1].split()
+                cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
                 print(f"file tail -> Kafka: {n:,} lines ({size / 1e6:.0f} MB) in {t1 - t0:.1f} s = "
-                      f"{n / (t1 - t0):,.0f} lines/s; dropped={sng.stat('dst.kafka', 'dropped')}")
+                      f"{n / (t1 - t0):,.0f} lines/s; syslog-ng CPU {cpu:.1f} s; "
+                      f"dropped={sng.stat('dst.kafka', 'dropped')}")
                 if "--tcp" in sys.argv:
                     base = broker.count("weblogs.raw")
                     t0 = time.monotonic()
