@@ -110,27 +110,34 @@ def test_ingest_command_end_to_end_on_its_own_store(tmp_path):
     assert f"{MIXED}: read 10  loaded 6  quarantined 4 (" in text
 
 
+def _reference_ingest(store, settings, big: Path, batch_lines: int):
+    """Ingest ``big`` inline with ``batch_lines`` (one chunk per insert); returns its counts, stored rows and
+    quarantine, and empties both tables for the run compared with it."""
+    settings.ingest.batch_lines = batch_lines
+    [one] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1, threads=1)
+    rows = store.query_rows("SELECT * FROM requests ORDER BY ts, url, client_ip")
+    quarantined = store.query_rows("SELECT line_no, reason, raw FROM quarantine ORDER BY line_no")
+    store.command("TRUNCATE TABLE requests")
+    store.command("TRUNCATE TABLE quarantine")
+    return one, rows, quarantined
+
+
 def test_parallel_workers_give_identical_rows(store, settings, tmp_path):
     big = tmp_path / "big.log"
     big.write_bytes(MIXED.read_bytes() * 700)  # 7,000 lines in 4 chunks
-    settings.ingest.batch_lines = 2000
-    [one] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1, threads=1)
-    rows_one = store.query_rows("SELECT * FROM requests ORDER BY ts, url, client_ip")
-    q_one = store.query_rows("SELECT line_no, reason FROM quarantine ORDER BY line_no")
-    store.command("TRUNCATE TABLE requests")
-    store.command("TRUNCATE TABLE quarantine")
+    one, rows_one, q_one = _reference_ingest(store, settings, big, 2000)
     settings.ingest.batch_lines = 1999  # other chunk boundaries, so no block is deduplicated away
     [three] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1, threads=3)
     assert (three.read, three.loaded, three.quarantined) == (7000, 4200, 2800)
     assert store.query_rows("SELECT * FROM requests ORDER BY ts, url, client_ip") == rows_one
-    assert store.query_rows("SELECT line_no, reason FROM quarantine ORDER BY line_no") == q_one
+    assert store.query_rows("SELECT line_no, reason, raw FROM quarantine ORDER BY line_no") == q_one
     store.command("TRUNCATE TABLE requests")
     store.command("TRUNCATE TABLE quarantine")
     settings.ingest.batch_lines = 2001  # other chunk boundaries, so no block is deduplicated away
     [two] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=2)
     assert (one.read, one.loaded, one.quarantined) == (two.read, two.loaded, two.quarantined) == (7000, 4200, 2800)
     assert store.query_rows("SELECT * FROM requests ORDER BY ts, url, client_ip") == rows_one
-    assert store.query_rows("SELECT line_no, reason FROM quarantine ORDER BY line_no") == q_one
+    assert store.query_rows("SELECT line_no, reason, raw FROM quarantine ORDER BY line_no") == q_one
 
 
 def test_chunks_gathered_into_insert_blocks_store_the_same_rows_once(store, settings, tmp_path, monkeypatch):
@@ -140,12 +147,7 @@ def test_chunks_gathered_into_insert_blocks_store_the_same_rows_once(store, sett
 
     big = tmp_path / "big.log"
     big.write_bytes(MIXED.read_bytes() * 700)  # 7,000 lines
-    settings.ingest.batch_lines = 700
-    [one] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1, threads=1)
-    rows_one = store.query_rows("SELECT * FROM requests ORDER BY ts, url, client_ip")
-    q_one = store.query_rows("SELECT line_no, reason, raw FROM quarantine ORDER BY line_no")
-    store.command("TRUNCATE TABLE requests")
-    store.command("TRUNCATE TABLE quarantine")
+    one, rows_one, q_one = _reference_ingest(store, settings, big, 700)
     monkeypatch.setattr(ingest_mod, "PARSE_CHUNK_LINES", 700)
     settings.ingest.batch_lines = 2500  # blocks of 4 chunks of (at most) 625 lines: 3 blocks
     inserts: list[int] = []
