@@ -52,10 +52,24 @@ def split_raw(value: bytes) -> tuple[bytes, bytes, bytes, bytes, bytes] | None:
     parts = value.split(b"\t", 5)
     if len(parts) != 6 or parts[0] != ENVELOPE_V1:
         return None
-    line = parts[5]
+    return parts[1], parts[2], parts[3], parts[4] if parts[4] not in (b"-", b"") else b"auto", _strip_nl(parts[5])
+
+
+def _strip_nl(line: bytes) -> bytes:
+    """``line`` without one trailing ``\n`` / ``\r\n`` (the envelope's line never carries it)."""
     if line.endswith(b"\n"):
-        line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-    return parts[1], parts[2], parts[3], parts[4] if parts[4] not in (b"-", b"") else b"auto", line
+        return line[:-2] if line.endswith(b"\r\n") else line[:-1]
+    return line
+
+
+def _prefix_of(value: bytes | None) -> bytes | None:
+    """The envelope prefix ``fp1<TAB>site<TAB>host<TAB>file<TAB>format<TAB>`` of ``value``, or ``None``."""
+    if value is None:
+        return None
+    parts = value.split(b"\t", 5)
+    if len(parts) != 6 or parts[0] != ENVELOPE_V1:
+        return None
+    return value[:len(value) - len(parts[5])]
 
 
 def is_heartbeat_format(fmt: bytes) -> bool:
@@ -160,13 +174,11 @@ def split_values(values: Sequence[bytes | None], blocks: bool = False) -> SplitB
         if not todo[first]:
             break
         rounds += 1
-        v = values[first]
-        r = v.split(b"\t", 5) if v is not None else []
-        if v is None or len(r) != 6 or r[0] != ENVELOPE_V1:
+        prefix = _prefix_of(values[first])
+        if prefix is None:
             bad.append(first)
             todo[first] = False
             continue
-        prefix = v[:len(v) - len(r[5])]
         hit = pc.fill_null(pc.starts_with(arr, pattern=prefix), False).to_numpy(zero_copy_only=False)
         pos = np.flatnonzero(todo & hit)
         todo[pos] = False
@@ -214,11 +226,9 @@ def split_values(values: Sequence[bytes | None], blocks: bool = False) -> SplitB
 
 def _one_prefix(arr: pa.Array, values: Sequence[bytes | None], pos: np.ndarray) -> bytes | None:
     """The envelope prefix of ``values[pos[0]]`` when every value at ``pos`` starts with it, else ``None``."""
-    v = values[int(pos[0])]
-    r = v.split(b"\t", 5) if v is not None else []
-    if v is None or len(r) != 6:
+    prefix = _prefix_of(values[int(pos[0])])
+    if prefix is None:
         return None
-    prefix = v[:len(v) - len(r[5])]
     part = arr if len(pos) == len(arr) else arr.take(pa.array(pos))
     return prefix if bool(pc.all(pc.starts_with(part, pattern=prefix)).as_py()) else None
 
@@ -245,10 +255,7 @@ PREFIX_ROUNDS = 256
 
 def _line_of(value: bytes | None, prefix_len: int) -> bytes:
     assert value is not None  # values that matched a prefix
-    line = value[prefix_len:]
-    if line.endswith(b"\n"):
-        line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-    return line
+    return _strip_nl(value[prefix_len:])
 
 
 def _block(arr: pa.Array, raw: np.ndarray, ends: np.ndarray, pos: np.ndarray, prefix_len: int) -> Any:
@@ -267,10 +274,7 @@ def _block(arr: pa.Array, raw: np.ndarray, ends: np.ndarray, pos: np.ndarray, pr
     o = np.frombuffer(nl_lines.buffers()[1], dtype=np.int64, count=len(nl_lines) + 1, offset=nl_lines.offset * 8)
     buf = nl_lines.buffers()[2]
     assert buf is not None  # every value has its "\n"
-    body = memoryview(buf)[int(o[0]):int(o[-1])]
-    if body.nbytes and bytes(body[: 1]) != b"\n":  # pragma: no cover - the kernel's contract
-        return None
-    data = bytes(body[1:]) + b"\n"
+    data = b"".join((memoryview(buf)[int(o[0]) + 1:int(o[-1])], b"\n"))  # one copy
     if data.count(b"\n") != len(pos):  # a line holds a "\n" of its own
         return None
     return BlockLines(data, o - o[0])  # line i: its "\n"-prefixed value, the "\n" moved behind it

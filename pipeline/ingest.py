@@ -333,8 +333,8 @@ def ingest_stream(
 
 
 def _concat(batches: list[ProcessedBatch]) -> ProcessedBatch:
-    """One insert block of consecutive chunks: their requests and quarantine rows in order, their counts summed
-    (``stream`` is not used by the loader and is the first chunk's only)."""
+    """One insert block of consecutive chunks: their rows in order (tables concatenated without copying), their
+    counts summed."""
     if len(batches) == 1:
         return batches[0]
     import pyarrow as pa
@@ -345,8 +345,9 @@ def _concat(batches: list[ProcessedBatch]) -> ProcessedBatch:
     return ProcessedBatch(
         requests=pa.concat_tables([b.requests for b in batches]),
         quarantine=pa.concat_tables([b.quarantine for b in batches]),
-        stream=batches[0].stream, read=sum(b.read for b in batches), loaded=sum(b.loaded for b in batches),
-        quarantined=sum(b.quarantined for b in batches), by_reason=dict(by_reason))
+        stream=pa.concat_tables([b.stream for b in batches]), read=sum(b.read for b in batches),
+        loaded=sum(b.loaded for b in batches), quarantined=sum(b.quarantined for b in batches),
+        by_reason=dict(by_reason))
 
 
 def ingest_paths(

@@ -118,6 +118,8 @@ def test_processing_a_block_equals_processing_the_list(lines: list[bytes], fmt: 
     ref_lines = [split_raw(v)[4] for v in values]  # type: ignore[index]
     sb = split_values(values, blocks=True)
     ((_pos, got),) = sb.groups.values()
+    if not any(x.endswith((b"\r", b"\n")) for x in lines):  # lossless as a block: it must come as one
+        assert isinstance(got, BlockLines)
     ctx = SourceContext(site="forum", origin_host="web1", origin_file="/var/log/a.log", format=fmt)
     want = _PROCS[0].process(ref_lines, ctx, source_ref="t")
     out = _PROCS[1].process(got, ctx, source_ref="t")
