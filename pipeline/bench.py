@@ -84,6 +84,10 @@ class Measured:
     err: str
     #: user + system CPU seconds of the command (all its threads; children it waited for included)
     cpu_s: float = 0.0
+    #: CPU seconds by kind of thread (:func:`thread_kind`), sampled from /proc every 0.1 s while it ran (by a
+    #: thread of this process): a thread that ended between two samples lost up to 0.1 s, so the sum is at most
+    #: ``cpu_s``
+    threads_cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def rss_mb(self) -> float:
@@ -118,8 +122,14 @@ def run_measured(cmd: Sequence[str | Path], cwd: Path | None = None, env: dict[s
         t0 = time.perf_counter()
         p = subprocess.Popen([*wrap, *(str(c) for c in cmd)], stdout=fo, stderr=fe, cwd=cwd,
                              env={**os.environ, **(env or {})})
-        _, status, ru = os.wait4(p.pid, 0)
+        seen: dict[tuple[int, int], tuple[str, str, float]] = {}
+        stop = threading.Event()
+        sampler = threading.Thread(target=_sample_until, args=(p.pid, seen, stop), daemon=True)
+        sampler.start()
+        _, status, ru = os.wait4(p.pid, 0)  # blocking: the wall time ends at the exit itself
         secs = time.perf_counter() - t0
+        stop.set()
+        sampler.join()
         p.returncode = os.waitstatus_to_exitcode(status)
     rss = int(ru.ru_maxrss)
     cpu = ru.ru_utime + ru.ru_stime
@@ -127,8 +137,12 @@ def run_measured(cmd: Sequence[str | Path], cwd: Path | None = None, env: dict[s
         with contextlib.suppress(OSError, ValueError, IndexError):
             f_rss, f_user, f_sys = rss_p.read_text().strip().splitlines()[-1].split()
             rss, cpu = int(f_rss), float(f_user) + float(f_sys)
+    by_kind: dict[str, float] = {}
+    for main_comm, comm, c in seen.values():
+        k = thread_kind(comm, main_comm)
+        by_kind[k] = round(by_kind.get(k, 0.0) + c, 2)
     m = Measured([str(c) for c in cmd], secs, p.returncode, rss,
-                 out_p.read_text(errors="replace"), err_p.read_text(errors="replace"), cpu)
+                 out_p.read_text(errors="replace"), err_p.read_text(errors="replace"), cpu, by_kind)
     for f in (out_p, err_p, rss_p):
         f.unlink(missing_ok=True)
     if check and m.rc != 0:
@@ -147,6 +161,48 @@ def vm_hwm_kb(pid: int | None) -> int | None:
     except OSError:
         return None
     return None
+
+
+def thread_kind(comm: str, main_comm: str) -> str:
+    """What a thread of a measured process is, from its name: Python threads keep the name of the process's main
+    thread, librdkafka names its own ``rdk:*``, chDB (ClickHouse) names its pools (``MergeMutate`` = background
+    merges)."""
+    if comm == main_comm:
+        return "interpreter"
+    if comm.startswith("rdk:"):
+        return "librdkafka"
+    if comm.startswith("MergeMutate"):
+        return "chDB merges"
+    return "chDB"
+
+
+def _sample_until(root: int, seen: dict[tuple[int, int], tuple[str, str, float]], stop: threading.Event) -> None:
+    while not stop.wait(0.1):
+        _sample_threads(root, seen)
+
+
+def _sample_threads(root: int, seen: dict[tuple[int, int], tuple[str, str, float]]) -> None:
+    """Record the CPU seconds so far of every thread of ``root``'s descendants (``root`` is the GNU time wrapper
+    or the command itself) under (pid, tid): (main thread name, thread name, seconds)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stack, first = [root], True
+    while stack:
+        pid = stack.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+            main_comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if not (first and GNU_TIME):  # the wrapper's own (idle) thread is not the command's
+            for tid in tids:
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+                    f = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+                    seen[(pid, int(tid))] = (main_comm, comm, (int(f[11]) + int(f[12])) / tick)
+        first = False
+        for tid in tids:
+            with contextlib.suppress(OSError, ValueError):
+                stack.extend(int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
 
 
 def pid_file(path: Path) -> int | None:
@@ -578,7 +634,8 @@ def child_consumer(a: dict[str, Any]) -> dict[str, Any]:
             "bare_read": got, "bare_s": bare_s, "bare_msg_s": got / bare_s if bare_s > 0 else 0.0,
             "consumer_wall_s": cm.seconds, "startup_s": m0.seconds, "idle_exit_s": idle, "load_s": load_s,
             "consumer_lines_s": n / load_s, "consumer_lines_s_with_startup": n / max(cm.seconds - idle, 1e-9),
-            "consumer_rss_kb": cm.max_rss_kb, "kafka_rss_kb": kafka_rss, "rows": counts, "summary": summary}
+            "consumer_rss_kb": cm.max_rss_kb, "kafka_rss_kb": kafka_rss, "rows": counts, "summary": summary,
+            "consumer_cpu_s": cm.cpu_s, "consumer_threads_cpu_s": cm.threads_cpu_s}
 
 
 def _http_count(port: int) -> int:
@@ -758,7 +815,7 @@ class Run:
         counts, _ = internal("count", {"store": f"chdb:{store}"}, self.work)
         row: dict[str, Any] = {"lines": meta["lines"], "bytes": meta["bytes"], "days": meta["days"],
                                "seconds": m.seconds, "lines_s": meta["lines"] / m.seconds, "rss_kb": m.max_rss_kb,
-                               "cpu_s": m.cpu_s, "rows": counts}
+                               "cpu_s": m.cpu_s, "threads_cpu_s": m.threads_cpu_s, "rows": counts}
         if counts["requests"] + counts["quarantine"] != meta["lines"]:
             row["error"] = f"stored {counts} for {meta['lines']} lines"
         if peer:
@@ -1043,6 +1100,12 @@ def _ingest_md(ing: dict[str, Any]) -> list[str]:
                    f"{_cpu(g) if g else ''} | {_f(g['lines_s']) if g else ''} | {_mb(g['rss_kb']) if g else ''} | "
                    f"{_ratio(x) if g else ''} | {x['rows']['requests']:,} + {x['rows']['quarantine']:,} "
                    f"quarantined{' — ' + x['error'] if 'error' in x else ''} |")
+    split = [f"{int(n):,} lines: {_threads(x['threads_cpu_s'])}" for n, x in sorted(ing.items(), key=lambda kv: int(kv[0]))
+             if x.get("threads_cpu_s")]
+    if split:
+        out += ["", "forumpulse CPU s by kind of thread (sampled from /proc every 0.1 s; interpreter = parsing, "
+                "reading and Python glue; chDB = inserts with their views; chDB merges = background merges): "
+                + "; ".join(split) + "."]
     pts = sorted((int(n), x) for n, x in ing.items())
     if len(pts) >= 2:
         out += ["", "Scaling (cost per line relative to the smallest run; linear cost = 1.00): " + ", ".join(
@@ -1063,6 +1126,10 @@ def _cpu(x: dict[str, Any]) -> str:
     return f"{x['cpu_s']:.1f}" if "cpu_s" in x else "–"  # runs merged from before CPU time was recorded
 
 
+def _threads(t: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.1f} s" for k, v in sorted(t.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+
+
 def _ratio(x: dict[str, Any]) -> str:
     return f"{x['ratio']:.2f}×"
 
@@ -1079,7 +1146,10 @@ def _consumer_md(c: dict[str, Any]) -> list[str]:
             f"({c['consumer_lines_s'] / c['bare_msg_s']:.0%} of the bare read; "
             f"{_f(c['consumer_lines_s_with_startup'])} lines/s counting start-up). "
             f"Rows stored: {c['rows']['requests']:,} + {c['rows']['quarantine']:,} quarantined. "
-            f"Peak RSS: consumer {_mb(c['consumer_rss_kb'])}, Kafka {_mb(c['kafka_rss_kb'])}.", ""]
+            f"Peak RSS: consumer {_mb(c['consumer_rss_kb'])}, Kafka {_mb(c['kafka_rss_kb'])}."
+            + (f" Consumer CPU {c['consumer_cpu_s']:.1f} s (start-up and idle exit included); by kind of thread "
+               f"(sampled every 0.1 s): {_threads(c['consumer_threads_cpu_s'])}."
+               if c.get("consumer_threads_cpu_s") else ""), ""]
 
 
 def _e2e_md(e: dict[str, Any]) -> list[str]:

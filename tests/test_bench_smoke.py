@@ -49,6 +49,10 @@ def test_offline_sections(tmp_path: Path) -> None:
         assert x["rows"]["requests"] + x["rows"]["quarantine"] == x["lines"]
         assert positive(x["lines_s"]) and positive(x["rss_kb"])
         assert "error" not in x
+        # CPU by kind of thread, sampled from /proc: the interpreter parsed, chDB inserted; never above the total
+        t = x["threads_cpu_s"]
+        assert positive(t["interpreter"]) and positive(t["chDB"]), t
+        assert sum(t.values()) <= x["cpu_s"] + 0.05, (t, x["cpu_s"])
     g = r["ingest"]["20000"]["goaccess"]
     assert g["total_requests"] == r["ingest"]["20000"]["lines"]  # GoAccess really parsed every line
     assert positive(r["ingest"]["20000"]["ratio"]) and "goaccess" not in r["ingest"]["40000"]
@@ -95,6 +99,7 @@ def test_offline_sections(tmp_path: Path) -> None:
         assert row in summary, row
     assert "n/a" not in md and not re.search(r"\bnan\b", md)
     assert "goaccess --log-format=COMBINED" in md and "fail2ban-regex" in md
+    assert "CPU s by kind of thread" in md and "20,000 lines: interpreter" in md
     assert "load average before:" in md and "after:" in md
 
 
@@ -109,11 +114,15 @@ def test_live_sections(tmp_path: Path) -> None:
     assert c["rows"]["requests"] + c["rows"]["quarantine"] == 20000
     assert all(positive(c[k]) for k in ("bare_msg_s", "consumer_lines_s", "produce_msg_s", "consumer_rss_kb",
                                         "kafka_rss_kb"))
+    t = c["consumer_threads_cpu_s"]  # the consumer's own threads, librdkafka's among them (20k messages: ~0 s)
+    assert positive(t["interpreter"]) and positive(t["chDB"]) and t["librdkafka"] >= 0, t
+    assert sum(t.values()) <= c["consumer_cpu_s"] + 0.05
     e = doc["results"]["e2e"]
     assert e["syslogng_dropped"] == 0 and e["e2e_s"] >= e["syslogng_s"] > 0
     assert e["fresh_lines"] == 6000 and e["fresh_measured"] == e["fresh_slices"] > 0
     assert 0 <= e["fresh_p50_s"] <= e["fresh_p95_s"] <= e["fresh_max_s"]
     assert all(positive(e[k]) for k in ("owner_rss_kb", "syslogng_rss_kb", "kafka_rss_kb", "e2e_lines_s"))
+    assert "by kind of thread (sampled every 0.1 s): interpreter" in md
     for row in ("Kafka → chDB consumer", "file → syslog-ng → Kafka → rows queryable", "freshness p95"):
         assert row in md, row
     assert "n/a" not in md and not re.search(r"\bnan\b", md)
