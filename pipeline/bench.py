@@ -122,9 +122,10 @@ def run_measured(cmd: Sequence[str | Path], cwd: Path | None = None, env: dict[s
         t0 = time.perf_counter()
         p = subprocess.Popen([*wrap, *(str(c) for c in cmd)], stdout=fo, stderr=fe, cwd=cwd,
                              env={**os.environ, **(env or {})})
-        seen: dict[tuple[int, int], tuple[str, str, float]] = {}
+        seen: dict[tuple[int, int], float] = {}
+        by_kind: dict[str, float] = {}
         stop = threading.Event()
-        sampler = threading.Thread(target=_sample_until, args=(p.pid, seen, stop), daemon=True)
+        sampler = threading.Thread(target=_sample_until, args=(p.pid, seen, by_kind, stop), daemon=True)
         sampler.start()
         _, status, ru = os.wait4(p.pid, 0)  # blocking: the wall time ends at the exit itself
         secs = time.perf_counter() - t0
@@ -137,12 +138,9 @@ def run_measured(cmd: Sequence[str | Path], cwd: Path | None = None, env: dict[s
         with contextlib.suppress(OSError, ValueError, IndexError):
             f_rss, f_user, f_sys = rss_p.read_text().strip().splitlines()[-1].split()
             rss, cpu = int(f_rss), float(f_user) + float(f_sys)
-    by_kind: dict[str, float] = {}
-    for main_comm, comm, c in seen.values():
-        k = thread_kind(comm, main_comm)
-        by_kind[k] = round(by_kind.get(k, 0.0) + c, 2)
     m = Measured([str(c) for c in cmd], secs, p.returncode, rss,
-                 out_p.read_text(errors="replace"), err_p.read_text(errors="replace"), cpu, by_kind)
+                 out_p.read_text(errors="replace"), err_p.read_text(errors="replace"), cpu,
+                 {k: round(v, 2) for k, v in by_kind.items()})
     for f in (out_p, err_p, rss_p):
         f.unlink(missing_ok=True)
     if check and m.rc != 0:
@@ -176,14 +174,17 @@ def thread_kind(comm: str, main_comm: str) -> str:
     return "chDB"
 
 
-def _sample_until(root: int, seen: dict[tuple[int, int], tuple[str, str, float]], stop: threading.Event) -> None:
+def _sample_until(root: int, seen: dict[tuple[int, int], float], by_kind: dict[str, float],
+                  stop: threading.Event) -> None:
     while not stop.wait(0.1):
-        _sample_threads(root, seen)
+        _sample_threads(root, seen, by_kind)
 
 
-def _sample_threads(root: int, seen: dict[tuple[int, int], tuple[str, str, float]]) -> None:
-    """Record the CPU seconds so far of every thread of ``root``'s descendants (``root`` is the GNU time wrapper
-    or the command itself) under (pid, tid): (main thread name, thread name, seconds)."""
+def _sample_threads(root: int, seen: dict[tuple[int, int], float], by_kind: dict[str, float]) -> None:
+    """Add the CPU seconds every thread of ``root``'s descendants (``root`` is the GNU time wrapper or the command
+    itself) used since the previous sample to ``by_kind``, under the kind its name has now: chDB's pool threads
+    take the name of the job they run (``MergeMutate``, ``QueryPipelineEx``) and ``ThreadPool`` when idle.
+    ``seen`` keeps each (pid, tid)'s CPU seconds at the previous sample."""
     tick = os.sysconf("SC_CLK_TCK")
     stack, first = [root], True
     while stack:
@@ -198,7 +199,11 @@ def _sample_threads(root: int, seen: dict[tuple[int, int], tuple[str, str, float
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
                     f = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-                    seen[(pid, int(tid))] = (main_comm, comm, (int(f[11]) + int(f[12])) / tick)
+                    now = (int(f[11]) + int(f[12])) / tick
+                    key = (pid, int(tid))
+                    kind = thread_kind(comm, main_comm)
+                    by_kind[kind] = by_kind.get(kind, 0.0) + now - seen.get(key, 0.0)
+                    seen[key] = now
         first = False
         for tid in tids:
             with contextlib.suppress(OSError, ValueError):
