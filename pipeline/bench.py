@@ -174,6 +174,12 @@ def thread_kind(comm: str, main_comm: str) -> str:
     return "chDB"
 
 
+def proc_cpu_s(stat_path: str) -> float:
+    """User + system CPU seconds from a ``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat`` file."""
+    f = Path(stat_path).read_text().rsplit(")", 1)[1].split()  # the name in parentheses may hold spaces
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _sample_until(root: int, seen: dict[tuple[int, int], float], by_kind: dict[str, float],
                   stop: threading.Event) -> None:
     while not stop.wait(0.1):
@@ -185,7 +191,6 @@ def _sample_threads(root: int, seen: dict[tuple[int, int], float], by_kind: dict
     itself) used since the previous sample to ``by_kind``, under the kind its name has now: chDB's pool threads
     take the name of the job they run (``MergeMutate``, ``QueryPipelineEx``) and ``ThreadPool`` when idle.
     ``seen`` keeps each (pid, tid)'s CPU seconds at the previous sample."""
-    tick = os.sysconf("SC_CLK_TCK")
     stack, first = [root], True
     while stack:
         pid = stack.pop()
@@ -198,8 +203,7 @@ def _sample_threads(root: int, seen: dict[tuple[int, int], float], by_kind: dict
             for tid in tids:
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-                    f = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-                    now = (int(f[11]) + int(f[12])) / tick
+                    now = proc_cpu_s(f"/proc/{pid}/task/{tid}/stat")
                     key = (pid, int(tid))
                     kind = thread_kind(comm, main_comm)
                     by_kind[kind] = by_kind.get(kind, 0.0) + now - seen.get(key, 0.0)

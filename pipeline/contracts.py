@@ -286,7 +286,7 @@ def _split_generic(values: Sequence[bytes | None]) -> SplitBatch:
     n = len(values)
     if n == 0:
         return SplitBatch({}, [], [])
-    arr = pa.array(values, pa.large_binary())
+    arr = _binary_array(values)
     offs = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
     dbuf = arr.buffers()[2]
     raw = np.frombuffer(dbuf, dtype=np.uint8) if dbuf is not None and dbuf.size else np.zeros(0, np.uint8)

@@ -11,7 +11,6 @@ of syslog-ng/forumpulse.conf without its disk-buffer() block) with the same defi
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forumpulse.pipeline.bench import proc_cpu_s
 from live_stack import FORUMPULSE_CONF, forumpulse_defines, kafka_broker, syslog_ng
 
 
@@ -50,9 +50,7 @@ def main() -> None:
             t0 = time.monotonic()
             with syslog_ng(tmp / "sng", config=conf, defines=d) as sng:
                 t1 = wait_count(broker, "weblogs.raw", n)
-                stat = (sng.dir / "syslog-ng.pid").read_text().strip()
-                fields = Path(f"/proc/{stat}/stat").read_text().rsplit(")", 1)[1].split()
-                cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                cpu = proc_cpu_s(f"/proc/{(sng.dir / 'syslog-ng.pid').read_text().strip()}/stat")
                 print(f"file tail -> Kafka: {n:,} lines ({size / 1e6:.0f} MB) in {t1 - t0:.1f} s = "
                       f"{n / (t1 - t0):,.0f} lines/s; syslog-ng CPU {cpu:.1f} s; "
                       f"dropped={sng.stat('dst.kafka', 'dropped')}")
