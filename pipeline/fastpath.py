@@ -415,6 +415,15 @@ def _clients(view: pa.Array) -> tuple[pa.Array, pa.Array, np.ndarray | None, pa.
     return ip_dict.take(idx), host_dict.take(idx), bad, ip_dict, idx
 
 
+def _stored_hosts(p: Processor, chost: pa.Array) -> pa.Array:
+    """``client_host`` as stored: :meth:`Privacy.store_host` per distinct name when the privacy mode changes
+    clients (a column of nulls, the common case, is returned as is)."""
+    if not p._ip_changes or chost.null_count == len(chost):
+        return chost
+    d = pc.dictionary_encode(chost)
+    return _take([p.privacy.store_host(h) for h in d.dictionary.to_pylist()], pa.string(), d.indices)
+
+
 _CLF_DIGITS = np.array([0, 1, 7, 8, 9, 10, 12, 13, 15, 16, 18, 19, 22, 23, 24, 25])
 _CLF_SEPS = {2: ord("/"), 6: ord("/"), 11: ord(":"), 14: ord(":"), 17: ord(":"), 20: ord(" ")}
 
@@ -830,7 +839,7 @@ class FastPath:
                 cols["client_ip"] = _take([p.privacy.store_ip(u) for u in uips], pa.string(), idx)
         if "client_ip" not in cols:
             cols["client_ip"] = real_ip
-        cols["client_host"] = chost
+        cols["client_host"] = _stored_hosts(p, chost)
         k = _first(slots, "ident")
         cols["ident"] = g.dash_null(k) if k is not None else none_str
         k = _first(slots, "user")
@@ -1146,7 +1155,8 @@ class FastPath:
         cols["elapsed_ms"] = pa.array(np.where(ok, el, 0).astype(np.float64).astype(np.float32))
         # client
         g.bounds[2] = tok[2]
-        real_ip, cols["client_host"], bad, ip_dict, idx = _clients(g.view(2))
+        real_ip, chost, bad, ip_dict, idx = _clients(g.view(2))
+        cols["client_host"] = _stored_hosts(p, chost)
         if bad is not None:
             ok &= ~bad
         if p._ip_changes:

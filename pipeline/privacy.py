@@ -31,6 +31,10 @@ Guarantees
 
   Text that is not an IP address yields ``None`` in ``truncate`` and ``pseudonymize`` modes (storing it could leak
   what the mode promises to hide).  ``None`` in, ``None`` out.
+* :meth:`Privacy.store_host` does the same for a hostname client (old CLF logs, ``client_host``): ``keep`` stores
+  it as given; ``truncate`` keeps only its last two labels, the domain (``dialup-42.isp.example.net`` ->
+  ``example.net``; a name of one label -> ``None``), as a network prefix keeps only the network; ``pseudonymize``
+  stores ``anon-`` + 16 hex digits of HMAC-SHA256(key, name) (case-folded), stable for one key.
 
 Misuse: ``client_ip: pseudonymize`` without ``pseudonym_key`` raises :class:`ValueError` at construction (never
 silently stores real addresses).  Both classes in this module are pure after construction: no I/O, no clock.
@@ -178,6 +182,15 @@ class Privacy:
         out = self._ip_fn(ip)
         self._ip_cache.put(ip, _NONE if out is None else out)
         return out
+
+    def store_host(self, host: str | None) -> str | None:
+        """A hostname client as it should be stored under the configured mode (see module docstring)."""
+        if host is None or self.mode == "keep":
+            return host
+        if self.mode == "truncate":
+            labels = [x for x in host.rstrip(".").split(".") if x]
+            return ".".join(labels[-2:]).lower() if len(labels) >= 2 else None
+        return "anon-" + hmac.new(self._key, b"hostname" + host.lower().encode(), hashlib.sha256).hexdigest()[:16]
 
     @staticmethod
     def _parse(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

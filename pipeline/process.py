@@ -160,6 +160,7 @@ class Processor:
         scrub_ref = self.privacy.scrub_referer
         scrub_query = self.privacy.scrub_query
         store_ip = self.privacy.store_ip
+        store_host = self.privacy.store_host
         site, ohost, ofile = ctx.site, ctx.origin_host, ctx.origin_file
         fixed_name = getattr(parser, "name", ctx.format)
         is_auto = ctx.format == "auto"
@@ -183,7 +184,7 @@ class Processor:
                 newest = ts
             real_ips.append(cip)
             rows.append((
-                ts, site, ohost, ofile, fmt, store_ip(cip) if cip is not None else None, chost, ident, user,
+                ts, site, ohost, ofile, fmt, store_ip(cip) if cip is not None else None, store_host(chost), ident, user,
                 method, scrub_url(url), path, proto, status, nbytes, scrub_ref(ref), ua, elapsed,
                 cache_result, hierarchy, upstream, ctype, vhost, topic_id or 0, page_kind, is_static, is_bot,
                 bot_name, query,

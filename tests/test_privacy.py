@@ -142,3 +142,38 @@ def test_bounded_cache() -> None:
     assert c.get(9) == 18 and c.get(0) is None
     with pytest.raises(ValueError):
         BoundedCache(0)
+
+
+def test_store_host_per_mode() -> None:
+    assert P.store_host("dialup-42.isp.example.net") == "dialup-42.isp.example.net"
+    t = Privacy(PrivacyConfig(client_ip="truncate"))
+    assert t.store_host("dialup-42.isp.Example.NET") == "example.net"
+    assert t.store_host("example.net.") == "example.net"
+    assert t.store_host("localhost") is None and t.store_host(None) is None
+    a, b = _pseudo("key-one"), _pseudo("key-two")
+    out = a.store_host("dialup-42.example.net")
+    assert out is not None and out.startswith("anon-") and len(out) == 21 and "example" not in out
+    assert out == a.store_host("DIALUP-42.example.net") != b.store_host("dialup-42.example.net")
+    assert a.store_host(None) is None
+
+
+@pytest.mark.parametrize("mode", ["keep", "truncate", "pseudonymize"])
+def test_hostname_clients_are_stored_under_the_privacy_mode_on_both_paths(mode: str) -> None:
+    """The stored ``client_host`` follows the mode, identically on the vectorised and the per-line path."""
+    from forumpulse.pipeline.config import Settings
+    from forumpulse.pipeline.process import Processor, SourceContext
+
+    s = Settings(privacy=PrivacyConfig(client_ip=mode, pseudonym_key="k" * 32 if mode == "pseudonymize" else None))
+    lines = [f'{c} - - [01/Jul/1995:00:00:0{i} -0400] "GET /x.html HTTP/1.0" 200 10 "-" "Mozilla/5.0"\n'.encode()
+             for i, c in enumerate(["dialup-42.isp.example.net", "203.0.113.9", "ppp7.example.org", "fe80::1%eth0"])]
+    ctx = SourceContext(site="forum", origin_host="web1", origin_file="a.log", format="combined")
+    proc = Processor(s)
+    fast = proc.process(lines, ctx).requests.to_pydict()
+    ref = Processor(s).process_reference(lines, ctx).requests.to_pydict()
+    assert fast["client_host"] == ref["client_host"] and fast["client_ip"] == ref["client_ip"]
+    want = Privacy(s.privacy)
+    assert fast["client_host"] == [want.store_host("dialup-42.isp.example.net"), None,
+                                   want.store_host("ppp7.example.org"), None]
+    assert fast["client_ip"][3] == want.store_ip("fe80::1")  # the zone is dropped before storage
+    if mode != "keep":
+        assert not any("dialup-42" in (h or "") for h in fast["client_host"])

@@ -17,7 +17,7 @@ def by_ipaddress(text: str) -> tuple[str | None, str | None] | None:
     t = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     try:
         ipaddress.ip_address(t.split("%", 1)[0] if ":" in t else t)
-        return (t, None)
+        return (t.split("%", 1)[0], None)  # the zone of a link-local IPv6 address is dropped
     except ValueError:
         return None
 
@@ -60,7 +60,8 @@ def test_vectorised_client_column_equals_classify_client_per_value(values):
 
 def test_awkward_forms():
     assert V.classify_client("[::1]") == ("::1", None)
-    assert V.classify_client("fe80::1%eth0") == ("fe80::1%eth0", None)
+    assert V.classify_client("fe80::1%eth0") == ("fe80::1", None)
+    assert V.classify_client("[fe80::1%25eth0]") == ("fe80::1", None)
     assert V.classify_client("01.2.3.4") != ("01.2.3.4", None)  # leading zeros: not an IPv4 address
     assert V.classify_client("a.b.example") == (None, "a.b.example")
     assert V.classify_client("1.2.3.4 ") is None

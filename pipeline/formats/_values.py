@@ -157,7 +157,10 @@ _client_cache: dict[str, tuple[str | None, str | None] | None] = {}
 
 def classify_client(text: str) -> tuple[str | None, str | None] | None:
     """``(client_ip, client_host)`` for an IP (IPv4, IPv6, ``[v6]``, v6 with zone) or a hostname; ``None`` when
-    the text is neither (``bad_client``).  IPs are returned in the text form that was logged (not normalised)."""
+    the text is neither (``bad_client``).  IPs are returned in the text form that was logged (not normalised),
+    except that an IPv6 zone (``fe80::1%eth0``: the interface of a link-local address on the logging host) is
+    dropped: it names nothing outside that host and an IPv6 column cannot hold it (chDB stored such a text as
+    ``::``, a ClickHouse server rejects the whole insert)."""
     v = _client_cache.get(text)
     if v is not None or text in _client_cache:
         return v
@@ -171,7 +174,7 @@ def classify_client(text: str) -> tuple[str | None, str | None] | None:
                 ipaddress.IPv6Address(t.split("%", 1)[0])
         else:
             ipaddress.IPv4Address(t)
-        res = (t, None)
+        res = (t.split("%", 1)[0], None)
     except ValueError:
         if len(t) <= 253 and _HOST_RE.fullmatch(t) is not None:
             res = (None, t)
