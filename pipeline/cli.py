@@ -155,10 +155,16 @@ def _print_counts(results: list[Any]) -> None:
                    + (f" ({reasons})" if reasons else "") + f"  {r.rate:,.0f} lines/s")
         total = [total[0] + r.read, total[1] + r.loaded, total[2] + r.quarantined]
         if r.expired:
-            typer.echo(f"warning: {r.name}: {r.expired:,} rows are older than retention.raw_days and were dropped by "
-                       "the table TTL (set retention.raw_days: 0 to keep archives)", err=True)
+            typer.echo(f"warning: {r.name}: {r.expired:,} of the loaded rows are older than retention.raw_days and "
+                       "were dropped at once by the table TTL, so they are NOT stored (nor in rollups older than "
+                       "retention.rollup_days); set retention.raw_days: 0 and rollup_days: 0 to keep archives",
+                       err=True)
+        if r.error:
+            typer.echo(f"error: {r.name}: {r.error}", err=True)
     if len(results) > 1:
         typer.echo(f"total: read {total[0]:,}  loaded {total[1]:,}  quarantined {total[2]:,}")
+    if any(r.error for r in results):
+        raise typer.Exit(1)
 
 
 @db_app.command("migrate")

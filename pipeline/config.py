@@ -148,7 +148,8 @@ class IngestConfig(_Strict):
 
     batch_lines: int = Field(250_000, ge=1, description="lines per columnar insert (files: parsed in chunks of at "
                              "most 100,000; consumers: at most 50,000 per partition)")
-    max_line_bytes: int = Field(65_536, ge=256, description="longer lines are quarantined as line_too_long")
+    max_line_bytes: int = Field(262_144, ge=256, description="longer lines are quarantined as line_too_long "
+                                "(default: the collector's fp_log_msg_size, so a line syslog-ng passes is parsed)")
 
 
 _SECTION_VALIDATORS: dict[str, dict[str, Callable[[Any], Any]]] = {}

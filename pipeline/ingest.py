@@ -45,6 +45,8 @@ class FileCounts:
     loaded: int = 0
     quarantined: int = 0
     expired: int = 0
+    #: set when the input ended abnormally (a ``.gz`` cut short): what was read before is loaded and counted
+    error: str | None = None
     by_reason: Counter[str] = field(default_factory=Counter)
     bytes_read: int = 0
     seconds: float = 0.0
@@ -419,14 +421,56 @@ def _ingest_each(
         with opener as fh:
             results.append(ingest_stream(store, processor, fh, ctx, batch_lines=settings.ingest.batch_lines,
                                          on_progress=cb, name=path, pool=pool, schema_ready=schema_ready))
+            results[-1].error = getattr(fh, "damaged", None)
     return results
+
+
+class GzipTolerant:
+    """A binary reader of a ``.gz`` file that survives a damaged or cut-short stream: reading stops at the last
+    byte that could be decompressed, and :attr:`damaged` says why (``None`` for an intact file).  Nothing read
+    before the damage is lost: data is taken one decompressed piece at a time (``read1``), so an error does not
+    discard what the same ``read`` call had already gathered.  The cut line, if any, is the last line (without
+    newline) and is parsed or quarantined like any other."""
+
+    def __init__(self, path: Path) -> None:
+        import gzip
+
+        self._f = gzip.open(path, "rb")  # noqa: SIM115 - closed by close() / __exit__
+        self.damaged: str | None = None
+
+    def read(self, n: int = -1) -> bytes:
+        import gzip
+        import zlib
+
+        if self.damaged is not None:
+            return b""
+        parts: list[bytes] = []
+        got = 0
+        try:
+            while n < 0 or got < n:
+                piece = self._f.read1(-1 if n < 0 else n - got)
+                if not piece:
+                    break
+                parts.append(piece)
+                got += len(piece)
+        except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+            self.damaged = (f"the compressed stream is damaged or cut short ({type(exc).__name__}: {exc}); "
+                            "the lines before that point were read")
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> GzipTolerant:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _open_maybe_compressed(p: Path) -> BinaryIO:
     if p.suffix == ".gz":
-        import gzip
-
-        return gzip.open(p, "rb")  # type: ignore[return-value]
+        return GzipTolerant(p)  # type: ignore[return-value]
     return open(p, "rb")
 
 

@@ -276,3 +276,29 @@ def test_a_failed_migration_is_raised_and_nothing_is_inserted(store, settings, t
     with pytest.raises(StoreError, match="DDL refused"):
         ingest_paths(failing, settings, [str(f)], fmt="combined")
     assert failing.inserts == 0
+
+
+def test_a_gz_cut_short_loads_every_line_before_the_cut_and_reports_the_damage(tmp_path):
+    """A truncated .gz (copied while being written, a broken download) loses nothing that can be decompressed:
+    every complete line before the cut is loaded, the cut line is parsed or quarantined like any other, and the
+    command says what happened and exits 1."""
+    import gzip
+
+    data = NASA.read_bytes() * 8
+    whole = gzip.compress(data, 6)
+    cut = tmp_path / "part.log.gz"
+    cut.write_bytes(whole[: len(whole) * 2 // 3])
+    # what an independent decompressor recovers before the cut
+    d = __import__("zlib").decompressobj(31)
+    recovered = d.decompress(cut.read_bytes())
+    expected = recovered.count(b"\n") + (0 if recovered.endswith(b"\n") else 1)
+    assert 1930 < expected < 8 * 1930
+    exe = Path(sys.executable).with_name("forumpulse")
+    cfg = tmp_path / "fp.yaml"
+    cfg.write_text("retention:\n  raw_days: 0\n  rollup_days: 0\n")
+    r = subprocess.run([str(exe), "ingest", "--config", str(cfg), "--store", f"chdb:{tmp_path / 'db'}",
+                        "--format", "common", str(cut)], capture_output=True, timeout=300)
+    assert r.returncode == 1, r.stderr.decode()
+    assert "damaged or cut short" in r.stderr.decode()
+    assert f"{cut}: read {expected:,}  " in r.stdout.decode()
+    assert "Traceback" not in r.stderr.decode()

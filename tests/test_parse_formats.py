@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from forumpulse.pipeline.formats import PRESETS, get_parser, parse_lines
 from forumpulse.pipeline.record import Drop, ParsedLine
@@ -185,3 +187,20 @@ def test_trailing_blank_after_the_last_field_is_tolerated():
     # squid's empty last column (content type) still parses as None with its separator space kept
     sq = get_parser("squid").parse("1677971734.080  1234 1.2.3.4 TCP_TUNNEL/200 39 CONNECT domain.xyz:443 - HIER_DIRECT/1.2.3.4 ")
     assert isinstance(sq, ParsedLine) and sq.content_type is None
+
+
+def test_default_settings_load_a_line_as_long_as_the_collector_passes() -> None:
+    """syslog-ng passes lines up to fp_log_msg_size (256 KiB); the default max_line_bytes must not quarantine
+    what the collector delivered (a 100 KB URL, as in tests/test_syslogng_kafka.py)."""
+    from forumpulse.pipeline.config import Settings
+    from forumpulse.pipeline.process import Processor, SourceContext
+
+    conf = (Path(__file__).parents[1] / "syslog-ng" / "forumpulse.conf").read_text()
+    assert '@define fp_log_msg_size "262144"' in conf
+    assert Settings().ingest.max_line_bytes >= 262144
+    url = "/search/?q=" + "a" * 100_000
+    line = f'203.0.113.5 - - [22/Jan/2024:10:00:00 +0800] "GET {url} HTTP/1.1" 200 5 "-" "Mozilla/5.0"\n'.encode()
+    ctx = SourceContext(site="forum", origin_host="web1", origin_file="a.log", format="combined")
+    b = Processor(Settings()).process([line], ctx)
+    assert b.requests.num_rows == 1 and b.quarantine.num_rows == 0
+    assert b.requests.column("url")[0].as_py() == url
