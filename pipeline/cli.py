@@ -78,9 +78,26 @@ def _open(settings: Any) -> Any:
         raise typer.Exit(3) from None
 
 
+def _check_inputs(files: list[str], fmt: str | None) -> None:
+    """Refuse, with a one-line error and exit code 2, a missing input file or an unknown format, before any work
+    starts (instead of a traceback half-way)."""
+    for f in files:
+        if f != "-" and not Path(f).is_file():
+            typer.echo(f"error: {f}: no such file", err=True)
+            raise typer.Exit(2)
+    if fmt is not None and fmt != "auto":
+        from forumpulse.pipeline.formats import get_parser
+
+        try:
+            get_parser(fmt)
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+
 @app.command()
 def parse(
-    file: Annotated[str, typer.Argument(help="log file to parse, or - for standard input")] = "-",
+    file: Annotated[str, typer.Argument(help="log file to parse (.gz ok), or - for standard input")] = "-",
     fmt: Annotated[str, typer.Option("--format", "-f", help="preset (combined, common, vhost_combined, combined_d, "
                                      "nginx_combined, squid, squid_combined), 'apache:<LogFormat>', 'nginx:<log_format>' or 'auto'")] = "auto",
     site: Annotated[str, typer.Option(help="site name to put in the records")] = "forum",
@@ -91,26 +108,29 @@ def parse(
     Records carry every contract field (ts in UTC with milliseconds, derived topic_id/page_kind/is_bot...), with
     the privacy filter applied to url, query and referer as it would be before storage.
     """
+    from forumpulse.pipeline.ingest import _chunks, _open_maybe_compressed
     from forumpulse.pipeline.process import Processor, SourceContext, record_dicts
 
+    _check_inputs([file], fmt)
     settings = _settings(config)
     proc = Processor(settings)
     ctx = SourceContext(site=site, origin_host="", origin_file=file if file != "-" else "stdin", format=fmt)
-    fh = sys.stdin.buffer if file == "-" else open(file, "rb")  # noqa: SIM115
+    fh = sys.stdin.buffer if file == "-" else _open_maybe_compressed(Path(file))
     out = sys.stdout
     base = 0
     try:
-        while True:
-            lines = fh.readlines(4 << 20)
-            if not lines:
-                break
-            batch = proc.process(lines, ctx, line_no_base=base)
+        for block, n in _chunks(fh, 20_000, 4 << 20):  # type: ignore[arg-type]
+            batch = proc.process_block(block, ctx, line_no_base=base)
             for d in record_dicts(batch, base):
                 out.write(json.dumps(d, ensure_ascii=False) + "\n")
-            base += len(lines)
+            base += n
     finally:
         if fh is not sys.stdin.buffer:
             fh.close()
+    damaged = getattr(fh, "damaged", None)
+    if damaged:
+        typer.echo(f"error: {file}: {damaged}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -130,6 +150,7 @@ def ingest(
     """
     from forumpulse.pipeline.runtime import preload_in_background, tune_allocator
 
+    _check_inputs(files, fmt)
     preload_in_background("pandas")
     from forumpulse.pipeline.ingest import file_progress, ingest_paths
     from rich.console import Console

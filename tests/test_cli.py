@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,32 @@ def test_busy_store_is_reported_not_a_traceback(tmp_path, store, chdb_path):
                        timeout=120)
     assert r.returncode == 3
     assert "in use by another process" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["parse", "ingest"])
+def test_a_missing_file_or_unknown_format_is_a_one_line_error(tmp_path, cmd):
+    exe = Path(sys.executable).with_name("forumpulse")
+    store = ["--store", f"chdb:{tmp_path / 'db'}"] if cmd == "ingest" else []
+    r = subprocess.run([str(exe), cmd, *store, str(tmp_path / "nope.log")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"error: {tmp_path / 'nope.log'}: no such file" in r.stderr
+    log = tmp_path / "a.log"
+    log.write_text('1.2.3.4 - - [01/Jul/1995:00:00:01 -0400] "GET / HTTP/1.0" 200 1\n')
+    r = subprocess.run([str(exe), cmd, *store, "-f", "bogus", str(log)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "unknown format spec 'bogus'" in r.stderr
+    assert not (tmp_path / "db").exists() or cmd == "parse"
+
+
+def test_parse_reads_gz_files(tmp_path):
+    import gzip
+
+    exe = Path(sys.executable).with_name("forumpulse")
+    lines = [f'1.2.3.{i} - - [01/Jul/1995:00:00:0{i} -0400] "GET /{i} HTTP/1.0" 200 1\n' for i in range(5)]
+    gz = tmp_path / "a.log.gz"
+    gz.write_bytes(gzip.compress("".join(lines).encode()))
+    r = subprocess.run([str(exe), "parse", "-f", "common", str(gz)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [d["url"] for d in out] == [f"/{i}" for i in range(5)]
