@@ -16,7 +16,7 @@ help:
 	@echo "make up / down / status - local real stack (Kafka, syslog-ng, owner process) under ./run"
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "python3 is required (apt-get install python3 python3-venv)"; exit 1; }
+	@test -x $(BIN)/python || bash deploy/bootstrap-python.sh $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: apt-get install python3-venv"; exit 1; }
 	$(BIN)/pip install -q --upgrade pip==25.3
 	$(BIN)/pip install -q -e '.[dev]'

@@ -12,7 +12,14 @@ if ((${#missing[@]})); then
   echo "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
-  # the image's policy-rc.d keeps services from starting; we run everything as plain processes anyway
+  # We run everything as plain processes: packages must not start system services (syslog-ng, fail2ban, the
+  # bouncer...).  Without a policy-rc.d, put one in place for the install (exit 101 = "do not start") and remove
+  # it afterwards; an existing one is left alone.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 if [ -x deploy/kafka/install.sh ]; then bash deploy/kafka/install.sh; fi
