@@ -64,6 +64,9 @@ def test_every_source_delivers_every_line_tagged(kafka: Broker, tmp_path: Path) 
     raw = [combined(i, "raw") for i in range(400)]
     s3164 = [combined(i, "s3164") for i in range(100)]
     s5424 = [combined(i, "s5424") for i in range(100)]
+    # forwarded squid and vhost_combined lines: the key must come from where each format puts the client
+    sq_fwd = [squid(i + 1000) for i in range(50)]
+    vh_fwd = [f"vh.example.org:443 {combined(i, 'vhc')}" for i in range(50)]
     write_lines(forum_file, forum[:250])   # present before start and appended after
     with syslog_ng(tmp_path / "sng", defines=d) as sng:
         write_lines(forum_file, forum[250:])
@@ -72,10 +75,12 @@ def test_every_source_delivers_every_line_tagged(kafka: Broker, tmp_path: Path) 
         with socket.create_connection(("127.0.0.1", int(d["fp_raw_tcp_port"]))) as s:
             s.sendall("".join(line + "\n" for line in raw).encode())
         for tag, args, lines in (("forum.example.org/combined", ["--rfc3164", "-P", d["fp_syslog_port"]], s3164),
-                                 ("apache", ["--octet-count", "-P", d["fp_syslog5424_port"]], s5424)):
+                                 ("apache", ["--octet-count", "-P", d["fp_syslog5424_port"]], s5424),
+                                 ("proxy/squid", ["--rfc3164", "-P", d["fp_syslog_port"]], sq_fwd),
+                                 ("vh.example.org/vhost_combined", ["--rfc3164", "-P", d["fp_syslog_port"]], vh_fwd)):
             subprocess.run(["logger", "-n", "127.0.0.1", "-T", "-t", tag, "--size", "8192", *args],
                            input="\n".join(lines) + "\n", text=True, check=True)
-        total = len(forum) + len(board) + len(sq) + len(raw) + len(s3164) + len(s5424)
+        total = len(forum) + len(board) + len(sq) + len(raw) + len(s3164) + len(s5424) + len(sq_fwd) + len(vh_fwd)
         wait_until(lambda: len(data_messages(kafka.read_all(topic, timeout_s=30))) >= total, 120,
                    what=f"{total} lines in {topic}")
         msgs = data_messages(kafka.read_all(topic, idle_s=2.0))
@@ -87,15 +92,19 @@ def test_every_source_delivers_every_line_tagged(kafka: Broker, tmp_path: Path) 
         + [("proxy", host, str(squid_file), "squid", x) for x in sq]
         + [("rawsite", "127.0.0.1", f"tcp:{d['fp_raw_tcp_port']}", "common", x) for x in raw]
         + [("forum.example.org", socket.gethostname(), "forum.example.org/combined", "combined", x) for x in s3164]
-        + [("syslogsite", socket.gethostname(), "apache", "combined", x) for x in s5424])
+        + [("syslogsite", socket.gethostname(), "apache", "combined", x) for x in s5424]
+        + [("proxy", socket.gethostname(), "proxy/squid", "squid", x) for x in sq_fwd]
+        + [("vh.example.org", socket.gethostname(), "vh.example.org/vhost_combined", "vhost_combined", x)
+           for x in vh_fwd])
     got = collections.Counter(envelope(m)[1:] for m in msgs)
     assert got == expected, (sorted((expected - got).items())[:3], sorted((got - expected).items())[:3])
     assert any(envelope(m)[5] == long_url_line for m in msgs)
-    # key = client address (squid: third column); one client's lines stay in one partition
+    # key = client address (squid: third column, vhost_combined: second field, files and network alike); one
+    # client's lines stay in one partition
     partitions: dict[bytes, set[int]] = collections.defaultdict(set)
     for m in msgs:
         line, fmt = envelope(m)[5], envelope(m)[4]
-        assert m.key == (line.split()[2] if fmt == "squid" else line.split()[0]).encode()
+        assert m.key == line.split()[{"squid": 2, "vhost_combined": 1}.get(fmt, 0)].encode(), (fmt, line[:80])
         partitions[m.key].add(m.partition)
     assert all(len(p) == 1 for p in partitions.values())
     assert len({p for ps in partitions.values() for p in ps}) > 1, "all clients in one partition"
