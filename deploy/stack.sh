@@ -28,6 +28,10 @@ OWNER_PID="$DIR/owner.pid" OWNER_LOG="$DIR/owner.log"
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 owner_alive() { [ -f "$OWNER_PID" ] && kill -0 "$(cat "$OWNER_PID")" 2>/dev/null; }
+# the owner answers /fp/health with its own pid: another server on the port (a developer's ClickHouse on 8123) is
+# not mistaken for it
+owner_health() { curl -fsS --max-time 2 "http://127.0.0.1:$HTTP_PORT/fp/health" 2>/dev/null; }
+owner_healthy() { owner_health | grep -Eq "\"pid\": *$(cat "$OWNER_PID" 2>/dev/null)[,}]"; }
 
 syslog_defines() {
   local a=(
@@ -68,11 +72,11 @@ up() {
     echo $! > "$OWNER_PID"
     local i
     for i in $(seq 1 600); do
-      port_open "$HTTP_PORT" && break
       owner_alive || { tail -n 30 "$OWNER_LOG" >&2; echo "stack.sh: owner process exited during start-up" >&2; exit 1; }
+      owner_healthy && break
       sleep 0.1
     done
-    port_open "$HTTP_PORT" || { tail -n 30 "$OWNER_LOG" >&2; echo "stack.sh: owner not listening on $HTTP_PORT after 60 s" >&2; exit 1; }
+    owner_healthy || { tail -n 30 "$OWNER_LOG" >&2; echo "stack.sh: owner (pid $(cat "$OWNER_PID")) does not answer /fp/health on $HTTP_PORT after 60 s" >&2; exit 1; }
     echo "owner started (pid $(cat "$OWNER_PID"), http://127.0.0.1:$HTTP_PORT, store chdb:$DIR/chdb)"
   else
     echo "stack.sh: \`forumpulse run\` is not available (run \`make install\`); Kafka and syslog-ng are up without a consumer" >&2
@@ -111,9 +115,9 @@ status() {
   echo "== owner"
   if owner_alive; then
     echo "owner running: pid $(cat "$OWNER_PID"), http://127.0.0.1:$HTTP_PORT"
-    if port_open "$HTTP_PORT"; then
-      curl -fsS --max-time 5 "http://127.0.0.1:$HTTP_PORT/ping" 2>/dev/null | sed 's/^/   ping: /' || echo "   ping failed"
-    else echo "   port $HTTP_PORT closed"; rc=1; fi
+    if owner_healthy; then
+      owner_health | sed 's/^/   health: /'; echo
+    else echo "   /fp/health on port $HTTP_PORT does not answer with pid $(cat "$OWNER_PID")"; rc=1; fi
   else
     echo "owner not running"; rc=1
   fi

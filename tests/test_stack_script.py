@@ -1,0 +1,89 @@
+"""deploy/stack.sh (`make up | status | down`) on free ports in a temporary folder: the real Kafka, the real
+syslog-ng and the owner process come up, lines appended to a watched vhost log and sent to the raw TCP port become
+exactly those rows, `status` reads the owner's own /fp/health, and `down` stops everything it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from live_stack import ensure_kafka_installed, ensure_syslogng_installed, free_ports, wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.syslogng]
+ROOT = Path(__file__).parents[1]
+
+
+def _line(i: int, tag: str) -> str:
+    ts = datetime.now(UTC).strftime("%d/%b/%Y:%H:%M:%S +0000")
+    return (f'198.51.100.{i % 50 + 1} - - [{ts}] "GET /threads/stack-test.{7000 + i % 3}/?{tag}={i} HTTP/1.1" 200 '
+            f'{100 + i} "-" "Mozilla/5.0 (X11; Linux x86_64) stacktest"')
+
+
+def _query(port: int, sql: str) -> list[list[object]]:
+    url = f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode({"database": "forumpulse",
+                                                                 "default_format": "JSONCompact"})
+    with urllib.request.urlopen(urllib.request.Request(url, data=sql.encode()), timeout=30) as r:
+        return json.loads(r.read())["data"]  # type: ignore[no-any-return]
+
+
+def _stack(cmd: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(ROOT / "deploy" / "stack.sh"), cmd], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: Path) -> None:
+    ensure_kafka_installed()
+    ensure_syslogng_installed()
+    kp, kcp, http, raw, s3164, s5424 = free_ports(6)
+    run = tmp_path / "run"
+    env = {**os.environ, "FP_STACK_DIR": str(run), "FP_KAFKA_PORT": str(kp), "FP_KAFKA_CONTROLLER_PORT": str(kcp),
+           "FP_HTTP_PORT": str(http), "FP_RAW_TCP_PORT": str(raw), "FP_SYSLOG_PORT": str(s3164),
+           "FP_SYSLOG5424_PORT": str(s5424), "FP_HEARTBEAT_S": "2"}
+    try:
+        up = _stack("up", env, timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "owner started" in up.stdout
+        pid = int((run / "owner.pid").read_text())
+        st = _stack("status", env)
+        assert st.returncode == 0, st.stdout + st.stderr
+        assert f'"pid": {pid}' in st.stdout and '"status": "ok"' in st.stdout
+
+        vhosts = run / "logs" / "vhosts"
+        vhosts.mkdir(parents=True, exist_ok=True)
+        from_file = [_line(i, "file") for i in range(300)]
+        with (vhosts / "forum.example.org.access.log").open("a") as f:
+            f.writelines(x + "\n" for x in from_file)
+        from_tcp = [_line(i, "tcp") for i in range(120)]
+        with socket.create_connection(("127.0.0.1", raw)) as s:
+            s.sendall("".join(x + "\n" for x in from_tcp).encode())
+        want = len(from_file) + len(from_tcp)
+
+        def landed() -> bool:
+            return int(_query(http, "SELECT count() FROM requests")[0][0]) >= want  # type: ignore[call-overload]
+
+        wait_until(landed, 180, every_s=1.0, what=f"{want} rows through syslog-ng -> Kafka -> owner")
+        time.sleep(2)  # anything extra (a double) would land by now
+        rows = _query(http, "SELECT site, origin_file, url, bytes FROM requests")
+        assert len(rows) == want
+        assert int(_query(http, "SELECT count() FROM quarantine")[0][0]) == 0  # type: ignore[call-overload]
+        got_file = sorted(str(r[2]) for r in rows if str(r[1]).endswith("forum.example.org.access.log"))
+        got_tcp = sorted(str(r[2]) for r in rows if str(r[1]) == f"tcp:{raw}")
+        assert got_file == sorted(x.split('"')[1].split()[1] for x in from_file)
+        assert got_tcp == sorted(x.split('"')[1].split()[1] for x in from_tcp)
+        assert {r[0] for r in rows if str(r[1]).endswith(".access.log")} == {"forum.example.org"}
+        topics = dict(_query(http, "SELECT topic_id, count() FROM requests GROUP BY topic_id"))  # type: ignore[arg-type]
+        assert set(map(int, topics)) == {7000, 7001, 7002}
+    finally:
+        down = _stack("down", env)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "owner stopped" in down.stdout
+    after = _stack("status", env)
+    assert after.returncode != 0 and "owner not running" in after.stdout
