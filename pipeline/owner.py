@@ -34,8 +34,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from forumpulse.pipeline.chhttp import ClickHouseHTTPServer, RequestInfo, Route
 from forumpulse.pipeline.config import Settings, load_settings
 from forumpulse.pipeline.consumer import (
@@ -179,25 +180,34 @@ class Owner:
 
 
 def run_command(
-    config: Path | None = None,
-    store: str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 8123,
-    password_env: str | None = None,
-    consume: bool = False,
-    instance_id: str | None = None,
-    bootstrap: str | None = None,
-    dos: bool = False,
-    traffic: bool = False,
+    config: Annotated[Path | None, typer.Option(help="YAML configuration file (default: $FORUMPULSE_CONFIG, else "
+                                                "built-in defaults)")] = None,
+    store: Annotated[str | None, typer.Option(help="chdb:PATH to own (default: the configured store, "
+                                              "chdb:./data/chdb)")] = None,
+    host: Annotated[str, typer.Option(help="address to serve on (beyond 127.0.0.1, set --password-env)")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port of the ClickHouse-compatible HTTP endpoint and the /fp routes")]
+    = 8123,
+    password_env: Annotated[str | None, typer.Option(help="name of an environment variable holding the password "
+                                                     "every request must carry")] = None,
+    consume: Annotated[bool, typer.Option(help="also load Kafka (weblogs.raw) into the store in this process")]
+    = False,
+    instance_id: Annotated[str | None, typer.Option(help="static consumer-group member id, Kafka group.instance.id (default: none, dynamic membership)")]
+    = None,
+    bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: from the configuration)")]
+    = None,
+    dos: Annotated[bool, typer.Option(help="run live DoS detection: decisions to the table, Kafka, the configured "
+                                      "firewall actions and the CrowdSec-compatible decision stream")] = False,
+    traffic: Annotated[bool, typer.Option(help="run the traffic detectors (spikes, dips, surges, regressions) "
+                                          "every minute")] = False,
 ) -> None:
-    """``forumpulse run``: own the store, serve the ClickHouse-compatible endpoint and /fp routes until SIGTERM.
+    """Own the embedded store and serve it until SIGTERM: a ClickHouse-compatible HTTP endpoint (for
+    clickhouse-connect, curl and Grafana) and the /fp routes (health, sources, decisions, unban), optionally
+    loading Kafka and running the live detectors in the same process.
 
-    Typer-compatible.  ``--password-env NAME`` requires the password in environment variable NAME on every
-    request (use it whenever ``--host`` is not 127.0.0.1).  ``--consume`` also loads Kafka in this process.
-    ``--dos`` runs live DoS detection with decisions to the table, Kafka, the configured firewall actions and
-    the CrowdSec-compatible decision stream (``actions.decision_api``); ``POST /fp/unban``, ``GET
-    /fp/decisions``.  ``--traffic`` runs the traffic detectors every minute (see
-    :mod:`forumpulse.pipeline.live_detect`).
+    chDB lets one process open a data folder; this is that process.  Other commands (a second consumer,
+    dashboards, reports) reach the store through this endpoint with --store clickhouse://127.0.0.1:PORT.
+    Prints one JSON line (pid, port, store) when it is ready.
     """
     logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
