@@ -3,10 +3,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install demo test lint unit bench bench-dos-latency eval up down status dashboards clean system-deps
+.PHONY: help install lock demo test lint unit bench bench-dos-latency eval up down status dashboards clean system-deps
 
 help:
 	@echo "make demo   - create .venv, install, simulate weeks of forum traffic, ingest into chDB (./data), detect, summarise"
@@ -15,14 +15,17 @@ help:
 	@echo "make eval   - detector evaluation (NAB, NASA 1995, simulator, CrowdSec cases); reads ../shared/data"
 	@echo "make up / down / status - local real stack (Kafka, syslog-ng, owner process) under ./run"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || bash deploy/bootstrap-python.sh $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: apt-get install python3-venv"; exit 1; }
 	$(BIN)/pip install -q --upgrade pip==25.3
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
 install: $(STAMP)
+
+lock:  ## regenerate constraints.txt (exact versions of every dependency) after changing a pin in pyproject.toml
+	bash deploy/lock.sh
 
 demo: install
 	$(BIN)/forumpulse demo
