@@ -416,7 +416,8 @@ def _ingest_each(
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"{path}: no such file")
-        cb = on_file(path, p.stat().st_size) if on_file else None
+        # progress counts decompressed bytes: a .gz has no known total (its size on disk is not comparable)
+        cb = on_file(path, 0 if p.suffix == ".gz" else p.stat().st_size) if on_file else None
         opener = _open_maybe_compressed(p)
         with opener as fh:
             results.append(ingest_stream(store, processor, fh, ctx, batch_lines=settings.ingest.batch_lines,
