@@ -43,6 +43,7 @@ SHARDING_KEYS = {
 _CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\s*\n?\((.*)\)\s*ENGINE\s*=\s*(\w+)(\(([^)]*)\))?(.*)$", re.S)
 _CREATE_MV = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+) TO (\w+) AS(.*)$", re.S)
 _ALTER = re.compile(r"^ALTER TABLE (\w+) (.*)$", re.S)
+_DROP_VIEW = re.compile(r"^DROP VIEW IF EXISTS (\w+)$")
 #: data statements of a migration (backfills of a new rollup from existing rows): nothing to backfill on a cluster
 #: created from zero, so the generated DDL leaves them out (an in-place cluster upgrade runs them per shard on the
 #: ``_local`` tables, once).
@@ -94,6 +95,10 @@ def cluster_statements(cluster: str, database: str, params: dict[str, Any] | Non
                 name, change = a.groups()
                 for tbl in (f"{name}_local", name):  # the shards' tables, then the Distributed one over them
                     out.append(f"ALTER TABLE {database}.{tbl} ON CLUSTER {cluster} {change}")
+                continue
+            d = _DROP_VIEW.match(stmt)
+            if d:  # a view replaced by a later migration: dropped and created again on every node
+                out.append(f"DROP VIEW IF EXISTS {database}.{d.group(1)} ON CLUSTER {cluster}")
                 continue
             if _BACKFILL.match(stmt):
                 continue

@@ -60,7 +60,7 @@ CREATE MATERIALIZED VIEW IF NOT EXISTS client_minute_mv TO client_minute AS
 SELECT
     site,
     toStartOfMinute(ts) AS minute,
-    if(client_host = '', requests.client_ip,
+    if(client_host = '', client_ip,
        CAST(bitOr(bitShiftLeft(toUInt128(0xfd68), 112), toUInt128(cityHash64(client_host))) AS IPv6)) AS client_ip,
     count() AS requests,
     sum(bytes) AS bytes,
