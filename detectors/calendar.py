@@ -3,7 +3,9 @@
 A day is a *holiday* when the ``holidays`` package lists it for the site's country/subdivision, when it lies in a
 festival period of ``detectors/calendars/<COUNTRY>.yaml`` (e.g. Malaysia's Chinese New Year and Hari Raya weeks,
 derived each year from the official days), or in one of ``SiteConfig.holiday_periods``.  An *offday* is a
-weekend day (the country's weekend, Saturday+Sunday by default) or a holiday.
+weekend day or a holiday.  Weekend days are the ``holidays`` calendar's for that date and subdivision (e.g.
+Friday+Saturday in Kedah, Kelantan, Terengganu, and Johor 2014-2024), except its weekend working days (make-up
+workdays, e.g. China's); Saturday+Sunday without a country.
 
 Guarantees: pure lookups on local calendar dates (the caller converts timestamps into the site's time zone);
 unknown countries raise ``ValueError`` at construction (a typo must not silently disable labelling).
@@ -35,7 +37,7 @@ class SiteCalendar:
         self.country = country
         self.subdivision = subdivision
         self._official: Any = None
-        self.weekend: set[int] = {5, 6}
+        self.weekend: set[int] = {5, 6}  # the default weekend only: per date, see is_weekday_workday
         if country:
             import holidays
 
@@ -100,8 +102,13 @@ class SiteCalendar:
         return self.holiday_name(d) is not None
 
     def is_weekday_workday(self, d: date) -> bool:
-        """``d`` is not a weekend day (whatever the holidays)."""
-        return d.weekday() not in self.weekend
+        """``d`` is not a weekend day, or is one of the calendar's weekend working days (whatever the holidays).
+        The weekend is the ``holidays`` calendar's on that date (it varies by subdivision and year)."""
+        if self._official is None:
+            return d.weekday() not in self.weekend
+        if not self._official.is_weekend(d):  # also loads d's year, so weekend_workdays below is filled
+            return True
+        return d in self._official.weekend_workdays
 
     def is_offday(self, d: date) -> bool:
         return not self.is_weekday_workday(d) or self.is_holiday(d)

@@ -1,7 +1,9 @@
 """Streaming anomaly scoring and seasonal event detection for one time series.
 
 Two layers, both *streaming*: whatever is computed for row ``t`` uses rows ``<= t`` only (checked in
-``tests/test_series_detector.py`` by truncating the input and comparing).
+``tests/test_series_detector.py`` by truncating the input and comparing, and in ``tests/test_series_streaming.py``
+by appending rows at another step or with non-integer values); the row step and the ``auto`` mode are decided on
+the first ``DECIDE_ROWS`` rows as they arrive, then frozen.
 
 1. :func:`anomaly_scores` — a generic per-row anomaly score in ``[0, 1]`` for any numeric series (CPU, latency,
    tweet counts...).  Robust level and step deviations against a trailing median/MAD, turned into a tail
@@ -118,18 +120,49 @@ def _epoch_seconds(timestamps: Sequence[Any] | np.ndarray) -> npt.NDArray[np.int
     return np.asarray(t.astype("int64").to_numpy() // 10**9, dtype=np.int64)
 
 
+DECIDE_ROWS = 100
+"""The row step and the ``auto`` mode of :func:`series_events` are decided from the first ``DECIDE_ROWS`` rows: row
+``t`` uses what rows ``<= t`` say (a running decision), frozen from row ``DECIDE_ROWS - 1`` on, so later rows never
+change an earlier score or event (streaming)."""
+
+
+def _row_steps(sec: npt.NDArray[np.int64], rows: int = DECIDE_ROWS) -> npt.NDArray[np.int64]:
+    """Row step (seconds) in force at each row: the most frequent positive step between consecutive rows ``<= t``
+    (ties: the smaller; gaps and jitter do not move it), frozen after the first ``rows`` rows; 0 while no positive
+    step has been seen."""
+    n = len(sec)
+    out = np.zeros(n, dtype=np.int64)
+    counts: dict[int, int] = {}
+    cur = 0
+    for i in range(1, min(n, rows)):
+        s = int(sec[i] - sec[i - 1])
+        if s > 0:
+            c = counts[s] = counts.get(s, 0) + 1
+            best = counts.get(cur, 0)
+            if c > best or (c == best and s < cur):
+                cur = s
+        out[i] = cur
+    out[min(n, rows):] = cur
+    return out
+
+
+_SPANS = (86400, 7 * 86400)  # seasonal periods in seconds: one day, one week
+
+
+def _periods(step: int) -> list[int]:
+    """Periods in rows (one day, one week) of a row step: when the step divides them and a period has >= 4 rows."""
+    return [span // step for span in _SPANS if step > 0 and span % step == 0 and span // step >= 4]
+
+
 def series_periods(timestamps: Sequence[Any] | np.ndarray | None) -> tuple[int, list[int]]:
-    """``(step seconds, [periods in rows])`` from the median row step of ``timestamps``: one day and one week,
-    when the step divides them and a period has at least 4 rows.  ``(0, [])`` without timestamps or with fewer
-    than two rows."""
+    """``(step seconds, [periods in rows])`` of ``timestamps``: the step is the most frequent positive row step
+    among the first ``DECIDE_ROWS`` rows (what :func:`anomaly_scores` uses from that row on); the periods are one
+    day and one week, when the step divides them and a period has at least 4 rows.  ``(0, [])`` without
+    timestamps or with fewer than two rows."""
     if timestamps is None or len(timestamps) < 2:
         return 0, []
-    steps = np.diff(_epoch_seconds(timestamps))
-    steps = steps[steps > 0]
-    if len(steps) == 0:
-        return 0, []
-    step = int(np.median(steps))
-    return step, [span // step for span in (86400, 7 * 86400) if step > 0 and span % step == 0 and span // step >= 4]
+    step = int(_row_steps(_epoch_seconds(timestamps[:DECIDE_ROWS]))[-1])
+    return step, _periods(step)
 
 
 def _lag_rows(sec: npt.NDArray[np.int64], lag_seconds: int) -> npt.NDArray[np.int64]:
@@ -182,40 +215,63 @@ def _model_p(y: pd.Series, p: ScoreParams) -> FloatArray:
 
 
 def anomaly_scores(values: Sequence[float] | FloatArray, params: ScoreParams | None = None,
-                   timestamps: Sequence[Any] | np.ndarray | None = None) -> FloatArray:
+                   timestamps: Sequence[Any] | np.ndarray | None = None, step: int | None = None) -> FloatArray:
     """Per-row anomaly score in ``[0, 1]``; row ``t`` depends on rows ``<= t`` only.
 
     Models of the series: the raw values, and — when ``timestamps`` give a row step that divides a day — the
     residuals of seasonal-naive predictors at one day and one week (median of the same phase in the last
     ``seasonal_cycles`` periods, by timestamp so absent rows never shift the phase; active after
-    ``seasonal_min_cycles`` periods).  Each model's residual gets a level and a step surprise (|error| over a
-    trailing robust scale, capped at ``surprise_cap``), each turned into an anomaly likelihood (the
-    ``likelihood_short``-row mean against the mean/std of that mean over the previous ``likelihood_window`` rows,
-    Gaussian tail).  Row ``t`` uses the model with the lowest trailing mean absolute error (a seasonal model only
-    when its error is under ``seasonal_gain`` × the raw model's), reported as ``min(1, -log10(p)/10)``; after an
-    alarm (``>= alarm``) the score is capped just below it for ``suppress`` rows.  NaN values are carried
-    forward (a missing value is not evidence).  O(n log w) with pandas rolling windows plus one O(n) pass."""
+    ``seasonal_min_cycles`` periods).  The row step is ``step`` (seconds) when given, else decided from the first
+    ``DECIDE_ROWS`` rows (:func:`_row_steps`: the most frequent step so far, frozen after those rows).  Each
+    model's residual gets a level and a step surprise (|error| over a trailing robust scale, capped at
+    ``surprise_cap``), each turned into an anomaly likelihood (the ``likelihood_short``-row mean against the
+    mean/std of that mean over the previous ``likelihood_window`` rows, Gaussian tail).  Row ``t`` uses the model
+    with the lowest trailing mean absolute error (a seasonal model only when its error is under ``seasonal_gain``
+    × the raw model's), reported as ``min(1, -log10(p)/10)``; after an alarm (``>= alarm``) the score is capped
+    just below it for ``suppress`` rows.  NaN values are carried forward (a missing value is not evidence).
+    O(n log w) with pandas rolling windows plus one O(n) pass."""
+    return _scores(values, params, timestamps, step, False)[0]
+
+
+def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
+            timestamps: Sequence[Any] | np.ndarray | None, step: int | None,
+            want_expected: bool) -> tuple[FloatArray, FloatArray]:
+    """:func:`anomaly_scores` and, when ``want_expected``, each row's expected value (streaming as well): the
+    prediction of the model in use at that row (lowest trailing error) — a seasonal-naive prediction, or the raw
+    model's level (median of the ``long_window`` rows before the last ``short_window``; before those exist, the
+    median of all earlier rows, or the value itself on the first row).  Without ``want_expected`` the second array
+    is empty."""
     p = params or ScoreParams()
     x = pd.Series(np.asarray(values, dtype=np.float64)).ffill().fillna(0.0)
     n = len(x)
     if n == 0:
-        return np.zeros(0)
+        return np.zeros(0), np.zeros(0)
     pv = _model_p(x, p)
-    step, periods = series_periods(timestamps)
-    if periods:
-        sec = _epoch_seconds(timestamps)  # type: ignore[arg-type]
+    expected = np.zeros(0)
+    if want_expected:
+        level = x.shift(p.short_window).rolling(p.long_window, min_periods=p.min_history).median()
+        level = level.fillna(x.shift(1).expanding().median())
+        expected = level.fillna(x).to_numpy(dtype=np.float64)
+    if timestamps is not None and len(timestamps) >= 2:
+        sec = _epoch_seconds(timestamps)
+        steps = np.full(n, int(step), dtype=np.int64) if step else _row_steps(sec)
+        safe = np.maximum(steps, 1)
         xv = x.to_numpy()
         lvl = x.shift(1).rolling(p.long_window, min_periods=p.min_history).median()
         err0 = (x - lvl).abs().shift(1).rolling(p.long_window, min_periods=p.min_history).mean().to_numpy()
         best_err = np.where(np.isnan(err0), np.inf, err0 * p.seasonal_gain)
-        for period in periods:
+        for span in _SPANS:
+            # the row's step decides whether this period exists at that row (lags are by time: k × span)
+            valid = (steps > 0) & (span % safe == 0) & (span // safe >= 4)
+            if not valid.any():
+                continue
             cols = []
             for k in range(1, p.seasonal_cycles + 1):
-                li = _lag_rows(sec, k * period * step)
+                li = _lag_rows(sec, k * span)
                 cols.append(np.where(li >= 0, xv[np.maximum(li, 0)], np.nan))
             lagged = np.vstack(cols)
             have = (~np.isnan(lagged)).sum(axis=0)
-            ok = have >= p.seasonal_min_cycles
+            ok = (have >= p.seasonal_min_cycles) & valid
             if not ok.any():
                 continue
             with warnings.catch_warnings():
@@ -231,6 +287,8 @@ def anomaly_scores(values: Sequence[float] | FloatArray, params: ScoreParams | N
                     pv = np.where(use, np.minimum(pv, pm) * 2, pv)
                 else:
                     pv = np.where(use, _model_p(resid, p), pv)
+                if want_expected:
+                    expected = np.where(use, pred, expected)
                 best_err = np.where(use, err, best_err)
     # evidence on the score scale; below 0 where the Bonferroni factors make p > 1 (calm rows), capped at 1
     score = np.minimum(-np.log10(np.maximum(pv, 1e-300)) / 10.0, 1.0)
@@ -239,7 +297,7 @@ def anomaly_scores(values: Sequence[float] | FloatArray, params: ScoreParams | N
         score = np.minimum(score, _score_likelihood(score, p))
     score = np.clip(score, 0.0, 1.0)
     score[: p.min_history] = 0.0
-    return _suppress(score, p.alarm, p.suppress)
+    return _suppress(score, p.alarm, p.suppress), expected
 
 
 def _score_likelihood(score: FloatArray, p: ScoreParams) -> FloatArray:
@@ -270,13 +328,22 @@ def _suppress(score: FloatArray, alarm: float, rows: int) -> FloatArray:
 
 
 def score_events(ts: Sequence[datetime], score: FloatArray, values: FloatArray, alarm: float,
-                 scope: str = "series") -> list[Detection]:
-    """Alarms of :func:`anomaly_scores` as ``anomaly`` detections (one per alarm row)."""
+                 scope: str = "series", expected: FloatArray | None = None, first: int = 0) -> list[Detection]:
+    """Alarms of :func:`anomaly_scores` at rows ``>= first`` as ``anomaly`` detections (one per alarm row).
+    ``observed`` is the value the scorer saw (missing values carried forward); ``expected`` is the scorer's
+    expectation (:func:`_scores`), or the median of the earlier rows when not given — always a finite number."""
+    seen = pd.Series(np.asarray(values, dtype=np.float64)).ffill().fillna(0.0)
+    if expected is None:
+        expected = seen.shift(1).expanding().median().fillna(seen).to_numpy(dtype=np.float64)
     out = []
     for i in np.flatnonzero(score >= alarm):
-        t = ts[int(i)]
-        out.append(Detection("anomaly", scope, t, t, t, float(values[int(i)]), math.nan, float(score[int(i)]),
-                             "unexplained", state="closed"))
+        i = int(i)
+        if i < first:
+            continue
+        t = ts[i]
+        obs = float(seen.iloc[i])
+        exp = float(expected[i]) if math.isfinite(float(expected[i])) else obs
+        out.append(Detection("anomaly", scope, t, t, t, obs, exp, float(score[i]), "unexplained", state="closed"))
     return out
 
 
@@ -600,7 +667,8 @@ def run_seasonal(ts: Sequence[datetime], counts: Sequence[float], tz: str, calen
 
 def read_series_csv(path: str) -> tuple[list[datetime], FloatArray]:
     """``timestamp,value`` CSV (header optional; more columns ignored).  Naive timestamps are UTC.  Rows are
-    sorted by time; duplicate timestamps keep the last row.  Absent rows mean "no data"."""
+    sorted by time (stable sort); duplicate timestamps keep the last row of the file.  Values that are not finite
+    numbers are missing.  Absent rows mean "no data"."""
     df = pd.read_csv(path, header=None, dtype=str, skip_blank_lines=True)
     if df.shape[1] < 2:
         raise ValueError(f"{path}: expected two columns timestamp,value")
@@ -610,39 +678,84 @@ def read_series_csv(path: str) -> tuple[list[datetime], FloatArray]:
     except ValueError:
         df = df.iloc[1:]  # header row
     ts = pd.to_datetime(df.iloc[:, 0], utc=True, format="mixed")
-    vals = pd.to_numeric(df.iloc[:, 1], errors="coerce")
-    s = pd.Series(vals.to_numpy(dtype=float), index=ts).sort_index()
+    vals = pd.to_numeric(df.iloc[:, 1], errors="coerce").to_numpy(dtype=float)
+    vals[~np.isfinite(vals)] = np.nan
+    s = pd.Series(vals, index=ts).sort_index(kind="stable")
     s = s[~s.index.duplicated(keep="last")]
     return [t.to_pydatetime() for t in s.index], s.to_numpy(dtype=np.float64)
 
 
-def series_events(ts: Sequence[datetime], values: FloatArray, tz: str = "UTC", calendar: Any = None,
-                  seasonal: SeasonalParams | None = None, score: ScoreParams | None = None,
-                  mode: str = "auto", scope: str = "series") -> list[Detection]:
-    """Events of a series: ``counts`` mode runs :class:`SeasonalDetector` (each row's value spread evenly over
-    the minutes of its step); ``generic`` mode reports the alarms of :func:`anomaly_scores`.  ``auto`` picks
-    ``counts`` when every value is a non-negative integer."""
-    vals = np.asarray(values, dtype=np.float64)
-    if mode == "auto":
-        finite = vals[~np.isnan(vals)]
-        mode = "counts" if len(finite) and bool(np.all(finite >= 0) and np.all(finite == np.round(finite))) else "generic"
-    if mode == "generic":
-        sc = anomaly_scores(vals, score, ts if len(ts) > 1 else None)
-        return score_events(ts, sc, vals, (score or ScoreParams()).alarm, scope)
-    if len(ts) < 2:
-        return []
-    steps = np.diff(np.array([t.timestamp() for t in ts]))
-    step_min = max(1, round(float(np.median(steps)) / 60))
-    mts: list[datetime] = []
-    mvals: list[float] = []
-    for t, v in zip(ts, vals, strict=True):
+MODES = ("auto", "counts", "generic")
+
+
+def _generic_from(values: FloatArray, rows: int = DECIDE_ROWS) -> int:
+    """First row of ``generic`` mode under ``auto``: the first of the first ``rows`` finite values that is negative
+    or not an integer; ``len(values)`` when those are all non-negative integers (counts, frozen)."""
+    seen = 0
+    for i, v in enumerate(values):
+        if math.isnan(v):
+            continue
+        if v < 0 or v != round(v):
+            return i
+        seen += 1
+        if seen >= rows:
+            break
+    return len(values)
+
+
+def _count_events(ts: Sequence[datetime], values: FloatArray, steps: npt.NDArray[np.int64], tz: str,
+                  calendar: Any, params: SeasonalParams | None, scope: str, abandon: bool) -> list[Detection]:
+    """:class:`SeasonalDetector` over a count series: row ``t``'s value spread evenly over the minutes of
+    ``steps[t]`` (seconds: the row step in force at ``t``); minutes already covered by an earlier row are not fed
+    again.  ``abandon``: the series leaves counts mode after these rows; open events are closed."""
+    det = SeasonalDetector(tz, calendar, params, scope)
+    latest: dict[str, Detection] = {}
+    last: datetime | None = None
+    for i, (t, v) in enumerate(zip(ts, values, strict=True)):
         if np.isnan(v):
             continue
+        step_min = max(1, round(int(steps[i]) / 60))
         base = t.replace(second=0, microsecond=0)
         for k in range(step_min):
-            mts.append(base + timedelta(minutes=k))
-            mvals.append(float(v) / step_min)
-    return run_seasonal(mts, mvals, tz, calendar, seasonal, scope)
+            m = base + timedelta(minutes=k)
+            if last is not None and m <= last:
+                continue
+            for d in det.update(m, float(v) / step_min):
+                latest[d.id] = d
+            last = m
+    if abandon and last is not None:
+        for d in det._close_all(last, "mode_switch"):
+            latest[d.id] = d
+    for d in det.finish():
+        latest[d.id] = d
+    return sorted(latest.values(), key=lambda d: d.start)
+
+
+def series_events(ts: Sequence[datetime], values: FloatArray, tz: str = "UTC", calendar: Any = None,
+                  seasonal: SeasonalParams | None = None, score: ScoreParams | None = None,
+                  mode: str = "auto", scope: str = "series", step: int | None = None) -> list[Detection]:
+    """Events of a series: ``counts`` mode runs :class:`SeasonalDetector` (each row's value spread evenly over
+    the minutes of its row step); ``generic`` mode reports the alarms of :func:`anomaly_scores`.  ``auto`` is
+    ``counts`` while the finite values are non-negative integers, decided on the first ``DECIDE_ROWS`` of them
+    and then frozen: a non-integer among them switches to ``generic`` from its row on (events still open in
+    counts mode are closed, ``closed_by`` = ``mode_switch``); a later one does not change the mode.  ``step``
+    (seconds) overrides the row step decided from the first ``DECIDE_ROWS`` rows.  Streaming: events at row
+    ``t`` use rows ``<= t`` only."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    vals = np.asarray(values, dtype=np.float64)
+    n = len(vals)
+    switch = _generic_from(vals) if mode == "auto" else (n if mode == "counts" else 0)  # first row in generic mode
+    out: list[Detection] = []
+    if switch > 0 and len(ts) >= 2:
+        steps = np.full(n, int(step), dtype=np.int64) if step else _row_steps(_epoch_seconds(ts))
+        steps[0] = steps[1]  # the first row takes the first step
+        out += _count_events(ts[:switch], vals[:switch], steps[:switch], tz, calendar, seasonal, scope, switch < n)
+    if switch < n:
+        p = score or ScoreParams()
+        sc, expected = _scores(vals, p, ts if len(ts) > 1 else None, step, True)
+        out += score_events(ts, sc, vals, p.alarm, scope, expected, first=switch)
+    return out
 
 
 def detect_series_command(
@@ -650,22 +763,27 @@ def detect_series_command(
     scores: Annotated[bool, typer.Option("--scores", help="print a per-row anomaly score in [0,1] instead")] = False,
     timezone: Annotated[str, typer.Option("--timezone", help="IANA time zone for seasonality and holidays")] = "UTC",
     country: Annotated[str | None, typer.Option("--country", help="holiday calendar country, e.g. US, MY")] = None,
-    mode: Annotated[str, typer.Option("--mode", help="auto | counts | generic")] = "auto",
+    mode: Annotated[str, typer.Option("--mode", help="auto | counts | generic (auto: decided on the first "
+                                                   f"{DECIDE_ROWS} values)")] = "auto",
     rules_file: Annotated[str | None, typer.Option("--rules", help="traffic.yaml replacement")] = None,
+    step: Annotated[int | None, typer.Option("--step", min=1, help="row step in seconds (default: the most frequent "
+                                             f"step of the first {DECIDE_ROWS} rows)")] = None,
 ) -> None:
     """forumpulse detect series --input CSV [--scores]: events (JSON lines) or per-row scores of one series.
     Streaming: what is printed for row t uses rows <= t only."""
     from forumpulse.detectors.calendar import SiteCalendar
     from forumpulse.detectors.traffic import load_rules, score_params, seasonal_params
 
+    if mode not in MODES:
+        raise typer.BadParameter(f"must be one of {', '.join(MODES)}", param_hint="--mode")
     rules = load_rules(rules_file)
     ts, vals = read_series_csv(input)
     if scores:
-        sc = anomaly_scores(vals, score_params(rules), ts if len(ts) > 1 else None)  # as in the NAB evaluation
+        sc = anomaly_scores(vals, score_params(rules), ts if len(ts) > 1 else None, step)  # as in the NAB evaluation
         print("timestamp,value,score")
         for t, v, s in zip(ts, vals, sc, strict=True):
             print(f"{_iso(t)},{'' if np.isnan(v) else repr(float(v))},{s:.6f}")
         return
     for d in series_events(ts, vals, timezone, SiteCalendar(country), seasonal_params(rules), score_params(rules),
-                           mode):
+                           mode, step=step):
         print(d.to_json())
