@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 __all__ = [
     "BUILTIN_ENGINES",
+    "REFERER_TOPIC",
     "BotDetector",
     "Enricher",
     "RulesError",
@@ -105,9 +106,16 @@ class _M(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+#: topic answer of a rule whose topic comes from the page the request was sent from (``referer`` source, e.g. a
+#: Discourse reply is ``POST /posts`` from the topic's page): callers resolve it per line with
+#: :meth:`Enricher.topic_from_referer` (``Processor`` and the fast path do), never store it.
+REFERER_TOPIC = -1
+
+
 class TopicCase(_M):
     method: str = "GET"
     url: str
+    referer: str | None = None
     topic: int | None
     kind: str
     post_map: dict[int, int] = Field(default_factory=dict)
@@ -143,8 +151,8 @@ class TopicRuleModel(_M):
     def _sources(cls, v: list[str]) -> list[str]:
         for s in v:
             kind, _, key = s.partition(":")
-            if not ((kind in ("path", "raw_query") and not key) or (kind in ("query", "post_map") and key)):
-                raise ValueError(f"unknown topic source {s!r} (path, raw_query, query:KEY, post_map:KEY)")
+            if not ((kind in ("path", "raw_query", "referer") and not key) or (kind in ("query", "post_map") and key)):
+                raise ValueError(f"unknown topic source {s!r} (path, raw_query, query:KEY, post_map:KEY, referer)")
         return v
 
 
@@ -303,6 +311,8 @@ class TopicRules:
                     topic = _digits(pm.group("topic") if pm is not None else None)
                 elif kind == "raw_query":
                     topic = _digits(rm.group("topic") if rm is not None else None)
+                elif kind == "referer":
+                    topic = REFERER_TOPIC
                 else:
                     if params is None:
                         params = _parse_query(query)
@@ -315,6 +325,26 @@ class TopicRules:
                     break
             return topic, r.page_kind, r, query_used
         return None, "other", None, query_used
+
+
+    def topic_from_referer(self, rules: Sequence[Rule], referer: str | None) -> int | None:
+        """The topic of the page a request came from: the referer's path and query classified as a ``GET``, kept
+        when that page is a topic view or reply with a topic (another site's page, a forum list: ``None``)."""
+        if not referer or referer == "-":
+            return None
+        rest = referer
+        scheme = rest.find("://")
+        if scheme >= 0:
+            slash = rest.find("/", scheme + 3)
+            rest = rest[slash:] if slash >= 0 else "/"
+        elif not rest.startswith("/"):
+            return None
+        rest = rest.partition("#")[0]
+        path, _, query = rest.partition("?")
+        topic, kind, _, _ = self.classify(rules, "GET", path, query)
+        if topic is None or topic == REFERER_TOPIC or kind not in ("topic_view", "reply"):
+            return None
+        return topic
 
 
 def load_post_map(csv_path: str | Path) -> dict[int, int]:
@@ -483,6 +513,7 @@ class Enricher:
         self._by_path: BoundedCache[tuple[str, str, str], tuple[int | None, str, bool]] = BoundedCache(cache_size)
         self._by_query: BoundedCache[tuple[str, str, str, str], tuple[int | None, str, bool]] = BoundedCache(
             cache_size)
+        self._by_referer: BoundedCache[tuple[str, str], int] = BoundedCache(cache_size)
         self.empty_user_agents = 0
 
     def rules_for(self, site: str) -> tuple[Rule, ...]:
@@ -491,6 +522,16 @@ class Enricher:
             rules = self.topics.select(site, self._settings.site(site).engines)
             self._site_rules[site] = rules
         return rules
+
+    def topic_from_referer(self, site: str, referer: str | None) -> int | None:
+        """Resolves :data:`REFERER_TOPIC`: the topic of the referring page (cached per distinct referer)."""
+        key = (site, referer or "")
+        hit = self._by_referer.get(key)
+        if hit is not None:
+            return hit or None
+        topic = self.topics.topic_from_referer(self.rules_for(site), referer)
+        self._by_referer.put(key, topic or 0)
+        return topic
 
     def classify(self, site: str, method: str, path: str, query: str) -> tuple[int | None, str, bool, str | None]:
         """Uncached topic/kind/static-by-path answer plus the id of the rule that decided (for explain/tests)."""

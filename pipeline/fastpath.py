@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from forumpulse.pipeline.enrich import REFERER_TOPIC
 from forumpulse.pipeline.formats import PRESETS, compile_spec
 from forumpulse.pipeline.formats import _values as V
 from forumpulse.pipeline.formats.compiler import (
@@ -884,6 +885,10 @@ class FastPath:
         enr.empty_user_agents = saved
         methods, urls, paths, queries, protos, topics, kinds, statics = (
             (list(c) for c in zip(*req_vals, strict=True)) if req_vals else ([], [], [], [], [], [], [], []))
+        # requests whose topic is the referring page's (REFERER_TOPIC): 0 here, resolved per row with the referer
+        from_referer = [i for i, t in enumerate(topics) if t == REFERER_TOPIC]
+        for i in from_referer:
+            topics[i] = 0
         cols["method"] = _take(methods, pa.string(), cidx)
         cols["url"] = _take(urls, pa.string(), cidx)
         cols["path"] = _take(paths, pa.string(), cidx)
@@ -939,6 +944,14 @@ class FastPath:
             uniq, idx = _dict(g.view(k))
             cols["referer"] = _take([None if r == "-" else p.privacy.scrub_referer(r) for r in uniq],
                                     pa.string(), idx)
+            if from_referer:
+                rows = np.flatnonzero(np.isin(np.asarray(cidx), from_referer))
+                if len(rows):
+                    refs = np.asarray(idx)[rows]
+                    topic_np = np.array(cols["topic_id"].to_numpy(zero_copy_only=False), dtype=np.uint64)
+                    topic_np[rows] = [enr.topic_from_referer(site, None if uniq[j] == "-" else uniq[j]) or 0
+                                      for j in refs.tolist()]
+                    cols["topic_id"] = pa.array(topic_np)
         else:
             cols["referer"] = none_str
         k = _first(slots, "user_agent")
@@ -1199,6 +1212,8 @@ class FastPath:
             path, query = V.split_url(u_, True)
             query = p.privacy.scrub_query(query) if query else query
             topic_id, kind, is_static, _b, _n = enr.derive(site, m_, path, query, ct_, None)
+            if topic_id == REFERER_TOPIC:
+                topic_id = None  # squid logs no referer
             for k, v in (("method", m_), ("url", p.privacy.scrub_url(u_)), ("path", path), ("query", query),
                          ("topic_id", topic_id or 0), ("page_kind", kind), ("is_static", is_static),
                          ("content_type", ct_)):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from forumpulse.pipeline.config import Settings
-from forumpulse.pipeline.enrich import Enricher
+from forumpulse.pipeline.enrich import REFERER_TOPIC, Enricher
 from forumpulse.pipeline.formats import get_parser
 from forumpulse.pipeline.privacy import Privacy
 from forumpulse.pipeline.record import RECORD_FIELDS, Drop
@@ -156,6 +156,7 @@ class Processor:
         parser = self.parser(ctx.format)
         parse = parser.parse  # type: ignore[attr-defined]
         derive = self.enricher.derive
+        topic_from_referer = self.enricher.topic_from_referer
         scrub_url = self.privacy.scrub_url
         scrub_ref = self.privacy.scrub_referer
         scrub_query = self.privacy.scrub_query
@@ -180,6 +181,8 @@ class Processor:
             fmt = parser.last_format if is_auto else fixed_name  # type: ignore[attr-defined]
             query = scrub_query(query) if query else query
             topic_id, page_kind, is_static, is_bot, bot_name = derive(site, method, path, query, ctype, ua)
+            if topic_id == REFERER_TOPIC:
+                topic_id = topic_from_referer(site, ref)
             if newest is None or ts > newest:
                 newest = ts
             real_ips.append(cip)

@@ -9,6 +9,7 @@ import pytest
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.enrich import (
     BUILTIN_ENGINES,
+    REFERER_TOPIC,
     Enricher,
     Rule,
     RulesError,
@@ -55,10 +56,15 @@ def test_builtin_case_answered_by_its_rule(rc: tuple[Rule, TopicCase]) -> None:
     rule, case = rc
     rules = TopicRules(BUILTIN, dict(case.post_map))
     path, query = case.split()
-    topic, kind, got, _ = rules.classify(rules.select("forum", [rule.engine]), case.method, path, query)
+    mine = rules.select("forum", [rule.engine])
+    topic, kind, got, _ = rules.classify(mine, case.method, path, query)
+    if topic == REFERER_TOPIC:  # the topic of the referring page, as the processors resolve it per line
+        topic = rules.topic_from_referer(mine, case.referer)
     assert (topic, kind, got.id if got else None) == (case.topic, case.kind, rule.id)
     # With every engine on (the default), an earlier rule of another engine may answer -- with the same result.
     topic, kind, got, _ = rules.classify(rules.select("forum"), case.method, path, query)
+    if topic == REFERER_TOPIC:
+        topic = rules.topic_from_referer(rules.select("forum"), case.referer)
     assert (topic, kind) == (case.topic, case.kind)
     assert got is not None
 
@@ -85,6 +91,8 @@ def test_derive_agrees_with_cases_through_the_cache() -> None:
         for c in plain:
             path, query = c.split()
             topic, kind, is_static, is_bot, bot_name = enricher.derive("forum", c.method, path, query, None, None)
+            if topic == REFERER_TOPIC:
+                topic = enricher.topic_from_referer("forum", c.referer)
             assert (topic, kind, is_static, is_bot, bot_name) == (c.topic, c.kind, False, False, None), c.url
 
 
@@ -245,3 +253,29 @@ def test_synthetic_mix_is_classified_as_generated() -> None:
     assert set(kinds) == {"topic_view", "reply", "forum", "search", "login", "api", "other", "static"}
     res = benchmark_derive(reqs[:300])
     assert res["requests"] == 300 and res["cold_per_s"] > 0 and res["warm_per_s"] > 0
+
+
+def test_single_page_app_replies_take_the_topic_of_their_referer_on_both_paths() -> None:
+    """Discourse/Flarum/XenForo-API replies carry no topic in their URL: the processors take it from the page the
+    reply was posted from, identically on the vectorised and the per-line path; GETs are untouched."""
+    from forumpulse.pipeline.process import Processor, SourceContext
+
+    def line(i: int, req: str, ref: str) -> bytes:
+        return (f'203.0.113.{i} - - [22/Jan/2024:10:00:{i:02d} +0800] "{req} HTTP/1.1" 200 5 "{ref}" '
+                f'"Mozilla/5.0"\n').encode()
+
+    lines = [
+        line(1, "POST /posts", "https://forum.example/t/election-night/555"),
+        line(2, "POST /posts.json", "https://forum.example/t/election-night/555/12?u=bob"),
+        line(3, "POST /posts", "https://forum.example/c/news/5"),
+        line(4, "POST /posts", "-"),
+        line(5, "POST /posts?topic_id=56", "https://forum.example/t/other/555"),
+        line(6, "GET /t/election-night/555", "https://www.google.com/"),
+        line(7, "POST /posts", "https://forum.example/t/second-topic/777"),
+    ]
+    s = Settings()
+    ctx = SourceContext(site="forum", origin_host="web1", origin_file="a.log", format="combined")
+    fast = Processor(s).process(lines, ctx).requests.to_pydict()
+    ref = Processor(s).process_reference(lines, ctx).requests.to_pydict()
+    assert fast["topic_id"] == ref["topic_id"] == [555, 555, 0, 0, 56, 555, 777]
+    assert fast["page_kind"] == ref["page_kind"] == ["reply"] * 5 + ["topic_view", "reply"]
