@@ -119,7 +119,7 @@ def parse(
     out = sys.stdout
     base = 0
     try:
-        for block, n in _chunks(fh, 20_000, 4 << 20):  # type: ignore[arg-type]
+        for block, n in _chunks(fh, 20_000, 4 << 20):
             batch = proc.process_block(block, ctx, line_no_base=base)
             for d in record_dicts(batch, base):
                 out.write(json.dumps(d, ensure_ascii=False) + "\n")
