@@ -247,6 +247,8 @@ def record_dicts(batch: ProcessedBatch, line_no_base: int = 0) -> list[dict[str,
         ts = d["ts"]
         d["ts"] = ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z"
         d["topic_id"] = d["topic_id"] or None
+        if d["elapsed_ms"] is not None:  # stored as Float32: exact to the microsecond up to 16.7 s; print that
+            d["elapsed_ms"] = round(d["elapsed_ms"], 3)
         for k in _OPTIONAL_TEXT:
             d[k] = d[k] or None
         out.append({k: d[k] for k in RECORD_FIELDS})

@@ -26,7 +26,8 @@ changing a meaning is a major one and needs a new Kafka contract version as well
 ``referer``       ``None`` for ``-``; privacy-scrubbed.
 ``user_agent``    ``None`` for ``-``.
 ``elapsed_ms``    float milliseconds (squid elapsed, Apache ``%D``/``%T``/``%{ms}T``, nginx ``$request_time``),
-                  ``None`` when the format does not log it.
+                  ``None`` when the format does not log it.  Stored as Float32 (and printed by ``parse`` rounded
+                  to 0.001 ms): ``%D`` microseconds are kept exactly up to 16.7 s, to 2 µs up to 33 s.
 ``cache_result``  squid ``%Ss`` (``TCP_MISS``), ``None`` elsewhere.
 ``hierarchy``     squid ``%Sh`` (``HIER_DIRECT``), ``None`` elsewhere.
 ``upstream``      squid peer host, nginx ``$upstream_addr``, ``None`` when not logged.
