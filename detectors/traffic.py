@@ -7,15 +7,20 @@ Detectors (thresholds in ``detectors/rules/traffic.yaml``; fixture cases in ``de
   *answered* requests per minute (``requests - 5xx - no status``), so an error storm reads as zero traffic.  Dips
   on calendar holidays / holiday periods are labelled ``holiday``, others ``unexplained``.
 * ``outage`` — answered traffic ~0 while the site's log sources are alive (lines with errors, or heartbeats in
-  ``source_liveness`` without lines) for ``health.outage_min_minutes``.
+  ``source_liveness`` without lines) for ``health.outage_min_minutes``.  A heartbeat is evidence of liveness at
+  time ``t`` when ``0 <= t - heartbeat <= heartbeat_fresh_seconds`` (``t`` = the end of a history range, or the
+  wall clock live, where a shipper clock up to :data:`LIVE_CLOCK_SKEW_S` ahead is tolerated).
 * ``pipeline_gap`` — no lines and no heartbeats (absent minutes): reported for ops (``scope = pipeline``), never
-  fed to the traffic detectors as zeros, so a gap is never a dip.
+  fed to the traffic detectors as zeros, so a gap is never a dip.  The same for one log source of a site
+  (``scope = source:<host>/<file>``): while any source of the site is in a pipeline_gap, the site's minutes are
+  no data for its seasonal model (not fed: no dip, kept out of its baselines).
 * ``topic_surge`` — per topic and per topic group (``topic_groups`` table + ``Settings.topics.groups``): the
   share of human topic views in the last ``window_minutes`` against the share over the previous
   ``baseline_hours``, and the view rate against its own baseline rate; for configured groups also a binomial
   CUSUM on the per-minute counts (:class:`SurgeCusum`), which accumulates evidence while a share ramps up;
   lifecycle start -> peak -> end (a surge reopening within ``merge_minutes`` continues its event); detail
-  carries views, replies, visitors, peak share, magnitude, the trigger (``window`` / ``cusum``).
+  carries views, replies, visitors, peak share, magnitude, the trigger (``window`` / ``cusum``).  No surge opens
+  before the baseline holds :data:`TOPIC_MIN_BASELINE_MINUTES` (the start of the data or of a warm-up).
 * ``transfer_regression`` / ``latency_regression`` — per (origin_host, upstream, large size class) per window:
   median transfer rate (bytes/s) and p95 response time against the median of the previous windows; a low
   transfer median opens a regression only on enough evidence (binomial tail of the window's responses, multiplied
@@ -26,7 +31,11 @@ latest state; it is printed as a JSON line, inserted, and handed to an optional 
 (``callable(topic, key, value)``, the live path wires Kafka ``weblogs.events``).
 
 Guarantees: only complete minutes (``< now`` truncated to the minute, minus ``lag_minutes``) are read; running
-``run_once`` twice for the same ``now`` adds nothing new; history and live use the same code path.
+``run_once`` twice for the same ``now`` adds nothing new; history and live use the same code path.  Live, a store
+error loses nothing and feeds nothing twice: a site's detectors are fed only after every read for its new minutes
+succeeded, detections stay in an outbox until stored and published, and one site's error does not stop the others
+(:meth:`TrafficDetector.run_once`).  History (:func:`detect_history`) reports every event overlapping the range,
+including one that started before it.
 Misuse: one ``TrafficDetector`` per store and process (it keeps per-site state in memory).
 """
 
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import re
 import sys
@@ -57,12 +67,14 @@ from forumpulse.detectors.series import (
 )
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+log = logging.getLogger(__name__)
+
 RULES_FILE = Path(__file__).resolve().parent / "rules" / "traffic.yaml"
 
 # ------------------------------------------------------------------------------------------------ config
 
 
-RULES_VERSION = 3  # 2: topic.cusum_ratio / cusum_h / merge_minutes (group CUSUM), series.likelihood_* changes;
+RULES_VERSION = 4  # 4: health.gap_blinds_site_hours; 2: topic.cusum_ratio / cusum_h / merge_minutes (group CUSUM), series.likelihood_* changes;
 # 3: transfer regressions by binomial evidence (transfer.max_p / tail_share / tail_min_requests), series.seasonal_gain
 
 
@@ -272,6 +284,12 @@ class SurgeCusum:
         self.stat, self.since = 0.0, None
 
 
+TOPIC_MIN_BASELINE_MINUTES = 60
+"""Minutes of baseline (views before the window) a topic surge needs before it can open.  Without it the first
+minutes of the data -- the start of every warm-up -- compare each topic against the new-topic share, and a popular
+topic "surges" and stays open for good (its share never falls under 1.5 x that floor)."""
+
+
 class TopicSurgeDetector:
     """Surges of topics and topic groups from per-minute human topic views (see module docstring)."""
 
@@ -321,6 +339,8 @@ class TopicSurgeDetector:
             base_rate = st.base_sum.get(scope, 0) / st.baseline_minutes
             det = self.open.get(scope)
             if det is None:
+                if len(st.base) < TOPIC_MIN_BASELINE_MINUTES:
+                    continue  # no baseline yet (the start of the data / of a warm-up): every topic would look new
                 window_test = (v >= self.r["min_views"] and share >= self.r["min_share"]
                                and share >= self.r["share_ratio"] * base_share
                                and rate >= self.r["rate_ratio"] * max(base_rate, 1e-9)
@@ -561,11 +581,61 @@ class _SiteRuntime:
     topics: TopicSurgeDetector
     transfer: TransferDetector
     sources: SourceGapDetector
-    cursor: datetime | None = None           # last minute fed (exclusive upper bound of what was read)
+    cursor: datetime | None = None           # every minute < cursor has been fed (exclusive upper bound)
     transfer_cursor: datetime | None = None
     gap: Detection | None = None
     last_seen: datetime | None = None
 
+
+TransferRow = tuple[str, str, str, int, float, float]
+
+
+@dataclass
+class _Window:
+    """Everything one site's advance over ``[start, until)`` needs from the store, read before any detector of
+    the site is fed (so a failing read leaves the detectors as they were)."""
+
+    start: datetime
+    until: datetime
+    site_rows: list[tuple[datetime, int, int, int, int]]  # minute, requests, 5xx + no status, topic views, pageviews
+    topic_rows: dict[datetime, dict[int, tuple[int, int]]]
+    source_rows: list[tuple[str, datetime, int]]           # host/file, minute, lines
+    fresh: set[str]                                         # sources heartbeating at the evaluated time
+    transfer: list[tuple[datetime, list[tuple[str, list[TransferRow]]]]]  # complete windows (end, rows), in order
+
+
+@dataclass
+class _VisitorQuery:
+    """Unique-visitor figures still to add to a topic surge: the window of ``window`` minutes ending at ``minute``."""
+
+    site: str
+    det: Detection
+    minute: datetime
+    topic_ids: list[int]
+    window: int
+
+
+@dataclass
+class _Outgoing:
+    det: Detection
+    stored: bool = False  # inserted into ``detections`` in its current state (only the producer is left)
+
+
+class TrafficRunError(RuntimeError):
+    """:meth:`TrafficDetector.run_once` failed for some sites after emitting everything it could: ``errors``
+    (site -> exception), ``emitted`` (the detections this call did emit).  The failed sites retry from where they
+    stopped at the next call."""
+
+    def __init__(self, errors: dict[str, BaseException], emitted: list[Detection]) -> None:
+        self.errors, self.emitted = errors, emitted
+        what = "; ".join(f"{site}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+                         for site, exc in errors.items())
+        super().__init__(f"traffic detectors failed for {len(errors)} site(s) (retried at the next run): {what}")
+
+
+LIVE_CLOCK_SKEW_S = 30.0
+"""Live runs: a heartbeat up to this many seconds later than the wall clock still counts (the shipper stamps it
+with its own clock).  History runs accept none later than the end of the range."""
 
 Producer = Callable[[str, bytes, bytes], None]
 
@@ -576,7 +646,8 @@ class TrafficDetector:
     ``run_once(store, now)`` reads the complete minutes landed since the previous call (the first call warms the
     baselines with ``history_days`` of rollups), feeds every detector, and emits what changed: inserted into
     ``detections``, printed as JSON lines when ``echo`` is set, and passed to ``producer`` (topic
-    ``events_topic``).  Returns the detections emitted by this call (latest state of each).
+    ``events_topic``).  Returns the detections emitted by this call (latest state of each).  Failure handling is
+    described at :meth:`run_once`.
     """
 
     def __init__(self, settings: Any = None, producer: Producer | None = None, echo: bool = False,
@@ -593,6 +664,8 @@ class TrafficDetector:
         self.events_topic = getattr(getattr(self.settings, "kafka", None), "events_topic", "weblogs.events")
         self.sites: dict[str, _SiteRuntime] = {}
         self.only_sites = set(sites) if sites is not None else None
+        self._outbox: dict[str, _Outgoing] = {}       # id -> detection not yet inserted and published (latest state)
+        self._visits: dict[str, _VisitorQuery] = {}   # id -> visitor figures to add before it is emitted
 
     # -- setup ------------------------------------------------------------------------------------------
     def _site(self, store: Any, name: str) -> _SiteRuntime:
@@ -638,28 +711,68 @@ class TrafficDetector:
 
     # -- main entry ---------------------------------------------------------------------------------------
     def run_once(self, store: Any, now: datetime | None = None) -> list[Detection]:
+        """Advance every site to the last complete minute before ``now`` and emit what changed.
+
+        Guarantees, per site and independently of the other sites:
+
+        * all store reads for the site's new minutes happen before any of its detectors is fed; a failing read
+          leaves the detectors and the site's cursor untouched, and the next call reads the same minutes again —
+          no minute is fed twice or skipped;
+        * detections wait in an outbox until they are inserted into ``detections`` and handed to ``producer``
+          (and printed): a failing insert, producer or visitor query keeps them, in their latest state, for the
+          next call.  A detection is inserted again only after its state changed, and handed to the producer
+          once per emitted state;
+        * an error on one site does not stop the others: they advance and their detections are emitted, then
+          :class:`TrafficRunError` is raised naming the failed sites (they retry at the next call).
+
+        A failure while *feeding* the in-memory detectors (a defect, not a store error) discards that site's
+        state: the next call warms it again from ``history_days`` of rollups, as after a restart.
+        """
         now = _utc(now or datetime.now(UTC))
         until = now.replace(second=0, microsecond=0) - timedelta(minutes=self.cfg.lag_minutes)
-        emitted: dict[str, Detection] = {}
+        errors: dict[str, BaseException] = {}
         for name in self._site_names(store):
-            rt = self._site(store, name)
-            start = rt.cursor or (until - timedelta(days=self.cfg.history_days))
-            if start >= until:
-                continue
-            for d in self._advance(store, rt, start, until, now):
-                emitted[d.id] = d
-            rt.cursor = until
-        out = sorted(emitted.values(), key=lambda d: (d.start, d.kind, d.scope))
-        self._emit(store, out, now)
-        return out
+            try:
+                self._run_site(store, name, until, now)
+            except Exception as exc:
+                errors[name] = exc
+                log.warning("traffic detectors: site %s failed (retried at the next run): %s", name,
+                            (str(exc).splitlines() or [""])[0][:300])
+        sent = self._flush(store, now)
+        if errors:
+            raise TrafficRunError(errors, sent)
+        return sent
 
-    def _advance(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime, now: datetime) -> Iterator[Detection]:
+    def _run_site(self, store: Any, name: str, until: datetime, now: datetime) -> None:
+        """One site's step of :meth:`run_once`: read, feed, commit the cursor, queue the detections."""
+        rt = self._site(store, name)
+        start = rt.cursor or (until - timedelta(days=self.cfg.history_days))
+        if start < until:
+            win = self._read(store, rt, start, until, now, live=True)
+            try:
+                dets, visits = self._feed(rt, win)
+            except Exception:
+                del self.sites[name]  # half-fed: start the site afresh rather than feed its minutes twice
+                raise
+            rt.cursor = until
+            for d in dets:
+                self._outbox[d.id] = _Outgoing(d)
+            for q in visits:
+                self._visits[q.det.id] = q
+        for key, q in list(self._visits.items()):
+            if q.site == name:
+                self._add_visitors(store, q)
+                del self._visits[key]
+
+    # -- reading (no detector state is touched) -------------------------------------------------------------
+    def _read(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime, now: datetime,
+              live: bool) -> _Window:
         enabled = set(self.cfg.enabled)
-        site_rows = store.query_rows(
+        site_rows = [(_utc(m), int(req), int(err), int(tv), int(pv)) for m, req, err, tv, pv in store.query_rows(
             "SELECT minute, sum(requests), sum(status_5xx) + sum(status_none), sum(topic_views), sum(pageviews) "
             "FROM site_minute "
             f"WHERE site = {_q(rt.name)} AND minute >= {_sql_ts(start)} AND minute < {_sql_ts(until)} "
-            "GROUP BY minute ORDER BY minute")
+            "GROUP BY minute ORDER BY minute")]
         topic_rows: dict[datetime, dict[int, tuple[int, int]]] = {}
         if "topic" in enabled:
             for minute, tid, v, r in store.query_rows(
@@ -667,78 +780,145 @@ class TrafficDetector:
                     f"WHERE site = {_q(rt.name)} AND minute >= {_sql_ts(start)} AND minute < {_sql_ts(until)} "
                     "GROUP BY minute, topic_id"):
                 topic_rows.setdefault(_utc(minute), {})[int(tid)] = (int(v), int(r))
+        source_rows: list[tuple[str, datetime, int]] = []
+        fresh: set[str] = set()
+        if "site" in enabled:
+            source_rows = [(str(src), _utc(m), int(n)) for src, m, n in store.query_rows(
+                "SELECT concat(origin_host, '/', origin_file) AS src, toStartOfMinute(ts) AS m, count() FROM requests "
+                f"WHERE site = {_q(rt.name)} AND ts >= {_sql_ts(start)} AND ts < {_sql_ts(until)} "
+                "GROUP BY src, m ORDER BY m, src")]
+            fresh = self._fresh_sources(store, rt.name, now, live)
+        transfer = self._read_transfer(store, rt, start, until) if "transfer" in enabled else []
+        return _Window(start, until, site_rows, topic_rows, source_rows, fresh, transfer)
+
+    def _fresh_sources(self, store: Any, site: str, at: datetime, live: bool) -> set[str]:
+        """Sources of ``site`` (``host/file``, ``host/`` for a host heartbeat) whose last heartbeat is evidence of
+        liveness at ``at``: ``0 <= at - heartbeat <= heartbeat_fresh_seconds``.  A heartbeat later than ``at`` says
+        nothing about ``at`` (a history run over a past range must not take today's heartbeat for "alive then");
+        live runs (``at`` = the wall clock) accept one up to :data:`LIVE_CLOCK_SKEW_S` ahead."""
+        lo = at - timedelta(seconds=float(self.rules["health"]["heartbeat_fresh_seconds"]))
+        hi = at + timedelta(seconds=LIVE_CLOCK_SKEW_S if live else 0.0)
+        return {str(r[0]) for r in store.query_rows(
+            "SELECT concat(origin_host, '/', origin_file), argMax(last_heartbeat_ts, updated_at) AS hb "
+            f"FROM source_liveness WHERE site = {_q(site)} GROUP BY origin_host, origin_file "
+            f"HAVING hb >= {_sql_ts(lo)} AND hb <= {_sql_ts(hi)}")}
+
+    def _read_transfer(self, store: Any, rt: _SiteRuntime, start: datetime,
+                       until: datetime) -> list[tuple[datetime, list[tuple[str, list[TransferRow]]]]]:
+        """Complete transfer/latency windows from the transfer cursor (or ``start``) to ``until``, in order."""
+        w = int(self.rules["transfer"]["window_minutes"])
+        first = rt.transfer_cursor or start
+        specs = (("transfer_regression", "transfer", "quantilesTDigestMerge(0.05, 0.5, 0.95)(rate_q)"),
+                 ("latency_regression", "latency", "quantilesTDigestMerge(0.5, 0.95, 0.99)(elapsed_q)"))
+        by: dict[datetime, list[tuple[str, list[TransferRow]]]] = {}
+        for kind, section, expr in specs:
+            classes = ", ".join(_q(c) for c in self.rules[section]["size_classes"])
+            rows = store.query_rows(
+                f"SELECT toStartOfInterval(minute, INTERVAL {w} MINUTE) AS w, origin_host, upstream, size_class, "
+                f"sum(requests), {expr} FROM transfer_minute "
+                f"WHERE site = {_q(rt.name)} AND size_class IN ({classes}) AND minute >= {_sql_ts(first)} "
+                f"AND minute < {_sql_ts(until)} GROUP BY w, origin_host, upstream, size_class ORDER BY w")
+            grouped: dict[datetime, list[TransferRow]] = {}
+            for wstart, host, up, sc, n, qs in rows:  # transfer: (q05, median, q95) of rates; latency: p50/p95/p99
+                grouped.setdefault(_utc(wstart), []).append(
+                    (str(host), str(up), str(sc), int(n), float(qs[1]), float(qs[0])))
+            for ws, lst in grouped.items():
+                by.setdefault(ws, []).append((kind, lst))
+        out = []
+        for wstart in sorted(by):
+            wend = wstart + timedelta(minutes=w)
+            if wend > until:  # incomplete window: read again next time
+                break
+            out.append((wend, by[wstart]))
+        return out
+
+    # -- feeding (in memory only) --------------------------------------------------------------------------
+    def _feed(self, rt: _SiteRuntime, win: _Window) -> tuple[list[Detection], list[_VisitorQuery]]:
+        """Feed the window to the site's detectors.  Returns the detections (opened, updated, closed) and the
+        visitor figures the topic surges among them need.  Sources are fed first: a minute in which one of the
+        site's log sources is in a ``pipeline_gap`` is no data for the site's seasonal model (not fed, so never a
+        dip and kept out of its baselines), for at most ``health.gap_blinds_site_hours`` from the gap's start: a
+        source retired for good does not blind the site's detector forever (its traffic is then judged
+        without that source)."""
+        enabled = set(self.cfg.enabled)
         health = self.rules["health"]
-        alive = self._heartbeat_alive(store, rt.name, now, health)
+        out: list[Detection] = []
+        visits: list[_VisitorQuery] = []
+        blocked: list[tuple[datetime, datetime]] = []
+        if "site" in enabled:
+            for src, m, n in win.source_rows:
+                out.extend(rt.sources.update(src, m, n))
+            out.extend(rt.sources.tail(win.until, win.fresh))
+            last = win.until - timedelta(minutes=1)
+            blocked = [(d.start, d.end or last) for d in out if d.kind == "pipeline_gap"]
+            blocked += [(d.start, last) for d in rt.sources.open.values()]
+            cap = timedelta(hours=float(health.get("gap_blinds_site_hours", 24)))
+            blocked = [(lo, min(hi, lo + cap)) for lo, hi in blocked]
+            blocked = [(lo, hi) for lo, hi in blocked if hi >= win.start]
+
+        def feed_site(minute: datetime, value: float) -> None:
+            if not any(lo <= minute <= hi for lo, hi in blocked):
+                out.extend(rt.seasonal.update(minute, value))
+
         err_frac = float(health["error_statuses_fraction"])
         gap_min = timedelta(minutes=int(health["gap_min_minutes"]))
         use_pv = health.get("metric", "pageviews") == "pageviews"
-        for minute, req, err, tviews, pv in site_rows:
-            minute = _utc(minute)
+        for minute, req, err, tviews, pv in win.site_rows:
             if "site" in enabled:
-                yield from self._gap_check(rt, minute, health)
+                out.extend(self._gap_check(rt, minute, health))
                 if rt.last_seen is not None and timedelta(minutes=1) < minute - rt.last_seen <= gap_min:
                     m = rt.last_seen + timedelta(minutes=1)  # a few minutes without rows = minutes with 0 requests
                     while m < minute:
-                        yield from rt.seasonal.update(m, 0.0)
+                        feed_site(m, 0.0)
                         m += timedelta(minutes=1)
                 # answered traffic: an error storm reads as zero; pageviews scaled by the answered share
                 ok = 0.0 if req and err / req >= err_frac else 1.0 - (err / req if req else 0.0)
-                answered = ok * float(pv if use_pv else req)
-                yield from rt.seasonal.update(minute, answered)
+                feed_site(minute, ok * float(pv if use_pv else req))
             rt.last_seen = minute
             if "topic" in enabled:
-                for d in rt.topics.update(minute, topic_rows.get(minute, {}), int(tviews)):
+                for d in rt.topics.update(minute, win.topic_rows.get(minute, {}), int(tviews)):
                     if d.peak_ts == minute:
-                        self._add_visitors(store, rt, d, minute)
-                    yield d
+                        q = self._visitor_query(rt, d, minute)
+                        if q is not None:
+                            visits.append(q)
+                    out.append(d)
         if "site" in enabled and rt.last_seen is not None:
-            tail = until - rt.last_seen - timedelta(minutes=1)
-            if tail >= timedelta(minutes=int(health["gap_min_minutes"])):
-                if alive:
+            tail = win.until - rt.last_seen - timedelta(minutes=1)
+            if tail >= gap_min:
+                if win.fresh:
                     # lines stopped but the shippers heartbeat: the site answers nothing -> zeros (outage path)
                     m = rt.last_seen + timedelta(minutes=1)
-                    while m < until:
-                        yield from rt.seasonal.update(m, 0.0)
+                    while m < win.until:
+                        feed_site(m, 0.0)
                         rt.last_seen = m
                         m += timedelta(minutes=1)
                 elif rt.gap is None:
                     rt.gap = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1), None,
                                        rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0, "pipeline_gap",
                                        {"reason": "no lines and no heartbeats"}, site=rt.name)
-                    yield rt.gap
-        if "site" in enabled:
-            yield from self._source_gaps(store, rt, start, until, now, health)
+                    out.append(rt.gap)
         if "transfer" in enabled:
-            yield from self._transfer(store, rt, start, until)
+            for wend, lst in win.transfer:
+                for kind, rows in lst:
+                    out.extend(rt.transfer.update(kind, wend, rows))
+                rt.transfer_cursor = wend
+        return out, visits
 
-    def _source_gaps(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime, now: datetime,
-                     health: dict[str, Any]) -> Iterator[Detection]:
-        rows = store.query_rows(
-            "SELECT concat(origin_host, '/', origin_file) AS src, toStartOfMinute(ts) AS m, count() FROM requests "
-            f"WHERE site = {_q(rt.name)} AND ts >= {_sql_ts(start)} AND ts < {_sql_ts(until)} "
-            "GROUP BY src, m ORDER BY m, src")
-        for src, m, n in rows:
-            yield from rt.sources.update(str(src), _utc(m), int(n))
-        fresh = {str(r[0]) for r in store.query_rows(
-            "SELECT concat(origin_host, '/', origin_file), argMax(last_heartbeat_ts, updated_at) AS hb "
-            f"FROM source_liveness WHERE site = {_q(rt.name)} GROUP BY origin_host, origin_file "
-            f"HAVING hb >= {_sql_ts(now - timedelta(seconds=float(health['heartbeat_fresh_seconds'])))}")}
-        yield from rt.sources.tail(until, fresh)
-
-    def _add_visitors(self, store: Any, rt: _SiteRuntime, det: Detection, minute: datetime) -> None:
-        """Unique human visitors of the surging topic/group in the window, and their share of the site's."""
+    def _visitor_query(self, rt: _SiteRuntime, det: Detection, minute: datetime) -> _VisitorQuery | None:
         kind, _, ident = det.scope.partition(":")
         ids = [int(ident)] if kind == "topic" else sorted(rt.topics.groups.get(ident, set()))
-        if not ids:
-            return
-        lo = minute - timedelta(minutes=rt.topics.state.window - 1)
-        cond = f"site = {_q(rt.name)} AND minute >= {_sql_ts(lo)} AND minute <= {_sql_ts(minute)}"
+        return _VisitorQuery(rt.name, det, minute, ids, rt.topics.state.window) if ids else None
+
+    def _add_visitors(self, store: Any, q: _VisitorQuery) -> None:
+        """Unique human visitors of the surging topic/group in the window, and their share of the site's."""
+        lo = q.minute - timedelta(minutes=q.window - 1)
+        cond = f"site = {_q(q.site)} AND minute >= {_sql_ts(lo)} AND minute <= {_sql_ts(q.minute)}"
         tv = store.query_rows(f"SELECT uniqMerge(visitors) FROM topic_minute WHERE {cond} "
-                              f"AND topic_id IN ({', '.join(str(i) for i in ids)})")
+                              f"AND topic_id IN ({', '.join(str(i) for i in q.topic_ids)})")
         sv = store.query_rows(f"SELECT uniqMerge(visitors) FROM site_minute WHERE {cond}")
         v, s = int(tv[0][0] or 0), int(sv[0][0] or 0)
-        det.detail["visitors"] = v
-        det.detail["visitor_share"] = round(v / s, 5) if s else None
+        q.det.detail["visitors"] = v
+        q.det.detail["visitor_share"] = round(v / s, 5) if s else None
 
     def _gap_check(self, rt: _SiteRuntime, minute: datetime, health: dict[str, Any]) -> Iterator[Detection]:
         if rt.gap is not None:  # lines are back: the gap closes at the last silent minute
@@ -758,43 +938,37 @@ class TrafficDetector:
                           site=rt.name, state="closed")
             yield g
 
-    def _heartbeat_alive(self, store: Any, site: str, now: datetime, health: dict[str, Any]) -> bool:
-        rows = store.query_rows(
-            "SELECT max(last_heartbeat_ts) FROM (SELECT argMax(last_heartbeat_ts, updated_at) AS last_heartbeat_ts "
-            f"FROM source_liveness WHERE site = {_q(site)} GROUP BY origin_host, origin_file)")
-        if not rows or rows[0][0] is None:
-            return False
-        hb = _utc(rows[0][0])
-        return hb.year > 1970 and (now - hb).total_seconds() <= float(health["heartbeat_fresh_seconds"])
-
-    def _transfer(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime) -> Iterator[Detection]:
-        w = int(self.rules["transfer"]["window_minutes"])
-        first = rt.transfer_cursor or start
-        specs = (("transfer_regression", "transfer", "quantilesTDigestMerge(0.05, 0.5, 0.95)(rate_q)"),
-                 ("latency_regression", "latency", "quantilesTDigestMerge(0.5, 0.95, 0.99)(elapsed_q)"))
-        by: dict[datetime, list[tuple[str, list[tuple[str, str, str, int, float, float]]]]] = {}
-        for kind, section, expr in specs:
-            classes = ", ".join(_q(c) for c in self.rules[section]["size_classes"])
-            rows = store.query_rows(
-                f"SELECT toStartOfInterval(minute, INTERVAL {w} MINUTE) AS w, origin_host, upstream, size_class, "
-                f"sum(requests), {expr} FROM transfer_minute "
-                f"WHERE site = {_q(rt.name)} AND size_class IN ({classes}) AND minute >= {_sql_ts(first)} "
-                f"AND minute < {_sql_ts(until)} GROUP BY w, origin_host, upstream, size_class ORDER BY w")
-            grouped: dict[datetime, list[tuple[str, str, str, int, float, float]]] = {}
-            for wstart, host, up, sc, n, qs in rows:  # transfer: (q05, median, q95) of rates; latency: p50/p95/p99
-                grouped.setdefault(_utc(wstart), []).append(
-                    (str(host), str(up), str(sc), int(n), float(qs[1]), float(qs[0])))
-            for ws, lst in grouped.items():
-                by.setdefault(ws, []).append((kind, lst))
-        for wstart in sorted(by):
-            wend = wstart + timedelta(minutes=w)
-            if wend > until:  # incomplete window: read again next time
-                break
-            for kind, lst in by[wstart]:
-                yield from rt.transfer.update(kind, wend, lst)
-            rt.transfer_cursor = wend
+    def _advance(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime,
+                 now: datetime) -> list[Detection]:
+        """History: read ``[start, until)``, feed it and add the visitor figures (an error propagates)."""
+        dets, visits = self._feed(rt, self._read(store, rt, start, until, now, live=False))
+        for q in {q.det.id: q for q in visits}.values():  # the last peak of each surge decides, as live
+            self._add_visitors(store, q)
+        return dets
 
     # -- output -----------------------------------------------------------------------------------------
+    def _flush(self, store: Any, now: datetime) -> list[Detection]:
+        """Emit the outbox (except detections still waiting for visitor figures): insert what is not stored in
+        its current state, then hand each to the producer / print it and drop it from the outbox.  On an error
+        the rest stays for the next call."""
+        ready = sorted((o for k, o in self._outbox.items() if k not in self._visits),
+                       key=lambda o: (o.det.start, o.det.kind, o.det.scope))
+        unstored = [o for o in ready if not o.stored]
+        if unstored:
+            store.insert("detections", detections_table([o.det for o in unstored], now))
+            for o in unstored:
+                o.stored = True
+        sent = []
+        for o in ready:
+            line = o.det.to_json()
+            if self.producer is not None:
+                self.producer(self.events_topic, o.det.id.encode(), line.encode())
+            if self.echo:
+                print(line, file=self.out, flush=True)
+            del self._outbox[o.det.id]
+            sent.append(o.det)
+        return sent
+
     def _emit(self, store: Any, dets: list[Detection], now: datetime) -> None:
         if not dets:
             return
@@ -810,7 +984,8 @@ class TrafficDetector:
 def detect_history(store: Any, start: datetime, end: datetime, settings: Any = None, echo: bool = False,
                    out: Any = None, sites: Iterable[str] | None = None) -> list[Detection]:
     """Run every traffic detector over ``[start, end)`` (baselines warmed with ``history_days`` before ``start``);
-    returns the final state of each detection that started in the range."""
+    returns the final state of each detection overlapping the range — started in it, or started before and still
+    open at ``start`` or ended at/after it.  Liveness is judged at ``end`` from heartbeats not later than ``end``."""
     det = TrafficDetector(settings, echo=False, out=out, sites=sites)
     warm = _utc(start) - timedelta(days=det.cfg.history_days)
     det.cfg = det.cfg.model_copy(update={"lag_minutes": 0})
@@ -821,7 +996,7 @@ def detect_history(store: Any, start: datetime, end: datetime, settings: Any = N
             latest[d.id] = d
         for d in rt.seasonal.finish():
             latest[d.id] = d
-    out_list = [d for d in latest.values() if _utc(d.start) >= _utc(start)]
+    out_list = [d for d in latest.values() if d.end is None or _utc(d.end) >= _utc(start)]
     out_list.sort(key=lambda d: (d.start, d.kind, d.scope))
     if out_list:
         det._emit(store, out_list, datetime.now(UTC))

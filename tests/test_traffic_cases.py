@@ -2,7 +2,9 @@
 
 Each case describes synthetic forum traffic (seeded Poisson counts, daily and weekly shape, in the site's time
 zone) plus injected events; the rows go into `requests` of a real chDB store, the materialized views build the
-rollups, and the detectors run over them (history mode, or `run_once` at `now` for live cases).
+rollups, and the detectors run over them (history mode, or `run_once` at `now` for live cases).  Rows come from
+one log source (origin/access.log) unless the case lists `sources` (file and share of the rows); a `source_gap`
+event removes one file's rows in its range.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import yaml
 from forumpulse.detectors.series import Detection
@@ -104,12 +107,20 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
                       "status": np.full(m, 200), "bytes": size, "topic_id": np.zeros(m, dtype=np.int64),
                       "page_kind": ["other"] * m, "upstream": [u] * m,
                       "elapsed_ms": list(size / rate * 1000.0)})
+    # log sources: origin/access.log unless the case splits the rows over several files (drawn from a generator of
+    # its own, so the other cases' rows do not move); a `source_gap` event drops one file's rows in its range
+    files = [np.full(len(p["ts"]), "access.log", dtype=object) for p in parts]
+    if case.get("sources"):
+        src_rng = np.random.default_rng(zlib.crc32(case["site"]["name"].encode()) + 1)
+        names = np.array([s["file"] for s in case["sources"]], dtype=object)
+        shares = np.array([float(s["share"]) for s in case["sources"]])
+        files = [src_rng.choice(names, size=len(p["ts"]), p=shares / shares.sum()) for p in parts]
     tables = []
-    for p in parts:
+    for p, f in zip(parts, files, strict=True):
         m = len(p["ts"])
         tables.append(pa.table({
             "ts": pa.array(np.asarray(p["ts"], dtype=np.int64), pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-            "site": [case["site"]["name"]] * m, "origin_host": ["origin"] * m, "origin_file": ["access.log"] * m,
+            "site": [case["site"]["name"]] * m, "origin_host": ["origin"] * m, "origin_file": list(f),
             "source_format": ["combined"] * m, "client_ip": p["client_ip"], "method": ["GET"] * m,
             "url": ["/x"] * m, "path": ["/x"] * m, "status": pa.array(np.asarray(p["status"]), pa.uint16()),
             "bytes": pa.array(np.asarray(p["bytes"]), pa.uint64()),
@@ -117,7 +128,13 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
             "topic_id": pa.array(np.asarray(p["topic_id"]), pa.uint64()), "page_kind": p["page_kind"],
             "is_static": [False] * m, "is_bot": [False] * m,
         }))
-    return pa.concat_tables(tables)
+    out = pa.concat_tables(tables)
+    for ev in case.get("events", []):
+        if ev["kind"] == "source_gap":
+            lo, hi = (pa.scalar(_local(case, ev[k]), pa.timestamp("ms", tz="UTC")) for k in ("from", "to"))
+            inside = pc.and_(pc.greater_equal(out["ts"], lo), pc.less(out["ts"], hi))
+            out = out.filter(pc.invert(pc.and_(inside, pc.equal(out["origin_file"], ev["source"]))))
+    return out
 
 
 def _settings(cases: list[dict[str, Any]]) -> Settings:

@@ -8,7 +8,13 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
-from forumpulse.detectors.traffic import SurgeCusum, TopicSurgeDetector, load_rules, surge_p_value
+from forumpulse.detectors.traffic import (
+    TOPIC_MIN_BASELINE_MINUTES,
+    SurgeCusum,
+    TopicSurgeDetector,
+    load_rules,
+    surge_p_value,
+)
 
 
 def test_p_value_known_answers() -> None:
@@ -161,3 +167,20 @@ def test_group_cusum_baseline_floor_ignores_a_trickle() -> None:
         x = 1 if i % 40 == 0 else 0
         fired = fired or cs.update(t0 + timedelta(minutes=i), x, 20, 0.0002)
     assert fired
+
+
+def test_no_surge_before_the_baseline_holds_an_hour() -> None:
+    """The start of the data (and of every warm-up) has no baseline: a popular topic (30% of the views) must not
+    open a surge there — it would stay open for good, its share never falling under 1.5x the new-topic floor.
+    After the first hour a topic that was never seen does open one."""
+    det = TopicSurgeDetector(load_rules(), {}, "forum")
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    out = []
+    for i in range(3 * 60):
+        out.extend(det.update(t0 + timedelta(minutes=i), {1: (30, 0), 2: (40, 0), 3: (30, 0)}, 100))
+    assert not out, [d.to_json() for d in out]
+    assert TOPIC_MIN_BASELINE_MINUTES <= 3 * 60 - 5
+    late = []
+    for i in range(3 * 60, 3 * 60 + 10):
+        late.extend(det.update(t0 + timedelta(minutes=i), {1: (30, 0), 2: (40, 0), 3: (10, 0), 7: (20, 0)}, 100))
+    assert {d.scope for d in late} == {"topic:7"}
