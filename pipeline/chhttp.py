@@ -11,12 +11,22 @@ The subset (everything else is answered with a ClickHouse-style error, never sil
 * ``GET`` or ``POST /?query=SQL``; with ``POST`` the body is appended to the query (separated by a newline),
   except for ``INSERT … FORMAT <fmt>`` where the body is the data.  ``POST /`` with only a body: the body is the
   query; for ``INSERT … FORMAT <fmt>`` the data starts after the first newline following the format name.
+* ``GET`` is readonly, as in ClickHouse (``readonly=2``): ``SELECT``, ``WITH … SELECT``, ``SHOW``,
+  ``DESCRIBE``/``DESC``, ``EXISTS``, ``EXPLAIN`` (and ``SET``) run; anything else — DDL, DML, ``INTO OUTFILE`` —
+  is answered ``Code: 164 … method GET implies readonly`` (HTTP 403).  The ``readonly`` parameter (1 or 2) does
+  the same for ``POST``, ``allow_ddl=0`` refuses DDL (``Code: 392``).  The statement is classified by a lexer that
+  reads comments, strings and heredocs as ClickHouse does; one statement per request (chDB would run
+  ``SELECT 1; DROP TABLE t`` as two: refused, ``Code: 62``).  The engine also gets ``readonly`` for that query.
 * ``database`` (parameter or ``X-ClickHouse-Database`` header) selects the current database for the request.
 * ``default_format`` (parameter or ``X-ClickHouse-Format`` header) is the output format when the query has no
   ``FORMAT`` clause; default ``TabSeparated``.  Every output format of the engine works (``Native``, ``Arrow``,
   ``ArrowStream``, ``JSON*``, ``CSV*``, ``TSV*``, ``Parquet`` …).
-* Any other parameter is a setting for that query (``SET k = v`` before it and ``SET k = DEFAULT`` after it;
-  requests are serialised on the one engine session, so settings never leak between requests).  Transport
+* Any other parameter is a setting for that query only: it is sent as the query's own ``SETTINGS`` clause
+  (``… [FORMAT f] SETTINGS k = v``; for ``INSERT`` before the data), never as ``SET`` on the engine session that
+  the owner's loading shares — a ``SET readonly = 1`` there could not be undone.  The query's own ``SETTINGS``
+  win, as in ClickHouse.  Statements without a ``SETTINGS`` clause in their grammar (``SYSTEM …``,
+  ``CREATE FUNCTION …``, ``GRANT …``) run without the request's settings.  ``SET …`` and ``USE …`` statements are
+  accepted and change nothing beyond the request (ClickHouse's HTTP without a session).  Transport
   parameters that mean nothing here are accepted and ignored: ``query_id`` (echoed back), ``session_id``,
   ``session_timeout``, ``session_check``, ``compress``, ``decompress``, ``client_protocol_version``,
   ``wait_end_of_query``, ``buffer_size``, ``user``/``password`` (checked, see below), ``param_*`` (query
@@ -29,10 +39,10 @@ The subset (everything else is answered with a ClickHouse-style error, never sil
   ``enable_http_compression=1`` and an ``Accept-Encoding`` we support (``zstd``, ``lz4``, ``gzip``, ``deflate``).
 * Responses carry ``X-ClickHouse-Query-Id``, ``X-ClickHouse-Format``, ``X-ClickHouse-Timezone`` (UTC),
   ``X-ClickHouse-Server-Display-Name`` and ``X-ClickHouse-Summary``; errors are HTTP 500 (404 unknown table,
-  400 syntax, 401/403 auth) with body ``Code: N. DB::Exception: …`` and ``X-ClickHouse-Exception-Code``.
+  400 syntax, 401/403 auth, 403 readonly) with body ``Code: N. DB::Exception: …`` and ``X-ClickHouse-Exception-Code``.
 * Authentication: when the server is given a password, every request must carry it (``X-ClickHouse-Key``,
   HTTP Basic, or the ``password`` parameter); the user name is not checked.  Bind to 127.0.0.1 (the default)
-  unless the port is protected otherwise: the endpoint can run any SQL, DDL included.
+  unless the port is protected otherwise: over ``POST`` the endpoint can run any SQL, DDL included.
 
 Not supported (documented, answered with an error): sessions (temporary tables across requests), query
 parameters (``{name:Type}`` with ``param_*``), ``decompress=1`` (ClickHouse's internal block compression),
@@ -48,6 +58,7 @@ import base64
 import contextlib
 import gzip
 import hmac
+import itertools
 import json
 import os
 import re
@@ -58,7 +69,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, urlsplit
 
 #: parameters that are transport options, not settings (accepted, ignored unless used below)
@@ -74,6 +85,7 @@ _INSERT_FORMAT = re.compile(
 _SETTINGS_TAIL = re.compile(r"^(?P<head>.*?)\s+SETTINGS\s+(?P<settings>.+)$", re.IGNORECASE | re.DOTALL)
 _SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
 _CODE = re.compile(r"Code:\s*(\d+)")
+_CODE_62 = re.compile(r"Code:\s*62\b")
 _MAX_BODY = 1 << 31
 
 #: An extra route: (method, path) -> handler(request) returning (status, content_type, body bytes).
@@ -105,6 +117,10 @@ class EngineGateway:
 
     Uses the store's session and lock directly (``ChdbStore._sess`` / ``_lock``), so requests are serialised
     with the owner's own queries and inserts.  Temporary files for inserts live in a private directory.
+
+    Nothing a request does may stick to the shared session: settings travel as a query-level ``SETTINGS``
+    clause (never ``SET``), ``SET``/``USE`` statements are no-ops (see :class:`_Statement`), and the current
+    database is switched only through ``eng.current_db``, which the owner's store also uses.
     """
 
     def __init__(self, store: Any) -> None:
@@ -117,7 +133,7 @@ class EngineGateway:
         self.tmpdir = tempfile.mkdtemp(prefix="fp-chhttp-")
 
     @contextlib.contextmanager
-    def _context(self, database: str | None, settings: dict[str, str]) -> Iterator[Any]:
+    def _context(self, database: str | None) -> Iterator[Any]:
         eng = self._eng
         with eng.lock:
             if getattr(self.store, "_closed", False):
@@ -132,26 +148,27 @@ class EngineGateway:
                 except Exception as exc:
                     raise _engine_error(exc) from None
                 eng.current_db = db
-            applied: list[str] = []
-            try:
-                for k, v in settings.items():
-                    try:
-                        sess.query(f"SET {k} = {_literal(v)}")
-                    except Exception as exc:
-                        raise _engine_error(exc) from None
-                    applied.append(k)
-                yield sess
-            finally:
-                for k in applied:
-                    with contextlib.suppress(Exception):
-                        sess.query(f"SET {k} = DEFAULT")
+            yield sess
 
-    def execute(self, sql: str, fmt: str, database: str | None, settings: dict[str, str]) -> tuple[bytes, dict[str, Any]]:
-        with self._context(database, settings) as sess:
+    def execute(self, stmt: _Statement, fmt: str, database: str | None, settings: dict[str, str],
+                readonly: int = 0) -> tuple[bytes, dict[str, Any]]:
+        """Run ``stmt`` with ``settings`` for this query only; ``readonly`` (1/2) is passed to the engine too, as a
+        second line of defence behind the statement check of :func:`_check_access`."""
+        sql, appended_at = stmt.with_settings(fmt, settings, {"readonly": str(readonly)} if readonly else None)
+        with self._context(database) as sess:
             try:
                 res = sess.query(sql, fmt)
             except Exception as exc:
-                raise _engine_error(exc) from None
+                err = _engine_error(exc)
+                # A statement kind that takes no trailing SETTINGS clause (SYSTEM …, CREATE FUNCTION …): the parser
+                # failed inside the clause we appended, so nothing ran; run it as sent (without the request's
+                # settings, which mean nothing to such statements).  Never for a readonly request.
+                if readonly or appended_at is None or not _failed_in_clause(str(exc), sql, appended_at):
+                    raise err from None
+                try:
+                    res = sess.query(stmt.sql, fmt)
+                except Exception as exc2:
+                    raise _engine_error(exc2) from None
         data = res.bytes() if res is not None else b""
         summary = {"read_rows": str(_safe(res, "rows_read")), "read_bytes": str(_safe(res, "bytes_read")),
                    "written_rows": "0", "written_bytes": "0", "total_rows_to_read": "0",
@@ -161,6 +178,7 @@ class EngineGateway:
 
     def insert(self, target: str, fmt: str, data: bytes, database: str | None, settings: dict[str, str]) -> dict[str, Any]:
         """``INSERT INTO target FORMAT fmt`` with ``data``; settings inside ``target`` (``… SETTINGS k=v``) are merged."""
+        _check_single_target(target)
         m = _SETTINGS_TAIL.match(target)
         if m:
             target = m.group("head")
@@ -173,7 +191,7 @@ class EngineGateway:
             if settings:
                 clause = " SETTINGS " + ", ".join(f"{k} = {_literal(v)}" for k, v in settings.items())
             sql = f"INSERT INTO {target} FROM INFILE '{path}'{clause} FORMAT {fmt}"
-            with self._context(database, {}) as sess:
+            with self._context(database) as sess:
                 try:
                     sess.query(sql)
                 except Exception as exc:
@@ -189,6 +207,380 @@ class EngineGateway:
             for name in os.listdir(self.tmpdir):
                 os.unlink(os.path.join(self.tmpdir, name))
             os.rmdir(self.tmpdir)
+
+
+# --- statements: a lexer faithful to ClickHouse's (src/Parsers/Lexer.cpp) where it matters -------------------
+#
+# The endpoint must know what a request's SQL is before the engine runs it: GET (and ``readonly``) allow reads
+# only, one request is one statement (chDB itself would run ``SELECT 1; DROP TABLE t`` as two), ``SET``/``USE``
+# must not reach the shared session, and per-request settings become a query-level ``SETTINGS`` clause that has
+# to be placed where the grammar takes it.  Comments, string literals, quoted identifiers and heredocs are
+# recognised exactly as ClickHouse does (nested ``/* */``, ``--``, ``//``, ``# ``/``#!``, ``'…''…'``, ``\\'``,
+# ``$tag$…$tag$``, numbers with exponents such as ``1e-5``), so no statement can hide inside what the check
+# takes for a comment or a string.  Anything the lexer cannot read is refused as a syntax error.
+
+_WORD_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+_DIGITS = frozenset("0123456789")
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+_WS_RE = re.compile(r"[ \t\n\r\f\v]+")
+_QUOTED_RE = {q: re.compile(q + "[^" + q + r"\\]*+(?:(?:\\[\s\S]|" + q + q + ")[^" + q + r"\\]*+)*+" + q)
+              for q in ("'", '"', "`")}
+_TWO_CHAR_OPS = ("->", "==", "!=", "<=", "<>", ">=", "::", "||", "@@", "\\G")
+_ONE_CHAR_OPS = frozenset("{},+-*/%=<>?:|@")
+#: statement keywords: the first one at the top level of a ``WITH …``/``FROM …`` statement says what it is
+_STATEMENT_WORDS = frozenset({
+    "SELECT", "INSERT", "UPDATE", "DELETE", "ALTER", "CREATE", "DROP", "TRUNCATE", "OPTIMIZE", "SYSTEM", "RENAME",
+    "EXCHANGE", "ATTACH", "DETACH", "UNDROP", "KILL", "GRANT", "REVOKE", "SET", "USE", "BACKUP", "RESTORE",
+    "EXPLAIN", "SHOW", "DESCRIBE", "DESC", "EXISTS", "CHECK", "MOVE", "WATCH",
+})
+#: what GET and ``readonly`` allow (ClickHouse's readonly: reads; ``SET`` too with readonly=2)
+READ_VERBS = frozenset({"SELECT", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN"})
+#: what ``allow_ddl=0`` refuses
+DDL_VERBS = frozenset({"CREATE", "ALTER", "DROP", "RENAME", "EXCHANGE", "TRUNCATE", "ATTACH", "DETACH", "UNDROP"})
+#: statements whose grammar has no trailing ``SETTINGS`` clause: they run without the request's settings
+_NO_CLAUSE_VERBS = frozenset({"SYSTEM", "GRANT", "REVOKE", "BEGIN", "START", "COMMIT", "ROLLBACK", "BACKUP",
+                              "RESTORE", "SET", "USE"})
+_ACCESS_ENTITIES = frozenset({"USER", "ROLE", "QUOTA", "ROW", "POLICY", "SETTINGS", "PROFILE", "FUNCTION",
+                              "NAMED", "WORKLOAD", "RESOURCE"})
+_KNOWN_VERBS = _STATEMENT_WORDS | _NO_CLAUSE_VERBS | {"WITH", "FROM"}
+_INSERT_MARKERS = frozenset({"VALUES", "FORMAT", "SELECT", "WITH", "SETTINGS"})
+_POSITION = re.compile(r"failed at position (\d+)")
+
+
+class _Tok(NamedTuple):
+    kind: str  # word, qident, string, number, open, close, semi, dot, op, error
+    start: int
+    end: int
+    depth: int  # bracket depth outside the token
+
+
+def _is_number_separator(sql: str, i: int) -> bool:
+    # ClickHouse accepts ``_`` only between digits; accepting it anywhere in a number can only make this lexer
+    # read *more* of a number (e.g. an exponent sign ClickHouse leaves as a minus), i.e. see more tokens, never fewer.
+    return sql[i] == "_"
+
+
+def _lex_number(sql: str, pos: int, after_dot: bool) -> tuple[str, int]:
+    n = len(sql)
+    if after_dot:  # chained tuple access x.1.1: a plain integer only
+        j = pos + 1
+        while j < n and (sql[j] in _DIGITS or _is_number_separator(sql, j)):
+            j += 1
+    else:
+        j = pos
+        hexm = False
+        if j + 2 < n and sql[j] == "0" and sql[j + 1] in "xXbB":
+            if sql[j + 1] in "xX" and sql[j + 2] in _HEX_DIGITS:
+                hexm = True
+                j += 2
+            elif sql[j + 1] in "bB" and sql[j + 2] in "01":
+                j += 2
+            else:
+                j += 1
+        else:
+            j += 1
+        digits = _HEX_DIGITS if hexm else _DIGITS
+        while j < n and (sql[j] in digits or _is_number_separator(sql, j)):
+            j += 1
+        if j < n and sql[j] == ".":
+            j += 1
+            while j < n and (sql[j] in digits or _is_number_separator(sql, j)):
+                j += 1
+        if j + 1 < n and sql[j] in ("pP" if hexm else "eE"):
+            j += 1
+            if j + 1 < n and sql[j] in "+-":
+                j += 1
+            while j < n and (sql[j] in _DIGITS or _is_number_separator(sql, j)):
+                j += 1
+    if j < n and sql[j] in _WORD_CHARS:  # 1identifier
+        while j < n and sql[j] in _WORD_CHARS:
+            j += 1
+        if any(ch not in _WORD_CHARS and ch != "$" for ch in sql[pos:j]):
+            return "error", j
+        return "word", j
+    return "number", j
+
+
+def _lex(sql: str) -> Iterator[_Tok]:
+    """Significant tokens of ``sql`` (no whitespace, no comments); an ``error`` token ends the stream."""
+    n = len(sql)
+    pos = 0
+    depth = 0
+    prev = ""
+    while pos < n:
+        c = sql[pos]
+        start = pos
+        if c in " \t\n\r\f\v":
+            m = _WS_RE.match(sql, pos)
+            assert m is not None
+            pos = m.end()
+            continue
+        if sql.startswith(("--", "//", "# ", "#!"), pos):
+            nl = sql.find("\n", pos)
+            pos = n if nl < 0 else nl
+            continue
+        if sql.startswith("/*", pos):  # nested, as in ClickHouse
+            level = 1
+            pos += 2
+            while level and pos + 2 <= n:
+                if sql.startswith("/*", pos):
+                    level += 1
+                    pos += 2
+                elif sql.startswith("*/", pos):
+                    level -= 1
+                    pos += 2
+                else:
+                    pos += 1
+            if level:
+                yield _Tok("error", start, n, depth)
+                return
+            continue
+        kind = "op"
+        if c in "'\"`":
+            m = _QUOTED_RE[c].match(sql, pos)
+            if m is None:
+                yield _Tok("error", start, n, depth)
+                return
+            kind, pos = ("string" if c == "'" else "qident"), m.end()
+        elif c in _DIGITS:
+            kind, pos = _lex_number(sql, pos, prev == "dot")
+        elif c == ".":
+            if pos > 0 and (pos + 1 >= n or sql[pos + 1] not in _DIGITS or prev in ("close", "word", "qident", "number")):
+                kind, pos = "dot", pos + 1
+            else:
+                j = pos + 1
+                while j < n and (sql[j] in _DIGITS or _is_number_separator(sql, j)):
+                    j += 1
+                if j + 1 < n and sql[j] in "eE":
+                    j += 1
+                    if j + 1 < n and sql[j] in "+-":
+                        j += 1
+                    while j < n and (sql[j] in _DIGITS or _is_number_separator(sql, j)):
+                        j += 1
+                kind, pos = "number", j
+        elif c == "$" and (heredoc := _heredoc_end(sql, pos)) is not None:
+            kind, pos = "string", heredoc
+        elif c == "$" and (pos + 1 == n or sql[pos + 1] not in _WORD_CHARS):
+            pos += 1
+        elif c in "xXbB" and pos + 2 < n and sql[pos + 1] == "'":
+            j = pos + 2
+            allowed = _HEX_DIGITS if c in "xX" else frozenset("01")
+            while j < n and sql[j] in allowed:
+                j += 1
+            if j >= n or sql[j] != "'":
+                yield _Tok("error", start, n, depth)
+                return
+            kind, pos = "string", j + 1
+        elif c in _WORD_CHARS or c == "$":
+            j = pos + 1
+            while j < n and (sql[j] in _WORD_CHARS or sql[j] == "$"):
+                j += 1
+            kind, pos = "word", j
+        elif c in "([":
+            kind, pos = "open", pos + 1
+        elif c in ")]":
+            depth = max(depth - 1, 0)
+            kind, pos = "close", pos + 1
+        elif c == ";":
+            kind, pos = "semi", pos + 1
+        elif sql.startswith(_TWO_CHAR_OPS, pos):
+            pos += 2
+        elif c in _ONE_CHAR_OPS:
+            pos += 1
+        elif not c.isascii() and c.isspace():  # ClickHouse skips Unicode whitespace too
+            pos += 1
+            continue
+        else:  # '!', '#x', '\\' without G, other characters: ClickHouse's lexer fails here too
+            yield _Tok("error", start, start + 1, depth)
+            return
+        yield _Tok(kind, start, pos, depth)
+        prev = kind
+        if kind == "open":
+            depth += 1
+
+
+def _heredoc_end(sql: str, pos: int) -> int | None:
+    """End of the heredoc ``$tag$…$tag$`` starting at ``pos``, if there is one (ClickHouse: any tag, even ``$$``)."""
+    j = sql.find("$", pos + 1)
+    if j < 0:
+        return None
+    tag = sql[pos:j + 1]
+    k = sql.find(tag, j + 1)
+    return None if k < 0 else k + len(tag)
+
+
+def _syntax_error(sql: str, tok: _Tok) -> ChError:
+    near = sql[tok.start:tok.start + 40]
+    return ChError(62, f"Code: 62. DB::Exception: Syntax error: failed at position {tok.start + 1} ({near!r}): "
+                   "unrecognized token, or an unclosed string, quoted identifier or comment. (SYNTAX_ERROR)", 400)
+
+
+class _Statement:
+    """One SQL statement, lexed: what it is (``verb``) and where a ``SETTINGS`` clause goes.
+
+    Raises :class:`ChError` for an empty query, more than one statement, or text the lexer cannot read.  For
+    ``INSERT … FORMAT f`` the data after the format name is not lexed (it is data up to the end of the query).
+    """
+
+    def __init__(self, sql: str) -> None:
+        self.sql = sql
+        toks: list[_Tok] = []
+        first = ""
+        verb = ""
+        verb_idx = -1
+        with_depth = -1
+        marker = -1  # INSERT: index of the first top-level VALUES/FORMAT/SELECT/WITH/SETTINGS
+        lexer = _lex(sql)
+        for t in lexer:
+            if t.kind == "error":
+                raise _syntax_error(sql, t)
+            if t.kind == "semi":
+                for rest in lexer:
+                    if rest.kind == "error":
+                        raise _syntax_error(sql, rest)
+                    if rest.kind != "semi":
+                        raise ChError(62, "Code: 62. DB::Exception: Multi-statements are not allowed: send one "
+                                      "statement per request. (SYNTAX_ERROR)", 400)
+                break
+            toks.append(t)
+            i = len(toks) - 1
+            word = sql[t.start:t.end].upper() if t.kind == "word" else ""
+            if not first:
+                if t.kind == "open":
+                    continue
+                first = word or t.kind
+                if first in ("WITH", "FROM"):  # WITH … SELECT/INSERT; ClickHouse's FROM t SELECT …
+                    with_depth = t.depth
+                else:
+                    verb, verb_idx = first, i
+            elif not verb and word in _STATEMENT_WORDS and t.depth == with_depth:
+                verb, verb_idx = word, i
+            elif verb == "INSERT" and marker < 0 and word in _INSERT_MARKERS and t.depth == toks[verb_idx].depth \
+                    and toks[i - 1].kind != "dot":
+                marker = i
+            elif verb == "INSERT" and marker == i - 1 and sql[toks[marker].start:toks[marker].end].upper() == "FORMAT":
+                break  # INSERT … FORMAT name: what follows is data
+        if not toks or not first:
+            raise ChError(62, "Code: 62. DB::Exception: Empty query. (SYNTAX_ERROR)", 400)
+        self.toks = toks
+        self.first = first
+        self.verb = verb or first
+        self.verb_idx = verb_idx
+        self.insert_marker = marker
+
+    def _word(self, i: int) -> str:
+        t = self.toks[i]
+        return self.sql[t.start:t.end].upper() if t.kind == "word" else ""
+
+    @property
+    def is_read(self) -> bool:
+        """A statement GET / ``readonly`` may run: SELECT, WITH … SELECT, SHOW, DESCRIBE, EXISTS, EXPLAIN — and not
+        one writing a file (``INTO OUTFILE``) or naming INSERT anywhere (chDB accepts ``WITH … INSERT``)."""
+        if self.verb not in READ_VERBS:
+            return False
+        words = [self._word(i) for i in range(len(self.toks))]
+        if "INSERT" in words:
+            return False
+        return not any(a == "INTO" and b == "OUTFILE" for a, b in itertools.pairwise(words))
+
+    @property
+    def takes_no_clause(self) -> bool:
+        if self.verb in _NO_CLAUSE_VERBS or self.verb_idx < 0:
+            return True
+        if self.verb in ("CREATE", "ALTER", "DROP", "ATTACH"):  # CREATE [OR REPLACE] USER/ROLE/FUNCTION/…
+            for i in range(self.verb_idx + 1, min(self.verb_idx + 4, len(self.toks))):
+                w = self._word(i)
+                if w not in ("OR", "REPLACE"):
+                    return w in _ACCESS_ENTITIES
+        return False
+
+    def with_settings(self, fmt: str, settings: dict[str, str], forced: dict[str, str] | None = None,
+                      ) -> tuple[str, int | None]:
+        """The statement with ``settings`` as a query-level ``SETTINGS`` clause (they apply to this query only;
+        the statement's own ``SETTINGS`` take precedence, as in ClickHouse) and ``forced`` after the statement's
+        own; and the offset where an appended clause begins (None when nothing was appended at the end)."""
+        sql = self.sql
+        forced = forced or {}
+        if not (settings or forced) or self.takes_no_clause:
+            return sql, None
+        pairs = ", ".join(f"{k} = {_literal(v)}" for k, v in {**settings, **forced}.items())
+        toks = self.toks
+        if self.verb == "INSERT":
+            if self.insert_marker < 0:
+                return sql, None
+            t = toks[self.insert_marker]
+            if self._word(self.insert_marker) == "SETTINGS":
+                return f"{sql[:t.end]} {pairs},{sql[t.end:]}", None
+            return f"{sql[:t.start]}SETTINGS {pairs} {sql[t.start:]}", None
+        end = toks[-1].end
+        top = [i for i, t in enumerate(toks) if t.depth == 0]
+        if self.verb in ("DELETE", "UPDATE"):  # lightweight DELETE/UPDATE: a trailing SETTINGS, no FORMAT
+            own = [i for i in top if self._word(i) == "SETTINGS"]
+            if own:
+                t = toks[own[-1]]
+                return f"{sql[:t.end]} {pairs},{sql[t.end:]}", None
+            return f"{sql[:end]}\nSETTINGS {pairs}", end
+        # a query with output: [… FORMAT f [SETTINGS …]] — a clause after FORMAT is the query's, never a table's
+        for k, i in enumerate(top):
+            nxt = top[k + 1] if k + 1 < len(top) else -1
+            if self._word(i) == "FORMAT" and nxt == i + 1 and toks[nxt].kind in ("word", "qident"):
+                after = top[k + 2] if k + 2 < len(top) else -1
+                if after < 0 and nxt == len(toks) - 1:
+                    return f"{sql[:end]}\nSETTINGS {pairs}", end
+                if after == nxt + 1 and self._word(after) == "SETTINGS":  # … FORMAT f SETTINGS own: ours, own, forced
+                    t = toks[after]
+                    ours = "".join(f" {k} = {_literal(v)}," for k, v in settings.items())
+                    tail = "".join(f", {k} = {_literal(v)}" for k, v in forced.items())
+                    return f"{sql[:t.end]}{ours}{sql[t.end:end]}{tail}{sql[end:]}", None
+        return f"{sql[:end]}\nFORMAT {fmt}\nSETTINGS {pairs}", end
+
+
+def _check_access(stmt: _Statement, readonly: int, allow_ddl: bool, via_get: bool) -> None:
+    """ClickHouse's ``readonly`` (GET implies 2: reads, and settings may change) and ``allow_ddl``, decided here
+    from the statement — never by ``SET readonly`` on the shared session, which could not be undone."""
+    if readonly:
+        if stmt.is_read or (stmt.first == "SET" and readonly == 2) or stmt.first == "USE":
+            return
+        if stmt.first == "SET":
+            raise ChError(164, "Code: 164. DB::Exception: Cannot modify settings in readonly mode. (READONLY)", 403)
+        if stmt.verb not in _KNOWN_VERBS:  # not a statement at all (ClickHouse fails parsing it before checking)
+            near = stmt.sql[stmt.toks[0].start:stmt.toks[0].start + 40]
+            raise ChError(62, f"Code: 62. DB::Exception: Syntax error: failed at position {stmt.toks[0].start + 1} "
+                          f"({near!r}): expected a statement; a readonly request runs only SELECT, WITH … SELECT, "
+                          "SHOW, DESCRIBE, EXISTS, EXPLAIN. (SYNTAX_ERROR)", 400)
+        if via_get:
+            raise ChError(164, "Code: 164. DB::Exception: Cannot execute query in readonly mode. For queries over "
+                          "HTTP, method GET implies readonly. You should use method POST for modifying queries. "
+                          "(READONLY)", 403)
+        raise ChError(164, "Code: 164. DB::Exception: default: Cannot execute query in readonly mode. (READONLY)", 403)
+    if not allow_ddl and stmt.verb in DDL_VERBS:
+        raise ChError(392, "Code: 392. DB::Exception: Cannot execute query. DDL queries are prohibited for the user "
+                      "default. (QUERY_IS_PROHIBITED)", 403)
+
+
+def _check_single_target(target: str) -> None:
+    """The table part of ``INSERT INTO <target> FORMAT f`` (the body is the data) must not smuggle a statement."""
+    for t in _lex(target):
+        if t.kind == "error":
+            raise _syntax_error(target, t)
+        if t.kind == "semi":
+            raise ChError(62, "Code: 62. DB::Exception: Multi-statements are not allowed: send one statement per "
+                          "request. (SYNTAX_ERROR)", 400)
+
+
+def _failed_in_clause(message: str, sql: str, appended_at: int) -> bool:
+    """Did the engine's syntax error point into the clause appended at ``appended_at``?"""
+    m = _POSITION.search(message)
+    if not m or _CODE_62.search(message) is None:
+        return False
+    return int(m.group(1)) - 1 >= len(sql[:appended_at].encode("utf-8", "surrogateescape"))
+
+
+def _readonly_level(value: str | None, via_get: bool) -> int:
+    """``readonly`` of a request: 0, 1 or 2 (GET: at least 2, as ClickHouse sets it)."""
+    v = (value or "0").strip().lower()
+    level = 0 if v in ("0", "false", "") else 2 if v == "2" else 1
+    return 2 if via_get and level == 0 else level
 
 
 def _safe(res: Any, attr: str) -> Any:
@@ -221,6 +613,8 @@ def _engine_error(exc: Exception) -> ChError:
         status = 404
     elif code in (62, 47, 46, 27, 36, 53, 6, 26, 72, 117):  # syntax / bad arguments / parse errors
         status = 400
+    elif code in (164, 392, 497):  # READONLY, QUERY_IS_PROHIBITED, ACCESS_DENIED
+        status = 403
     if not text.startswith("Code:"):
         text = f"Code: {code}. DB::Exception: {text}"
     return ChError(code, text, status)
@@ -379,6 +773,10 @@ class _Handler(BaseHTTPRequestHandler):
         for k in settings:
             if not _SETTING_NAME.match(k):
                 raise ChError(115, f"Code: 115. DB::Exception: Unknown setting {k} (UNKNOWN_SETTING)", 400)
+        # access control is decided here, per statement; it never reaches the shared session (see _check_access)
+        via_get = self.command == "GET"
+        readonly = _readonly_level(settings.pop("readonly", None), via_get)
+        allow_ddl = settings.pop("allow_ddl", "1").strip().lower() not in ("0", "false")
         qparam = params.get("query")
         gw = self.server.gateway
         if gw is None:
@@ -388,11 +786,12 @@ class _Handler(BaseHTTPRequestHandler):
         if qparam is not None:
             m = _INSERT_FORMAT.match(qparam)
             if m and body:
+                _check_access(_Statement(qparam), readonly, allow_ddl, via_get)
                 summary = gw.insert(m.group("target"), m.group("fmt"), body, database, settings)
                 out = b""
             else:
                 sql = qparam + ("\n" + body.decode("utf-8", "replace") if body else "")
-                out, summary = self._query(sql, fmt, database, settings)
+                out, summary = self._query(sql, fmt, database, settings, readonly, allow_ddl)
         else:
             text = body.decode("utf-8", "surrogateescape")
             m = _INSERT_FORMAT.match(text)
@@ -402,12 +801,13 @@ class _Handler(BaseHTTPRequestHandler):
                 data = rest[nl + 1:] if nl >= 0 and not rest[:nl].strip() else rest.lstrip(b" \t")
                 if not data:
                     raise ChError(108, "Code: 108. DB::Exception: No data to insert (NO_DATA_TO_INSERT)", 400)
+                _check_access(_Statement(text[: m.end()]), readonly, allow_ddl, via_get)
                 summary = gw.insert(m.group("target"), m.group("fmt"), data, database, settings)
                 out = b""
             elif not text.strip():
                 raise ChError(62, "Code: 62. DB::Exception: Empty query. (SYNTAX_ERROR)", 400)
             else:
-                out, summary = self._query(text, fmt, database, settings)
+                out, summary = self._query(text, fmt, database, settings, readonly, allow_ddl)
         summary["elapsed_ns"] = str(int((time.perf_counter() - t0) * 1e9))
         headers = {
             "X-ClickHouse-Query-Id": query_id,
@@ -423,11 +823,19 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, _CONTENT_TYPES.get(fmt, "text/plain; charset=UTF-8") if fmt[:5] != "Arrow" and fmt not in (
             "Native", "Parquet", "RowBinary") else "application/octet-stream", out, headers)
 
-    def _query(self, sql: str, fmt: str, database: str | None, settings: dict[str, str]) -> tuple[bytes, dict[str, Any]]:
+    def _query(self, sql: str, fmt: str, database: str | None, settings: dict[str, str], readonly: int,
+               allow_ddl: bool) -> tuple[bytes, dict[str, Any]]:
         if not re.fullmatch(r"[A-Za-z0-9_]+", fmt):
             raise ChError(73, f"Code: 73. DB::Exception: Unknown format {fmt} (UNKNOWN_FORMAT)", 400)
+        stmt = _Statement(sql)
+        _check_access(stmt, readonly, allow_ddl, self.command == "GET")
+        if stmt.first in ("SET", "USE"):
+            # without sessions these change nothing beyond the request (as over ClickHouse's HTTP without
+            # session_id); run on the shared engine session they would stick to every later query
+            return b"", {"read_rows": "0", "read_bytes": "0", "written_rows": "0", "written_bytes": "0",
+                         "total_rows_to_read": "0", "result_rows": "0", "result_bytes": "0"}
         assert self.server.gateway is not None
-        return self.server.gateway.execute(sql, fmt, database, settings)
+        return self.server.gateway.execute(stmt, fmt, database, settings, readonly)
 
 
 class ClickHouseHTTPServer(ThreadingHTTPServer):

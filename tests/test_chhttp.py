@@ -144,3 +144,165 @@ def test_clickhouse_connect_store_backend_against_the_engine(server: ClickHouseH
         assert list(cl.query_df("SELECT a FROM nat ORDER BY a")["a"]) == [1, 2]
     finally:
         cs.close()
+
+
+def _kv(store: Store, rows: str = "(1, 'a'), (2, 'b')") -> None:
+    store.command("CREATE TABLE kv (k UInt32, v String) ENGINE = MergeTree ORDER BY k")
+    store.command(f"INSERT INTO kv VALUES {rows}")
+
+
+def _engine_readonly(store: Store) -> list[tuple[Any, ...]]:
+    """readonly and current database of the one engine session, as the owner's own queries see them."""
+    return store.query_rows("SELECT getSetting('readonly'), currentDatabase()")
+
+
+def test_readonly_never_sticks_to_the_shared_engine_session(server: ClickHouseHTTPServer, store: Store) -> None:
+    """A request's readonly (and SET/USE statements) must not outlive the request: the engine session is shared
+    with the owner's loading, and ``SET readonly = 1`` on it could never be undone."""
+    _kv(store)
+    assert _http(server, {"query": "SELECT 1", "readonly": "1"})[:2] == (200, b"1\n")
+    # the audit's reproduction: afterwards the owner's inserts failed with Code 164 until a restart
+    assert _engine_readonly(store) == [(0, store.database)]
+    store.insert("kv", pa.table({"k": pa.array([3], pa.uint32()), "v": ["owner"]}))
+    assert _http(server, {"query": "INSERT INTO kv FORMAT TSV"}, body=b"4\tpost\n")[0] == 200
+    store.command("DELETE FROM kv WHERE k > 2")
+    # a POST readonly=1 reads, but refuses every write, inline or with a body, with ClickHouse's READONLY
+    assert _http(server, {"query": "SELECT count() FROM kv", "readonly": "1"}, body=b"")[:2] == (200, b"2\n")
+    for params, body in [({"query": "INSERT INTO kv VALUES (3, 'c')", "readonly": "1"}, b""),
+                         ({"query": "INSERT INTO kv FORMAT TSV", "readonly": "1"}, b"4\td\n"),
+                         ({"readonly": "1"}, b"INSERT INTO kv FORMAT TSV\n5\te\n"),
+                         ({"query": "WITH 6 AS x INSERT INTO kv SELECT x, 'f'", "readonly": "1"}, b""),
+                         ({"query": "DROP TABLE kv", "readonly": "2"}, b""),
+                         ({"query": "SET max_threads = 1", "readonly": "1"}, b"")]:
+        status, out, headers = _http(server, params, body=body)
+        assert (status, headers["X-ClickHouse-Exception-Code"]) == (403, "164"), (params, out)
+        assert out.startswith(b"Code: 164.") and b"readonly mode" in out
+    # statements that would change the session are no-ops, as over ClickHouse's HTTP without a session
+    for q in ("SET readonly = 1", "SET max_block_size = 1234", "USE system"):
+        assert _http(server, {"query": q}, body=b"")[:2] == (200, b"")
+    # …as is a second statement smuggled behind a first one (chDB itself would run both)
+    for q in ("SELECT 1; SET readonly = 1", "SELECT 1;\nUSE system", "INSERT INTO kv VALUES (7, 'g'); SET readonly = 1"):
+        status, out, _ = _http(server, {"query": q}, body=b"")
+        assert status == 400 and out.startswith(b"Code: 62.") and b"Multi-statements" in out, q
+    status, out, _ = _http(server, {"query": "INSERT INTO kv; SET readonly = 1; INSERT INTO kv FORMAT TSV"},
+                           body=b"8\th\n")
+    assert status == 400 and b"Multi-statements" in out
+    assert _engine_readonly(store) == [(0, store.database)]
+    # the owner keeps loading, and so do POST inserts
+    store.insert("kv", pa.table({"k": pa.array([10], pa.uint32()), "v": ["owner"]}))
+    assert _http(server, {"query": "INSERT INTO kv FORMAT TSV"}, body=b"11\tpost\n")[0] == 200
+    assert _http(server, {"query": "INSERT INTO kv VALUES (12, 'inline')"}, body=b"")[0] == 200
+    assert store.query_rows("SELECT k FROM kv ORDER BY k") == [(1,), (2,), (10,), (11,), (12,)]
+    assert _http(server, {"query": "SELECT getSetting('readonly'), getSetting('max_block_size') = 1234"},
+                 body=b"")[1] == b"0\t0\n"
+    # GET runs with readonly=2 in the engine too (for that query only); a query cannot lower it
+    assert _http(server, {"query": "SELECT getSetting('readonly')"})[1] == b"2\n"
+    status, out, _ = _http(server, {"query": "SELECT count() FROM kv SETTINGS readonly = 0"})
+    assert status == 403 and out.startswith(b"Code: 164.")
+    assert _engine_readonly(store) == [(0, store.database)]
+    # allow_ddl=0 refuses DDL, again without touching the session
+    status, out, headers = _http(server, {"query": "CREATE TABLE nope (a UInt8) ENGINE = Memory", "allow_ddl": "0"},
+                                 body=b"")
+    assert status == 403 and headers["X-ClickHouse-Exception-Code"] == "392"
+    assert _http(server, {"query": "CREATE TABLE yes (a UInt8) ENGINE = Memory"}, body=b"")[0] == 200
+    assert store.query_rows("SELECT name FROM system.tables WHERE database = currentDatabase() "
+                            "AND name IN ('nope', 'yes')") == [("yes",)]
+
+
+GET_WRITES = [
+    "DROP TABLE kv", "drop table kv", "  \n\tDROP TABLE kv", "/* a read */ DROP TABLE kv", "-- SELECT\nDROP TABLE kv",
+    "/* nested /* comment */ SELECT */ DROP TABLE kv", "# SELECT\nDROP TABLE kv", "(DROP TABLE kv)",
+    "DROP TABLE IF EXISTS kv", "TRUNCATE TABLE kv", "truncate kv", "INSERT INTO kv VALUES (9, 'x')",
+    "insert into kv format TSV\n9\tx\n", "/* SELECT */ INSERT INTO kv VALUES (9, 'x')", "-- c\ninsert into kv select 9, 'x'",
+    "WITH 9 AS n INSERT INTO kv SELECT n, 'x'", "CREATE TABLE made (a UInt8) ENGINE = Memory",
+    "create table made engine = Memory as select 1 as a", "ALTER TABLE kv DELETE WHERE 1",
+    "alter table kv add column z UInt8", "ALTER TABLE kv DROP COLUMN v", "RENAME TABLE kv TO kv2",
+    "DELETE FROM kv WHERE 1", "OPTIMIZE TABLE kv FINAL", "SYSTEM DROP MARK CACHE", "DETACH TABLE kv",
+    "SELECT * FROM kv INTO OUTFILE '{outfile}'", "select 1 into   outfile '{outfile}' format TSV",
+    "KILL QUERY WHERE 1", "CREATE FUNCTION made_f AS (x) -> x", "FROM kv SELECT k INTO OUTFILE '{outfile}'",
+]
+
+
+def test_get_refuses_what_is_not_a_read(server: ClickHouseHTTPServer, store: Store, tmp_path: Any) -> None:
+    """GET implies readonly (ClickHouse: readonly=2): DDL, DML and file writes are refused with READONLY and the
+    data is unharmed — however the statement is dressed (case, whitespace, comments, parentheses, WITH)."""
+    _kv(store)
+    tables = store.query_rows("SHOW TABLES")
+    outfile = tmp_path / "out.tsv"
+    for sql in GET_WRITES:
+        status, out, headers = _http(server, {"query": sql.format(outfile=outfile)})
+        assert status == 403 and headers["X-ClickHouse-Exception-Code"] == "164", (sql, out)
+        assert out.startswith(b"Code: 164. DB::Exception: Cannot execute query in readonly mode. For queries over "
+                              b"HTTP, method GET implies readonly. You should use method POST for modifying queries")
+        assert store.query_rows("SELECT k, v FROM kv ORDER BY k") == [(1, "a"), (2, "b")], sql
+        assert store.query_rows("DESCRIBE TABLE kv")[:2] == [("k", "UInt32", "", "", "", "", ""),
+                                                             ("v", "String", "", "", "", "", "")], sql
+        assert len(store.query_rows("DESCRIBE TABLE kv")) == 2, sql
+        assert store.query_rows("SHOW TABLES") == tables, sql
+        assert not outfile.exists(), sql
+    assert store.query_rows("SELECT count() FROM system.functions WHERE name = 'made_f'") == [(0,)]
+    # the same statements over POST are not refused for being writes
+    assert _http(server, {"query": "TRUNCATE TABLE kv"}, body=b"")[0] == 200
+    assert store.query_rows("SELECT count() FROM kv") == [(0,)]
+
+
+def test_get_runs_reads_however_written(server: ClickHouseHTTPServer, store: Store) -> None:
+    _kv(store)
+    tables = store.query_rows("SHOW TABLES")
+    cases = {
+        "SELECT k FROM kv ORDER BY k": b"1\n2\n",
+        "  select k from kv order by k": b"1\n2\n",
+        "/* dashboard */ SELECT count() FROM kv -- trailing": b"2\n",
+        "-- panel\nselect count() from kv;": b"2\n",
+        "(SELECT 1) UNION ALL (SELECT 2)": b"1\n2\n",
+        "with n as (select count() as c from kv) select c from n": b"2\n",
+        "FROM kv SELECT max(k)": b"2\n",
+        "SELECT 'DROP TABLE kv; --' AS s": b"DROP TABLE kv; --\n",
+        "SELECT 1 /* ; DROP TABLE kv */": b"1\n",
+        "SELECT $$; DROP TABLE kv$$": b"; DROP TABLE kv\n",
+        "SHOW TABLES": "".join(f"{t}\n" for (t,) in tables).encode(),
+        "DESCRIBE TABLE kv": b"k\tUInt32\t\t\t\t\t\nv\tString\t\t\t\t\t\n",
+        "desc kv": b"k\tUInt32\t\t\t\t\t\nv\tString\t\t\t\t\t\n",
+        "EXISTS TABLE kv": b"1\n",
+        "exists nope": b"0\n",
+        "SELECT k FROM kv ORDER BY k FORMAT CSV": b"1\n2\n",
+        "SELECT getSetting('max_threads') SETTINGS max_threads = 5": b"5\n",
+        "SET max_threads = 1": b"",  # readonly=2: settings may change (a no-op without sessions)
+    }
+    for sql, want in cases.items():
+        status, out, _ = _http(server, {"query": sql, "max_threads": "3"})
+        assert (status, out) == (200, want), sql
+    assert b"ReadFromMergeTree" in _http(server, {"query": "EXPLAIN SELECT * FROM kv"})[1]
+    _, out, _ = _http(server, {"query": "SELECT k FROM kv ORDER BY k", "default_format": "JSONEachRow",
+                               "max_block_size": "1"})
+    assert [json.loads(x) for x in out.splitlines()] == [{"k": 1}, {"k": 2}]
+    # a syntax error is still a syntax error; a second statement is refused before anything runs
+    assert _http(server, {"query": "SELEC 1"})[0] == 400
+    for q in ("SELECT 1; DROP TABLE kv", "SELECT 1 -- x\n; DROP TABLE kv", "SELECT 1e--5 ;DROP TABLE kv"):
+        status, out, _ = _http(server, {"query": q})
+        assert status == 400 and b"Multi-statements" in out, q
+    assert store.query_rows("SELECT count() FROM kv") == [(2,)]
+
+
+def test_settings_reach_every_statement_kind_for_that_query_only(server: ClickHouseHTTPServer, store: Store) -> None:
+    """Request settings travel as the query's own SETTINGS clause, placed where each statement's grammar takes it
+    (a CREATE TABLE's storage SETTINGS stay the table's)."""
+    _kv(store)
+    post = {"max_block_size": "4321", "max_threads": "1"}
+    assert _http(server, {"query": "INSERT INTO kv (k, v) VALUES (getSetting('max_block_size'), 'values')", **post},
+                 body=b"")[0] == 200
+    assert _http(server, {"query": "INSERT INTO kv SELECT getSetting('max_block_size') + 1, 'select'", **post},
+                 body=b"")[0] == 200
+    assert store.query_rows("SELECT k, v FROM kv WHERE k > 4000 ORDER BY k") == [(4321, "values"), (4322, "select")]
+    assert _http(server, {"query": "SELECT getSetting('max_block_size')", **post}, body=b"")[1] == b"4321\n"
+    assert _http(server, {"query": "SELECT getSetting('max_block_size')"}, body=b"")[1] != b"4321\n"
+    for q in ("CREATE TABLE t2 (a UInt8) ENGINE = MergeTree ORDER BY a",
+              "CREATE TABLE t3 (a UInt8) ENGINE = MergeTree ORDER BY a SETTINGS index_granularity = 64",
+              "ALTER TABLE t2 ADD COLUMN b UInt8", "DELETE FROM kv WHERE k = 4322", "SYSTEM FLUSH LOGS",
+              "CHECK GRANT SELECT ON kv", "OPTIMIZE TABLE kv FINAL", "DROP TABLE t3"):
+        status, out, _ = _http(server, {"query": q, **post}, body=b"")
+        assert status == 200, (q, out)
+    create = store.query_rows("SHOW CREATE TABLE t2")[0][0]
+    assert "max_threads" not in create and "max_block_size" not in create and "`b` UInt8" in create
+    assert store.query_rows("SELECT count() FROM kv WHERE k = 4322") == [(0,)]
+    assert _engine_readonly(store) == [(0, store.database)]
