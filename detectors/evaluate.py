@@ -453,6 +453,12 @@ TARGETS: dict[str, tuple[set[str], str]] = {
 }
 
 
+def _reported_at(d: Detection) -> datetime:
+    """When the detector first reported ``d`` (``detail['_reported']``; its start when not recorded)."""
+    at = d.detail.get("_reported")
+    return at if isinstance(at, datetime) else d.start
+
+
 def _overlaps(d: Detection, s: dict[str, Any], slack: timedelta = timedelta(minutes=30)) -> bool:
     s0 = datetime.fromtimestamp(s["start_ms"] / 1000, UTC) - slack
     s1 = datetime.fromtimestamp(s["end_ms"] / 1000, UTC) + slack
@@ -460,16 +466,31 @@ def _overlaps(d: Detection, s: dict[str, Any], slack: timedelta = timedelta(minu
     return d.start <= s1 and end >= s0
 
 
+#: scenario kind -> what a detection overlapping its window may be and still count as explained (``None``: any
+#: kind -- floods and scans make traffic that really is abnormal).  Anything else overlapping it is a false
+#: alarm: a dip called "unexplained" during a pipeline gap, a spike during a holiday, a dip not labelled holiday.
+EXPLAINED_BY: dict[str, Callable[[Detection], bool] | None] = {
+    "event": lambda d: d.kind in ("topic_surge", "spike"),
+    "holiday": lambda d: d.kind == "dip" and d.label == "holiday",
+    # a broken site also answers slowly (timeouts): its latency and transfer regressions are the outage's
+    "outage": lambda d: (d.kind in ("outage", "pipeline_gap", "latency_regression", "transfer_regression")
+                         or (d.kind == "dip" and d.label == "outage")),
+    "transfer_collapse": lambda d: d.kind in ("transfer_regression", "latency_regression"),
+    "pipeline_gap": lambda d: d.kind == "pipeline_gap",
+}
+
+
 def score_simulation(truth: dict[str, Any], dets: list[Detection], start: datetime, end: datetime,
                      crossing: datetime | None) -> dict[str, Any]:
-    """Match detections to scenarios (see :data:`TARGETS`); any detection overlapping a scenario window of
-    another kind (floods, scans: traffic that really is abnormal) is counted as explained, not as a false alarm."""
+    """Match detections to scenarios (see :data:`TARGETS`); a detection overlapping a scenario window counts as
+    explained only when it is what that scenario may cause (:data:`EXPLAINED_BY`), else as a false alarm."""
     rows: list[list[Any]] = []
     explained: set[str] = set()
     for s in truth["scenarios"]:
         s_start = datetime.fromtimestamp(s["start_ms"] / 1000, UTC)
         hits = [d for d in dets if _overlaps(d, s)]
-        explained |= {d.id for d in hits}
+        ok = EXPLAINED_BY.get(s["kind"])
+        explained |= {d.id for d in hits if ok is None or ok(d)}
         if s["kind"] not in TARGETS:
             continue
         kinds, how = TARGETS[s["kind"]]
@@ -482,9 +503,11 @@ def score_simulation(truth: dict[str, Any], dets: list[Detection], start: dateti
             found = [d for d in found if f"|{s['scope']['upstream']}|" in d.scope]
         elif how == "source":
             found = [d for d in found if d.scope.startswith(f"source:{s['scope']['source']}/")]
-        first = min(found, key=lambda d: d.start) if found else None
+        first = min(found, key=_reported_at) if found else None
         ref = crossing if s["kind"] == "event" and crossing else s_start
-        delay = f"{(first.start - ref).total_seconds() / 60:+.0f} min" if first else "-"
+        # delay to the first *report* (the data minute at which the detector, fed in order, first said so), not
+        # to the back-dated start it reports
+        delay = f"{(_reported_at(first) - ref).total_seconds() / 60:+.0f} min" if first else "-"
         if s["kind"] == "event" and crossing:
             delay += f" (after crossing 3x baseline share at {crossing:%H:%M} UTC)"
         rows.append([s["kind"], s["start_local"][:16], "yes" if first else "NO",

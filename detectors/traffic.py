@@ -518,6 +518,25 @@ class TransferDetector:
             yield det
 
 
+def _reported(dets: Iterable[Detection], at: datetime) -> list[Detection]:
+    """``dets`` with the data minute at which each was first reported kept in ``detail["_reported"]`` (hidden:
+    not printed, not stored).  ``start`` is back-dated to where the event began; this is when a detector fed
+    minute by minute could first say so, which is what the evaluation's detection delays measure."""
+    out = list(dets)
+    for d in out:
+        d.detail.setdefault("_reported", at)
+    return out
+
+
+def _first_report(prev: Detection | None, d: Detection) -> Detection:
+    """``d`` (a later state of ``prev``'s event) keeping the earliest ``_reported`` of the two."""
+    if prev is not None and "_reported" in prev.detail:
+        first = prev.detail["_reported"]
+        if "_reported" not in d.detail or first < d.detail["_reported"]:
+            d.detail["_reported"] = first
+    return d
+
+
 class SourceGapDetector:
     """Per log source (origin_host/origin_file): a silence of at least ``gap_min_minutes`` when the source's rate
     over the hour before predicts at least ``gap_min_expected`` lines is a ``pipeline_gap`` (scope
@@ -756,7 +775,8 @@ class TrafficDetector:
                 raise
             rt.cursor = until
             for d in dets:
-                self._outbox[d.id] = _Outgoing(d)
+                prev = self._outbox.get(d.id)
+                self._outbox[d.id] = _Outgoing(_first_report(prev.det if prev else None, d))
             for q in visits:
                 self._visits[q.det.id] = q
         for key, q in list(self._visits.items()):
@@ -846,9 +866,23 @@ class TrafficDetector:
         visits: list[_VisitorQuery] = []
         blocked: list[tuple[datetime, datetime]] = []
         if "site" in enabled:
-            for src, m, n in win.source_rows:
-                out.extend(rt.sources.update(src, m, n))
-            out.extend(rt.sources.tail(win.until, win.fresh))
+            # minute by minute, as live runs see it: at each minute, the sources silent up to it (a pipeline_gap
+            # opens gap_min_minutes into a silence, not when the lines come back).  Heartbeats are known at the
+            # evaluated time only; a source heartbeating then is taken as alive through a silence that lasts to
+            # it (a silence that ended earlier is still a gap, found when its lines came back).
+            src_rows = sorted(win.source_rows, key=lambda r: r[1])
+            i, m = 0, win.start
+            while m < win.until:
+                if rt.sources.recent:
+                    out.extend(_reported(rt.sources.tail(m, win.fresh), m - timedelta(minutes=1)))
+                while i < len(src_rows) and src_rows[i][1] <= m:
+                    src, sm, n = src_rows[i]
+                    out.extend(_reported(rt.sources.update(src, sm, n), sm))
+                    i += 1
+                m += timedelta(minutes=1)
+            for src, sm, n in src_rows[i:]:
+                out.extend(_reported(rt.sources.update(src, sm, n), sm))
+            out.extend(_reported(rt.sources.tail(win.until, win.fresh), win.until - timedelta(minutes=1)))
             last = win.until - timedelta(minutes=1)
             blocked = [(d.start, d.end or last) for d in out if d.kind == "pipeline_gap"]
             blocked += [(d.start, last) for d in rt.sources.open.values()]
@@ -858,14 +892,14 @@ class TrafficDetector:
 
         def feed_site(minute: datetime, value: float) -> None:
             if not any(lo <= minute <= hi for lo, hi in blocked):
-                out.extend(rt.seasonal.update(minute, value))
+                out.extend(_reported(rt.seasonal.update(minute, value), minute))
 
         err_frac = float(health["error_statuses_fraction"])
         gap_min = timedelta(minutes=int(health["gap_min_minutes"]))
         use_pv = health.get("metric", "pageviews") == "pageviews"
         for minute, req, err, tviews, pv in win.site_rows:
             if "site" in enabled:
-                out.extend(self._gap_check(rt, minute, health))
+                out.extend(_reported(self._gap_check(rt, minute, health), minute))
                 if rt.last_seen is not None and timedelta(minutes=1) < minute - rt.last_seen <= gap_min:
                     m = rt.last_seen + timedelta(minutes=1)  # a few minutes without rows = minutes with 0 requests
                     while m < minute:
@@ -876,7 +910,7 @@ class TrafficDetector:
                 feed_site(minute, ok * float(pv if use_pv else req))
             rt.last_seen = minute
             if "topic" in enabled:
-                for d in rt.topics.update(minute, win.topic_rows.get(minute, {}), int(tviews)):
+                for d in _reported(rt.topics.update(minute, win.topic_rows.get(minute, {}), int(tviews)), minute):
                     if d.peak_ts == minute:
                         q = self._visitor_query(rt, d, minute)
                         if q is not None:
@@ -896,11 +930,11 @@ class TrafficDetector:
                     rt.gap = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1), None,
                                        rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0, "pipeline_gap",
                                        {"reason": "no lines and no heartbeats"}, site=rt.name)
-                    out.append(rt.gap)
+                    out.extend(_reported([rt.gap], win.until - timedelta(minutes=1)))
         if "transfer" in enabled:
             for wend, lst in win.transfer:
                 for kind, rows in lst:
-                    out.extend(rt.transfer.update(kind, wend, rows))
+                    out.extend(_reported(rt.transfer.update(kind, wend, rows), wend))
                 rt.transfer_cursor = wend
         return out, visits
 
@@ -993,9 +1027,9 @@ def detect_history(store: Any, start: datetime, end: datetime, settings: Any = N
     for name in det._site_names(store):
         rt = det._site(store, name)
         for d in det._advance(store, rt, warm, _utc(end), _utc(end)):
-            latest[d.id] = d
+            latest[d.id] = _first_report(latest.get(d.id), d)
         for d in rt.seasonal.finish():
-            latest[d.id] = d
+            latest[d.id] = _first_report(latest.get(d.id), d)
     out_list = [d for d in latest.values() if d.end is None or _utc(d.end) >= _utc(start)]
     out_list.sort(key=lambda d: (d.start, d.kind, d.scope))
     if out_list:
