@@ -14,25 +14,38 @@ materialized views), so partial batches grow while they wait instead of queueing
    for the whole batch at once), each source's lines go through the pure
    :class:`~forumpulse.pipeline.process.Processor`; heartbeats update liveness; values that are not envelopes go
    to the dead-letter topic;
-2. the range is recorded in ``consumer_batches`` (migration 0002) — *before* any row is inserted;
+2. the range is recorded in ``consumer_batches`` (migrations 0002, 0004) with the partition's Kafka *topic ID*
+   — *before* any row is inserted;
 3. ``requests`` and ``quarantine`` are inserted as one block each with ``insert_deduplication_token =
-   fp1:<topic>:<partition>:<first>-<last>:<table>`` (ClickHouse deduplicates the block in the table and in every
-   materialized view fed by it);
-4. quarantined lines are also produced to the dead-letter topic (flushed), then the offset ``last+1`` is
-   committed synchronously; then detector hooks see the batch's ``stream`` table.
+   fp1:<topic>:<topic_id>:<partition>:<first>-<last>:<table>`` (ClickHouse deduplicates the block in the table
+   and in every materialized view fed by it);
+4. quarantined lines and bad envelopes are produced to the dead-letter topic and every one of them must be
+   acknowledged by the broker (delivery reports, not ``flush()``'s count); then the offset ``last+1`` is
+   committed synchronously; then detector hooks see the batch's ``stream`` table.  A dead letter the broker
+   refused (topic missing, message too large, not authorized, timed out) is produced again with backoff,
+   forever (counted in ``forumpulse_dead_letter_delivery_failures``, an error logged after
+   ``dead_letter_error_after`` attempts): a batch is never committed past an undelivered dead letter.
 
 Steps 2–3 run in one insert thread while the consumer thread polls and processes the next batch (one batch in
 flight; ``pipeline_inserts=False`` does them inline); step 4 of batch k happens before batch k+1 is submitted, so
 commits keep batch order, and a failed insert is retried by the consumer thread with the backoff below.
 
 After a crash (kill -9 at any point), a rebalance or a store outage, the next owner of the partition reads the
-recorded ranges at or after its committed offset and cuts its first batches at exactly those offsets: same
-blocks, same tokens, stored once.  Quarantine rows take ``ingested_at`` from the newest Kafka timestamp of the
-batch (not the wall clock), so a replayed block is identical.
+recorded ranges of the same topic ID at or after its committed offset and cuts its first batches at exactly
+those offsets: same blocks, same tokens, stored once.  The topic ID (Kafka's UUID of the topic, new whenever a
+topic is deleted and created again or the broker's data is wiped) keeps a recreated log, whose offsets restart
+at 0, from replaying the old log's ranges and tokens (its blocks would be dropped as duplicates).  Ranges of the
+same topic ID that lie beyond the partition's high watermark (a truncated log: unclean leader election, lost
+broker data) are refused: the partition is not loaded, an error is logged and
+``forumpulse_replay_plan_conflicts{action="refused"}`` counts it.  Ranges recorded before topic IDs (empty
+``topic_id``) are replayed with their old tokens only while they clearly belong to the current log.  Quarantine
+rows take ``ingested_at`` from the newest Kafka timestamp of the batch (not the wall clock), so a replayed block
+is identical.
 
 Guarantees: every message of the topic ends as exactly one row of ``requests`` or ``quarantine`` or one
 dead-letter message (bad envelope) or one heartbeat; rollups count each line once.  At-least-once (not exactly-
-once) for side channels: the dead-letter topic, ``pipeline_stats``, ``source_liveness.lines`` (approximate) and
+once) for side channels: the dead-letter topic (a replayed batch is dead-lettered again; match on
+``fp-source``), ``pipeline_stats``, ``source_liveness.lines`` (approximate) and
 detector hooks may see a replayed batch twice.
 
 Backpressure: a store error (server down, owner restarting, insert refused) pauses every assigned partition and
@@ -48,12 +61,17 @@ stalls its partitions.  On revocation buffered, uncommitted messages are dropped
 Limits (documented, not hidden): a consumer that is *frozen* (SIGSTOP, a debugger) past its session timeout and
 then resumes may insert one batch the new owner has cut differently (Kafka offers no fencing for an external
 store without transactions); kill -9 and crashes are safe.  Different consumer groups must not load the same
-topic into the same database.
+topic into the same database.  A topic deleted and created again while a consumer reads it: librdkafka keeps
+each partition's position; a new log shorter than that is read from its start (offsets go back: the partition
+starts over as a new log, counted in ``forumpulse_log_restarts``), but of a longer one the client skips the
+messages below the old position — stop the consumers before recreating a topic (a restarted consumer reads the
+new log from its start: the group's offsets are deleted with the topic).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -62,6 +80,7 @@ import signal
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -75,6 +94,7 @@ from forumpulse.pipeline.config import Settings, load_settings
 from forumpulse.pipeline.contracts import heartbeat_time_ms, split_values
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
 from forumpulse.pipeline.store import Store, StoreError, migrate, open_store
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 log = logging.getLogger("forumpulse.consumer")
 
@@ -82,6 +102,7 @@ BATCHES_SCHEMA = pa.schema([
     ("group_id", pa.string()), ("topic", pa.string()), ("partition", pa.uint32()),
     ("first_offset", pa.uint64()), ("last_offset", pa.uint64()), ("messages", pa.uint32()),
     ("instance", pa.string()), ("created_at", pa.timestamp("ms", tz="UTC")),
+    ("topic_id", pa.string()),  # migration 0004; "" = unknown (a broker without topic IDs, or rows from before)
 ])
 LIVENESS_SCHEMA = pa.schema([
     ("site", pa.string()), ("origin_host", pa.string()), ("origin_file", pa.string()),
@@ -127,6 +148,10 @@ class ConsumerOptions:
     stats_interval_s: float = 10.0
     liveness_interval_s: float = 2.0
     dead_letter_quarantined: bool = True
+    #: extra librdkafka settings of the dead-letter producer (e.g. ``message.timeout.ms``)
+    dead_letter_config: dict[str, Any] = field(default_factory=dict)
+    #: failed delivery attempts of one batch's dead letters before each further retry logs an error
+    dead_letter_error_after: int = 5
     #: insert batch k in a thread while batch k+1 is polled and processed (one batch in flight)
     pipeline_inserts: bool = True
     kafka_config: dict[str, Any] = field(default_factory=dict)
@@ -143,16 +168,19 @@ class ConsumerOptions:
 
 
 class _Revoked(Exception):
-    """The partition being flushed was revoked while we waited: abandon the batch (the next owner replays)."""
+    """The partition being flushed was revoked while we waited (or we are stopping while the batch cannot
+    finish): abandon the batch, uncommitted (the next owner replays it)."""
 
 
 class _Part:
-    __slots__ = ("first_seen", "msgs", "plan")
+    __slots__ = ("first_seen", "msgs", "plan", "topic_id")
 
     def __init__(self) -> None:
         self.msgs: list[Any] = []
-        self.plan: deque[tuple[int, int]] | None = None  # None = not loaded yet
+        #: recorded ranges to replay: (first, last, topic_id the range was recorded with); None = not loaded yet
+        self.plan: deque[tuple[int, int, str]] | None = None
         self.first_seen = 0.0
+        self.topic_id = ""  # the Kafka topic ID of the log being read (set with the plan)
 
 
 @dataclass(eq=False)
@@ -164,6 +192,7 @@ class _Batch:
     replay: bool
     first: int
     last: int
+    topic_id: str
     token: str
     t0: float
     intent: pa.Table | None = None
@@ -188,6 +217,73 @@ class _Batch:
 
 def _sql_str(s: str) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def batch_token(topic: str, topic_id: str, partition: int, first: int, last: int) -> str:
+    """The insert deduplication token of a batch (``:<table>`` is appended per table).
+
+    ``topic_id`` is the Kafka topic ID of the log the offsets belong to; ``""`` (ranges recorded before topic IDs,
+    a broker without them) gives the token those ranges were stored with."""
+    if topic_id:
+        return f"fp1:{topic}:{topic_id}:{partition}:{first}-{last}"
+    return f"fp1:{topic}:{partition}:{first}-{last}"
+
+
+class _ConsumerMetrics:
+    """Consumer metrics beyond :class:`PipelineMetrics`, in the same registry (created once per registry)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        p = "forumpulse_"
+        self.dlq_failures = Counter(
+            p + "dead_letter_delivery_failures",
+            "dead-letter messages the broker did not accept (error = librdkafka error name: topic missing, "
+            "message too large, not authorized, timed out); their batch stays uncommitted and they are produced "
+            "again", ["error"], registry=r)
+        self.dlq_waiting = Gauge(
+            p + "dead_letter_waiting",
+            "1 while a batch's offset commit waits for its dead-letter messages to be delivered (loading stalls)",
+            registry=r)
+        self.plan_conflicts = Counter(
+            p + "replay_plan_conflicts",
+            "recorded batch ranges that do not fit the partition's current log (beyond its high watermark, or "
+            "recorded without a topic ID for a log that was recreated); action=refused: the partition is not "
+            "loaded (log truncated, see the error log), action=ignored: ranges without a topic ID not replayed",
+            ["action"], registry=r)
+        self.log_restarts = Counter(
+            p + "log_restarts",
+            "times a partition's offsets went back while it was assigned (its log recreated or truncated under a "
+            "running consumer): what was read from the old log is dropped uncommitted and the new log is read "
+            "like a new assignment (topic ID asked again)", registry=r)
+        self.refused = Gauge(
+            p + "partitions_refused",
+            "assigned partitions not loaded because their recorded ranges lie beyond the log's end (log truncated)",
+            registry=r)
+
+
+_EXTRA_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, _ConsumerMetrics] = weakref.WeakKeyDictionary()
+_EXTRA_LOCK = threading.Lock()
+
+
+def _consumer_metrics(metrics: PipelineMetrics) -> _ConsumerMetrics:
+    with _EXTRA_LOCK:
+        m = _EXTRA_METRICS.get(metrics.registry)
+        if m is None:
+            m = _EXTRA_METRICS[metrics.registry] = _ConsumerMetrics(metrics.registry)
+        return m
+
+
+_PENDING: Any = object()  # a dead letter whose delivery report has not arrived yet
+
+
+def _delivery_report(results: list[Any], i: int, err: Any, _msg: Any) -> None:
+    results[i] = err
+
+
+def _error_name(err: Any) -> str:
+    try:
+        return str(err.name())
+    except Exception:
+        return type(err).__name__
 
 
 class LiveConsumer:
@@ -217,6 +313,7 @@ class LiveConsumer:
         self._flushing: tuple[str, int] | None = None
         self._flush_revoked = False
         self._next_offset: dict[tuple[str, int], int] = {}
+        self._seen: dict[tuple[str, int], int] = {}  # newest offset received per partition in this assignment
         self._liveness: dict[tuple[str, str, str], list[int]] = {}  # key -> [last_line_ms, last_hb_ms, lines]
         self._liveness_dirty: set[tuple[str, str, str]] = set()
         self._liveness_loaded = False
@@ -225,7 +322,15 @@ class LiveConsumer:
         self._producer: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: _Batch | None = None
+        self._admin: Any = None
+        self._topic_ids: dict[str, str] = {}
+        #: partitions whose batch was left uncommitted while stopping: nothing after it may be committed
+        self._abandoned: set[tuple[str, int]] = set()
+        #: partitions not loaded (recorded ranges beyond the log's end), with the reason
+        self._refused: dict[tuple[str, int], str] = {}
+        self.extra = _consumer_metrics(self.metrics)
         self.hook_errors = 0
+        self.dead_letter_failures = 0
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -259,16 +364,16 @@ class LiveConsumer:
         """Consume until :meth:`stop` (or, with ``idle_exit_s``, until caught up and idle that long).
 
         Returns the metrics summary.  On stop, full and timed-out batches are flushed and committed; a partial
-        replay batch is left for the next owner (it is not committed).
+        replay batch, and a batch whose store writes or dead letters keep failing, are left for the next owner
+        (not committed, nor anything after them in their partition).
         """
-        from confluent_kafka import Consumer, Producer
+        from confluent_kafka import Consumer
+        from confluent_kafka.admin import AdminClient
 
         self._consumer = Consumer(self._kafka_config())
+        self._admin = AdminClient(self._client_config())
         if self.opt.dead_letter_topic:
-            self._producer = Producer({"bootstrap.servers": self.opt.bootstrap_servers, "linger.ms": 20,
-                                       "compression.type": "lz4", "enable.idempotence": True,
-                                       **{k: v for k, v in self.opt.kafka_config.items() if k.startswith("security")
-                                          or k.startswith("sasl") or k.startswith("ssl")}})
+            self._producer = self._new_producer()
         self._consumer.subscribe([self.opt.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_revoke)
         next_stats = time.monotonic() + self.opt.stats_interval_s
@@ -302,11 +407,26 @@ class LiveConsumer:
                 self._pool.shutdown(wait=True)
                 self._pool = None
             self._inflight = None
+            refused = len(self._refused)  # closing revokes every partition
             with contextlib.suppress(Exception):
                 self._consumer.close()
             if self._producer is not None:
                 self._producer.flush(10)
-        return self.metrics.summary()
+            self.extra.dlq_waiting.set(0)
+        return {**self.metrics.summary(), "dead_letter_failures": self.dead_letter_failures,
+                "partitions_refused": refused}
+
+    def _client_config(self) -> dict[str, Any]:
+        """Connection settings shared by the dead-letter producer and the admin client (topic IDs)."""
+        return {"bootstrap.servers": self.opt.bootstrap_servers,
+                **{k: v for k, v in self.opt.kafka_config.items()
+                   if k.startswith("security") or k.startswith("sasl") or k.startswith("ssl")}}
+
+    def _new_producer(self) -> Any:
+        from confluent_kafka import Producer
+
+        return Producer({**self._client_config(), "linger.ms": 20, "compression.type": "lz4",
+                         "enable.idempotence": True, **self.opt.dead_letter_config})
 
     # ------------------------------------------------------------------------------------------ kafka side
 
@@ -339,25 +459,66 @@ class LiveConsumer:
         # each as one list slice (we subscribe to one topic: a run's first message names it)
         pn = np.fromiter((m.partition() for m in msgs), dtype=np.int64, count=len(msgs))
         cuts = [0, *(np.flatnonzero(pn[1:] != pn[:-1]) + 1).tolist(), len(msgs)]
+        added = 0
+        seen = self._seen
         for a, z in itertools.pairwise(cuts):
             if a == z:
                 continue
             key = (msgs[a].topic(), int(pn[a]))
+            # offsets only grow within an assignment (no seeks here): if they go back, the log was recreated
+            # (deleted and created again, broker data replaced) or truncated while we read it
+            last_off = msgs[z - 1].offset()
+            if msgs[a].offset() <= seen.get(key, -1) or last_off - msgs[a].offset() < z - a - 1:
+                a = self._log_restarted(key, msgs, a, z)
+            seen[key] = last_off
             p = parts.get(key)
             if p is None:  # a message for a partition we were not told about (should not happen): take it
                 p = parts[key] = _Part()
             if not p.msgs:
                 p.first_seen = now
             p.msgs.extend(msgs[a:z])
-        added = len(msgs)
+            added += z - a
         self._buffered += added
         self.metrics.set_buffered(self._buffered)
         self._pause_full()
 
+    def _log_restarted(self, key: tuple[str, int], msgs: list[Any], a: int, z: int) -> int:
+        """The partition's offsets went back at some message of ``msgs[a:z]``: its log was recreated or
+        truncated while assigned (librdkafka keeps the position across a topic deleted and created again; a
+        shorter new log is then read from its start).  What was read before is dropped and not committed (the
+        batch in flight included), and the partition starts over like a new assignment from the first message of
+        the new log: its topic ID asked again, its recorded ranges read and checked.  Returns that message's
+        index."""
+        prev = self._seen.get(key, -1)
+        i = a
+        while i < z and msgs[i].offset() > prev:
+            prev = msgs[i].offset()
+            i += 1
+        if i == z:  # cannot happen (offsets grew after all): nothing to do
+            return a
+        log.warning("%s/%s: offsets went back from %d to %d: the log was recreated (or truncated) while read; "
+                    "reading it as a new log (%d message(s) read from the old one not loaded)", key[0], key[1],
+                    prev, msgs[i].offset(), len(self._parts[key].msgs) if key in self._parts else 0)
+        self.extra.log_restarts.inc()
+        old = self._parts.get(key)
+        if old is not None:
+            self._buffered -= len(old.msgs)
+        self._parts[key] = _Part()
+        if self._inflight is not None and self._inflight.key == key:
+            self._inflight.revoked = True  # its offsets belong to the old log: not committed
+        if self._flushing == key:
+            self._flush_revoked = True
+        self._topic_ids.pop(key[0], None)
+        self._next_offset.pop(key, None)
+        self._abandoned.discard(key)
+        self._refused.pop(key, None)
+        self.extra.refused.set(len(self._refused))
+        return i
+
     def _cap(self, p: _Part) -> int:
         cap = self.opt.batch_lines
         if p.plan:
-            first, last = p.plan[0]
+            first, last, _tid = p.plan[0]
             cap = max(cap, last - first + 1)
         return cap
 
@@ -381,7 +542,7 @@ class LiveConsumer:
 
         if self._global_pause:
             return
-        ready = [k for k in self._paused if k in self._parts
+        ready = [k for k in self._paused if k in self._parts and k not in self._refused
                  and len(self._parts[k].msgs) < self._pause_at(self._parts[k])]
         ready += [k for k in self._paused if k not in self._parts]
         if ready:
@@ -412,7 +573,20 @@ class LiveConsumer:
             key = (tp.topic, tp.partition)
             self._parts[key] = _Part()
             self._paused.discard(key)
+            self._abandoned.discard(key)
+            self._refused.pop(key, None)
+            self._seen.pop(key, None)
+        self.extra.refused.set(len(self._refused))
         log.info("assigned %s", [f"{tp.topic}/{tp.partition}" for tp in partitions])
+        # the topic ID of the log we are about to read, asked before its first fetch (a topic deleted and created
+        # again later revokes and assigns the partitions again, which asks again); on failure it is asked (with
+        # retries) before the partition's first batch
+        for topic in {tp.topic for tp in partitions}:
+            self._topic_ids.pop(topic, None)
+            try:
+                self._topic_ids[topic] = self._describe_topic_id(topic, 5.0)
+            except Exception as exc:
+                log.warning("topic ID of %s not known yet (asked again before its first batch): %s", topic, exc)
         consumer.assign(partitions)
         if self._global_pause and partitions:  # the store is down: do not start fetching the new partitions
             self._paused.update((tp.topic, tp.partition) for tp in partitions)
@@ -435,8 +609,12 @@ class LiveConsumer:
                 self._buffered -= len(p.msgs)
             self._paused.discard(key)
             self._next_offset.pop(key, None)
+            self._abandoned.discard(key)
+            self._refused.pop(key, None)
+            self._seen.pop(key, None)
             if self._flushing == key:
                 self._flush_revoked = True
+        self.extra.refused.set(len(self._refused))
         self.metrics.set_buffered(self._buffered)
         log.info("revoked %s", [f"{tp.topic}/{tp.partition}" for tp in partitions])
 
@@ -470,23 +648,129 @@ class LiveConsumer:
 
     # ------------------------------------------------------------------------------------------ batching
 
+    def _describe_topic_id(self, topic: str, timeout: float) -> str:
+        """The Kafka topic ID of ``topic`` (base64, as Kafka prints it), or "" when the broker has none."""
+        from confluent_kafka import TopicCollection
+
+        if self._admin is None:
+            raise RuntimeError("no admin client (the consumer is not running)")
+        fut = self._admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic]
+        tid = fut.result(timeout + 5).topic_id
+        if tid is None or (tid.get_most_significant_bits() == 0 and tid.get_least_significant_bits() == 0):
+            return ""  # a broker older than topic IDs (Kafka < 2.8)
+        return str(tid)
+
+    def _topic_id(self, key: tuple[str, int]) -> str:
+        """The topic ID of the partition's log, asked (with retries) unless known since the assignment."""
+        from confluent_kafka import KafkaException
+
+        topic = key[0]
+        if topic not in self._topic_ids:
+            self._topic_ids[topic] = self._with_retry(lambda: self._describe_topic_id(topic, 10.0), key,
+                                                      errors=(KafkaException, TimeoutError),
+                                                      what="topic ID of " + topic)
+        return self._topic_ids[topic]
+
+    def _high_watermark(self, key: tuple[str, int]) -> int | None:
+        from confluent_kafka import TopicPartition
+
+        try:
+            _low, high = self._consumer.get_watermark_offsets(TopicPartition(*key), timeout=5.0, cached=False)
+        except Exception as exc:
+            log.warning("high watermark of %s/%s not known (%s): recorded ranges not checked against it", *key, exc)
+            return None
+        return int(high) if high >= 0 else None
+
     def _load_plan(self, key: tuple[str, int], p: _Part) -> None:
+        """Read the recorded ranges to replay (see the module docstring): those of this log's topic ID at or
+        after the first buffered offset, checked against the log's end; ranges recorded without a topic ID only
+        while they clearly belong to this log.  Raises _Revoked when the partition is refused."""
+        topic, partition = key
         start = p.msgs[0].offset()
-        sql = (
-            "SELECT first_offset, last_offset FROM consumer_batches FINAL WHERE group_id = "
-            f"{_sql_str(self.opt.group_id)} AND topic = {_sql_str(key[0])} AND partition = {key[1]} "
-            f"AND last_offset >= {start} ORDER BY first_offset"
-        )
         self._flushing = key
         self._flush_revoked = False
         try:
+            tid = self._topic_id(key)
+            sql = (
+                "SELECT first_offset, last_offset, topic_id FROM consumer_batches FINAL WHERE group_id = "
+                f"{_sql_str(self.opt.group_id)} AND topic = {_sql_str(topic)} AND partition = {partition} "
+                f"AND topic_id IN ({_sql_str(tid)}, '') AND last_offset >= {start} ORDER BY first_offset"
+            )
             rows = self._with_retry(lambda: self.store.query_rows(sql), key)
         finally:
             self._flushing = None
-        p.plan = deque((int(a), int(b)) for a, b in rows)
+        own = [(int(a), int(b), tid) for a, b, t in rows if t == tid]
+        legacy = [(int(a), int(b), "") for a, b, t in rows if t != tid]  # recorded before topic IDs
+        high = self._high_watermark(key) if rows else None
+        if high is not None:  # the log holds at least what we already read from it
+            high = max(high, p.msgs[-1].offset() + 1)
+        if own and high is not None and max(r[1] for r in own) >= high:
+            self._refuse(key, p, tid, max(r[1] for r in own), high)
+            raise _Revoked()
+        if legacy:
+            legacy = self._legacy_ranges(key, start, legacy, high, tid)
+            legacy = [r for r in legacy if not any(r[0] <= o[1] and o[0] <= r[1] for o in own)]
+        p.topic_id = tid
+        p.plan = deque(sorted(own + legacy))
         if p.plan:
-            log.info("replay plan for %s/%s from offset %d: %d batch(es) %s", key[0], key[1], start,
-                     len(p.plan), list(p.plan)[:5])
+            log.info("replay plan for %s/%s (topic ID %s) from offset %d: %d batch(es) %s", topic, partition,
+                     tid or "-", start, len(p.plan), [r[:2] for r in list(p.plan)[:5]])
+
+    def _legacy_ranges(self, key: tuple[str, int], start: int, legacy: list[tuple[int, int, str]],
+                       high: int | None, tid: str) -> list[tuple[int, int, str]]:
+        """Ranges recorded without a topic ID (before migration 0004), replayed with the tokens they were stored
+        with only when they belong to this log: the group's committed offset is where reading started (a
+        recreated topic loses its committed offsets) and every range ends below the log's end.  Otherwise they
+        are ignored: this log's batches carry its topic ID in their tokens and cannot collide with them."""
+        from confluent_kafka import TopicPartition
+
+        reason = None
+        last = max(r[1] for r in legacy)
+        if high is None:
+            reason = "the log's end offset is unknown"
+        elif last >= high:
+            reason = f"they reach offset {last}, beyond the log's end ({high})"
+        else:
+            try:
+                committed = int(self._consumer.committed([TopicPartition(*key)], timeout=10.0)[0].offset)
+            except Exception as exc:
+                committed, reason = -1, f"the committed offset is not known ({exc})"
+            if reason is None and committed != start:
+                reason = (f"reading started at offset {start}, not at a committed offset of the group "
+                          f"({committed if committed >= 0 else 'none'})")
+        if reason is None:
+            return legacy
+        self.extra.plan_conflicts.labels("ignored").inc(len(legacy))
+        log.warning("%s/%s: %d batch range(s) recorded without a topic ID are not replayed (topic recreated or "
+                    "broker data replaced?): %s; this log's batches carry its topic ID %s in their tokens",
+                    key[0], key[1], len(legacy), reason, tid)
+        return []
+
+    def _refuse(self, key: tuple[str, int], p: _Part, tid: str, last: int, high: int) -> None:
+        """Stop loading a partition whose recorded ranges reach beyond its log's end (see _load_plan)."""
+        from confluent_kafka import TopicPartition
+
+        topic, partition = key
+        reason = (
+            f"{topic}/{partition}: batches up to offset {last} were loaded from this log (topic ID {tid or '-'}, "
+            f"group {self.opt.group_id}), but the log now ends at offset {high}: it was truncated (unclean leader "
+            "election, lost broker data).  New messages at the offsets already loaded would reuse their insert "
+            "deduplication tokens and be dropped, so this partition is NOT loaded.  To load it anyway, delete the "
+            f"ranges at or beyond {high} (ALTER TABLE consumer_batches DELETE WHERE group_id = "
+            f"{_sql_str(self.opt.group_id)} AND topic = {_sql_str(topic)} AND partition = {partition} AND "
+            f"last_offset >= {high}) and restart the consumer; new batches that happen to cover exactly the same "
+            "offsets as a loaded one can still be dropped (recreating the topic avoids that)"
+        )
+        log.error("%s", reason)
+        self.extra.plan_conflicts.labels("refused").inc()
+        self._refused[key] = reason
+        self.extra.refused.set(len(self._refused))
+        self._buffered -= len(p.msgs)
+        p.msgs.clear()
+        self.metrics.set_buffered(self._buffered)
+        with contextlib.suppress(Exception):
+            self._consumer.pause([TopicPartition(topic, partition)])
+        self._paused.add(key)
 
     def _store_idle(self) -> bool:
         return self._inflight is None or self._inflight.future is None or self._inflight.future.done()
@@ -513,7 +797,7 @@ class LiveConsumer:
         while plan and plan[0][1] < first_off:
             plan.popleft()
         if plan:
-            pf, pl = plan[0]
+            pf, pl, _tid = plan[0]
             if pf > first_off:  # messages before the recorded range: a fresh batch that ends just before it
                 n = 0
                 while n < len(msgs) and msgs[n].offset() < pf:
@@ -546,6 +830,13 @@ class LiveConsumer:
                 p = self._parts.get(key)
                 if p is None or not p.msgs:
                     continue
+                if key in self._refused:  # not loaded (paused): drop what was fetched before the pause
+                    self._buffered -= len(p.msgs)
+                    p.msgs.clear()
+                    self.metrics.set_buffered(self._buffered)
+                    continue
+                if key in self._abandoned:  # a batch was left uncommitted (stopping): nothing after it
+                    continue
                 if p.plan is None:
                     try:
                         self._load_plan(key, p)
@@ -556,8 +847,10 @@ class LiveConsumer:
                     continue
                 n, replay = cut
                 batch = p.msgs[:n]
+                assert p.plan is not None
+                tid = p.plan[0][2] if replay else p.topic_id
                 try:
-                    self._flush(key, batch, replay)
+                    self._flush(key, batch, replay, tid)
                 except _Revoked:
                     log.info("partition %s/%s revoked during its batch: left for the next owner", *key)
                     continue
@@ -576,16 +869,19 @@ class LiveConsumer:
 
     # ------------------------------------------------------------------------------------------ one batch
 
-    def _with_retry(self, fn: Callable[[], Any], key: tuple[str, int] | None) -> Any:
+    def _with_retry(self, fn: Callable[[], Any], key: tuple[str, int] | None,
+                    errors: tuple[type[BaseException], ...] = (StoreError,), what: str = "store") -> Any:
         delay = self.opt.backoff_initial_s
         paused_here = False
         try:
             while True:
                 try:
                     return fn()
-                except StoreError as exc:
-                    self.metrics.record_store_error()
-                    log.warning("store error (retrying in %.1f s): %s", delay, str(exc).splitlines()[0][:300])
+                except errors as exc:
+                    if isinstance(exc, StoreError):
+                        self.metrics.record_store_error()
+                    log.warning("%s error (retrying in %.1f s): %s", what, delay,
+                                (str(exc).splitlines() or [repr(exc)])[0][:300])
                     if not paused_here:
                         self._pause_all()
                         paused_here = True
@@ -603,7 +899,7 @@ class LiveConsumer:
             if paused_here:
                 self._resume_all()
 
-    def _flush(self, key: tuple[str, int], msgs: list[Any], replay: bool) -> None:
+    def _flush(self, key: tuple[str, int], msgs: list[Any], replay: bool, topic_id: str) -> None:
         """Load one batch: process it here, then store it (in the insert thread, one batch in flight) and commit.
 
         The previous in-flight batch is finished (stored, dead letters flushed, committed) before this one is
@@ -611,9 +907,9 @@ class LiveConsumer:
         in that order (intent first).  Processing batch k+1 overlaps the insert of batch k."""
         t0 = time.perf_counter()
         part = self._parts.get(key)
-        b = self._prepare(key, msgs, replay, t0)
+        b = self._prepare(key, msgs, replay, t0, topic_id)
         self._finish_inflight()  # may poll (store retries): the partition may be revoked meanwhile
-        if self._parts.get(key) is not part:
+        if self._parts.get(key) is not part or key in self._abandoned or key in self._refused:
             raise _Revoked()
         if self._pool is None:
             self._finish(b, self._store_batch(b))
@@ -621,13 +917,15 @@ class LiveConsumer:
         self._inflight = b
         b.future = self._pool.submit(self._store_batch, b)
 
-    def _prepare(self, key: tuple[str, int], msgs: list[Any], replay: bool, t0: float) -> _Batch:
+    def _prepare(self, key: tuple[str, int], msgs: list[Any], replay: bool, t0: float,
+                 topic_id: str = "") -> _Batch:
         """The pure part of a batch: split envelopes by source, process each source's lines (no store I/O)."""
         from forumpulse.pipeline.process import SourceContext
 
         topic, partition = key
         first, last = msgs[0].offset(), msgs[-1].offset()
-        b = _Batch(key, msgs, replay, first, last, f"fp1:{topic}:{partition}:{first}-{last}", t0)
+        token = batch_token(topic, topic_id, partition, first, last)
+        b = _Batch(key, msgs, replay, first, last, topic_id, token, t0)
         values = [m.value() for m in msgs]
         tss = np.fromiter((m.timestamp()[1] for m in msgs), dtype=np.int64, count=len(msgs))
         batch_ts = max(0, int(tss.max()))
@@ -681,7 +979,7 @@ class LiveConsumer:
         b.intent = pa.Table.from_pylist([{
             "group_id": self.opt.group_id, "topic": topic, "partition": partition, "first_offset": first,
             "last_offset": last, "messages": len(msgs), "instance": self.instance,
-            "created_at": int(time.time() * 1000),
+            "created_at": int(time.time() * 1000), "topic_id": topic_id,
         }], schema=BATCHES_SCHEMA)
         b.requests = pa.concat_tables(req_parts) if req_parts else None
         b.quarantine = pa.concat_tables(q_parts) if q_parts else None
@@ -731,14 +1029,19 @@ class LiveConsumer:
                         raise e
 
                 self._with_retry(again, key)
-            if b.revoked:
+            if b.revoked or key in self._abandoned:
                 raise _Revoked()
             if b.dlq:
-                self._dead_letter(key, b.msgs, b.dlq)
+                self._dead_letter(b)
             self._commit(topic, partition, b.last)
             self._next_offset[key] = b.last + 1
         except _Revoked:
-            log.info("partition %s/%s revoked during its batch: left for the next owner", *key)
+            if self._flush_revoked or key not in self._parts:
+                log.info("partition %s/%s revoked during its batch: left for the next owner", *key)
+            else:  # stopping while the batch could not finish: no later batch of the partition may be committed
+                self._abandoned.add(key)
+                log.warning("%s/%s: batch %d-%d left uncommitted (stopping); the next run replays it", topic,
+                            partition, b.first, b.last)
             return
         finally:
             self._flushing = None
@@ -762,38 +1065,125 @@ class LiveConsumer:
                     self.hook_errors += 1
                     log.exception("stream hook %r failed", hook)
 
-    def _dead_letter(self, key: tuple[str, int], msgs: list[Any], items: list[tuple[int, str, str]]) -> None:
+    def _dead_letter(self, b: _Batch) -> None:
+        """Produce the batch's dead letters and return once the broker acknowledged every one of them.
+
+        ``flush()`` alone does not say that: a message the broker refused (topic missing, message too large, not
+        authorized, timed out) leaves the queue too.  Each message gets a delivery report; refused ones are
+        produced again with backoff, forever (an error is logged after ``dead_letter_error_after`` attempts),
+        while the consumer keeps polling (paused) to stay in the group.  Raises _Revoked when the partition is
+        revoked, or when stopping while a dead letter is undelivered: the batch then stays uncommitted."""
         if self._producer is None or not self.opt.dead_letter_topic:
             return
-        topic, partition = key
-        for j, reason, detail in items:
-            m = msgs[j]
+        topic, partition = b.key
+        todo: list[tuple[Any, Any, list[tuple[str, bytes]], str]] = []
+        for j, reason, detail in b.dlq:
+            m = b.msgs[j]
             headers = [("fp-reason", reason.encode()), ("fp-detail", detail.encode("utf-8", "replace")[:1000]),
                        ("fp-source", f"{topic}/{partition}/{m.offset()}".encode())]
+            todo.append((m.value(), m.key(), headers, reason))
+        delay = self.opt.backoff_initial_s
+        attempt = 0
+        paused = False
+        next_error_log = 0.0
+        try:
+            while True:
+                results = self._dlq_send(todo)
+                started = next_note = time.monotonic()
+                while any(r is _PENDING for r in results):
+                    self._producer.flush(0.2)  # serves the delivery reports
+                    now = time.monotonic()
+                    if now - started < 1.0:
+                        continue
+                    # slow (a topic the broker does not know is only given up after
+                    # topic.metadata.propagation.max.ms, 30 s): stay in the group, notice revocation and stop
+                    if not paused:
+                        self._pause_all()
+                        self.extra.dlq_waiting.set(1)
+                        paused = True
+                    self._poll(0)
+                    if self._flush_revoked:
+                        raise _Revoked()
+                    if self._stop.is_set() and now - started >= 5.0:
+                        log.warning("%s/%s: stopping with dead letters of batch %d-%d undelivered: left "
+                                    "uncommitted", topic, partition, b.first, b.last)
+                        raise _Revoked()
+                    if now >= next_note + 10:
+                        next_note = now
+                        log.warning("%s/%s: %d dead letter(s) of batch %d-%d not acknowledged after %.0f s "
+                                    "(the batch is not committed until they are)", topic, partition,
+                                    sum(r is _PENDING for r in results), b.first, b.last, now - started)
+                failed = []
+                for rec, err in zip(todo, results, strict=True):
+                    if err is None:
+                        self.metrics.record_dead_letter(rec[3])
+                    else:
+                        failed.append(rec)
+                        self.extra.dlq_failures.labels(_error_name(err)).inc()
+                if not failed:
+                    return
+                attempt += 1
+                self.dead_letter_failures += len(failed)
+                errors = sorted({str(err) for err in results if err is not None})
+                what = (f"{len(failed)} of {len(todo)} dead letter(s) of {topic}/{partition} batch "
+                        f"{b.first}-{b.last} not delivered to {self.opt.dead_letter_topic} (attempt {attempt}): "
+                        f"{'; '.join(errors)[:500]}")
+                now = time.monotonic()
+                if attempt < self.opt.dead_letter_error_after:
+                    log.warning("%s; retrying in %.1f s (the batch stays uncommitted)", what, delay)
+                elif now >= next_error_log:
+                    next_error_log = now + 30
+                    log.error("%s; the batch and every later one of the partition stay uncommitted and loading is "
+                              "stalled until the dead-letter topic accepts them (does it exist? message size, "
+                              "ACLs?); retrying every %.1f s", what, delay)
+                # a new producer for the next attempt: one that was told the topic does not exist refuses it
+                # until its next metadata refresh (minutes), and a fatal error ends a producer for good
+                with contextlib.suppress(Exception):
+                    self._producer.purge()
+                self._producer = self._new_producer()
+                if not paused:
+                    self._pause_all()
+                    self.extra.dlq_waiting.set(1)
+                    paused = True
+                deadline = time.monotonic() + delay
+                while time.monotonic() < deadline:
+                    self._poll(min(0.2, max(0.0, deadline - time.monotonic())))
+                    if self._flush_revoked:
+                        raise _Revoked()
+                    if self._stop.is_set():
+                        log.warning("%s/%s: stopping with dead letters of batch %d-%d undelivered: left "
+                                    "uncommitted", topic, partition, b.first, b.last)
+                        raise _Revoked()
+                delay = min(self.opt.backoff_max_s, delay * 2)
+                todo = failed
+        finally:
+            if paused:
+                self.extra.dlq_waiting.set(0)
+                self._resume_all()
+
+    def _dlq_send(self, todo: list[tuple[Any, Any, list[tuple[str, bytes]], str]]) -> list[Any]:
+        """Produce ``todo`` to the dead-letter topic; returns one slot per message, filled with its delivery
+        report's error (None = delivered) or, for a message refused at once, the exception's error."""
+        from confluent_kafka import KafkaException
+
+        results: list[Any] = [_PENDING] * len(todo)
+        for i, (value, mkey, headers, _reason) in enumerate(todo):
             while True:
                 try:
-                    self._producer.produce(self.opt.dead_letter_topic, value=m.value(), key=m.key(), headers=headers)
+                    self._producer.produce(self.opt.dead_letter_topic, value=value, key=mkey, headers=headers,
+                                           on_delivery=functools.partial(_delivery_report, results, i))
                     break
                 except BufferError:
                     self._producer.poll(0.1)
-            self.metrics.record_dead_letter(reason)
-        delay = self.opt.backoff_initial_s
-        while self._producer.flush(10) > 0:  # the DLQ must hold the lines before their offsets are committed
-            log.warning("dead-letter topic not reachable, retrying")
-            self._pause_all()
-            deadline = time.monotonic() + delay
-            while time.monotonic() < deadline:
-                self._poll(0.2)
-                if self._flush_revoked:
-                    self._resume_all()
-                    raise _Revoked()
-            delay = min(self.opt.backoff_max_s, delay * 2)
-        self._resume_all()
+                except KafkaException as exc:  # refused before sending (message too large, fatal error ...)
+                    results[i] = exc.args[0] if exc.args else exc
+                    break
+        return results
 
     def _commit(self, topic: str, partition: int, last: int) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
-        if self._flush_revoked:
+        if self._flush_revoked or (topic, partition) in self._abandoned:
             raise _Revoked()
         try:
             self._consumer.commit(offsets=[TopicPartition(topic, partition, last + 1)], asynchronous=False)

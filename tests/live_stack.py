@@ -334,3 +334,20 @@ def kafka_fn_fixture(tmp_path: Path) -> Iterator[Broker]:
     """A broker of its own for one test (outage tests stop/start it)."""
     with kafka_broker(tmp_path / "kafka") as broker:
         yield broker
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+    """The offsets ``group`` committed on partitions ``0..partitions-1`` of ``topic`` (negative: none)."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        for _ in range(30):  # a fresh broker answers NOT_COORDINATOR while it loads its offsets topic
+            try:
+                return [tp.offset for tp in c.committed([TopicPartition(topic, p) for p in range(partitions)],
+                                                        timeout=15)]
+            except KafkaException:
+                time.sleep(0.5)
+        raise AssertionError(f"committed offsets of {group} not readable")
+    finally:
+        c.close()

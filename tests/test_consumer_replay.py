@@ -2,6 +2,10 @@
 
 * a crash between the ``requests`` insert and the commit, then a restart with a *different* batch size: the
   recorded ranges make the replay cut identical batches, so every table is exact;
+* the topic deleted and created again (offsets restart at 0, new topic ID): every new line at a reused offset is
+  loaded — recorded ranges and tokens of the old log are not reused (also for ranges recorded without a topic
+  ID, as before migration 0004); ranges without a topic ID of the *current* log (an upgrade after a crash) are
+  still replayed exactly; ranges of the current topic ID beyond the log's end (a truncated log) are refused;
 * liveness: a source with old lines but fresh heartbeats is ``silent``, one with neither is ``dead``, one with
   fresh lines is ``live`` (Kafka message timestamps drive it);
 * the envelope contract (split/build round trip, refusals).
@@ -9,6 +13,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +31,9 @@ from forumpulse.pipeline.contracts import (
 from forumpulse.pipeline.store import Store
 from hypothesis import given
 from hypothesis import strategies as st
-from live_stack import Broker, kafka_broker
+from live_stack import Broker, committed_offsets, kafka_broker, wait_until
 from test_live_support import (
+    Msg,
     assert_same_as_reference,
     create_topics,
     make_line,
@@ -126,6 +132,191 @@ def test_silent_source_with_heartbeats_vs_dead_source(broker: Broker, store: Sto
     states = {s.origin_host: s.state for s in source_status(store, now=now_ms / 1000, quiet_after_s=300,
                                                              heartbeat_timeout_s=120)}
     assert states == {"web-quiet": "silent", "web-gone": "dead", "web-busy": "live"}
+
+
+# ------------------------------------------------------------------------------------------------ recreated logs
+
+
+class WithoutTopicIds(LiveConsumer):
+    """The consumer as it was before migration 0004: ranges recorded without a topic ID, tokens
+    ``fp1:<topic>:<partition>:<first>-<last>`` (what it does against a broker that has no topic IDs)."""
+
+    def _describe_topic_id(self, topic: str, timeout: float) -> str:
+        return ""
+
+
+def _admin(broker: Broker) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": broker.bootstrap})
+
+
+def _topic_id(broker: Broker, topic: str) -> str:
+    from confluent_kafka import TopicCollection
+
+    admin = _admin(broker)  # kept alive until the answer arrives
+    return str(admin.describe_topics(TopicCollection([topic]))[topic].result(30).topic_id)
+
+
+def _recreate(broker: Broker, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again (offsets restart at 0, a new topic ID)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    admin = _admin(broker)
+    admin.delete_topics([topic])[topic].result(30)
+    wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, 30, what=f"{topic} deleted")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+            break
+        except KafkaException:  # the deletion is still being completed
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    wait_until(lambda: topic in admin.list_topics(timeout=10).topics, 30, what=f"{topic} created")
+
+
+def _run_bounded(c: LiveConsumer, timeout_s: float = 120, **kw: Any) -> dict[str, Any]:
+    """``c.run(**kw)``, stopped (and failed) when it has not returned after ``timeout_s`` (e.g. a consumer waiting
+    forever for the rest of a recorded range the log does not hold)."""
+    res: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            res["summary"] = c.run(**kw)
+        except BaseException as exc:  # re-raised below
+            res["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        c.stop()
+        t.join(60)
+        pytest.fail(f"the consumer did not finish within {timeout_s} s")
+    if "error" in res:
+        raise res["error"]
+    return dict(res["summary"])
+
+
+def _committed(broker: Broker, group: str, topic: str, partitions: int) -> list[int]:
+    return committed_offsets(broker.bootstrap, group, topic, partitions)
+
+
+@pytest.mark.parametrize("old_ranges", ["with_topic_id", "without_topic_id"])
+def test_recreated_topic_loads_every_new_line_at_reused_offsets(broker: Broker, store: Store, settings: Settings,
+                                                                chdb_path: Path, old_ranges: str) -> None:
+    topic = f"recreate.{old_ranges}.raw"
+    create_topics(broker.bootstrap, 2, topic, f"recreate.{old_ranges}.dlq")
+    first = list(stream(10_000, seed=21))
+    produce(broker.bootstrap, topic, first)
+    cls = LiveConsumer if old_ranges == "with_topic_id" else WithoutTopicIds
+    _run_bounded(cls(settings, store, _opts(broker, topic, 2000, "rc1")), idle_exit_s=1.5)
+    old_id = _topic_id(broker, topic)
+    recorded = store.query_rows(f"SELECT count(), max(last_offset) FROM consumer_batches WHERE topic = '{topic}'")[0]
+    assert recorded[0] >= 5
+
+    _recreate(broker, topic, 2)
+    new_id = _topic_id(broker, topic)
+    assert new_id != old_id
+    # more lines than before: every offset the old log's ranges recorded is reused by a new line
+    second = list(stream(16_000, seed=22))
+    produce(broker.bootstrap, topic, second)
+    summary = _run_bounded(LiveConsumer(settings, store, _opts(broker, topic, 2000, "rc1")), idle_exit_s=1.5)
+    diff = reference_diff(store, chdb_path, settings, first + second)
+    assert_same_as_reference(diff)
+    assert summary["replayed_batches"] == 0 and summary["lag"] == 0
+    # the new log's ranges carry its topic ID and tile each partition from 0
+    rows = store.query_rows("SELECT partition, first_offset, last_offset FROM consumer_batches FINAL "
+                            f"WHERE topic = '{topic}' AND topic_id = '{new_id}' ORDER BY partition, first_offset")
+    ends: dict[int, int] = {}
+    for part, a, b in rows:
+        assert a == ends.get(part, 0), (part, a, ends)
+        ends[part] = b + 1
+    assert sum(ends.values()) == len(second)
+
+
+def test_topic_recreated_under_a_running_consumer_is_read_as_a_new_log(broker: Broker, store: Store,
+                                                                         settings: Settings, chdb_path: Path) -> None:
+    topic = "rerun.raw"
+    create_topics(broker.bootstrap, 2, topic, "rerun.dlq")
+    first = list(stream(8000, seed=25))
+    produce(broker.bootstrap, topic, first)
+    c = LiveConsumer(settings, store, _opts(broker, topic, 500, "rr1"))
+    res: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: res.update(summary=c.run()), daemon=True)
+    t.start()
+    try:
+        ends = [hi for _lo, hi in broker.watermarks(topic).values()]
+        wait_until(lambda: _committed(broker, f"g-{topic}", topic, 2) == ends, 60, what="the first log loaded")
+        _recreate(broker, topic, 2)
+        # a shorter log: librdkafka, still at the old log's end, falls back to the new log's start (offsets go
+        # back); cut in full batches from 0 like the old log, so stale tokens would collide block for block
+        second = list(stream(2400, seed=26))
+        produce(broker.bootstrap, topic, second)
+        new_ends = [hi for _lo, hi in broker.watermarks(topic).values()]
+        assert all(n < o for n, o in zip(new_ends, ends, strict=True))
+        wait_until(lambda: _committed(broker, f"g-{topic}", topic, 2) == new_ends, 90, what="the new log loaded")
+    finally:
+        c.stop()
+        t.join(60)
+    assert_same_as_reference(reference_diff(store, chdb_path, settings, first + second))
+    assert c.metrics.registry.get_sample_value("forumpulse_log_restarts_total") >= 1
+
+
+def test_ranges_without_topic_id_of_the_current_log_replay_exactly_after_an_upgrade(
+        broker: Broker, store: Store, settings: Settings, chdb_path: Path) -> None:
+    topic = "upgrade.raw"
+    create_topics(broker.bootstrap, 1, topic, "upgrade.dlq")
+    msgs = list(stream(16_000, seed=23))
+    produce(broker.bootstrap, topic, msgs)
+    # the consumer before topic IDs crashes between the insert of its 3rd batch and its commit ...
+    c1 = WithoutTopicIds(settings, CrashAfterRequests(store, crash_at=3), _opts(broker, topic, 4000, "u1"))  # type: ignore[arg-type]
+    with pytest.raises(Crash):
+        c1.run(idle_exit_s=2)
+    assert _committed(broker, f"g-{topic}", topic, 1) == [8000]
+    # ... and the upgraded one replays that range with the token it was stored with (whatever its batch size)
+    summary = _run_bounded(LiveConsumer(settings, store, _opts(broker, topic, 2500, "u1")), idle_exit_s=1.5)
+    assert summary["replayed_batches"] == 1
+    assert_same_as_reference(reference_diff(store, chdb_path, settings, msgs))
+
+
+def test_ranges_beyond_the_end_of_the_log_are_refused(broker: Broker, store: Store, settings: Settings,
+                                                     chdb_path: Path) -> None:
+    import pyarrow as pa
+    from forumpulse.pipeline.consumer import BATCHES_SCHEMA
+
+    topic = "truncated.raw"
+    create_topics(broker.bootstrap, 2, topic, "truncated.dlq")
+    msgs = list(stream(6000, seed=24))
+    produce(broker.bootstrap, topic, msgs)
+    # as if batches up to offset 99 999 had been loaded from partition 0 of this very log, which has since lost them
+    store.insert("consumer_batches", pa.Table.from_pylist([{
+        "group_id": f"g-{topic}", "topic": topic, "partition": 0, "first_offset": 0, "last_offset": 99_999,
+        "messages": 100_000, "instance": "earlier", "created_at": int(time.time() * 1000),
+        "topic_id": _topic_id(broker, topic)}], schema=BATCHES_SCHEMA))
+    c = LiveConsumer(settings, store, _opts(broker, topic, 2000, "t1"))
+    res: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: res.update(summary=c.run()), daemon=True)
+    t.start()
+    try:
+        high = broker.watermarks(topic)
+        wait_until(lambda: _committed(broker, f"g-{topic}", topic, 2)[1] == high[1][1], 60,
+                   what="partition 1 loaded")
+        wait_until(lambda: (topic, 0) in c._refused, 30, what="partition 0 refused")
+        reason = c._refused[(topic, 0)]
+        assert c.metrics.registry.get_sample_value("forumpulse_partitions_refused") == 1
+    finally:
+        c.stop()
+        t.join(60)
+    assert res["summary"]["partitions_refused"] == 1
+    assert "truncated" in reason and "NOT loaded" in reason
+    assert c.metrics.registry.get_sample_value("forumpulse_replay_plan_conflicts_total", {"action": "refused"}) == 1
+    assert _committed(broker, f"g-{topic}", topic, 2)[0] == -1001  # nothing of partition 0 loaded or committed
+    p1 = [Msg(m.key, m.value) for m in broker.read_all(topic) if m.partition == 1]
+    assert_same_as_reference(reference_diff(store, chdb_path, settings, p1))
 
 
 # ------------------------------------------------------------------------------------------------ envelope

@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS forumpulse.requests_local ON CLUSTER forum_cluster
     client        String ALIAS if(client_host != '', client_host, replaceRegexpOne(toString(client_ip), '^::ffff:', ''))
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/requests_local', '{replica}')
-PARTITION BY toYYYYMM(ts)
+PARTITION BY toYYYYMMDD(ts)
 ORDER BY (site, toStartOfDay(ts), page_kind, topic_id, ts)
 TTL toDateTime(ts) + INTERVAL 90 DAY;
 
@@ -453,5 +453,69 @@ SELECT
     uniqMergeState(clients) AS clients
 FROM forumpulse.prefix_minute_local
 GROUP BY site, hour, prefix, prefix_len;
+
+ALTER TABLE forumpulse.consumer_batches_local ON CLUSTER forum_cluster ADD COLUMN IF NOT EXISTS topic_id LowCardinality(String) DEFAULT '';
+
+ALTER TABLE forumpulse.consumer_batches ON CLUSTER forum_cluster ADD COLUMN IF NOT EXISTS topic_id LowCardinality(String) DEFAULT '';
+
+DROP VIEW IF EXISTS forumpulse.site_minute_mv ON CLUSTER forum_cluster;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS forumpulse.site_minute_mv ON CLUSTER forum_cluster TO forumpulse.site_minute_local AS
+SELECT
+    site,
+    toStartOfMinute(ts) AS minute,
+    count() AS requests,
+    sum(bytes) AS bytes,
+    countIf(NOT is_bot AND NOT is_static) AS pageviews,
+    countIf(NOT is_bot AND page_kind = 'topic_view') AS topic_views,
+    countIf(NOT is_bot AND page_kind = 'reply') AS replies,
+    countIf(is_bot) AS bot_requests,
+    countIf(is_static) AS static_requests,
+    countIf(status >= 100 AND status < 200) AS status_1xx,
+    countIf(status >= 200 AND status < 300) AS status_2xx,
+    countIf(status >= 300 AND status < 400) AS status_3xx,
+    countIf(status >= 400 AND status < 500) AS status_4xx,
+    countIf(status >= 500) AS status_5xx,
+    countIf(status < 100) AS status_none,
+    sum(ifNull(elapsed_ms, 0)) AS elapsed_sum_ms,
+    countIf(elapsed_ms IS NOT NULL) AS elapsed_count,
+    uniqStateIf(if(client_host = '', client_ip,
+                   CAST(bitOr(bitShiftLeft(toUInt128(0xfd68), 112), toUInt128(cityHash64(client_host))) AS IPv6)),
+                NOT is_bot) AS visitors
+FROM forumpulse.requests_local
+GROUP BY site, minute;
+
+DROP VIEW IF EXISTS forumpulse.topic_minute_mv ON CLUSTER forum_cluster;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS forumpulse.topic_minute_mv ON CLUSTER forum_cluster TO forumpulse.topic_minute_local AS
+SELECT
+    site,
+    topic_id,
+    toStartOfMinute(ts) AS minute,
+    countIf(NOT is_bot AND page_kind = 'topic_view') AS views,
+    countIf(NOT is_bot AND page_kind = 'reply') AS replies,
+    countIf(is_bot AND page_kind = 'topic_view') AS bot_views,
+    uniqStateIf(if(client_host = '', client_ip,
+                   CAST(bitOr(bitShiftLeft(toUInt128(0xfd68), 112), toUInt128(cityHash64(client_host))) AS IPv6)),
+                NOT is_bot) AS visitors
+FROM forumpulse.requests_local
+WHERE topic_id != 0
+GROUP BY site, topic_id, minute;
+
+DROP VIEW IF EXISTS forumpulse.client_minute_mv ON CLUSTER forum_cluster;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS forumpulse.client_minute_mv ON CLUSTER forum_cluster TO forumpulse.client_minute_local AS
+SELECT
+    site,
+    toStartOfMinute(ts) AS minute,
+    if(client_host = '', client_ip,
+       CAST(bitOr(bitShiftLeft(toUInt128(0xfd68), 112), toUInt128(cityHash64(client_host))) AS IPv6)) AS client_ip,
+    count() AS requests,
+    sum(bytes) AS bytes,
+    countIf(status >= 400 AND status < 500) AS status_4xx,
+    countIf(status >= 500) AS status_5xx,
+    countIf(is_bot) AS bot_requests
+FROM forumpulse.requests_local
+GROUP BY site, minute, client_ip;
 
 CREATE TABLE IF NOT EXISTS forumpulse.schema_migrations ON CLUSTER forum_cluster (version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/schema_migrations', '{replica}') ORDER BY version;

@@ -1,0 +1,11 @@
+-- forumpulse schema, migration 0004: the Kafka topic ID of every recorded consumer batch.
+--
+-- Kafka offsets restart at 0 when a topic is deleted and created again, or when the broker's data folder is
+-- wiped while the store is kept.  Ranges recorded for the old log would then make the consumer cut the new log's
+-- batches at the same offsets with the same insert_deduplication_token, and the store would drop up to 1000
+-- blocks per table as duplicates.  The topic ID (Kafka's UUID of a topic, new for every created topic) tells the
+-- logs apart: the consumer records it here, puts it in its tokens (fp1:<topic>:<topic_id>:<partition>:<first>-<last>)
+-- and replays only the ranges of the log it reads.  Rows recorded before this migration keep topic_id = '' (their
+-- tokens had no topic ID); the consumer replays them only while they clearly belong to the current log.
+-- Adding a column with a constant default only changes metadata (old parts read the default).
+ALTER TABLE consumer_batches ADD COLUMN IF NOT EXISTS topic_id LowCardinality(String) DEFAULT '';
