@@ -39,6 +39,7 @@ from forumpulse.pipeline.owner import Owner
 from forumpulse.pipeline.process import Processor, SourceContext
 from forumpulse.pipeline.store import Store, migrate, open_store
 from live_stack import Broker, kafka_broker, wait_until
+from table_rows import forum_requests
 from test_live_support import Msg, produce
 
 pytestmark = [pytest.mark.kafka]
@@ -261,15 +262,7 @@ def _site_requests(site: str, now: datetime, outage_minutes: int) -> pa.Table:
     n = len(idx)
     ts = int(start.timestamp() * 1000) + idx * 60_000 + rng.integers(0, 60_000, n)
     status = np.where(idx >= minutes - outage_minutes, 503, 200)
-    return pa.table({
-        "ts": pa.array(ts, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-        "site": [site] * n, "origin_host": ["web1"] * n, "origin_file": ["access.log"] * n,
-        "source_format": ["combined"] * n,
-        "client_ip": [f"::ffff:10.1.{(i >> 8) & 255}.{i & 255}" for i in rng.integers(0, 5000, n)],
-        "method": ["GET"] * n, "url": ["/index.php"] * n, "path": ["/index.php"] * n,
-        "status": pa.array(status, pa.uint16()), "bytes": pa.array(rng.integers(500, 9000, n), pa.uint64()),
-        "page_kind": ["forum"] * n, "is_static": [False] * n, "is_bot": [False] * n,
-    })
+    return forum_requests(site, ts, status, rng)
 
 
 def test_traffic_service_writes_detections_and_events(broker: Broker, chdb_path: Path, settings: Settings) -> None:

@@ -15,6 +15,7 @@ from forumpulse.detectors.series import Detection
 from forumpulse.detectors.traffic import LIVE_CLOCK_SKEW_S, TrafficDetector, TrafficRunError, detect_history
 from forumpulse.pipeline.config import Settings, SiteConfig
 from forumpulse.pipeline.store import Store, StoreError
+from table_rows import forum_requests
 
 DAY0 = datetime(2026, 3, 9, tzinfo=UTC)  # a Monday
 
@@ -30,15 +31,7 @@ def _requests(site: str, end: datetime, down: list[tuple[datetime, datetime]], s
     status = np.full(n, 200)
     for lo, hi in down:
         status[(ts >= lo.timestamp() * 1000) & (ts < hi.timestamp() * 1000)] = 503
-    return pa.table({
-        "ts": pa.array(ts, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-        "site": [site] * n, "origin_host": ["web1"] * n, "origin_file": ["access.log"] * n,
-        "source_format": ["combined"] * n,
-        "client_ip": [f"::ffff:10.1.{(i >> 8) & 255}.{i & 255}" for i in rng.integers(0, 5000, n)],
-        "method": ["GET"] * n, "url": ["/index.php"] * n, "path": ["/index.php"] * n,
-        "status": pa.array(status, pa.uint16()), "bytes": pa.array(rng.integers(500, 9000, n), pa.uint64()),
-        "page_kind": ["forum"] * n, "is_static": [False] * n, "is_bot": [False] * n,
-    })
+    return forum_requests(site, ts, status, rng)
 
 
 def _heartbeat(store: Store, site: str, hb: datetime) -> None:
