@@ -86,10 +86,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
+import typer
 from forumpulse.pipeline.config import Settings, load_settings
 from forumpulse.pipeline.contracts import heartbeat_time_ms, split_values
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
@@ -1325,26 +1326,39 @@ def open_store_waiting(url: str, stop: threading.Event, database: str | None = N
 
 
 def consume_command(
-    config: Path | None = None,
-    store: str | None = None,
-    bootstrap: str | None = None,
-    topic: str | None = None,
-    dead_letter_topic: str | None = None,
-    group: str | None = None,
-    instance_id: str | None = None,
-    batch_lines: int | None = None,
-    max_wait: float | None = None,
-    metrics_port: int | None = None,
-    idle_exit: float | None = None,
-    no_dead_letter: bool = False,
+    config: Annotated[Path | None, typer.Option(help="YAML configuration file (default: $FORUMPULSE_CONFIG, else "
+                                                "built-in defaults)")] = None,
+    store: Annotated[str | None, typer.Option(help="chdb:PATH (this process owns it) or clickhouse://... (a "
+                                              "server or the owner's endpoint; waited for while unavailable)")]
+    = None,
+    bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: from the "
+                                                  "configuration)")] = None,
+    topic: Annotated[str | None, typer.Option(help="topic to load (default weblogs.raw)")] = None,
+    dead_letter_topic: Annotated[str | None, typer.Option(help="topic for bad envelopes and quarantined lines "
+                                                          "(default weblogs.raw.dlq)")] = None,
+    group: Annotated[str | None, typer.Option(help="consumer group (default forumpulse-loader); run several "
+                                              "consumers in one group to share the partitions")] = None,
+    instance_id: Annotated[str | None, typer.Option(help="static group member id, Kafka group.instance.id (a "
+                                                    "restart within the session timeout keeps its partitions)")]
+    = None,
+    batch_lines: Annotated[int | None, typer.Option(help="lines per partition batch (one insert each)")] = None,
+    max_wait: Annotated[float | None, typer.Option(help="seconds a partial batch may wait before it is loaded "
+                                                   "(freshness)")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus /metrics on this port")] = None,
+    idle_exit: Annotated[float | None, typer.Option(help="stop once caught up and idle for this many seconds "
+                                                    "(batch loads, tests)")] = None,
+    dead_letter: Annotated[bool, typer.Option("--dead-letter/--no-dead-letter",
+                                              help="send bad envelopes and quarantined lines to the dead-letter "
+                                                   "topic; without it quarantined lines are only in the quarantine "
+                                                   "table and messages that are not envelopes are not kept")] = True,
 ) -> None:
-    """``forumpulse consume``: load Kafka ``weblogs.raw`` into the store until SIGTERM/SIGINT.
+    """Load Kafka weblogs.raw into the store until SIGTERM/SIGINT, exactly once in effect: every line becomes a
+    row of `requests` or `quarantine` once, rollups included, through crashes, restarts and rebalances.
 
-    Typer-compatible (plain defaults; the integrator registers it with ``app.command("consume")``).  Prints one
-    JSON summary line on exit.  ``--idle-exit S`` stops once caught up and idle for S seconds (batch loads,
-    tests).  The store may be ``chdb:PATH`` (this process owns it) or ``clickhouse://…`` (a server or the
-    owner's endpoint; waits while it is unavailable).
+    Offsets are committed only after the insert (and the dead letters) succeeded; a replay after a crash cuts
+    the same batches and is deduplicated by the store.  Prints one JSON summary line on exit.
     """
+    no_dead_letter = not dead_letter
     logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from forumpulse.pipeline.runtime import use_jemalloc
