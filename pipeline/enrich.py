@@ -153,6 +153,9 @@ class TopicRuleModel(_M):
             kind, _, key = s.partition(":")
             if not ((kind in ("path", "raw_query", "referer") and not key) or (kind in ("query", "post_map") and key)):
                 raise ValueError(f"unknown topic source {s!r} (path, raw_query, query:KEY, post_map:KEY, referer)")
+        if "referer" in v[:-1]:
+            raise ValueError("topic source 'referer' must come last (it always answers, so later sources would "
+                             "never be tried)")
         return v
 
 
@@ -329,7 +332,9 @@ class TopicRules:
 
     def topic_from_referer(self, rules: Sequence[Rule], referer: str | None) -> int | None:
         """The topic of the page a request came from: the referer's path and query classified as a ``GET``, kept
-        when that page is a topic view or reply with a topic (another site's page, a forum list: ``None``)."""
+        when that page is a topic view or reply with a topic (a forum list, a search engine: ``None``).  The
+        referer's host is not checked: a topic-shaped path on another host counts too (browsers send a
+        cross-site referer for a POST only from a page that posts to this forum)."""
         if not referer or referer == "-":
             return None
         rest = referer

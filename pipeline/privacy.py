@@ -33,7 +33,8 @@ Guarantees
   what the mode promises to hide).  ``None`` in, ``None`` out.
 * :meth:`Privacy.store_host` does the same for a hostname client (old CLF logs, ``client_host``): ``keep`` stores
   it as given; ``truncate`` keeps only its last two labels, the domain (``dialup-42.isp.example.net`` ->
-  ``example.net``; a name of one label -> ``None``), as a network prefix keeps only the network; ``pseudonymize``
+  ``example.net``; a name of one or two labels, which names a host rather than a network, -> ``None``), as a
+  network prefix keeps only the network; ``pseudonymize``
   stores ``anon-`` + 16 hex digits of HMAC-SHA256(key, name) (case-folded), stable for one key.
 
 Misuse: ``client_ip: pseudonymize`` without ``pseudonym_key`` raises :class:`ValueError` at construction (never
@@ -189,7 +190,7 @@ class Privacy:
             return host
         if self.mode == "truncate":
             labels = [x for x in host.rstrip(".").split(".") if x]
-            return ".".join(labels[-2:]).lower() if len(labels) >= 2 else None
+            return ".".join(labels[-2:]).lower() if len(labels) >= 3 else None
         return "anon-" + hmac.new(self._key, b"hostname" + host.lower().encode(), hashlib.sha256).hexdigest()[:16]
 
     @staticmethod

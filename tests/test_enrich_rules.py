@@ -184,6 +184,8 @@ def test_bad_post_map_names_line(tmp_path: Path) -> None:
     ("version: 1\nrules:\n  - {id: a, engine: e, page_kind: other}\n  - {id: a, engine: e, page_kind: api}\n",
      "duplicate rule id"),
     ("version: 1\nrules:\n  - {id: a, engine: e, page_kind: other, topic: ['cookie:x']}\n", "unknown topic source"),
+    ("version: 1\nrules:\n  - {id: a, engine: e, page_kind: reply, topic: [referer, 'query:t']}\n",
+     "must come last"),
     ("version: 1\nrules:\n  - {id: a, engine: e, path: 'x', page_kind: other, topic: [path]}\n",
      "needs a \\(\\?P<topic>"),
     ("version: 1\nrules:\n  - {id: a, engine: e, page_kind: other, colour: red}\n", "colour"),

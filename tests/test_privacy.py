@@ -148,7 +148,8 @@ def test_store_host_per_mode() -> None:
     assert P.store_host("dialup-42.isp.example.net") == "dialup-42.isp.example.net"
     t = Privacy(PrivacyConfig(client_ip="truncate"))
     assert t.store_host("dialup-42.isp.Example.NET") == "example.net"
-    assert t.store_host("example.net.") == "example.net"
+    assert t.store_host("ppp7.example.net.") == "example.net"
+    assert t.store_host("alice-pc.lan") is None  # two labels name a host, not a network
     assert t.store_host("localhost") is None and t.store_host(None) is None
     a, b = _pseudo("key-one"), _pseudo("key-two")
     out = a.store_host("dialup-42.example.net")
