@@ -548,6 +548,10 @@ class SourceGapDetector:
         self.site = site
         self.recent: dict[str, deque[tuple[datetime, int]]] = {}
         self.open: dict[str, Detection] = {}
+        # the first minute at which :meth:`tail` can open a gap for each source (its last line fixes it), and the
+        # earliest of them: a history run calls ``tail`` every minute, and must not rescan every source each time
+        self._due: dict[str, datetime] = {}
+        self.next_due = datetime.min.replace(tzinfo=UTC)
 
     def _expected(self, src: str, last: datetime, silent: int) -> float:
         hist = [n for m, n in self.recent.get(src, ()) if m > last - timedelta(minutes=60)]
@@ -572,22 +576,48 @@ class SourceGapDetector:
         q.append((minute, n))
         while q and q[0][0] <= minute - timedelta(minutes=60):
             q.popleft()
+        due = minute + timedelta(minutes=gap_min + 1)
+        self._due[src] = due
+        self.next_due = min(self.next_due, due)
 
     def tail(self, until: datetime, fresh: set[str]) -> Iterator[Detection]:
-        """Sources silent from their last line up to ``until`` (exclusive) and without a fresh heartbeat."""
+        """Sources silent from their last line up to ``until`` (exclusive) and without a fresh heartbeat.
+
+        Cheap to call every minute: nothing is scanned before :attr:`next_due`, and a quiet source whose silence
+        does not yet amount to ``gap_min_expected`` lines is skipped until the minute it would."""
+        if until < self.next_due:
+            return
+        gap_min = int(self.h["gap_min_minutes"])
+        threshold = float(self.h["gap_min_expected"])
+        never = datetime.max.replace(tzinfo=UTC)
+        next_due = never
         for src, q in self.recent.items():
-            if not q or src in self.open or src in fresh:
+            if not q or src in self.open:
                 continue
             last = q[-1][0]
+            due = self._due.get(src, last + timedelta(minutes=gap_min + 1))
+            if until < due or src in fresh:
+                next_due = min(next_due, due)
+                continue
             silent = int((until - last).total_seconds() // 60) - 1
-            if silent >= int(self.h["gap_min_minutes"]):
-                exp = self._expected(src, last, silent)
-                if exp >= float(self.h["gap_min_expected"]):
-                    det = Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1), None,
-                                    last + timedelta(minutes=1), 0.0, exp, 1.0, "pipeline_gap",
-                                    {"reason": "source silent, no heartbeat"}, site=self.site)
-                    self.open[src] = det
-                    yield det
+            exp = self._expected(src, last, silent)
+            if exp >= threshold:
+                det = Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1), None,
+                                last + timedelta(minutes=1), 0.0, exp, 1.0, "pipeline_gap",
+                                {"reason": "source silent, no heartbeat"}, site=self.site)
+                self.open[src] = det
+                yield det
+                continue
+            # the expectation grows by the source's rate per silent minute: the minute it reaches the threshold
+            rate = exp / silent if silent > 0 else 0.0
+            if rate <= 0.0:
+                due = never
+            else:
+                needed = max(gap_min, math.ceil(threshold / rate - 1e-9))
+                due = max(last + timedelta(minutes=needed + 1), until + timedelta(minutes=1))
+            self._due[src] = due
+            next_due = min(next_due, due)
+        self.next_due = next_due
 
 
 # ------------------------------------------------------------------------------------------------ orchestration
