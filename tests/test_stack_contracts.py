@@ -83,7 +83,7 @@ def test_schemas_reject_broken_payloads(topic: str, bad: dict[str, object]) -> N
 
 def test_real_producer_payloads_validate() -> None:
     t = datetime(2023, 10, 10, 13, 55, tzinfo=UTC)
-    det = Detection(kind="traffic_spike", scope="site", start=t, end=None, peak_ts=t, observed=10.0, expected=2.0,
+    det = Detection(kind="spike", scope="site", start=t, end=None, peak_ts=t, observed=10.0, expected=2.0,
                     score=5.0, label="spike", detail={"k": 1}, site="forum.example.org")
     jsonschema.validate(json.loads(det.to_json()), _schema("weblogs.events"))
     ms = int(t.timestamp() * 1000)
