@@ -63,20 +63,17 @@ def cluster_statements(cluster: str, database: str, params: dict[str, Any] | Non
         raise ValueError("cluster and database must be plain identifiers")
     out = [f"CREATE DATABASE IF NOT EXISTS {database} ON CLUSTER {cluster}"]
     tables: list[str] = []
-
-    def create_local(name: str, columns: str, engine: str, args: str | None, rest: str) -> str:
-        rest = re.sub(r"\n?SETTINGS non_replicated_deduplication_window = \d+", "", rest)
-        local = f"{name}_local"
-        return (f"CREATE TABLE IF NOT EXISTS {database}.{local} ON CLUSTER {cluster}\n({columns})\n"
-                f"ENGINE = {_replicated(engine, args, database, local)}{rest.rstrip()}")
-
     for m in load_migrations():
         for stmt in render(m, params):
             t = _CREATE_TABLE.match(stmt)
             if t:
                 name, columns, engine, _, args, rest = t.groups()
-                out.append(create_local(name, columns, engine, args, rest))
+                rest = re.sub(r"\n?SETTINGS non_replicated_deduplication_window = \d+", "", rest)
                 local = f"{name}_local"
+                out.append(
+                    f"CREATE TABLE IF NOT EXISTS {database}.{local} ON CLUSTER {cluster}\n({columns})\n"
+                    f"ENGINE = {_replicated(engine, args, database, local)}{rest.rstrip()}"
+                )
                 key = SHARDING_KEYS.get(name, "rand()")
                 out.append(
                     f"CREATE TABLE IF NOT EXISTS {database}.{name} ON CLUSTER {cluster} AS {database}.{local}\n"

@@ -421,8 +421,8 @@ def _stored_hosts(p: Processor, chost: pa.Array) -> pa.Array:
     clients (a column of nulls, the common case, is returned as is)."""
     if not p._ip_changes or chost.null_count == len(chost):
         return chost
-    d = pc.dictionary_encode(chost)
-    return _take([p.privacy.store_host(h) for h in d.dictionary.to_pylist()], pa.string(), d.indices)
+    uniq, idx = _dict(chost)
+    return _take([p.privacy.store_host(h) for h in uniq], pa.string(), idx)
 
 
 _CLF_DIGITS = np.array([0, 1, 7, 8, 9, 10, 12, 13, 15, 16, 18, 19, 22, 23, 24, 25])
@@ -947,10 +947,11 @@ class FastPath:
             if from_referer:
                 rows = np.flatnonzero(np.isin(np.asarray(cidx), from_referer))
                 if len(rows):
-                    refs = np.asarray(idx)[rows]
+                    refs, inv = np.unique(np.asarray(idx)[rows], return_inverse=True)  # per distinct referer
+                    found = np.array([enr.topic_from_referer(site, None if uniq[j] == "-" else uniq[j]) or 0
+                                      for j in refs.tolist()], dtype=np.uint64)
                     topic_np = np.array(cols["topic_id"].to_numpy(zero_copy_only=False), dtype=np.uint64)
-                    topic_np[rows] = [enr.topic_from_referer(site, None if uniq[j] == "-" else uniq[j]) or 0
-                                      for j in refs.tolist()]
+                    topic_np[rows] = found[inv]
                     cols["topic_id"] = pa.array(topic_np)
         else:
             cols["referer"] = none_str

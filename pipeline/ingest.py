@@ -440,7 +440,6 @@ class GzipTolerant:
         self.damaged: str | None = None
 
     def read(self, n: int = -1) -> bytes:
-        import gzip
         import zlib
 
         if self.damaged is not None:
@@ -454,7 +453,7 @@ class GzipTolerant:
                     break
                 parts.append(piece)
                 got += len(piece)
-        except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+        except (EOFError, OSError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
             self.damaged = (f"the compressed stream is damaged or cut short ({type(exc).__name__}: {exc}); "
                             "the lines before that point were read")
         return b"".join(parts)
