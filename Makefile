@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install lock demo test lint unit bench bench-dos-latency eval up down status dashboards clean system-deps
+.PHONY: help install native lock demo test lint unit bench bench-dos-latency eval up down status dashboards clean system-deps
 
 help:
 	@echo "make demo   - create .venv, install, simulate weeks of forum traffic, ingest into chDB (./data), detect, summarise"
@@ -22,7 +22,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
-install: $(STAMP)
+native: $(STAMP)  ## build the fast path's C scanner now (else built on first use; without gcc the numpy path runs)
+	@$(BIN)/python -m forumpulse.pipeline.native
+
+install: $(STAMP) native
 
 lock:  ## regenerate constraints.txt (exact versions of every dependency) after changing a pin in pyproject.toml
 	bash deploy/lock.sh

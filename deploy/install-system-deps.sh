@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(syslog-ng-core syslog-ng-mod-rdkafka goaccess nftables python3-nftables ipset iptables iproute2 chromium
-      crowdsec-firewall-bouncer docker-compose maven openjdk-17-jre-headless fail2ban curl)
+      crowdsec-firewall-bouncer docker-compose maven openjdk-17-jre-headless fail2ban curl
+      gcc libc6-dev)  # gcc: the fast path's native scanner (pipeline/native), built on first use
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then

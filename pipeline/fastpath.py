@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from forumpulse.pipeline import native
 from forumpulse.pipeline.enrich import REFERER_TOPIC
 from forumpulse.pipeline.formats import PRESETS, compile_spec
 from forumpulse.pipeline.formats import _values as V
@@ -132,6 +133,8 @@ class SplitPlan:
     time_kind: str  # clf | iso | epoch
     kinds: dict[int, str]  # group index -> field kind
     squid: bool = False  # native squid: tokens split on runs of spaces (see FastPath.convert_squid)
+    #: the regex as a native scanner program (``None``: RE2 and numpy positions; see forumpulse.pipeline.native)
+    prog: native.Program | None = None
 
 
 def _tokens_for(spec: str) -> list[Tok] | None:
@@ -521,7 +524,8 @@ class BlockLines(Sequence[bytes]):
         if offsets is not None:
             self.offsets = offsets
             return
-        nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10) + 1
+        sc = native.scanner()
+        nl = sc.newline_ends(data) if sc is not None else np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10) + 1
         ends = nl if (not data or data.endswith(b"\n")) else np.append(nl, len(data))
         self.offsets = np.zeros(len(ends) + 1, dtype=np.int64)
         self.offsets[1:] = ends
@@ -558,6 +562,9 @@ class _Chunk:
         self._pos: dict[int, np.ndarray] = {}
         self._arr: pa.Array | None = None
         self._tok: tuple[np.ndarray, np.ndarray] | None = None
+        #: native scanner, and per plan regex the separator rows of its accepted lines (see FastPath.accept)
+        self.sc = native.scanner()
+        self.seps: dict[str, np.ndarray] = {}
 
     @property
     def arr(self) -> pa.Array:
@@ -590,6 +597,12 @@ class _Chunk:
         """A ``string_view`` array of ``data[a[i]:z[i]]`` (no copy of long values); null where ``valid`` is
         False."""
         n = len(a)
+        bitmap = None
+        if valid is not None and not valid.all():
+            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        if self.sc is not None:
+            v = self.sc.views(self.data.address, a, z)
+            return pa.Array.from_buffers(pa.string_view(), n, [bitmap, pa.py_buffer(v), self.data])
         ln = (z - a).astype(np.int32)
         v = np.empty((n, 16), dtype=np.uint8)
         v[:, 4:] = self.window(a)  # the first 12 bytes (inline values, prefixes)
@@ -602,9 +615,6 @@ class _Chunk:
         if long_.any():
             v32[long_, 2] = 0
             v32[long_, 3] = a[long_]
-        bitmap = None
-        if valid is not None and not valid.all():
-            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
         return pa.Array.from_buffers(pa.string_view(), n, [bitmap, pa.py_buffer(v), self.data])
 
 
@@ -633,6 +643,8 @@ class _Fields:
         """A ``\\d+|-`` field as ``(value, is_dash, too_long)``; values of up to 12 digits are exact (the
         regex guarantees ASCII digits), longer ones are flagged ``too_long`` and left to the reference path."""
         a, z = self.bounds[k]
+        if self.chunk.sc is not None:
+            return self.chunk.sc.uint(self.chunk.data.address, a, z)
         ln = z - a
         w = self.chunk.window(a)
         dash = (ln == 1) & (w[:, 0] == 45)
@@ -682,6 +694,12 @@ class FastPath:
                 self._plans[spec] = None
             else:
                 self._plans[spec] = plan_for_spec(spec, "custom")
+            plan = self._plans[spec]
+            if plan is not None and not plan.squid:
+                prog = native.program_for(plan.regex)
+                if prog is not None and len(prog.quotes) == plan.n_segments - 1 and all(
+                        len(prog.spaces.get(sg, ())) == cnt - 1 for sg, cnt in plan.pieces.items()):
+                    plan.prog = prog
         return self._plans[spec]
 
     def supports(self, spec: str) -> bool:
@@ -753,7 +771,19 @@ class FastPath:
         ends = ends - nl
         ends = ends - (nl & (b[ends - 1] == 13))
         seg_bounds: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        if plan.n_segments > 1:
+        seps = chunk.seps.get(plan.regex)
+        prog = plan.prog
+        if seps is not None and prog is not None:  # separators recorded by the native scanner
+            srow = seps[rows]
+            last_seg = plan.n_segments - 1
+
+            def seg(k: int) -> tuple[np.ndarray, np.ndarray]:
+                if k not in seg_bounds:
+                    a = starts if k == 0 else srow[:, prog.quotes[k - 1]] + 1
+                    z = ends if k == last_seg else srow[:, prog.quotes[k]]
+                    seg_bounds[k] = (a, z)
+                return seg_bounds[k]
+        elif plan.n_segments > 1:
             qpos = chunk.positions(34)
             qi = np.searchsorted(qpos, starts)
 
@@ -777,7 +807,11 @@ class FastPath:
             if key not in piece_bounds:
                 a, z = seg(k_seg)
                 cnt = plan.pieces[k_seg]
-                if cnt > 1:
+                if cnt > 1 and seps is not None and prog is not None:
+                    sp = prog.spaces[k_seg]
+                    a = a if k == 0 else srow[:, sp[k - 1]] + 1
+                    z = z if k == cnt - 1 else srow[:, sp[k]]
+                elif cnt > 1:
                     spos = chunk.positions(32)
                     if k_seg not in space_idx:
                         space_idx[k_seg] = np.searchsorted(spos, a)
@@ -1112,7 +1146,11 @@ class FastPath:
 
     def accept(self, plan: SplitPlan, chunk: _Chunk, auto: bool) -> np.ndarray:
         """Lines the plan's regex accepts (and that are valid UTF-8, not too long)."""
-        m = pc.match_substring_regex(chunk.arr, plan.regex).to_numpy(zero_copy_only=False)
+        if plan.prog is not None and chunk.sc is not None:
+            m, seps = chunk.sc.match(plan.prog, chunk.data.address, chunk.offs, chunk.valid)
+            chunk.seps[plan.regex] = seps
+        else:
+            m = pc.match_substring_regex(chunk.arr, plan.regex).to_numpy(zero_copy_only=False)
         m &= chunk.valid
         if plan.squid and chunk.n > 1:  # tokens are found across the buffer: the line before must end a line
             starts = chunk.offs[1:-1]
