@@ -76,6 +76,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -1257,15 +1258,109 @@ def _ts_ms(v: Any) -> int:
 
 # ---------------------------------------------------------------------------------------------- liveness view
 
+#: ``origin_file`` of a network listener's heartbeat (``syslog-ng/heartbeat.sh``: ``<name>:<port>``, e.g.
+#: ``tcp:5140``, ``udp:5140``, ``syslog:5514``, ``syslog5424:5515``).  Raw TCP/UDP lines carry the same label as
+#: their ``origin_file`` (with the sender's address as ``origin_host``); syslog lines carry their program/tag.
+_LISTENER_FILE = re.compile(r"[A-Za-z][A-Za-z0-9_]*:[0-9]{1,5}")
+
 
 @dataclass(frozen=True)
 class SourceStatus:
     site: str
     origin_host: str
     origin_file: str
-    state: str  # "live" | "silent" | "dead"
+    state: str  # "live" | "silent" | "quiet" | "dead"
     last_line_s_ago: float | None
-    last_heartbeat_s_ago: float | None
+    last_heartbeat_s_ago: float | None  # the source's own heartbeat (its row, or its host's): never a listener's
+    listener: str | None = None  # "<collector host> <listener>" covering a source without heartbeats of its own
+    listener_heartbeat_s_ago: float | None = None
+
+
+@dataclass(frozen=True)
+class ListenerStatus:
+    site: str  # the listener's site; "*" = sites come from each message (syslog tags)
+    collector: str  # origin_host of the collector that runs the listener
+    listener: str  # "tcp:5140", "udp:5140", "syslog:5514", ...
+    state: str  # "up" (a heartbeat within heartbeat_timeout_s) | "down"
+    last_heartbeat_s_ago: float
+    sources: int  # sources it covers (senders without heartbeats of their own)
+
+
+@dataclass(frozen=True)
+class _Row:
+    site: str
+    host: str
+    file: str
+    line_ms: int
+    hb_ms: int
+
+
+def _liveness_rows(store: Store) -> list[_Row]:
+    return [_Row(str(site), str(host), str(file), int(ll), int(lh)) for site, host, file, ll, lh in store.query_rows(
+        "SELECT site, origin_host, origin_file, toUnixTimestamp64Milli(max(last_line_ts)), "
+        "toUnixTimestamp64Milli(max(last_heartbeat_ts)) FROM source_liveness GROUP BY site, origin_host, origin_file"
+    )]
+
+
+def _is_listener(r: _Row) -> bool:
+    """A network listener's heartbeat row (never a source: listeners receive lines under the senders' hosts)."""
+    return r.line_ms == 0 and r.hb_ms > 0 and _LISTENER_FILE.fullmatch(r.file) is not None
+
+
+def _is_host_heartbeat(r: _Row) -> bool:
+    """A heartbeat for every file of its host (``origin_file`` empty; ``site`` ``*`` = every site of the host)."""
+    return r.file in ("", "-")
+
+
+def _covering(src: _Row, listeners: list[_Row]) -> list[_Row]:
+    """The listeners that may have received ``src`` (a source that never sent a heartbeat of its own).
+
+    Raw TCP/UDP lines: the listener whose label is the source's ``origin_file`` (same site, or ``*``).  Syslog
+    lines (program/tag as ``origin_file``): every multi-site listener (site ``*``: the syslog ports) — a syslog
+    message does not say which port it came through.  A path (``/…``) is a followed file: it needs heartbeats of
+    its own and no listener covers it."""
+    exact = [x for x in listeners if x.file == src.file and x.site in (src.site, "*")]
+    if exact or src.file.startswith("/") or _LISTENER_FILE.fullmatch(src.file):
+        return exact
+    return [x for x in listeners if x.site == "*"]
+
+
+def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_timeout_s: float
+              ) -> tuple[list[SourceStatus], list[ListenerStatus]]:
+    listeners = [r for r in rows if _is_listener(r)]
+    host_hb: dict[tuple[str, str], int] = {}
+    for r in rows:
+        if _is_host_heartbeat(r):
+            host_hb[(r.site, r.host)] = max(host_hb.get((r.site, r.host), 0), r.hb_ms)
+    covered: dict[tuple[str, str, str], int] = {}
+    out = []
+    for r in rows:
+        if _is_listener(r) or (_is_host_heartbeat(r) and r.line_ms == 0):
+            continue  # listener and host-level heartbeat rows are folded into the sources they cover
+        hb = max(r.hb_ms, host_hb.get((r.site, r.host), 0), host_hb.get(("*", r.host), 0))
+        line_ago = now - r.line_ms / 1000 if r.line_ms > 0 else None
+        hb_ago = now - hb / 1000 if hb > 0 else None
+        via: _Row | None = None
+        if hb == 0:  # no heartbeat of its own, ever: a network sender (or a file whose heartbeats never came)
+            cover = _covering(r, listeners)
+            via = max(cover, key=lambda x: x.hb_ms) if cover else None
+            for x in cover:
+                covered[(x.site, x.host, x.file)] = covered.get((x.site, x.host, x.file), 0) + 1
+        via_ago = now - via.hb_ms / 1000 if via is not None else None
+        if line_ago is not None and line_ago <= quiet_after_s:
+            state = "live"
+        elif hb_ago is not None and hb_ago <= heartbeat_timeout_s:
+            state = "silent"
+        elif via_ago is not None and via_ago <= heartbeat_timeout_s:
+            state = "quiet"  # idle or gone, cannot tell: the listener that receives it is up
+        else:
+            state = "dead"
+        out.append(SourceStatus(r.site, r.host, r.file, state, line_ago, hb_ago,
+                                f"{via.host} {via.file}" if via is not None else None, via_ago))
+    lst = [ListenerStatus(x.site, x.host, x.file, "up" if now - x.hb_ms / 1000 <= heartbeat_timeout_s else "down",
+                          now - x.hb_ms / 1000, covered.get((x.site, x.host, x.file), 0)) for x in listeners]
+    return (sorted(out, key=lambda s: (s.site, s.origin_host, s.origin_file)),
+            sorted(lst, key=lambda s: (s.collector, s.listener, s.site)))
 
 
 def source_status(store: Store, now: float | None = None, quiet_after_s: float = 300.0,
@@ -1273,35 +1368,28 @@ def source_status(store: Store, now: float | None = None, quiet_after_s: float =
     """Classify every source recorded in ``source_liveness``.
 
     ``live``: a line arrived within ``quiet_after_s``.  ``silent``: no recent line, but the source (or its host,
-    via a heartbeat with an empty ``origin_file``) sent a heartbeat within ``heartbeat_timeout_s`` — the source
-    is up and simply has no traffic.  ``dead``: neither — the source, its host or the transport is down.
+    via a heartbeat with an empty ``origin_file``; site ``*`` = every site of the host) sent a heartbeat within
+    ``heartbeat_timeout_s`` — the source is up and simply has no traffic.  ``quiet``: no recent line and the
+    source never sent a heartbeat of its own (a network sender: raw TCP/UDP, or syslog without forwarded
+    heartbeats), but the listener that receives it heartbeats — the sender is idle *or* gone, forumpulse cannot
+    tell which (``listener`` names it).  ``dead``: none of these — the source, its host, the collector or the
+    transport is down.  A source that ever sent heartbeats is judged by them alone (``silent``/``dead``), as
+    every followed file is.
+
+    Listener heartbeat rows (``origin_file`` = ``tcp:5140``, ``syslog:5514``…, no lines) and host-level
+    heartbeat rows are not sources: they are folded into the sources they cover (see :func:`listener_status`).
     Line times are Kafka message timestamps (arrival), heartbeat times the heartbeat's own ``ts=`` (else its
     Kafka timestamp); never log timestamps.
     """
     now = time.time() if now is None else now
-    rows = store.query_rows(
-        "SELECT site, origin_host, origin_file, toUnixTimestamp64Milli(max(last_line_ts)), "
-        "toUnixTimestamp64Milli(max(last_heartbeat_ts)) FROM source_liveness GROUP BY site, origin_host, origin_file"
-    )
-    host_hb: dict[tuple[str, str], int] = {}
-    for site, host, file, _ll, lh in rows:
-        if file in ("", "-"):
-            host_hb[(site, host)] = max(host_hb.get((site, host), 0), int(lh))
-    out = []
-    for site, host, file, ll, lh in rows:
-        hb = max(int(lh), host_hb.get((site, host), 0))
-        line_ago = now - int(ll) / 1000 if int(ll) > 0 else None
-        hb_ago = now - hb / 1000 if hb > 0 else None
-        if line_ago is not None and line_ago <= quiet_after_s:
-            state = "live"
-        elif hb_ago is not None and hb_ago <= heartbeat_timeout_s:
-            state = "silent"
-        else:
-            state = "dead"
-        if file in ("", "-") and int(ll) == 0:
-            continue  # host-level heartbeat rows are folded into the sources above
-        out.append(SourceStatus(site, host, file, state, line_ago, hb_ago))
-    return sorted(out, key=lambda s: (s.site, s.origin_host, s.origin_file))
+    return _classify(_liveness_rows(store), now, quiet_after_s, heartbeat_timeout_s)[0]
+
+
+def listener_status(store: Store, now: float | None = None, quiet_after_s: float = 300.0,
+                    heartbeat_timeout_s: float = 180.0) -> list[ListenerStatus]:
+    """The collectors' network listeners seen in heartbeats: ``up``/``down`` and how many sources each covers."""
+    now = time.time() if now is None else now
+    return _classify(_liveness_rows(store), now, quiet_after_s, heartbeat_timeout_s)[1]
 
 
 # ---------------------------------------------------------------------------------------------- command

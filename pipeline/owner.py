@@ -6,8 +6,10 @@ chDB lets one process open a data folder and cannot listen on a port.  In embedd
 * the ClickHouse-compatible endpoint (:mod:`forumpulse.pipeline.chhttp`): other commands and other consumers use
   ``--store clickhouse://127.0.0.1:8123/forumpulse``; curl, clickhouse-connect and Grafana's ClickHouse plugin
   (HTTP mode, within the documented subset) query it;
-* ``GET /fp/health`` (JSON: pid, store, uptime, consumer totals), ``GET /fp/sources`` (live/silent/dead per
-  source, see :func:`forumpulse.pipeline.consumer.source_status`), ``GET /metrics`` (Prometheus text).
+* ``GET /fp/health`` (JSON: pid, store, uptime, consumer totals), ``GET /fp/sources`` (live/silent/quiet/dead
+  per source, see :func:`forumpulse.pipeline.consumer.source_status`), ``GET /fp/listeners`` (the collectors'
+  network listeners, up/down, see :func:`~forumpulse.pipeline.consumer.listener_status`), ``GET /metrics``
+  (Prometheus text).
 
 With ``--consume`` it also runs a :class:`~forumpulse.pipeline.consumer.LiveConsumer` in a thread (the
 embedded deployment's loader).  Other components (detectors, decisions, reports) plug in as *owner services*:
@@ -43,6 +45,7 @@ from forumpulse.pipeline.consumer import (
     ConsumerOptions,
     LiveConsumer,
     StreamHook,
+    listener_status,
     open_store_waiting,
     source_status,
 )
@@ -116,6 +119,12 @@ class Owner:
         rows = [asdict(s) for s in source_status(self.store, quiet_after_s=quiet, heartbeat_timeout_s=hb)]
         return 200, "application/json", json.dumps(rows).encode()
 
+    def _listeners(self, req: RequestInfo) -> tuple[int, str, bytes]:
+        assert self.store is not None
+        hb = float(req.params.get("heartbeat_timeout_s", 180))
+        rows = [asdict(s) for s in listener_status(self.store, heartbeat_timeout_s=hb)]
+        return 200, "application/json", json.dumps(rows).encode()
+
     def _metrics(self, _req: RequestInfo) -> tuple[int, str, bytes]:
         out = self.metrics.exposition()
         if self.consumer is not None:
@@ -133,7 +142,7 @@ class Owner:
             service(ctx)
         routes: dict[tuple[str, str], Route] = {
             ("GET", "/fp/health"): self._health, ("GET", "/fp/sources"): self._sources,
-            ("GET", "/metrics"): self._metrics, **ctx.routes,
+            ("GET", "/fp/listeners"): self._listeners, ("GET", "/metrics"): self._metrics, **ctx.routes,
         }
         self.server = ClickHouseHTTPServer(self.store, self.host, self.port, password=self.password, routes=routes)
         self.port = self.server.port
