@@ -149,4 +149,6 @@ def test_owner_serves_sources_and_listeners(chdb_path: Path, settings: Settings)
         assert [(x["collector"], x["listener"], x["state"], x["sources"]) for x in get("/fp/listeners")] == [
             ("coll1", "tcp:5140", "up", 1)]
     finally:
+        if owner.store is not None:  # the owner's database is shared by this test process's other owner tests
+            owner.store.command("TRUNCATE TABLE source_liveness")
         owner.shutdown()
