@@ -148,7 +148,7 @@ def ingest(
     Lines that do not parse go to the `quarantine` table with their reason; read == loaded + quarantined is
     checked for every file.  Re-ingesting the same file stores nothing twice (deduplicated blocks).
     """
-    from forumpulse.pipeline.runtime import preload_in_background, tune_allocator
+    from forumpulse.pipeline.runtime import preload_in_background, tune_allocator, tune_gc
 
     _check_inputs(files, fmt)
     preload_in_background("pandas")
@@ -156,6 +156,7 @@ def ingest(
     from rich.console import Console
 
     tune_allocator()
+    tune_gc()
 
     settings = _settings(config, store)
     st = _open(settings)

@@ -1449,9 +1449,10 @@ def consume_command(
     no_dead_letter = not dead_letter
     logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from forumpulse.pipeline.runtime import use_jemalloc
+    from forumpulse.pipeline.runtime import tune_gc, use_jemalloc
 
     use_jemalloc()
+    tune_gc()
     settings = load_settings(config)
     url = store or settings.store.url
     stop = threading.Event()

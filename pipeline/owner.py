@@ -220,9 +220,10 @@ def run_command(
     """
     logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from forumpulse.pipeline.runtime import use_jemalloc
+    from forumpulse.pipeline.runtime import tune_gc, use_jemalloc
 
     use_jemalloc()
+    tune_gc()
     settings = load_settings(config)
     password = os.environ.get(password_env) if password_env else None
     if password_env and not password:
