@@ -356,6 +356,7 @@ class SeasonalParams:
     dip_bucket_minutes: int = 180   # trailing window for dips
     baseline_days: int = 4          # previous same-type days whose median is the baseline
     min_baseline_days: int = 1
+    exclude_events: bool = True     # minutes of reported spikes / unexplained dips stay out of future baselines
     spike_ratio: float = 2.0        # observed / expected
     spike_z: float = 8.0            # (observed - expected) / sqrt(expected), Poisson-like excess
     spike_min_excess: float = 50.0  # absolute excess over the trailing window
@@ -394,6 +395,10 @@ class SeasonalDetector:
         self.days: dict[date, FloatArray] = {}
         self.excluded: dict[date, npt.NDArray[np.bool_]] = {}  # minutes kept out of baselines (outages)
         self.clean: dict[date, FloatArray] = {}  # counts with excluded minutes as NaN
+        # what the baselines read: ``clean`` without the minutes of reported spikes and unexplained dips (rules v5),
+        # so one anomalous day (last week's election night) does not raise / lower the bounds of the days after it
+        self.ref: dict[date, FloatArray] = {}
+        self._unref_done: dict[str, datetime] = {}  # event id -> last minute marked in ``ref``
         self._recent_closed: dict[str, Detection] = {}
         self._kinds: dict[date, DayKind] = {}
         self._spike_run = 0
@@ -440,13 +445,13 @@ class SeasonalDetector:
         end = local.hour * 60 + local.minute
         sums = []
         for r in refs:
-            arr = self.clean[r]
+            arr = self.ref[r]
             lo = end - minutes + 1
             seg = arr[max(lo, 0): end + 1]
             if lo < 0:  # window spans midnight: take the tail of the previous calendar day of that ref
                 prev = self.days.get(r - timedelta(days=1))
                 if prev is not None:
-                    prev = self.clean[r - timedelta(days=1)]
+                    prev = self.ref[r - timedelta(days=1)]
                     seg = np.concatenate([prev[1440 + lo:], seg])
             valid = seg[~np.isnan(seg)]
             if len(valid) >= 0.8 * minutes:
@@ -487,9 +492,11 @@ class SeasonalDetector:
             self.days[d] = np.full(1440, np.nan)
             self.excluded[d] = np.zeros(1440, dtype=bool)
             self.clean[d] = np.full(1440, np.nan)
+            self.ref[d] = np.full(1440, np.nan)
         idx = local.hour * 60 + local.minute
         self.days[d][idx] = count
         self.clean[d][idx] = count
+        self.ref[d][idx] = count
         gap = self._last_ts is not None and (ts - self._last_ts) > timedelta(minutes=self.p.outage_min_minutes)
         self._last_ts = ts
         if gap:  # no data: close whatever was open at the last seen minute, never call it a dip
@@ -498,9 +505,33 @@ class SeasonalDetector:
         if "outage" in self.open:
             self.excluded[d][idx] = True  # keep outage minutes out of future baselines
             self.clean[d][idx] = np.nan
+            self.ref[d][idx] = np.nan
             return
         yield from self._spike(ts, local)
         yield from self._dip(ts, local)
+        if self.p.exclude_events:
+            # the minutes of a reported spike (from its back-dated start) or unexplained dip stay out of future
+            # baselines, as outages do: last week's election night must not mask the same hours of the days after
+            spike = self.open.get("spike")
+            if spike is not None:
+                self._unref(spike, ts, self.p.bucket_minutes)
+            dip = self.open.get("dip")
+            if dip is not None and dip.label == "unexplained":
+                self._unref(dip, ts, self.p.dip_bucket_minutes)
+
+    def _unref(self, det: Detection, ts: datetime, window: int) -> None:
+        """Mark the minutes of ``det`` -- from the first minute of the trailing ``window`` that opened it (the
+        anomaly was already in it), or from the last minute marked -- to ``ts`` as no data for future baselines
+        (``ref``); the detector's own view of the current window (``clean``) is unchanged."""
+        first = det.start - timedelta(minutes=window - 1)
+        m = max(first, self._unref_done.get(det.id, first - timedelta(minutes=1)) + timedelta(minutes=1))
+        while m <= ts:
+            loc = m.astimezone(self.tz)
+            arr = self.ref.get(loc.date())
+            if arr is not None:
+                arr[loc.hour * 60 + loc.minute] = np.nan
+            m += timedelta(minutes=1)
+        self._unref_done[det.id] = ts
 
     def _close_all(self, ts: datetime, reason: str) -> Iterator[Detection]:
         for k in list(self.open):

@@ -24,7 +24,8 @@ Detectors (thresholds in ``detectors/rules/traffic.yaml``; fixture cases in ``de
 * ``transfer_regression`` / ``latency_regression`` — per (origin_host, upstream, large size class) per window:
   median transfer rate (bytes/s) and p95 response time against the median of the previous windows; a low
   transfer median opens a regression only on enough evidence (binomial tail of the window's responses, multiplied
-  over consecutive low windows, :class:`TransferDetector`).
+  over consecutive low windows, :class:`TransferDetector`); a slow creep, which that baseline follows, against an
+  anchored reference (the same keys 2-9 days back / the same hours a week back, :meth:`TransferDetector._creep`).
 
 Every detection has a stable ``id`` (site, kind, scope, start) so the ``detections`` ReplacingMergeTree keeps its
 latest state; it is printed as a JSON line, inserted, and handed to an optional ``producer`` hook
@@ -74,7 +75,8 @@ RULES_FILE = Path(__file__).resolve().parent / "rules" / "traffic.yaml"
 # ------------------------------------------------------------------------------------------------ config
 
 
-RULES_VERSION = 4  # 4: health.gap_blinds_site_hours; 2: topic.cusum_ratio / cusum_h / merge_minutes (group CUSUM), series.likelihood_* changes;
+RULES_VERSION = 5  # 5: site.exclude_events, transfer/latency creep_* (anchored creep baseline);
+# 4: health.gap_blinds_site_hours; 2: topic.cusum_ratio / cusum_h / merge_minutes (group CUSUM), series.likelihood_* changes;
 # 3: transfer regressions by binomial evidence (transfer.max_p / tail_share / tail_min_requests), series.seasonal_gain
 
 
@@ -374,6 +376,46 @@ class TopicSurgeDetector:
                 self._closed[scope] = det
                 yield det
 
+    def set_groups(self, groups: dict[str, set[int]]) -> None:
+        """Replace the configured groups (live: ``topic_groups`` or the topic titles changed).  A new group, or one
+        whose members changed, gets its per-minute views in the kept window and baseline recomputed from its
+        members' topic views, so it is judged against its history as if it had always had these members (a new
+        group does not "surge" from the new-topic floor); its CUSUM restarts.  A removed group is no longer
+        counted (an open surge of it closes at the next minute, its views being 0)."""
+        changed = {g for g in set(groups) | set(self.groups) if groups.get(g) != self.groups.get(g)}
+        if not changed:
+            return
+        st = self.state
+        for part, in_win in ((st.win, True), (st.base, False)):
+            views_sum = st.win_sum if in_win else st.base_sum
+            for _, views, _ in part:
+                for g in changed:
+                    scope = f"group:{g}"
+                    old = views.pop(scope, None)
+                    if old is not None:
+                        views_sum[scope] = views_sum.get(scope, 0) - old[0]
+                        if in_win:
+                            st.win_replies[scope] = st.win_replies.get(scope, 0) - old[1]
+                    members = [views[f"topic:{t}"] for t in groups.get(g, ()) if f"topic:{t}" in views]
+                    v, r = sum(m[0] for m in members), sum(m[1] for m in members)
+                    if v or r:
+                        views[scope] = (v, r)
+                        views_sum[scope] = views_sum.get(scope, 0) + v
+                        if in_win:
+                            st.win_replies[scope] = st.win_replies.get(scope, 0) + r
+        for g in changed:
+            scope = f"group:{g}"
+            if st.base_sum.get(scope, 1) <= 0:
+                del st.base_sum[scope]
+            if scope in st.win_sum and st.win_sum[scope] <= 0 and st.win_replies.get(scope, 0) <= 0:
+                del st.win_sum[scope]
+                st.win_replies.pop(scope, None)
+            if g in groups:
+                self.cusum[scope] = SurgeCusum(float(self.r["cusum_ratio"]), float(self.r["cusum_h"]))
+            else:
+                self.cusum.pop(scope, None)
+        self.groups = {g: set(m) for g, m in groups.items()}
+
     def _reopen(self, scope: str, minute: datetime) -> Detection | None:
         """The event of ``scope`` that closed at most ``merge_minutes`` ago, reopened (same id): a surge whose
         share dips under the end level for a few minutes at low volume is one event, not several."""
@@ -420,6 +462,13 @@ class TransferDetector:
         self.pending: dict[tuple[str, str], int] = {}
         self.evidence: dict[tuple[str, str], tuple[float, datetime, int]] = {}  # log10 p, first low window, n
         self.open: dict[tuple[str, str], Detection] = {}
+        # creep (rules v5): every counted window (end, value, inside a regression) back to creep_ref_to_days, the
+        # first window seen per key (no creep is judged before the history reaches that far back), the run of
+        # windows over the creep threshold, and the open creep regressions (their reference frozen at opening)
+        self.long: dict[tuple[str, str], deque[tuple[datetime, float, bool]]] = {}
+        self.first_seen: dict[tuple[str, str], datetime] = {}
+        self.creep_run: dict[tuple[str, str], int] = {}
+        self.creep_open: dict[tuple[str, str], Detection] = {}
 
     def tail_share(self, key: tuple[str, str]) -> float:
         """``q``: share of single responses expected under ``rate_drop_ratio`` x the baseline median.  From the
@@ -460,10 +509,86 @@ class TransferDetector:
                 else:
                     bad = value >= r["latency_rise_ratio"] * base and value - base >= r["min_rise_ms"]
                     yield from self._check(key, window_end, value, base, bad, n, r)
+            yield from self._creep(key, window_end, float(value), n, r, bad or key in self.open)
             if not bad and key not in self.open:
                 hist.append(value)
                 if kind == "transfer_regression" and len(row) > 5 and n >= r["tail_min_requests"] and value > 0:
                     self.lower.setdefault(key, deque(maxlen=keep)).append(float(row[5]) / value)
+
+    def _creep(self, key: tuple[str, str], ts: datetime, value: float, n: int, r: dict[str, Any],
+               flagged: bool) -> Iterator[Detection]:
+        """Creeping regressions (rules v5), which the 24-hour baseline follows and never reports: the *level* (median
+        of the windows of the last ``creep_level_hours``, a whole day, so the daily cycle cancels) against an
+        *anchored* reference: the median of the windows ``creep_ref_from_days`` to ``creep_ref_to_days`` back,
+        or, when it is the more conservative, the level of the same hours one week back (the weekly cycle
+        cancels).  Latency: level >= ``creep_ratio`` x reference and ``creep_min_rise_ms`` more; transfer: level
+        <= reference / ``creep_ratio``.  Held for ``creep_confirm_windows`` windows it opens (start = first window
+        of the run, ``detail.trigger = creep``); the reference is frozen while it is open, and the event closes
+        when the level is back under the threshold.  Windows inside any regression stay out of the reference.
+        Nothing is judged before the key's history reaches ``creep_ref_to_days`` back, or while a short-term
+        regression of the key is open (it already reports the change, against its own frozen baseline)."""
+        if "creep_ratio" not in r:
+            return
+        rise = key[0] == "latency_regression"
+        hist = self.long.setdefault(key, deque())
+        in_creep = key in self.creep_open
+        hist.append((ts, value, flagged or in_creep))
+        first = self.first_seen.setdefault(key, ts)
+        ref_to = timedelta(days=float(r["creep_ref_to_days"]))
+        while hist and hist[0][0] < ts - ref_to:
+            hist.popleft()
+        if ts - first < ref_to:
+            return
+        span = timedelta(hours=float(r["creep_level_hours"]))
+        ref_end = ts - timedelta(days=float(r["creep_ref_from_days"]))
+        week = ts - timedelta(days=7)
+        level_vals = [v for t, v, _ in hist if t > ts - span]
+        ref_vals = [v for t, v, f in hist if t <= ref_end and not f]
+        week_vals = [v for t, v, f in hist if week - span < t <= week and not f]
+        min_level = int(r["creep_min_level_windows"])
+        det = self.creep_open.get(key)
+        if len(level_vals) < min_level or (det is None and len(ref_vals) < int(r["creep_min_ref_windows"])):
+            return
+        level = _median(level_vals)
+        if det is not None:
+            ref = det.expected  # frozen at opening (the windows since are inside the regression)
+        else:
+            ref = _median(ref_vals)
+            if len(week_vals) >= min_level:
+                ref = max(ref, _median(week_vals)) if rise else min(ref, _median(week_vals))
+        ratio = float(r["creep_ratio"])
+        if rise:
+            bad = level >= ratio * ref and level - ref >= float(r.get("creep_min_rise_ms", 0.0))
+        else:
+            bad = ref > 0 and level <= ref / ratio
+        rel = level / ref if ref else float("inf")
+        if det is not None:
+            if (level > det.observed) if rise else (level < det.observed):
+                det.observed, det.peak_ts = level, ts
+                det.detail["ratio"] = round(rel, 3)
+            if not bad:
+                det.end, det.state = ts, "closed"
+                del self.creep_open[key]
+                self.creep_run[key] = 0
+                yield det
+            return
+        if key in self.open:
+            self.creep_run[key] = 0
+            return
+        run = self.creep_run[key] = self.creep_run.get(key, 0) + 1 if bad else 0
+        confirm = int(r["creep_confirm_windows"])
+        if run < confirm:
+            return
+        self.creep_run[key] = 0
+        w = timedelta(minutes=int(r["window_minutes"]))
+        det = Detection(key[0], key[1], ts - w * confirm, None, ts, level, ref, min(1.0, abs(1 - rel)), "regression",
+                        {"metric": "bytes_per_s_p50" if not rise else "elapsed_ms_p95", "trigger": "creep",
+                         "ratio": round(rel, 3), "requests": n, "level_hours": float(r["creep_level_hours"]),
+                         "reference_days": [float(r["creep_ref_from_days"]), float(r["creep_ref_to_days"])],
+                         "confirmed_at": ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
+                        site=self.site)
+        self.creep_open[key] = det
+        yield det
 
     def _check_transfer(self, key: tuple[str, str], ts: datetime, obs: float, exp: float, bad: bool, n: int,
                         r: dict[str, Any]) -> Iterator[Detection]:
@@ -516,6 +641,13 @@ class TransferDetector:
             det.end, det.state = ts, "closed"
             del self.open[key]
             yield det
+
+
+def _median(values: list[float]) -> float:
+    """Median (mean of the two middle values for an even count)."""
+    v = sorted(values)
+    k = len(v) // 2
+    return v[k] if len(v) % 2 else 0.5 * (v[k - 1] + v[k])
 
 
 def _reported(dets: Iterable[Detection], at: datetime) -> list[Detection]:
@@ -634,6 +766,7 @@ class _SiteRuntime:
     transfer_cursor: datetime | None = None
     gap: Detection | None = None
     last_seen: datetime | None = None
+    groups_mark: tuple[Any, ...] | None = None  # state of topic_groups / topic_titles the groups were read at
 
 
 TransferRow = tuple[str, str, str, int, float, float]
@@ -651,6 +784,8 @@ class _Window:
     source_rows: list[tuple[str, datetime, int]]           # host/file, minute, lines
     fresh: set[str]                                         # sources heartbeating at the evaluated time
     transfer: list[tuple[datetime, list[tuple[str, list[TransferRow]]]]]  # complete windows (end, rows), in order
+    groups: dict[str, set[int]] | None = None  # live: topic groups re-read because their tables changed
+    groups_mark: tuple[Any, ...] | None = None
 
 
 @dataclass
@@ -722,12 +857,14 @@ class TrafficDetector:
         if rt is None:
             sc = self.settings.site(name)
             cal = SiteCalendar(sc.country, sc.subdivision, sc.holiday_periods)
+            mark = self._groups_mark(store, name)
             rt = _SiteRuntime(
                 name,
                 SeasonalDetector(sc.timezone, cal, seasonal_params(self.rules, rollup=True), scope="site", site=name),
                 TopicSurgeDetector(self.rules, self._groups(store, name), name),
                 TransferDetector(self.rules, name),
                 SourceGapDetector(self.rules, name),
+                groups_mark=mark,
             )
             self.sites[name] = rt
         return rt
@@ -750,6 +887,15 @@ class TrafficDetector:
                 f"SELECT group_name, topic_id FROM topic_groups FINAL WHERE site = {_q(site)}"):
             groups.setdefault(str(name), set()).add(int(tid))
         return groups
+
+    def _groups_mark(self, store: Any, site: str) -> tuple[Any, ...]:
+        """A cheap fingerprint of what :meth:`_groups` reads for ``site``: row count and latest ``updated_at`` of
+        ``topic_groups`` and, when a configured group of the site matches titles, of ``topic_titles``.  Live runs
+        re-read the groups when it changes (a new topic whose title matches an election pattern joins its group)."""
+        parts = [f"SELECT 'groups', count(), toString(max(updated_at)) FROM topic_groups WHERE site = {_q(site)}"]
+        if any(g.site == site and g.title_pattern for g in self.settings.topics.groups):
+            parts.append(f"SELECT 'titles', count(), toString(max(updated_at)) FROM topic_titles WHERE site = {_q(site)}")
+        return tuple(sorted(tuple(r) for r in store.query_rows(" UNION ALL ".join(parts))))
 
     def _site_names(self, store: Any) -> list[str]:
         names = {s.name for s in self.settings.sites}
@@ -839,7 +985,12 @@ class TrafficDetector:
                 "GROUP BY src, m ORDER BY m, src")]
             fresh = self._fresh_sources(store, rt.name, now, live)
         transfer = self._read_transfer(store, rt, start, until) if "transfer" in enabled else []
-        return _Window(start, until, site_rows, topic_rows, source_rows, fresh, transfer)
+        win = _Window(start, until, site_rows, topic_rows, source_rows, fresh, transfer)
+        if live and "topic" in enabled:
+            mark = self._groups_mark(store, rt.name)
+            if mark != rt.groups_mark:
+                win.groups, win.groups_mark = self._groups(store, rt.name), mark
+        return win
 
     def _fresh_sources(self, store: Any, site: str, at: datetime, live: bool) -> set[str]:
         """Sources of ``site`` (``host/file``, ``host/`` for a host heartbeat) whose last heartbeat is evidence of
@@ -924,6 +1075,9 @@ class TrafficDetector:
             if not any(lo <= minute <= hi for lo, hi in blocked):
                 out.extend(_reported(rt.seasonal.update(minute, value), minute))
 
+        if win.groups is not None:  # live: the groups' tables changed since they were read
+            rt.topics.set_groups(win.groups)
+            rt.groups_mark = win.groups_mark
         err_frac = float(health["error_statuses_fraction"])
         gap_min = timedelta(minutes=int(health["gap_min_minutes"]))
         use_pv = health.get("metric", "pageviews") == "pageviews"

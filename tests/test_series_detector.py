@@ -181,3 +181,33 @@ def test_series_cli_scores_and_events(tmp_path: Path, capsys: pytest.CaptureFixt
     assert [e["kind"] for e in events] == ["spike"]
     assert {"kind", "scope", "start", "end", "peak_ts", "observed", "expected", "score", "label", "detail"} <= set(events[0])
     assert series_events(ts[:1], x[:1]) == []
+
+
+def _repeat_day(kind: str, factor_first: float, factor_second: float, exclude: bool = True) -> list:
+    """Nine workdays of daily-cycle Poisson traffic (as :func:`_dip_day`); on day 4 the 3 evening hours from 19:30
+    at ``factor_first`` x normal (last week's election night / a broken evening), on day 8 the same hours at
+    ``factor_second`` x.  Day 4 is one of day 8's four reference days."""
+    ts = _minutes(9, datetime(2026, 3, 2, tzinfo=UTC))
+    hours = np.array([t.hour for t in ts])
+    lam = 20 * (0.625 + 0.375 * np.cos((hours - 21) / 24 * 2 * np.pi))
+    x = np.random.default_rng(11).poisson(lam).astype(float)
+    for day, f in ((4, factor_first), (8, factor_second)):
+        lo = day * 1440 + 19 * 60 + 30
+        x[lo: lo + 180] = np.round(x[lo: lo + 180] * f)
+    rules = load_rules(overrides=None if exclude else {"site": {"exclude_events": False}})
+    return [d for d in run_seasonal(ts, x.tolist(), "UTC", params=seasonal_params(rules)) if d.kind == kind]
+
+
+def test_reported_spike_does_not_mask_the_same_hours_after_it() -> None:
+    """A 6x evening, then a 4x evening four days later: with day 4 among the references its 6x bound masked the
+    second spike (4x < 2 x 6x); the minutes of a reported spike stay out of later baselines (rules v5)."""
+    spikes = _repeat_day("spike", 6.0, 4.0)
+    assert [d.start.day for d in spikes] == [6, 10], [d.to_json() for d in spikes]
+    assert [d.start.day for d in _repeat_day("spike", 6.0, 4.0, exclude=False)] == [6]  # the old behaviour
+
+
+def test_reported_dip_does_not_mask_the_same_hours_after_it() -> None:
+    """The same for dips: a broken evening at 10%, then one at 30% four days later (3x the first, 0.3x normal)."""
+    dips = _repeat_day("dip", 0.1, 0.3)
+    assert [(d.start.day, d.label) for d in dips] == [(6, "unexplained"), (10, "unexplained")], [d.to_json() for d in dips]
+    assert [d.start.day for d in _repeat_day("dip", 0.1, 0.3, exclude=False)] == [6]

@@ -43,6 +43,12 @@ def _shape(local_hour: np.ndarray) -> np.ndarray:
     return 0.625 + 0.375 * np.cos((local_hour - 21.0) / 24.0 * 2 * np.pi)
 
 
+def _ramp(ev: dict[str, Any], n: int, factor: float) -> np.ndarray | float:
+    """An event's factor over its ``n`` minutes: constant, or with ``ramp: true`` rising (or falling) linearly from 1
+    at ``from`` to ``factor`` at ``to`` (a slow creep)."""
+    return 1.0 + (factor - 1.0) * np.arange(1, n + 1) / n if ev.get("ramp") else factor
+
+
 def build_requests(case: dict[str, Any]) -> pa.Table:
     """The case's `requests` rows (one Arrow table)."""
     tz = ZoneInfo(case["site"]["timezone"])
@@ -70,9 +76,12 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
         elif ev["kind"] == "topic":
             extra_topic += [(i, ev["topic_id"], ev["per_minute"]) for i in range(lo, hi)]
         elif ev["kind"] == "transfer":
-            rate_factor[ev["upstream"]][lo:hi] *= ev["rate_factor"]
+            rate_factor[ev["upstream"]][lo:hi] *= _ramp(ev, hi - lo, ev["rate_factor"])
         elif ev["kind"] == "latency":
-            latency[lo:hi] *= ev["factor"]
+            latency[lo:hi] *= _ramp(ev, hi - lo, ev["factor"])
+    if "latency_daily" in case or "latency_weekend_factor" in case:  # ordinary seasonality of response times
+        amp = float(case.get("latency_daily", 0.0))
+        latency *= (1.0 - amp / 2 + amp * _shape(hour)) * np.where(weekend, case.get("latency_weekend_factor", 1.0), 1.0)
     counts = rng.poisson(lam) * keep
     idx = np.repeat(np.arange(len(minutes)), counts)
     n = len(idx)

@@ -57,3 +57,68 @@ def test_wide_baseline_raises_the_tail_share() -> None:
     narrow = TransferDetector(rules, "s")
     _feed(narrow, [(40, 500e6, 400e6)] * 20)
     assert narrow.tail_share(KEY) == float(rules["transfer"]["tail_share"])
+
+
+# ------------------------------------------------------------------------------------------ creep (rules v5)
+
+LAT = ("latency_regression", "origin|10.0.0.11|lt100k")
+
+
+def _p95(i: int, weekend_factor: float = 1.0) -> float:
+    """A calm p95 (ms) of window ``i`` (15-minute windows from Monday T0): a daily cycle 0.8x-1.2x, a weekend
+    factor, a little deterministic jitter."""
+    t = T0 + timedelta(minutes=15 * i)
+    day = 1.0 + 0.2 * math.sin(2 * math.pi * (t.hour * 60 + t.minute) / 1440)
+    wk = weekend_factor if t.weekday() >= 5 else 1.0
+    return 120.0 * day * wk * (1.0 + 0.03 * math.sin(i * 1.7))
+
+
+def _feed_latency(det: TransferDetector, values: list[float]) -> list[tuple[int, str, dict[str, object]]]:
+    """Feed one p95 per 15-minute window (100 responses each); returns (window index, state, detail) of every
+    latency detection emitted."""
+    out = []
+    for i, v in enumerate(values):
+        for d in det.update("latency_regression", T0 + timedelta(minutes=15 * (i + 1)),
+                            [("origin", "10.0.0.11", "lt100k", 100, v)]):
+            out.append((i, d.state, dict(d.detail)))
+    return out
+
+
+def test_slow_latency_creep_is_found_against_the_anchored_reference() -> None:
+    """p95 creeps up 2x over three days (~26% a day): every window is only a few % over the trailing 24-hour
+    median, so the short-term rule never fires; against the reference 2-9 days back the creep is found about two
+    days in, once, with trigger ``creep``."""
+    day = 96
+    calm = [_p95(i) for i in range(10 * day)]
+    ramp = [_p95(10 * day + i) * (1.0 + i / (3 * day)) for i in range(3 * day)]
+    hold = [_p95(13 * day + i) * 2.0 for i in range(2 * day)]
+    got = _feed_latency(TransferDetector(load_rules(), "s"), calm + ramp + hold)
+    opened = [(i, d) for i, state, d in got if state == "open"]
+    assert len(opened) == 1, got
+    i, detail = opened[0]
+    assert detail["trigger"] == "creep"
+    assert 10 * day + 1.5 * day <= i <= 13 * day, (i - 10 * day) / day  # found within the creep, ~2 days in
+    assert float(detail["ratio"]) >= 1.5  # type: ignore[arg-type]
+
+
+def test_daily_and_weekly_cycles_are_no_creep() -> None:
+    """Three weeks of a daily cycle and 1.6x weekends: the creep level is a whole day and a weekend is compared
+    with the same hours a week back, so nothing opens."""
+    values = [_p95(i, weekend_factor=1.6) for i in range(21 * 96)]
+    assert _feed_latency(TransferDetector(load_rules(), "s"), values) == []
+
+
+def test_creep_reference_is_frozen_while_open_and_recovery_closes_it() -> None:
+    """Once open, the reference is the one at opening: a regression that stays at 2x for ten days stays open
+    (a sliding reference would have absorbed it within a week); back to normal, it closes."""
+    day = 96
+    calm = [_p95(i) for i in range(10 * day)]
+    ramp = [_p95(10 * day + i) * (1.0 + i / (3 * day)) for i in range(3 * day)]
+    hold = [_p95(13 * day + i) * 2.0 for i in range(10 * day)]
+    back = [_p95(23 * day + i) for i in range(2 * day)]
+    got = _feed_latency(TransferDetector(load_rules(), "s"), calm + ramp + hold + back)
+    states = [(i, state) for i, state, _ in got]
+    assert [s for _, s in states].count("open") >= 1 and states[-1][1] == "closed", states
+    closed_at = states[-1][0]
+    assert 23 * day < closed_at <= 24 * day + day // 2, (closed_at - 23 * day) / day
+    assert all(s == "open" for i, s in states if i < 23 * day)
