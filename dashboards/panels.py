@@ -13,8 +13,9 @@ plugin's editor hint (``timeSeries`` / ``table``).
 Every SQL here reads ClickHouse only: the per-minute rollups (``site_minute``, ``topic_minute``,
 ``client_minute``, ``prefix_minute``, ``transfer_minute`` — AggregatingMergeTree, so ``sum()`` over the
 SimpleAggregateFunction columns, ``uniqMerge(visitors)``, ``quantilesTDigestMerge(...)(elapsed_q)``) for time
-panels, ``detections`` / ``source_liveness`` / ``topic_*`` (ReplacingMergeTree, read with ``FINAL`` or
-``argMax``), and ``decisions`` / ``quarantine`` / ``pipeline_stats``.
+panels, ``detections`` / ``topic_*`` (ReplacingMergeTree, read with ``FINAL`` or ``argMax``),
+``source_liveness`` (``max`` per source over every consumer's rows, classified as ``source_status`` does), and
+``decisions`` / ``quarantine`` / ``pipeline_stats``.
 
 Topic and top-prefix panels read ``topic_hour`` / ``prefix_hour`` (migration 0003: hourly rollups cascaded from
 the ``*_minute`` ones) for the whole hours inside the dashboard range and the minute
@@ -174,6 +175,82 @@ SITE_TOTALS = (
 TOPIC_LABEL = "concat('#', toString(s.topic_id), if(t.title = '', '', concat(' ', t.title)))"
 
 
+# ------------------------------------------------------------------------------------------------ liveness
+# The states of forumpulse.pipeline.consumer.source_status / listener_status (docs/architecture.md, "Liveness"),
+# in SQL, at the end of the dashboard range.  tests/test_dashboards_liveness.py compares them on the same store.
+
+#: source_status(quiet_after_s=...) and (heartbeat_timeout_s=...) defaults, as GET /fp/sources uses them
+LIVE_WITHIN_S = 300
+HEARTBEAT_TIMEOUT_S = 180
+#: origin_file of a network listener's heartbeat (consumer._LISTENER_FILE: ``tcp:5140``, ``syslog:5514``...)
+LISTENER_LABEL = "match({col}, '^[A-Za-z][A-Za-z0-9_]*:[0-9]{{1,5}}$')"
+
+#: One row per (site, origin_host, origin_file) as source_status reads them (newest line / heartbeat of every
+#: consumer's rows, epoch milliseconds, 0 = never) and whether the row is a listener's heartbeat (no lines).
+LIVENESS_ROWS = f"""lv AS (
+    SELECT site, origin_host, origin_file,
+           toUnixTimestamp64Milli(max(last_line_ts)) AS line_ms,
+           toUnixTimestamp64Milli(max(last_heartbeat_ts)) AS hb_ms, max(lines) AS n_lines,
+           line_ms = 0 AND hb_ms > 0 AND {LISTENER_LABEL.format(col="origin_file")} AS is_listener
+    FROM source_liveness
+    GROUP BY site, origin_host, origin_file
+)"""
+
+
+def liveness_sources(where: str = "1 = 1") -> str:
+    """A subquery over ``lv`` (:data:`LIVENESS_ROWS`): the sources (rows that are neither a listener's heartbeat
+    nor a host-level heartbeat without lines) matching ``where`` with ``own_hb_ms`` (their newest heartbeat, or
+    their host's: empty ``origin_file``, same site or ``*``), ``cover`` (the listeners that may have received a
+    source without heartbeats of its own: array of (site, collector, listener, hb_ms), newest first) and
+    ``state`` (live | silent | quiet | dead); ``now_s`` must be defined."""
+    return f"""
+    SELECT s.site AS site, s.origin_host AS origin_host, s.origin_file AS origin_file, s.line_ms AS line_ms,
+           s.n_lines AS n_lines, greatest(s.hb_ms, ifNull(h.host_hb_ms, 0), ifNull(hs.host_hb_ms, 0)) AS own_hb_ms,
+           arrayFilter(x -> x.3 = s.origin_file AND (x.1 = s.site OR x.1 = '*'), l.ls) AS exact,
+           if(own_hb_ms > 0, [],
+              if(notEmpty(exact) OR startsWith(s.origin_file, '/') OR {LISTENER_LABEL.format(col="s.origin_file")},
+                 exact, arrayFilter(x -> x.1 = '*', l.ls))) AS unsorted_cover,
+           arraySort(x -> (-x.4, x.2, x.3, x.1), unsorted_cover) AS cover,
+           if(empty(cover), 0, cover[1].4) AS via_ms,
+           multiIf(s.line_ms > 0 AND now_s - s.line_ms / 1000 <= {LIVE_WITHIN_S}, 'live',
+                   own_hb_ms > 0 AND now_s - own_hb_ms / 1000 <= {HEARTBEAT_TIMEOUT_S}, 'silent',
+                   via_ms > 0 AND now_s - via_ms / 1000 <= {HEARTBEAT_TIMEOUT_S}, 'quiet', 'dead') AS state
+    FROM (SELECT * FROM lv WHERE {where} AND NOT is_listener AND NOT (origin_file IN ('', '-') AND line_ms = 0)) AS s
+    LEFT JOIN (SELECT site, origin_host, max(hb_ms) AS host_hb_ms FROM lv WHERE origin_file IN ('', '-')
+               GROUP BY site, origin_host) AS h ON s.site = h.site AND s.origin_host = h.origin_host
+    LEFT JOIN (SELECT origin_host, max(hb_ms) AS host_hb_ms FROM lv WHERE origin_file IN ('', '-') AND site = '*'
+               GROUP BY origin_host) AS hs ON s.origin_host = hs.origin_host
+    CROSS JOIN (SELECT groupArray((site, origin_host, origin_file, hb_ms)) AS ls FROM lv WHERE is_listener) AS l"""
+
+
+SOURCE_LIVENESS_SQL = f"""
+WITH toUnixTimestamp($__toTime) AS now_s,
+{LIVENESS_ROWS}
+SELECT origin_host, origin_file, state AS status,
+       if(line_ms > 0, fromUnixTimestamp64Milli(line_ms, 'UTC'), NULL) AS last_line_ts,
+       if(line_ms > 0, now_s - line_ms / 1000, NULL) AS line_age_s,
+       if(own_hb_ms > 0, now_s - own_hb_ms / 1000, NULL) AS heartbeat_age_s,
+       if(empty(cover), NULL, concat(cover[1].2, ' ', cover[1].3)) AS listener,
+       if(empty(cover), NULL, now_s - via_ms / 1000) AS listener_heartbeat_age_s,
+       n_lines AS lines
+FROM ({liveness_sources(SITE)})
+ORDER BY indexOf(['dead', 'quiet', 'silent', 'live'], status), origin_host, origin_file"""
+
+LISTENERS_SQL = f"""
+WITH toUnixTimestamp($__toTime) AS now_s,
+{LIVENESS_ROWS}
+SELECT l.site AS listener_site, l.origin_host AS collector, l.origin_file AS listener,
+       if(now_s - l.hb_ms / 1000 <= {HEARTBEAT_TIMEOUT_S}, 'up', 'down') AS status,
+       now_s - l.hb_ms / 1000 AS heartbeat_age_s, ifNull(k.n, 0) AS sources
+FROM (SELECT * FROM lv WHERE is_listener AND ({SITE} OR site = '*')) AS l
+LEFT JOIN (
+    SELECT c.1 AS c_site, c.2 AS c_host, c.3 AS c_file, count() AS n
+    FROM ({liveness_sources()}) ARRAY JOIN cover AS c
+    GROUP BY c_site, c_host, c_file
+) AS k ON l.site = k.c_site AND l.origin_host = k.c_host AND l.origin_file = k.c_file
+ORDER BY status, collector, listener, listener_site"""
+
+
 @dataclass(frozen=True)
 class PanelSpec:
     """One panel: kind (timeseries | table | stat), title, SQL, width/height, unit, stacking, links."""
@@ -257,15 +334,15 @@ SELECT $__timeInterval(ts) AS time, concat(component, '/', instance) AS consumer
 FROM pipeline_stats
 WHERE $__timeFilter(ts)
 GROUP BY time, consumer ORDER BY time, consumer""", unit="s"),
-    PanelSpec("table", "Source liveness", f"""
-SELECT origin_host, origin_file, last_line_ts, last_heartbeat_ts, lines,
-       dateDiff('second', last_line_ts, $__toTime) AS line_age_s,
-       dateDiff('second', last_heartbeat_ts, $__toTime) AS heartbeat_age_s,
-       multiIf(heartbeat_age_s > 300 AND line_age_s > 300, 'silent',
-               line_age_s > 300, 'idle (heartbeats only)', 'live') AS status
-FROM source_liveness FINAL
-WHERE {SITE}
-ORDER BY status DESC, origin_host, origin_file"""),
+    PanelSpec("table", "Source liveness", SOURCE_LIVENESS_SQL, w=24, description=(
+        "live: a line within 300 s; silent: no recent line, but a heartbeat of the source or its host within "
+        "180 s (up and idle); quiet: a network sender without heartbeats of its own, idle or gone, while the "
+        "listener receiving it heartbeats; dead: none of these. Same states as GET /fp/sources at the end of "
+        "the range; listener and host heartbeat rows are not sources (see Collector listeners).")),
+    PanelSpec("table", "Collector listeners", LISTENERS_SQL, description=(
+        "Network listeners of the collectors (heartbeats with origin_file tcp:5140, syslog:5514...) for this "
+        "site or every site (*): up = a heartbeat within 180 s; sources = senders without heartbeats of their "
+        "own it covers (all sites). Same as GET /fp/listeners at the end of the range.")),
     PanelSpec("timeseries", "Response time percentiles", f"""
 SELECT time, q[1] AS p50_ms, q[2] AS p95_ms, q[3] AS p99_ms
 FROM (

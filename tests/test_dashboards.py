@@ -25,6 +25,7 @@ import test_dashboards_fixture as fx
 from forumpulse.dashboards import build
 from forumpulse.dashboards import panels as panels_mod
 from forumpulse.dashboards.macros import QueryContext, TemplateVar, render_query
+from forumpulse.pipeline.consumer import listener_status, source_status
 from forumpulse.pipeline.store import migrate, open_store
 
 DASH_DIR = Path(build.__file__).resolve().parent
@@ -144,6 +145,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
     store.insert("source_liveness", fx.ts_table([live("web1", 4000, 4000, 5, 4000)], lt, {"lines": pa.uint64()}))
     store.insert("source_liveness", fx.ts_table([live("web1", 30, 10, 9000, 5), live("web2", 900, 20, 700, 5),
                                                  live("web3", 3600, 3600, 50, 5)], lt, {"lines": pa.uint64()}))
+    never = datetime(1970, 1, 1, tzinfo=UTC)
+    net = [  # the collector's listener heartbeats, a raw TCP sender, a syslog sender forwarding MARKs (site *)
+        dict(live("coll1", 0, 5, 0, 5), origin_file="tcp:5140", last_line_ts=never),
+        dict(live("coll1", 0, 6, 0, 5), site="*", origin_file="syslog:5514", last_line_ts=never),
+        dict(live("10.0.0.5", 3600, 0, 40, 5), origin_file="tcp:5140", last_heartbeat_ts=never),
+        dict(live("web7", 3600, 0, 30, 5), origin_file="forum/combined", last_heartbeat_ts=never),
+        dict(live("web7", 0, 8, 0, 5), site="*", origin_file="", last_line_ts=never),
+    ]
+    store.insert("source_liveness", fx.ts_table(net, lt, {"lines": pa.uint64()}))
     titles = [{"site": fx.SITE, "topic_id": k, "title": v, "forum": "news" if k < 103 else "misc",
                "updated_at": T0} for k, v in fx.TOPICS.items()]
     store.insert("topic_titles", fx.ts_table([dict(titles[0], title="Old title", updated_at=T0 - timedelta(days=1))],
@@ -348,8 +358,25 @@ def _fresh(w: Any, sql: str) -> None:
 @check("Source liveness")
 def _liveness(w: Any, sql: str) -> None:
     res = run(w[0], sql)
-    got = {r["origin_host"]: (r["status"], r["lines"], r["line_age_s"]) for r in res}
-    assert got == {"web1": ("live", 9000, 30), "web2": ("idle (heartbeats only)", 700, 900), "web3": ("silent", 50, 3600)}
+    got = {(r["origin_host"], r["origin_file"]): (r["status"], r["lines"], r["line_age_s"], r["listener"]) for r in res}
+    f = "/var/log/access.log"
+    assert got == {("web1", f): ("live", 9000, 30, None), ("web2", f): ("silent", 700, 900, None),
+                   ("web3", f): ("dead", 50, 3600, None), ("10.0.0.5", "tcp:5140"): ("quiet", 40, 3600, "coll1 tcp:5140"),
+                   ("web7", "forum/combined"): ("silent", 30, 3600, None)}, \
+        "listener and host heartbeat rows are not sources; states as source_status gives them"
+    want = {(s.origin_host, s.origin_file): s.state for s in source_status(w[0], now=NOW.timestamp()) if s.site == fx.SITE}
+    assert {k: v[0] for k, v in got.items()} == want
+
+
+@check("Collector listeners")
+def _listeners(w: Any, sql: str) -> None:
+    res = run(w[0], sql)
+    got = {(r["listener_site"], r["collector"], r["listener"]): (r["status"], r["heartbeat_age_s"], r["sources"])
+           for r in res}
+    assert got == {(fx.SITE, "coll1", "tcp:5140"): ("up", 5, 1), ("*", "coll1", "syslog:5514"): ("up", 6, 0)}
+    want = {(x.site, x.collector, x.listener): (x.state, x.last_heartbeat_s_ago, x.sources)
+            for x in listener_status(w[0], now=NOW.timestamp())}
+    assert got == want
 
 
 def _quartiles(vals: list[float]) -> tuple[float, float]:
