@@ -127,9 +127,9 @@ def test_forwarded_heartbeats_are_attributed_to_the_sender_and_make_it_silent(
                     s.sendall((f"<46>{stamp} web8 -- MARK --\n"  # a remote syslog-ng's network() MARK
                                f"<14>{stamp} web9 board.example.net/-heartbeat-: alive\n"
                                f"<14>{stamp} web9 board.example.net/combined: {LINE.format(9, 3, 'b')}\n").encode())
-                wait_until(lambda: beats_of("web7") >= 2 and beats_of(relay_host) >= 2, 60,
+                wait_until(lambda: beats_of("web7") >= 2 and beats_of(relay_host) >= 2, 150,
                            what="forwarder (web7) and relay heartbeats in Kafka")
-                wait_until(lambda: sum(1 for m in msgs() if env(m)[3] != HB) >= 3, 30, what="3 data lines")
+                wait_until(lambda: sum(1 for m in msgs() if env(m)[3] != HB) >= 3, 90, what="3 data lines")
             finally:
                 logs += stop(fwd)
         finally:
