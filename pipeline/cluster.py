@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from forumpulse.pipeline.store import load_migrations, render
+from forumpulse.pipeline.store import guarded, load_migrations, render
 
 #: sharding keys by table; tables not named here are spread with rand() (small, query-only tables)
 SHARDING_KEYS = {
@@ -44,6 +44,11 @@ _CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\s*\n?\((.*)\)\s*E
 _CREATE_MV = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+) TO (\w+) AS(.*)$", re.S)
 _ALTER = re.compile(r"^ALTER TABLE (\w+) (.*)$", re.S)
 _DROP_VIEW = re.compile(r"^DROP VIEW IF EXISTS (\w+)$")
+#: a table re-created with another engine clause (0006: an empty `requests` by day): CREATE b AS a ENGINE ...,
+#: EXCHANGE TABLES a AND b, DROP b.  A cluster created from zero simply creates `a` with b's engine clause.
+_CREATE_AS = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+) AS (\w+)\s*\n?ENGINE\s*=\s*(\w+)(\(([^)]*)\))?(.*)$", re.S)
+_EXCHANGE = re.compile(r"^EXCHANGE TABLES (\w+) AND (\w+)$")
+_DROP_TABLE = re.compile(r"^DROP TABLE IF EXISTS (\w+)$")
 
 #: data statements of a migration (backfills of a new rollup from existing rows): nothing to backfill on a cluster
 #: created from zero, so the generated DDL leaves them out (an in-place cluster upgrade runs them per shard on the
@@ -63,17 +68,26 @@ def cluster_statements(cluster: str, database: str, params: dict[str, Any] | Non
         raise ValueError("cluster and database must be plain identifiers")
     out = [f"CREATE DATABASE IF NOT EXISTS {database} ON CLUSTER {cluster}"]
     tables: list[str] = []
+    created: dict[str, tuple[int, str]] = {}  # table -> (index in out of its _local CREATE, its columns)
+    rebuilt: dict[str, tuple[str, str, str | None, str]] = {}  # new table -> (table it replaces, engine clause)
+
+    def create_local(name: str, columns: str, engine: str, args: str | None, rest: str) -> str:
+        # replicated tables deduplicate by their own window: the setting is for plain MergeTree only
+        rest = re.sub(r"(SETTINGS )non_replicated_deduplication_window = \d+, ", r"\1", rest)
+        rest = re.sub(r"\n?SETTINGS non_replicated_deduplication_window = \d+", "", rest)
+        local = f"{name}_local"
+        return (f"CREATE TABLE IF NOT EXISTS {database}.{local} ON CLUSTER {cluster}\n({columns})\n"
+                f"ENGINE = {_replicated(engine, args, database, local)}{rest.rstrip()}")
+
     for m in load_migrations():
-        for stmt in render(m, params):
+        for guarded_stmt in render(m, params):
+            _, stmt = guarded(guarded_stmt)  # guards check a single node's state; a new cluster has none
             t = _CREATE_TABLE.match(stmt)
             if t:
                 name, columns, engine, _, args, rest = t.groups()
-                rest = re.sub(r"\n?SETTINGS non_replicated_deduplication_window = \d+", "", rest)
+                created[name] = (len(out), columns)
+                out.append(create_local(name, columns, engine, args, rest))
                 local = f"{name}_local"
-                out.append(
-                    f"CREATE TABLE IF NOT EXISTS {database}.{local} ON CLUSTER {cluster}\n({columns})\n"
-                    f"ENGINE = {_replicated(engine, args, database, local)}{rest.rstrip()}"
-                )
                 key = SHARDING_KEYS.get(name, "rand()")
                 out.append(
                     f"CREATE TABLE IF NOT EXISTS {database}.{name} ON CLUSTER {cluster} AS {database}.{local}\n"
@@ -96,6 +110,19 @@ def cluster_statements(cluster: str, database: str, params: dict[str, Any] | Non
                 name, change = a.groups()
                 for tbl in (f"{name}_local", name):  # the shards' tables, then the Distributed one over them
                     out.append(f"ALTER TABLE {database}.{tbl} ON CLUSTER {cluster} {change}")
+                continue
+            c = _CREATE_AS.match(stmt)
+            if c and c.group(2) in created:
+                rebuilt[c.group(1)] = (c.group(2), c.group(3), c.group(5), c.group(6))
+                continue
+            x = _EXCHANGE.match(stmt)
+            if x and x.group(2) in rebuilt and rebuilt[x.group(2)][0] == x.group(1):
+                old_name, engine, args, rest = rebuilt[x.group(2)]
+                idx, columns = created[old_name]
+                out[idx] = create_local(old_name, columns, engine, args, rest)
+                continue
+            dt = _DROP_TABLE.match(stmt)
+            if dt and dt.group(1) in rebuilt:
                 continue
             d = _DROP_VIEW.match(stmt)
             if d:  # a view replaced by a later migration: dropped and created again on every node

@@ -5,8 +5,8 @@ Counting: ``read`` is counted by the reader (lines as split from the file, a las
 mismatch is an error, never a silent loss.
 
 Idempotence: every insert carries a deduplication token derived from the chunk's bytes and its source, so
-re-ingesting the same file (within ClickHouse's deduplication window: the last 1,000 blocks per table) stores
-nothing twice, rollups included.  For larger replays, the Kafka consumer's offset-based tokens are the tool.
+re-ingesting the same file (within ClickHouse's deduplication window: the last 1,000 parts per table, one per
+day of each insert block) stores nothing twice, rollups included.  For larger replays, the Kafka consumer's offset-based tokens are the tool.
 
 Retention: rows older than ``retention.raw_days`` (by their own timestamp) are dropped by the table TTL on
 insert; they are counted as ``expired`` and reported, so an archive backfill never loses lines silently

@@ -52,7 +52,9 @@ _INSERT_SETTINGS = {
 # key (GROUP BY in every view), so merging equal keys inside the inserted block finds nothing to merge and only
 # costs (~0.45 CPU-s per 1M rows); rollup queries aggregate across parts anyway.  Tables with ReplacingMergeTree
 # semantics keep the default.
-_REQUESTS_INSERT_SETTINGS = {**_INSERT_SETTINGS, "optimize_on_insert": 0}
+# `requests` is partitioned by day (0006): a block of a quiet site's archive can span more than the default 100
+# days; every day becomes its own part, which is what daily partitions mean (0 = no limit)
+_REQUESTS_INSERT_SETTINGS = {**_INSERT_SETTINGS, "optimize_on_insert": 0, "max_partitions_per_insert_block": 0}
 
 
 class StoreError(RuntimeError):
@@ -375,10 +377,31 @@ def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return out
 
 
+#: a line ``--@only-if <query>`` right before a statement makes it conditional: :func:`migrate` runs the statement
+#: only when the query's first value is 1/true.  Migrations that move data (a table rebuilt with a new partition
+#: key) use it to stay idempotent: every step checks the state it expects, so a migration interrupted half-way
+#: can be run again from its first statement.
+GUARD = "--@only-if "
+
+
 def split_statements(sql: str) -> list[str]:
-    """Split a migration into statements: strips ``--`` comment lines, splits on ``;`` at line ends."""
-    body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    """Split a migration into statements: strips ``--`` comment lines (``--@only-if`` guards stay with the
+    statement that follows them), splits on ``;`` at line ends."""
+    body = "\n".join(line for line in sql.splitlines()
+                     if not line.lstrip().startswith("--") or line.lstrip().startswith(GUARD))
     return [s.strip() for s in re.split(r";\s*(?:\n|$)", body) if s.strip()]
+
+
+def guarded(stmt: str) -> tuple[str | None, str]:
+    """``(guard query or None, statement without its guard line)``."""
+    guard: str | None = None
+    rest = []
+    for line in stmt.splitlines():
+        if line.lstrip().startswith(GUARD):
+            guard = line.lstrip()[len(GUARD):].strip()
+        else:
+            rest.append(line)
+    return guard, "\n".join(rest).strip()
 
 
 DEFAULT_PARAMS = {"raw_ttl_days": 90, "rollup_ttl_days": 730, "quarantine_ttl_days": 30, "stats_ttl_days": 30}
@@ -417,7 +440,12 @@ def migrate(store: Store, params: dict[str, Any] | None = None) -> list[Migratio
                 )
             continue
         for stmt in render(m, params):
-            store.command(stmt)
+            guard, sql = guarded(stmt)
+            if guard is not None:
+                rows = store.query_rows(guard)
+                if not rows or str(rows[0][0]).lower() not in ("1", "true"):
+                    continue
+            store.command(sql)
         store.command(
             f"INSERT INTO schema_migrations (version, name, checksum) VALUES ({m.version}, '{m.name}', '{m.checksum}')"
         )

@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS forumpulse.requests_local ON CLUSTER forum_cluster
     client        String ALIAS if(client_host != '', client_host, replaceRegexpOne(toString(client_ip), '^::ffff:', ''))
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/requests_local', '{replica}')
-PARTITION BY toYYYYMM(ts)
+PARTITION BY toYYYYMMDD(ts)
 ORDER BY (site, toStartOfDay(ts), page_kind, topic_id, ts)
 TTL toDateTime(ts) + INTERVAL 90 DAY;
 
