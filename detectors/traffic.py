@@ -14,9 +14,12 @@ Detectors (thresholds in ``detectors/rules/traffic.yaml``; fixture cases in ``de
   fed to the traffic detectors as zeros, so a gap is never a dip.  The same for one log source of a site
   (``scope = source:<host>/<file>``): while any source of the site is in a pipeline_gap, the site's minutes are
   no data for its seasonal model (not fed: no dip, kept out of its baselines).
-* ``topic_surge`` — per topic and per topic group (``topic_groups`` table + ``Settings.topics.groups``): the
-  share of human topic views in the last ``window_minutes`` against the share over the previous
-  ``baseline_hours``, and the view rate against its own baseline rate; for configured groups also a binomial
+* ``topic_surge`` — per topic and per topic group (``topic_groups`` table + ``Settings.topics.groups``): for each
+  measure of ``topic.measures`` -- human topic views, replies (over ``reply_window_minutes``, floor
+  ``min_replies``: sparse) and visitors (visitor-minutes) -- the share of the forum's total in its window against
+  the scope's share over the previous ``baseline_hours``, and its rate against its own baseline rate; any
+  measure passing opens the surge (``detail.measure`` / ``detail.measures`` name them, ``detail.by_measure``
+  gives observed / expected share of each, see :class:`TopicSurgeDetector`); for configured groups also a binomial
   CUSUM on the per-minute counts (:class:`SurgeCusum`), which accumulates evidence while a share ramps up;
   lifecycle start -> peak -> end (a surge reopening within ``merge_minutes`` continues its event); detail
   carries views, replies, visitors, peak share, magnitude, the trigger (``window`` / ``cusum``).  No surge opens
@@ -49,12 +52,12 @@ import math
 import re
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import pyarrow as pa
 import typer
@@ -75,7 +78,8 @@ RULES_FILE = Path(__file__).resolve().parent / "rules" / "traffic.yaml"
 # ------------------------------------------------------------------------------------------------ config
 
 
-RULES_VERSION = 5  # 5: site.exclude_events, transfer/latency creep_* (anchored creep baseline);
+RULES_VERSION = 6  # 6: topic.measures / reply_window_minutes / min_replies / min_visitors (replies and visitors);
+# 5: site.exclude_events, transfer/latency creep_* (anchored creep baseline);
 # 4: health.gap_blinds_site_hours; 2: topic.cusum_ratio / cusum_h / merge_minutes (group CUSUM), series.likelihood_* changes;
 # 3: transfer regressions by binomial evidence (transfer.max_p / tail_share / tail_min_requests), series.seasonal_gain
 
@@ -192,49 +196,155 @@ def detections_table(dets: Iterable[Detection], now: datetime) -> pa.Table:
 # ------------------------------------------------------------------------------------------------ topic surge
 
 
-@dataclass
-class _TopicState:
-    """Per-minute topic views: the trailing window and the baseline period before it, with running sums
-    (O(topics of the minute) per push)."""
+MEASURES = ("views", "replies", "visitors")
+"""The traffic measures a topic surge judges, in the order of the per-minute count tuples: human topic views,
+replies (posts) and visitors (per minute, the distinct human visitors of the topic; summed over minutes and
+member topics: *visitor-minutes*, an additive stand-in for unique visitors)."""
 
+_Counts = tuple[int, int, int]
+_MinuteItem = tuple[datetime, dict[str, _Counts], _Counts]
+
+
+@dataclass
+class _Rolling:
+    """One measure (``idx`` in the count tuples): its trailing window of ``window`` minutes and the ``baseline``
+    minutes before it, with running sums per scope and of the forum's totals (O(scopes of the minute) per push).
+    The per-minute dicts are shared with the other measures' rollings.  With ``zero_keys`` (views, as rules v5
+    kept them) a scope that had a row in the baseline but no count there is still "seen": its baseline share is
+    floored at ``new_topic_share / 10``, not set to ``new_topic_share`` as for a scope never seen."""
+
+    idx: int
     window: int
     baseline: int
-    win: deque[tuple[datetime, dict[str, tuple[int, int]], int]] = field(default_factory=deque)
-    base: deque[tuple[datetime, dict[str, tuple[int, int]], int]] = field(default_factory=deque)
-    base_sum: dict[str, int] = field(default_factory=dict)
-    base_total: int = 0
+    win: deque[_MinuteItem] = field(default_factory=deque)
+    base: deque[_MinuteItem] = field(default_factory=deque)
     win_sum: dict[str, int] = field(default_factory=dict)
-    win_replies: dict[str, int] = field(default_factory=dict)
+    base_sum: dict[str, int] = field(default_factory=dict)
     win_total: int = 0
+    base_total: int = 0
+    zero_keys: bool = False  # views: a scope seen in the baseline with 0 views keeps a key (share floor / 10)
 
-    def push(self, minute: datetime, views: dict[str, tuple[int, int]], total: int) -> None:
-        self.win.append((minute, views, total))
-        for k, (v, r) in views.items():
-            self.win_sum[k] = self.win_sum.get(k, 0) + v
-            self.win_replies[k] = self.win_replies.get(k, 0) + r
-        self.win_total += total
+    def push(self, item: _MinuteItem) -> None:
+        minute, counts, totals = item
+        i, keep = self.idx, self.zero_keys
+        self.win.append(item)
+        for k, c in counts.items():
+            if c[i] or keep:
+                self.win_sum[k] = self.win_sum.get(k, 0) + c[i]
+        self.win_total += totals[i]
         while self.win and self.win[0][0] <= minute - timedelta(minutes=self.window):
-            item = self.win.popleft()
-            for k, (v, r) in item[1].items():
-                self.win_sum[k] = self.win_sum.get(k, 0) - v
-                self.win_replies[k] = self.win_replies.get(k, 0) - r
-                if self.win_sum[k] <= 0 and self.win_replies[k] <= 0:
-                    del self.win_sum[k], self.win_replies[k]
-                self.base_sum[k] = self.base_sum.get(k, 0) + v
-            self.win_total -= item[2]
-            self.base_total += item[2]
-            self.base.append(item)
+            old = self.win.popleft()
+            for k, c in old[1].items():
+                if c[i] or keep:
+                    _add(self.win_sum, k, -c[i])
+                    self.base_sum[k] = self.base_sum.get(k, 0) + c[i]
+            self.win_total -= old[2][i]
+            self.base_total += old[2][i]
+            self.base.append(old)
         while self.base and self.base[0][0] <= minute - timedelta(minutes=self.window + self.baseline):
-            _, old, tot = self.base.popleft()
-            for k, (v, _r) in old.items():
-                self.base_sum[k] = self.base_sum.get(k, 0) - v
-                if self.base_sum[k] <= 0:
-                    del self.base_sum[k]
-            self.base_total -= tot
+            old = self.base.popleft()
+            for k, c in old[1].items():
+                if c[i] or keep:
+                    _add(self.base_sum, k, -c[i])
+            self.base_total -= old[2][i]
 
     @property
     def baseline_minutes(self) -> int:
         return max(1, len(self.base))
+
+
+def _add(sums: dict[str, int], key: str, delta: int) -> None:
+    """``sums[key] += delta``, dropping the key at 0 (scopes without counts are not kept)."""
+    n = sums.get(key, 0) + delta
+    if n > 0:
+        sums[key] = n
+    else:
+        sums.pop(key, None)
+
+
+class _TopicState:
+    """Per-minute topic counts (views, replies, visitors) of every topic and group: one :class:`_Rolling` per
+    measure, views and visitors over ``window`` minutes, replies (sparse) over ``reply_window`` minutes, each
+    with the ``baseline`` minutes before its own window.  ``win_sum`` / ``base_sum`` / ``win_total`` /
+    ``base_total`` / ``base`` / ``window`` are the views rolling's (the view-share test and the group CUSUM)."""
+
+    def __init__(self, window: int, baseline: int, reply_window: int | None = None) -> None:
+        self.views = _Rolling(0, window, baseline, zero_keys=True)
+        self.replies = _Rolling(1, max(window, reply_window or window), baseline)
+        self.visitors = _Rolling(2, window, baseline)
+        self.rollings = {"views": self.views, "replies": self.replies, "visitors": self.visitors}
+
+    def push(self, minute: datetime, counts: dict[str, _Counts], totals: _Counts) -> None:
+        item = (minute, counts, totals)
+        for r in self.rollings.values():
+            r.push(item)
+
+    @property
+    def window(self) -> int:
+        return self.views.window
+
+    @property
+    def win(self) -> deque[_MinuteItem]:
+        return self.views.win
+
+    @property
+    def base(self) -> deque[_MinuteItem]:
+        return self.views.base
+
+    @property
+    def win_sum(self) -> dict[str, int]:
+        return self.views.win_sum
+
+    @property
+    def base_sum(self) -> dict[str, int]:
+        return self.views.base_sum
+
+    @property
+    def win_total(self) -> int:
+        return self.views.win_total
+
+    @property
+    def base_total(self) -> int:
+        return self.views.base_total
+
+    @property
+    def win_replies(self) -> dict[str, int]:
+        """Replies per scope in the reply window (``topic.reply_window_minutes``)."""
+        return self.replies.win_sum
+
+    @property
+    def baseline_minutes(self) -> int:
+        return self.views.baseline_minutes
+
+    def regroup(self, changed: set[str], groups: dict[str, set[int]]) -> None:
+        """Recompute the per-minute counts of the ``changed`` groups in every kept minute from their members'
+        topic counts (``groups``: the new membership; a group missing there is removed) and adjust every
+        rolling's sums.  Each per-minute dict is rewritten once, whichever rollings hold it."""
+        items: dict[int, dict[str, _Counts]] = {}
+        for r in self.rollings.values():
+            for part in (r.win, r.base):
+                for _, counts, _ in part:
+                    items[id(counts)] = counts
+        diffs: dict[int, dict[str, tuple[_Counts, _Counts]]] = {}
+        for key, counts in items.items():
+            d: dict[str, tuple[_Counts, _Counts]] = {}
+            for g in changed:
+                scope = f"group:{g}"
+                old = counts.pop(scope, (0, 0, 0))
+                members = [counts[f"topic:{t}"] for t in groups.get(g, ()) if f"topic:{t}" in counts]
+                new = (sum(m[0] for m in members), sum(m[1] for m in members), sum(m[2] for m in members))
+                if any(new):
+                    counts[scope] = new
+                if new != old:
+                    d[scope] = (old, new)
+            if d:
+                diffs[key] = d
+        for r in self.rollings.values():
+            for part, sums in ((r.win, r.win_sum), (r.base, r.base_sum)):
+                for _, counts, _ in part:
+                    for scope, (old, new) in diffs.get(id(counts), {}).items():
+                        if new[r.idx] != old[r.idx]:
+                            _add(sums, scope, new[r.idx] - old[r.idx])
 
 
 def surge_p_value(views: int, total: int, base_share: float) -> float:
@@ -292,26 +402,72 @@ minutes of the data -- the start of every warm-up -- compare each topic against 
 topic "surges" and stays open for good (its share never falls under 1.5 x that floor)."""
 
 
+class _Stat(NamedTuple):
+    """One measure of one scope at one minute: its count in the measure's window, the forum's total there, the
+    share and the baseline share (floored as the view share always was), the rates per minute, and how many
+    minutes its baseline holds."""
+
+    n: int  # the count in the window (not `count`: a tuple method)
+    total: int
+    share: float
+    base_share: float
+    rate: float
+    base_rate: float
+    window: int
+    base_minutes: int
+
+
 class TopicSurgeDetector:
-    """Surges of topics and topic groups from per-minute human topic views (see module docstring)."""
+    """Surges of topics and topic groups from per-minute human topic views, replies and visitors (see the module
+    docstring and docs/detectors.md "Topic surge").
+
+    Each measure of ``topic.measures`` is judged on its own: its share of the forum's total of that measure in
+    its window against the scope's share over the previous ``baseline_hours``, and its rate against its own
+    baseline rate, with the same ratios and binomial tail levels; replies (sparse) over ``reply_window_minutes``
+    with the floor ``min_replies``.  A surge opens when any measure passes (or, for a configured group, the views
+    CUSUM fires).  The measure that opened it (views first, then replies, then visitors) is the event's
+    ``detail.measure``: ``observed`` / ``expected`` / the peak are its share; ``detail.measures`` lists every
+    measure that passed its test while the event was open (each with its baseline share frozen then), and the
+    event ends when none of them is still at ``end_share_ratio`` x its frozen baseline share (and a third of its
+    count floor).  With only views passing, this is exactly the view-share detector of rules v5."""
 
     def __init__(self, rules: dict[str, Any], groups: dict[str, set[int]], site: str) -> None:
         self.r = rules["topic"]
         self.groups = groups
         self.site = site
-        self.state = _TopicState(int(self.r["window_minutes"]), int(self.r["baseline_hours"]) * 60)
+        wanted = list(self.r.get("measures", MEASURES))
+        unknown = set(wanted) - set(MEASURES)
+        if unknown:
+            raise ValueError(f"topic.measures: unknown measure(s) {sorted(unknown)} (known: {', '.join(MEASURES)})")
+        self.measures = tuple(m for m in MEASURES if m in wanted)
+        self.min_count = {"views": float(self.r["min_views"]), "replies": float(self.r["min_replies"]),
+                          "visitors": float(self.r["min_visitors"])}
+        self.state = _TopicState(int(self.r["window_minutes"]), int(self.r["baseline_hours"]) * 60,
+                                 int(self.r["reply_window_minutes"]))
         self.open: dict[str, Detection] = {}
         self.cusum: dict[str, SurgeCusum] = {
             f"group:{g}": SurgeCusum(float(self.r["cusum_ratio"]), float(self.r["cusum_h"])) for g in groups}
         self._closed: dict[str, Detection] = {}
+        self._bases: dict[str, dict[str, float]] = {}  # scope -> measure -> baseline share frozen when it passed
 
-    def update(self, minute: datetime, topic_views: dict[int, tuple[int, int]], total_views: int) -> Iterator[Detection]:
-        views: dict[str, tuple[int, int]] = {f"topic:{t}": vr for t, vr in topic_views.items()}
+    def update(self, minute: datetime, topic_counts: Mapping[int, tuple[int, ...]],
+               total_views: int) -> Iterator[Detection]:
+        """Feed one minute.  ``topic_counts``: topic id -> ``(views, replies[, visitors])`` of the minute (visitors
+        = distinct human visitors of the topic in the minute; 0 when absent); ``total_views``: the forum's human
+        topic views of the minute (the view share's denominator).  The reply and visitor shares' denominators
+        are the sums over ``topic_counts``."""
+        counts: dict[str, _Counts] = {}
+        rep_total = vis_total = 0
+        for t, c in topic_counts.items():
+            cc = (int(c[0]), int(c[1]) if len(c) > 1 else 0, int(c[2]) if len(c) > 2 else 0)
+            rep_total += cc[1]
+            vis_total += cc[2]
+            counts[f"topic:{t}"] = cc
         for g, members in self.groups.items():
-            v = sum(topic_views[t][0] for t in members if t in topic_views)
-            r = sum(topic_views[t][1] for t in members if t in topic_views)
-            if v or r:
-                views[f"group:{g}"] = (v, r)
+            got = [counts[f"topic:{t}"] for t in members if f"topic:{t}" in counts]
+            gc = (sum(m[0] for m in got), sum(m[1] for m in got), sum(m[2] for m in got))
+            if any(gc):
+                counts[f"group:{g}"] = gc
         st = self.state
         fired: dict[str, tuple[float, datetime]] = {}
         if st.base_total > 0:  # sequential evidence per group, against the share before this minute
@@ -322,94 +478,114 @@ class TopicSurgeDetector:
                 # floored at the new-topic share: a group with (almost) no baseline views must not fire on a
                 # trickle (a handful of views over a week gives a share estimate near 0)
                 p0 = max(st.base_sum.get(scope, 0) / st.base_total, floor)
-                x = views.get(scope, (0, 0))[0]
+                x = counts.get(scope, (0, 0, 0))[0]
                 if cs.update(minute, x, max(total_views, x), p0):
                     fired[scope] = (cs.fired_stat, cs.fired_since or minute)
-        self.state.push(minute, views, total_views)
-        win_total = max(st.win_total, 1)
-        base_total = st.base_total
-        scopes = set(st.win_sum) | set(self.open) | set(fired)
+        st.push(minute, counts, (total_views, rep_total, vis_total))
+        ratio = float(self.r["share_ratio"])
+        end_ratio = float(self.r["end_share_ratio"])
+        judged = ("views", *(m for m in self.measures if m != "views"))
+        scopes = set(self.open) | set(fired)
+        for m in judged:
+            scopes |= set(st.rollings[m].win_sum)
+        floors = [(st.rollings[m].win_sum, self.min_count[m]) for m in self.measures]
         for scope in sorted(scopes):
-            v = st.win_sum.get(scope, 0)
-            share = v / win_total
-            if base_total > 0 and scope in st.base_sum:
-                base_share = st.base_sum[scope] / base_total
-            else:
-                base_share = float(self.r["new_topic_share"])
-            base_share = max(base_share, float(self.r["new_topic_share"]) / 10)
-            rate = v / st.window
-            base_rate = st.base_sum.get(scope, 0) / st.baseline_minutes
             det = self.open.get(scope)
+            if det is None and scope not in fired and not any(w.get(scope, 0) >= mc for w, mc in floors):
+                continue  # no measure reaches its count floor (most scopes, most minutes): nothing can open
+            stats = {m: self._stat(m, scope) for m in judged}
             if det is None:
-                if len(st.base) < TOPIC_MIN_BASELINE_MINUTES:
-                    continue  # no baseline yet (the start of the data / of a warm-up): every topic would look new
-                window_test = (v >= self.r["min_views"] and share >= self.r["min_share"]
-                               and share >= self.r["share_ratio"] * base_share
-                               and rate >= self.r["rate_ratio"] * max(base_rate, 1e-9)
-                               and surge_p_value(v, st.win_total, base_share) <= self._max_p(scope))
-                if window_test or scope in fired:
-                    det = self._reopen(scope, minute)
-                    if det is None:
-                        det = Detection("topic_surge", scope, minute, None, minute, share, base_share,
-                                        min(1.0, share / base_share / (2 * self.r["share_ratio"])), "surge",
-                                        self._detail(scope, v, share, base_share, rate, base_rate), site=self.site)
-                        det.detail["peak_share"] = round(share, 5)
-                        det.detail["trigger"] = "window" if window_test else "cusum"
-                        if scope in fired:
-                            stat, since = fired[scope]
-                            det.detail["cusum"] = round(stat, 2)
-                            det.detail["change_from"] = since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                    self.open[scope] = det
-                    if scope in self.cusum:
-                        self.cusum[scope].reset()
-                    yield det
-                continue
-            if share > det.observed:
-                det.observed, det.peak_ts = share, minute
-                det.score = max(det.score, min(1.0, share / det.expected / (2 * self.r["share_ratio"])))
-                det.detail.update(self._detail(scope, v, share, det.expected, rate, base_rate))
-                det.detail["peak_share"] = round(share, 5)
+                passed = [m for m in self.measures if self._passes(m, scope, stats[m])]
+                cusum = scope in fired and stats["views"].base_minutes >= TOPIC_MIN_BASELINE_MINUTES
+                if not passed and not cusum:
+                    continue
+                lead = "views" if ("views" in passed or cusum) else passed[0]
+                crossed = (["views"] if lead == "views" and "views" not in passed else []) + passed
+                det = self._reopen(scope, minute)
+                if det is None:
+                    s = stats[lead]
+                    bases = {m: stats[m].base_share for m in crossed}
+                    self._bases[scope] = bases
+                    det = Detection("topic_surge", scope, minute, None, minute, s.share, s.base_share,
+                                    min(1.0, s.share / s.base_share / (2 * ratio)), "surge",
+                                    self._detail(scope, lead, stats, bases), site=self.site)
+                    det.detail["peak_share"] = round(s.share, 5)
+                    det.detail["trigger"] = "cusum" if lead == "views" and "views" not in passed else "window"
+                    det.detail["measure"] = lead
+                    det.detail["measures"] = crossed
+                    if scope in fired:
+                        stat, since = fired[scope]
+                        det.detail["cusum"] = round(stat, 2)
+                        det.detail["change_from"] = since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                else:
+                    self._cross(scope, det, [m for m in crossed if m not in self._bases.setdefault(scope, {})],
+                                stats)
+                self.open[scope] = det
+                if scope in self.cusum:
+                    self.cusum[scope].reset()
                 yield det
-            if share < self.r["end_share_ratio"] * det.expected or v < self.r["min_views"] / 3:
+                continue
+            lead = str(det.detail.get("measure", "views"))
+            bases = self._bases.setdefault(scope, {lead: det.expected})
+            s = stats[lead]
+            if s.share > det.observed:
+                det.observed, det.peak_ts = s.share, minute
+                det.score = max(det.score, min(1.0, s.share / det.expected / (2 * ratio)))
+                det.detail.update(self._detail(scope, lead, stats, bases))
+                det.detail["peak_share"] = round(s.share, 5)
+                yield det
+            new = [m for m in self.measures if m not in bases and self._passes(m, scope, stats[m])]
+            if new:  # another measure surges too: named, and the event lasts while any of them does
+                self._cross(scope, det, new, stats)
+                yield det
+            if not any(stats[m].share >= end_ratio * b and stats[m].n >= self.min_count[m] / 3
+                       for m, b in bases.items() if m in stats):
                 det.end, det.state = minute, "closed"
                 del self.open[scope]
                 self._closed[scope] = det
                 yield det
 
+    def _cross(self, scope: str, det: Detection, new: list[str], stats: dict[str, _Stat]) -> None:
+        """Measures ``new`` passed their test while ``scope``'s event is open (or reopens): freeze their baseline
+        shares, name them in ``detail.measures``, refresh ``detail.by_measure`` and the score."""
+        if not new:
+            return
+        bases = self._bases.setdefault(scope, {})
+        for m in new:
+            bases[m] = stats[m].base_share
+        det.detail["measures"] = [*det.detail.get("measures", []), *new]
+        det.detail["by_measure"] = self._by_measure(stats, bases)
+        ratio = float(self.r["share_ratio"])
+        det.score = max(det.score, *(min(1.0, stats[m].share / bases[m] / (2 * ratio)) for m in new))
+
+    def _stat(self, measure: str, scope: str) -> _Stat:
+        r = self.state.rollings[measure]
+        c = r.win_sum.get(scope, 0)
+        floor = float(self.r["new_topic_share"])
+        base_share = r.base_sum[scope] / r.base_total if r.base_total > 0 and scope in r.base_sum else floor
+        return _Stat(c, r.win_total, c / max(r.win_total, 1), max(base_share, floor / 10), c / r.window,
+                     r.base_sum.get(scope, 0) / r.baseline_minutes, r.window, len(r.base))
+
+    def _passes(self, measure: str, scope: str, s: _Stat) -> bool:
+        """The window test of one measure: enough baseline, count floor, share floor, share and rate ratios, and
+        the binomial tail at the scope family's level."""
+        return (s.base_minutes >= TOPIC_MIN_BASELINE_MINUTES and s.n >= self.min_count[measure]
+                and s.share >= self.r["min_share"] and s.share >= self.r["share_ratio"] * s.base_share
+                and s.rate >= self.r["rate_ratio"] * max(s.base_rate, 1e-9)
+                and surge_p_value(s.n, s.total, s.base_share) <= self._max_p(scope))
+
     def set_groups(self, groups: dict[str, set[int]]) -> None:
         """Replace the configured groups (live: ``topic_groups`` or the topic titles changed).  A new group, or one
-        whose members changed, gets its per-minute views in the kept window and baseline recomputed from its
-        members' topic views, so it is judged against its history as if it had always had these members (a new
+        whose members changed, gets its per-minute counts in the kept windows and baselines recomputed from its
+        members' topic counts, so it is judged against its history as if it had always had these members (a new
         group does not "surge" from the new-topic floor); its CUSUM restarts.  A removed group is no longer
-        counted (an open surge of it closes at the next minute, its views being 0)."""
+        counted (an open surge of it closes at the next minute, its counts being 0)."""
         changed = {g for g in set(groups) | set(self.groups) if groups.get(g) != self.groups.get(g)}
         if not changed:
             return
-        st = self.state
-        for part, in_win in ((st.win, True), (st.base, False)):
-            views_sum = st.win_sum if in_win else st.base_sum
-            for _, views, _ in part:
-                for g in changed:
-                    scope = f"group:{g}"
-                    old = views.pop(scope, None)
-                    if old is not None:
-                        views_sum[scope] = views_sum.get(scope, 0) - old[0]
-                        if in_win:
-                            st.win_replies[scope] = st.win_replies.get(scope, 0) - old[1]
-                    members = [views[f"topic:{t}"] for t in groups.get(g, ()) if f"topic:{t}" in views]
-                    v, r = sum(m[0] for m in members), sum(m[1] for m in members)
-                    if v or r:
-                        views[scope] = (v, r)
-                        views_sum[scope] = views_sum.get(scope, 0) + v
-                        if in_win:
-                            st.win_replies[scope] = st.win_replies.get(scope, 0) + r
+        self.state.regroup(changed, groups)
         for g in changed:
             scope = f"group:{g}"
-            if st.base_sum.get(scope, 1) <= 0:
-                del st.base_sum[scope]
-            if scope in st.win_sum and st.win_sum[scope] <= 0 and st.win_replies.get(scope, 0) <= 0:
-                del st.win_sum[scope]
-                st.win_replies.pop(scope, None)
             if g in groups:
                 self.cusum[scope] = SurgeCusum(float(self.r["cusum_ratio"]), float(self.r["cusum_h"]))
             else:
@@ -431,11 +607,30 @@ class TopicSurgeDetector:
         thousands of simultaneous tests, so topics need the stricter level (Bonferroni-style)."""
         return float(self.r["group_max_p"] if scope.startswith("group:") else self.r["max_p"])
 
-    def _detail(self, scope: str, v: int, share: float, base_share: float, rate: float, base_rate: float) -> dict[str, Any]:
-        return {"views": v, "replies": self.state.win_replies.get(scope, 0), "share": round(share, 5),
-                "baseline_share": round(base_share, 6), "magnitude": round(share / base_share, 2),
-                "rate_per_min": round(rate, 2), "baseline_rate_per_min": round(base_rate, 4),
-                "window_minutes": self.state.window}
+    def _detail(self, scope: str, lead: str, stats: dict[str, _Stat], bases: dict[str, float]) -> dict[str, Any]:
+        """``views`` (in the view window), ``replies`` (in the reply window), the leading measure's share, baseline
+        share (frozen when it passed), magnitude, rates and window, and ``by_measure``."""
+        s = stats[lead]
+        b = bases.get(lead, s.base_share)
+        return {"views": stats["views"].n, "replies": self.state.replies.win_sum.get(scope, 0),
+                "share": round(s.share, 5), "baseline_share": round(b, 6), "magnitude": round(s.share / b, 2),
+                "rate_per_min": round(s.rate, 2), "baseline_rate_per_min": round(s.base_rate, 4),
+                "window_minutes": s.window, "by_measure": self._by_measure(stats, bases)}
+
+    @staticmethod
+    def _by_measure(stats: dict[str, _Stat], bases: dict[str, float]) -> dict[str, dict[str, Any]]:
+        """Observed and expected figures of every judged measure (``count``: views, replies, or visitor-minutes in
+        the measure's window; ``baseline_share``: frozen for a measure that passed its test in this event)."""
+        out = {}
+        for m in MEASURES:
+            if m not in stats:
+                continue
+            s = stats[m]
+            b = bases.get(m, s.base_share)
+            out[m] = {"count": s.n, "share": round(s.share, 5), "baseline_share": round(b, 6),
+                      "magnitude": round(s.share / b, 2), "rate_per_min": round(s.rate, 3),
+                      "baseline_rate_per_min": round(s.base_rate, 4), "window_minutes": s.window}
+        return out
 
 
 # ------------------------------------------------------------------------------------------------ transfer
@@ -780,7 +975,7 @@ class _Window:
     start: datetime
     until: datetime
     site_rows: list[tuple[datetime, int, int, int, int]]  # minute, requests, 5xx + no status, topic views, pageviews
-    topic_rows: dict[datetime, dict[int, tuple[int, int]]]
+    topic_rows: dict[datetime, dict[int, tuple[int, int, int]]]  # minute -> topic -> views, replies, visitors
     source_rows: list[tuple[str, datetime, int]]           # host/file, minute, lines
     fresh: set[str]                                         # sources heartbeating at the evaluated time
     transfer: list[tuple[datetime, list[tuple[str, list[TransferRow]]]]]  # complete windows (end, rows), in order
@@ -969,13 +1164,13 @@ class TrafficDetector:
             "FROM site_minute "
             f"WHERE site = {_q(rt.name)} AND minute >= {_sql_ts(start)} AND minute < {_sql_ts(until)} "
             "GROUP BY minute ORDER BY minute")]
-        topic_rows: dict[datetime, dict[int, tuple[int, int]]] = {}
+        topic_rows: dict[datetime, dict[int, tuple[int, int, int]]] = {}
         if "topic" in enabled:
-            for minute, tid, v, r in store.query_rows(
-                    "SELECT minute, topic_id, sum(views), sum(replies) FROM topic_minute "
+            for minute, tid, v, r, u in store.query_rows(
+                    "SELECT minute, topic_id, sum(views), sum(replies), uniqMerge(visitors) FROM topic_minute "
                     f"WHERE site = {_q(rt.name)} AND minute >= {_sql_ts(start)} AND minute < {_sql_ts(until)} "
                     "GROUP BY minute, topic_id"):
-                topic_rows.setdefault(_utc(minute), {})[int(tid)] = (int(v), int(r))
+                topic_rows.setdefault(_utc(minute), {})[int(tid)] = (int(v), int(r), int(u or 0))
         source_rows: list[tuple[str, datetime, int]] = []
         fresh: set[str] = set()
         if "site" in enabled:

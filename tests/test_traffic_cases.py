@@ -4,7 +4,10 @@ Each case describes synthetic forum traffic (seeded Poisson counts, daily and we
 zone) plus injected events; the rows go into `requests` of a real chDB store, the materialized views build the
 rollups, and the detectors run over them (history mode, or `run_once` at `now` for live cases).  Rows come from
 one log source (origin/access.log) unless the case lists `sources` (file and share of the rows); a `source_gap`
-event removes one file's rows in its range.
+event removes one file's rows in its range.  `reply_fraction` turns that share of the background topic rows into
+replies; a `topic` event with `page_kind` (topic_view / reply) or `clients` (that many distinct addresses, 0 = a
+new one per row) gets rows of its own.  Expectations: `detail_min` / `detail_max` / `detail_eq` (dotted paths into
+`detail`, e.g. `by_measure.replies.magnitude`) and `detail_has` (a list in `detail` holds the value).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
     status = np.full(len(minutes), 200)
     keep = np.ones(len(minutes), dtype=bool)
     extra_topic: list[tuple[int, int, int]] = []  # (minute index, topic, views)
+    own_topic: list[tuple[dict[str, Any], int, int]] = []  # topic events with their own page kind / clients
     rate_factor: dict[str, np.ndarray] = {u: np.ones(len(minutes)) for u in case.get("upstreams", [])}
     latency = np.ones(len(minutes))
     for ev in case.get("events", []):
@@ -73,6 +77,8 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
             status[lo:hi] = ev["status"]
         elif ev["kind"] == "gap":
             keep[lo:hi] = False
+        elif ev["kind"] == "topic" and ("page_kind" in ev or "clients" in ev):
+            own_topic.append((ev, lo, hi))
         elif ev["kind"] == "topic":
             extra_topic += [(i, ev["topic_id"], ev["per_minute"]) for i in range(lo, hi)]
         elif ev["kind"] == "transfer":
@@ -88,10 +94,13 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
     base_ms = np.array([int(m.timestamp() * 1000) for m in minutes], dtype=np.int64)
     ts = base_ms[idx] + rng.integers(0, 60_000, n)
     topic = np.where(rng.random(n) < 0.5, rng.zipf(1.6, n) % 300 + 1, 0)
+    page_kind = np.where(topic > 0, "topic_view", "forum")
+    if case.get("reply_fraction"):  # background posts: this share of the topic rows are replies
+        page_kind = np.where((topic > 0) & (rng.random(n) < case["reply_fraction"]), "reply", page_kind)
     cols: dict[str, Any] = {
         "ts": ts, "client_ip": [f"::ffff:10.{(i >> 8) & 255}.{i & 255}.7" for i in rng.integers(0, 60000, n)],
         "status": status[idx], "bytes": rng.integers(500, 40_000, n), "topic_id": topic,
-        "page_kind": np.where(topic > 0, "topic_view", "forum"), "upstream": [case.get("small_upstream", "")] * n,
+        "page_kind": page_kind, "upstream": [case.get("small_upstream", "")] * n,
         "elapsed_ms": (list(case["elapsed_ms"] * latency[idx] * rng.lognormal(0.0, 0.3, n)) if "elapsed_ms" in case
                        else [None] * n),
     }
@@ -116,6 +125,18 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
                       "status": np.full(m, 200), "bytes": size, "topic_id": np.zeros(m, dtype=np.int64),
                       "page_kind": ["other"] * m, "upstream": [u] * m,
                       "elapsed_ms": list(size / rate * 1000.0)})
+    for k, (ev, lo, hi) in enumerate(own_topic):
+        # a topic event with its own rows: `page_kind` (topic_view / reply) and `clients` (that many distinct
+        # addresses, e.g. one regular reader or the few posters of a heated thread; default: a new one per row)
+        ev_rng = np.random.default_rng(zlib.crc32(f"{case['site']['name']}/{k}".encode()))
+        ti = np.repeat(np.arange(lo, hi), ev["per_minute"])
+        m = len(ti)
+        who = ev_rng.integers(0, ev["clients"], m) if ev.get("clients") else ev_rng.integers(0, 1 << 16, m)
+        parts.append({"ts": base_ms[ti] + ev_rng.integers(0, 60_000, m),
+                      "client_ip": [f"::ffff:10.{100 + k}.{(i >> 8) & 255}.{i & 255}" for i in who],
+                      "status": np.full(m, 200), "bytes": np.full(m, 20_000),
+                      "topic_id": np.full(m, ev["topic_id"]), "page_kind": [ev.get("page_kind", "topic_view")] * m,
+                      "upstream": [""] * m, "elapsed_ms": [None] * m})
     # log sources: origin/access.log unless the case splits the rows over several files (drawn from a generator of
     # its own, so the other cases' rows do not move); a `source_gap` event drops one file's rows in its range
     files = [np.full(len(p["ts"]), "access.log", dtype=object) for p in parts]
@@ -177,9 +198,23 @@ def _matches(det: Detection, rule: dict[str, Any], case: dict[str, Any]) -> bool
         return False
     if "start_from" in rule and det.start < _local(case, rule["start_from"]):
         return False
-    if any(float(det.detail.get(k) or 0) < v for k, v in (rule.get("detail_min") or {}).items()):
+    if any(float(_detail(det, k) or 0) < v for k, v in (rule.get("detail_min") or {}).items()):
+        return False
+    if any(float(_detail(det, k) or 0) > v for k, v in (rule.get("detail_max") or {}).items()):
+        return False
+    if any(_detail(det, k) != v for k, v in (rule.get("detail_eq") or {}).items()):
+        return False
+    if any(v not in (_detail(det, k) or []) for k, v in (rule.get("detail_has") or {}).items()):
         return False
     return not ("start_to" in rule and det.start > _local(case, rule["start_to"]))
+
+
+def _detail(det: Detection, key: str) -> Any:
+    """``det.detail`` at a dotted path (``by_measure.replies.magnitude``); None when absent."""
+    value: Any = det.detail
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _check(dets: list[Detection], case: dict[str, Any], expect: list[dict[str, Any]],
