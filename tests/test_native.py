@@ -62,6 +62,10 @@ def test_regexes_that_could_backtrack_or_have_unknown_atoms_get_no_program():
     assert native.program_for("^" + r"(?:\d{4}-[\d:T.+Z-]+|-)" + end) is None  # not a known atom
     assert native.program_for(word + end) is None  # not anchored
     assert native.program_for("^" + word) is None  # no end
+    ws = r"\t\n\x0b\x0c\r "
+    assert native.program_for("^" + rf'(?:[^"{ws}:]+)' + " " + word + end) is not None  # [^...:]: colon excluded
+    assert native.program_for("^" + rf'(?:[^"{ws}\d]+)' + " " + word + end) is None  # \d is a class, not "d"
+    assert native.program_for("^" + rf'(?:-|[^"{ws}\-]+)' + " " + word + end) is None  # "-" accepted, not in class
     custom = plan_for_spec('apache:%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i" %D', "custom")
     assert custom is not None and native.program_for(custom.regex) is not None
 
@@ -226,8 +230,10 @@ def test_fast_path_without_the_scanner_still_equals_the_reference(path, fmt, mon
 
 def test_build_is_cached_by_source_hash_and_atomic(tmp_path, monkeypatch):
     monkeypatch.setenv("FORUMPULSE_NATIVE_CACHE", str(tmp_path))
+    assert native.library_dirs() == [tmp_path]
     p = native.build()
     assert p.parent == tmp_path and p.name.startswith("fpscan-") and p.exists()
+    assert p.stat().st_mode & 0o777 == 0o755  # the services' users can load what make install built
     mtime = p.stat().st_mtime_ns
     assert native.build() == p and p.stat().st_mtime_ns == mtime  # not rebuilt
     assert [x.name for x in tmp_path.iterdir()] == [p.name]  # no temporary file left
@@ -241,3 +247,17 @@ def test_no_compiler_means_the_numpy_path_and_a_reason(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="no C compiler"):
         native.build()
     assert os.listdir(tmp_path) == []
+
+
+def test_a_library_others_could_write_is_not_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORUMPULSE_NATIVE_CACHE", str(tmp_path))
+    p = native.build()
+    p.chmod(0o777)
+    with pytest.raises(RuntimeError, match="not loaded"):
+        native.build()
+
+
+def test_the_library_is_looked_for_next_to_the_source_first(monkeypatch):
+    monkeypatch.delenv("FORUMPULSE_NATIVE_CACHE", raising=False)
+    dirs = native.library_dirs()
+    assert dirs[0] == native.SOURCE.parent / "_build" and dirs[1] == native.cache_dir()

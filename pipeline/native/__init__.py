@@ -91,8 +91,10 @@ def program_for(regex: str) -> Program | None:
             m = _WORD_X.match(regex, i)
             if m:
                 x = m.group(2)[-1]
-                if len(x.encode()) != 1:
-                    return None
+                if len(x.encode()) != 1 or (m.group(2).startswith("\\") and x.isalnum()):
+                    return None  # "\\d" and friends are classes, not the letter
+                if m.group(1) and x == "-":
+                    return None  # "-|[^...-]+" accepts "-" that the class excludes
                 ops.append((OP_WORD, ord(x)))
                 i = m.end()
                 continue
@@ -155,6 +157,15 @@ def cache_dir() -> Path:
     return Path(base) / "forumpulse"
 
 
+def library_dirs() -> list[Path]:
+    """Where the library is looked for, then built: ``$FORUMPULSE_NATIVE_CACHE`` alone when set; else next to
+    the source (``_build/``: written by ``make install``, readable by the services' own users, whose home
+    directories may be read-only), then the user's cache directory."""
+    if os.environ.get("FORUMPULSE_NATIVE_CACHE"):
+        return [cache_dir()]
+    return [SOURCE.parent / "_build", cache_dir()]
+
+
 def _compiler() -> str | None:
     for c in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if c and shutil.which(c):
@@ -162,33 +173,56 @@ def _compiler() -> str | None:
     return None
 
 
-def library_path() -> Path:
+def library_path(directory: Path | None = None) -> Path:
+    """The library's file name in ``directory`` (default: the first of :func:`library_dirs`): named by the
+    source's hash, so an edited source is rebuilt and never loads a stale library."""
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    return cache_dir() / f"fpscan-{digest}.so"
+    return (directory or library_dirs()[0]) / f"fpscan-{digest}.so"
+
+
+def _check_trusted(path: Path) -> None:
+    """Refuse a library another user could have written (it runs inside our process)."""
+    st = path.stat()
+    if st.st_uid not in (os.getuid(), 0) or st.st_mode & 0o022:
+        raise RuntimeError(f"{path}: not loaded, owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)} "
+                           "(must be this user's or root's, and not group/world writable)")
 
 
 def build() -> Path:
-    """Compile ``fpscan.c`` (once per source version); returns the library's path.  Raises ``RuntimeError``
-    with the reason when it cannot."""
-    dest = library_path()
-    if dest.exists():
-        return dest
+    """The library for the current source: an existing one from :func:`library_dirs`, else compiled (once per
+    source version) into the first of them that can be written.  Raises ``RuntimeError`` with the reason when
+    there is none and it cannot be built."""
+    dirs = library_dirs()
+    for d in dirs:
+        p = library_path(d)
+        if p.exists():
+            _check_trusted(p)
+            return p
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler (cc, gcc or clang; $CC): apt-get install gcc")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=dest.stem + ".", suffix=".so.tmp", dir=dest.parent)
-    os.close(fd)
-    try:
-        r = subprocess.run([cc, "-O2", "-std=c99", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
-                           capture_output=True, text=True, timeout=120)
-        if r.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {r.stderr.strip()[:2000]}")
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return dest
+    errors = []
+    for d in dirs:
+        dest = library_path(d)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=dest.stem + ".", suffix=".so.tmp", dir=dest.parent)
+        except OSError as exc:  # read-only install or home directory: try the next place
+            errors.append(f"{d}: {exc}")
+            continue
+        os.close(fd)
+        try:
+            r = subprocess.run([cc, "-O2", "-std=c99", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
+                               capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                raise RuntimeError(f"{cc} failed: {r.stderr.strip()[:2000]}")
+            os.chmod(tmp, 0o755)  # mkstemp made it 0600: other users (the services) must be able to load it
+            os.replace(tmp, dest)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return dest
+    raise RuntimeError("cannot write the library anywhere: " + "; ".join(errors))
 
 
 class Scanner:
@@ -212,12 +246,12 @@ class Scanner:
     def match(self, prog: Program, data_addr: int, offs: np.ndarray, valid: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
         """``(accepted, seps)`` for every line ``i`` (bytes ``offs[i]:offs[i+1]`` at ``data_addr``); ``seps`` is
-        ``(n, prog.k)`` int64, meaningful on accepted rows only."""
+        ``(n, prog.k)`` int32, meaningful on accepted rows only."""
         n = len(offs) - 1
         offs = np.ascontiguousarray(offs, dtype=np.int64)
         valid_u8 = np.ascontiguousarray(valid, dtype=np.uint8)
         acc = np.zeros(n, dtype=np.uint8)
-        seps = np.empty((n, prog.k), dtype=np.int64)
+        seps = np.empty((n, prog.k), dtype=np.int32)  # chunks stay under 2**31 bytes (fastpath checks)
         self.lib.fp_match(prog.code.ctypes.data, len(prog.code), data_addr, offs.ctypes.data, n,
                           valid_u8.ctypes.data, acc.ctypes.data, seps.ctypes.data, prog.k)
         return acc.view(bool), seps

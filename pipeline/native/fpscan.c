@@ -46,7 +46,7 @@ static inline const uint8_t *clf_part(const uint8_t *p, const uint8_t *e) {
 
 /* Match line i of the chunk; returns 1 and fills sp[0..k) when accepted. */
 static int match_line(const int32_t *prog, int32_t nprog, const uint8_t *data, const uint8_t *p,
-                      const uint8_t *e, int64_t *sp, int32_t k) {
+                      const uint8_t *e, int32_t *sp, int32_t k) {
     int32_t ns = 0;
     for (int32_t j = 0; j < nprog; j += 2) {
         int32_t op = prog[j], arg = prog[j + 1];
@@ -55,7 +55,7 @@ static int match_line(const int32_t *prog, int32_t nprog, const uint8_t *data, c
             if (p >= e || *p != (uint8_t)arg) return 0;
             if (arg == ' ' || arg == '"') {
                 if (ns >= k) return 0;
-                sp[ns++] = p - data;
+                sp[ns++] = (int32_t)(p - data);
             }
             p++;
             break;
@@ -83,7 +83,7 @@ static int match_line(const int32_t *prog, int32_t nprog, const uint8_t *data, c
             if (p >= e || *p != '[') return 0;
             p = clf_part(p + 1, e);
             if (p >= e || *p != ' ' || ns >= k) return 0;
-            sp[ns++] = p - data;
+            sp[ns++] = (int32_t)(p - data);
             p = clf_part(p + 1, e);
             if (p >= e || *p != ']') return 0;
             p++;
@@ -91,7 +91,7 @@ static int match_line(const int32_t *prog, int32_t nprog, const uint8_t *data, c
         case OP_CLFIN:
             p = clf_part(p, e);
             if (p >= e || *p != ' ' || ns >= k) return 0;
-            sp[ns++] = p - data;
+            sp[ns++] = (int32_t)(p - data);
             p = clf_part(p + 1, e);
             break;
         case OP_SS:
@@ -122,9 +122,10 @@ static int match_line(const int32_t *prog, int32_t nprog, const uint8_t *data, c
 
 /* For each line i in [0, n) (bytes offs[i]..offs[i+1] of data) with valid[i] != 0: accept[i] = 1 when the
  * program matches the whole line, and then seps[i*k .. i*k+k) = absolute positions of its k separators.
- * Rejected or invalid lines get accept[i] = 0 (their seps row is left as it was).  Returns the accepted count. */
+ * Rejected or invalid lines get accept[i] = 0 (their seps row is left as it was).  Returns the accepted count.
+ * Positions are int32: the caller keeps chunks under 2^31 bytes. */
 int64_t fp_match(const int32_t *prog, int32_t nprog, const uint8_t *data, const int64_t *offs, int64_t n,
-                 const uint8_t *valid, uint8_t *accept, int64_t *seps, int32_t k) {
+                 const uint8_t *valid, uint8_t *accept, int32_t *seps, int32_t k) {
     int64_t count = 0;
     for (int64_t i = 0; i < n; i++) {
         int ok = valid[i] && match_line(prog, nprog, data, data + offs[i], data + offs[i + 1], seps + i * k, k);
