@@ -1343,7 +1343,9 @@ def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_time
         via: _Row | None = None
         if hb == 0:  # no heartbeat of its own, ever: a network sender (or a file whose heartbeats never came)
             cover = _covering(r, listeners)
-            via = max(cover, key=lambda x: x.hb_ms) if cover else None
+            # quiet only while EVERY listener that may have received it is up: judged by the oldest (a sender
+            # of a collector that died is not vouched for by another collector with the same listener label)
+            via = min(cover, key=lambda x: (x.hb_ms, x.host, x.file, x.site)) if cover else None
             for x in cover:
                 covered[(x.site, x.host, x.file)] = covered.get((x.site, x.host, x.file), 0) + 1
         via_ago = now - via.hb_ms / 1000 if via is not None else None
@@ -1453,6 +1455,9 @@ def consume_command(
 
     use_jemalloc()
     tune_gc()
+    from forumpulse.pipeline import native
+
+    log.info("parser byte loops: %s", native.status())  # "unavailable: ..." says why (numpy path then)
     settings = load_settings(config)
     url = store or settings.store.url
     stop = threading.Event()

@@ -224,6 +224,9 @@ def run_command(
 
     use_jemalloc()
     tune_gc()
+    from forumpulse.pipeline import native
+
+    log.info("parser byte loops: %s", native.status())  # "unavailable: ..." says why (numpy path then)
     settings = load_settings(config)
     password = os.environ.get(password_env) if password_env else None
     if password_env and not password:
