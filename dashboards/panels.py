@@ -201,7 +201,8 @@ def liveness_sources(where: str = "1 = 1") -> str:
     """A subquery over ``lv`` (:data:`LIVENESS_ROWS`): the sources (rows that are neither a listener's heartbeat
     nor a host-level heartbeat without lines) matching ``where`` with ``own_hb_ms`` (their newest heartbeat, or
     their host's: empty ``origin_file``, same site or ``*``), ``cover`` (the listeners that may have received a
-    source without heartbeats of its own: array of (site, collector, listener, hb_ms), newest first) and
+    source without heartbeats of its own: array of (site, collector, listener, hb_ms), oldest first: a source is
+    quiet only while all of them are up) and
     ``state`` (live | silent | quiet | dead); ``now_s`` must be defined."""
     return f"""
     SELECT s.site AS site, s.origin_host AS origin_host, s.origin_file AS origin_file, s.line_ms AS line_ms,
@@ -210,7 +211,7 @@ def liveness_sources(where: str = "1 = 1") -> str:
            if(own_hb_ms > 0, [],
               if(notEmpty(exact) OR startsWith(s.origin_file, '/') OR {LISTENER_LABEL.format(col="s.origin_file")},
                  exact, arrayFilter(x -> x.1 = '*', l.ls))) AS unsorted_cover,
-           arraySort(x -> (-x.4, x.2, x.3, x.1), unsorted_cover) AS cover,
+           arraySort(x -> (x.4, x.2, x.3, x.1), unsorted_cover) AS cover,
            if(empty(cover), 0, cover[1].4) AS via_ms,
            multiIf(s.line_ms > 0 AND now_s - s.line_ms / 1000 <= {LIVE_WITHIN_S}, 'live',
                    own_hb_ms > 0 AND now_s - own_hb_ms / 1000 <= {HEARTBEAT_TIMEOUT_S}, 'silent',

@@ -152,3 +152,18 @@ def test_owner_serves_sources_and_listeners(chdb_path: Path, settings: Settings)
         if owner.store is not None:  # the owner's database is shared by this test process's other owner tests
             owner.store.command("TRUNCATE TABLE source_liveness")
         owner.shutdown()
+
+
+def test_a_sender_is_quiet_only_while_every_collector_that_may_receive_it_is_up(store: Store) -> None:
+    """Two collectors with the same listener label: a silent sender may be one of the dead collector's, so the
+    live collector does not vouch for it (the oldest covering listener decides)."""
+    _rows(store, [("rawsite", "collA", "tcp:5140", None, 1000),   # collector A stopped heartbeating
+                  ("rawsite", "collB", "tcp:5140", None, 10),     # collector B is up
+                  ("rawsite", "10.0.0.9", "tcp:5140", 2000, None)])
+    [s] = source_status(store, now=NOW, quiet_after_s=300, heartbeat_timeout_s=120)
+    assert (s.origin_host, s.state, s.listener) == ("10.0.0.9", "dead", "collA tcp:5140")
+    store.command("TRUNCATE TABLE source_liveness")
+    _rows(store, [("rawsite", "collA", "tcp:5140", None, 20), ("rawsite", "collB", "tcp:5140", None, 10),
+                  ("rawsite", "10.0.0.9", "tcp:5140", 2000, None)])
+    [s] = source_status(store, now=NOW, quiet_after_s=300, heartbeat_timeout_s=120)
+    assert (s.state, s.listener) == ("quiet", "collA tcp:5140")

@@ -174,8 +174,10 @@ def test_random_liveness_tables_agree(store: Store, seed: int) -> None:
     rows: list[Row] = [row(*k) for k in sorted(keys)]
     rows = [r for r in rows if r[3] is not None or r[4] is not None]
     # and senders without heartbeats next to up listeners, so that every state occurs
-    rows += [*COLLECTOR, ("forum", "10.9.9.9", "tcp:5140", 900, None), ("forum", "web9", "forum/x", 3600, None)]
-    # listener rows get distinct heartbeat times, so "the newest covering listener" is one listener
+    # (a label no random row uses: a sender is quiet only while every listener that may receive it is up)
+    rows += [*COLLECTOR, ("forum", "10.9.9.9", "tcp:5140", 900, None), ("forum", "web9", "forum/x", 3600, None),
+             ("forum", "collq", "tcp:6514", None, 5), ("forum", "10.9.9.8", "tcp:6514", 900, None)]
+    # listener rows get distinct heartbeat times, so "the oldest covering listener" is one listener
     rows = [(s, h, f, la, ha + i / 1000 if la is None and ha is not None else ha)
             for i, (s, h, f, la, ha) in enumerate(rows)]
     _insert(store, rows)
