@@ -46,14 +46,15 @@ def test_a_new_store_has_requests_by_day(store):
     assert "requests_by_day" not in _tables(store)
 
 
-@pytest.mark.parametrize("stop_after", [0, 1, 2])
+@pytest.mark.parametrize("stop_after", [0, 1, 2, 3, 4, 5])
 def test_empty_store_upgrade_survives_an_interruption_and_the_views_follow(empty_store, monkeypatch, stop_after):
     st = empty_store
     _before_0006(st, monkeypatch, 0)
     (m6,) = [m for m in load_migrations() if m.version == 6]
     for stmt in render(m6, PARAMS)[:stop_after]:  # an earlier attempt ran the first statements and died
-        _, sql = guarded(stmt)
-        st.command(sql)
+        guard, sql = guarded(stmt)
+        if guard is None or str(st.query_rows(guard)[0][0]).lower() in ("1", "true"):
+            st.command(sql)
     assert [m.version for m in migrate(st, PARAMS)] == [6]
     assert _partition_key(st) == "toYYYYMMDD(ts)"
     assert "requests_by_day" not in _tables(st)
@@ -84,3 +85,22 @@ def test_a_block_over_many_days_is_one_part_per_day_and_deduplicated_whole(store
     assert parts == 250
     store.insert("requests", _rows(5, BASE, step_ms=DAY), dedup_token="archive-2")  # another block: stored
     assert _state(store)[0][0] == 255
+
+
+def test_two_concurrent_runs_that_exchanged_twice_are_repaired(empty_store, monkeypatch):
+    """Consumers starting together on a new server: both passed the exchange guard and both exchanged, which put
+    the monthly table back; the rest of the migration puts the daily one in place and drops the empty monthly."""
+    st = empty_store
+    _before_0006(st, monkeypatch, 0)
+    (m6,) = [m for m in load_migrations() if m.version == 6]
+    steps = [guarded(x) for x in render(m6, PARAMS)]
+    st.command(steps[0][1])  # CREATE requests_by_day (daily)
+    st.command(steps[1][1])  # process A exchanges
+    st.command(steps[1][1])  # process B, past the same guard, exchanges back
+    assert _partition_key(st) == "toYYYYMM(ts)"
+    for guard, sql in steps[2:]:  # process A goes on with the rest, as the runner does
+        if guard is None or str(st.query_rows(guard)[0][0]).lower() in ("1", "true"):
+            st.command(sql)
+    assert _partition_key(st) == "toYYYYMMDD(ts)" and "requests_by_day" not in _tables(st)
+    assert [m.version for m in migrate(st, PARAMS)] == [6]  # B's run of the whole migration changes nothing
+    assert _partition_key(st) == "toYYYYMMDD(ts)" and "requests_by_day" not in _tables(st)
