@@ -15,9 +15,7 @@
 from __future__ import annotations
 
 import re
-import signal
 import socket
-import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -28,6 +26,8 @@ from forumpulse.pipeline.consumer import ConsumerOptions, LiveConsumer, listener
 from forumpulse.pipeline.store import Store
 from live_stack import Broker, Message, forumpulse_defines, free_ports, syslog_ng, wait_until
 from live_stack import kafka_fixture as kafka_fixture  # the `kafka` fixture
+from test_deploy_forwarders import _start as start
+from test_deploy_forwarders import _stop as stop
 
 pytestmark = [pytest.mark.kafka, pytest.mark.syslogng]
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,22 +50,6 @@ def forwarder_config(d: Path, **defines: str) -> Path:
     conf = d / "forwarder.conf"
     conf.write_text("@version: 3.38\noptions { stats-freq(0); };\n" + text)
     return conf
-
-
-def start(conf: Path, d: Path, name: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(["syslog-ng", "-F", "--no-caps", "-e", "-f", str(conf), "-R", str(d / f"{name}.persist"),
-                             "-p", str(d / f"{name}.pid"), "-c", str(d / f"{name}.ctl")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def stop(proc: subprocess.Popen[str]) -> str:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    return out
 
 
 def env(m: Message) -> tuple[str, str, str, str, str]:
