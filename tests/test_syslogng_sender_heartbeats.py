@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from forumpulse.pipeline.store import Store
 from live_stack import Broker, Message, forumpulse_defines, free_ports, syslog_ng, wait_until
 from live_stack import kafka_fixture as kafka_fixture  # the `kafka` fixture
 from test_deploy_forwarders import _start as start
-from test_deploy_forwarders import _stop as stop
+from test_deploy_forwarders import _stop
 
 pytestmark = [pytest.mark.kafka, pytest.mark.syslogng]
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +53,16 @@ def forwarder_config(d: Path, **defines: str) -> Path:
     return conf
 
 
+_STOPPED: dict[int, str] = {}
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    """Stop a syslog-ng started here once; later calls return the same output (failure paths stop early)."""
+    if proc.pid not in _STOPPED:
+        _STOPPED[proc.pid] = _stop(proc)
+    return _STOPPED[proc.pid]
+
+
 def env(m: Message) -> tuple[str, str, str, str, str]:
     parts = m.value.decode().split("\t", 5)
     assert len(parts) == 6 and parts[0] == "fp1", m.value[:200]
@@ -66,7 +77,8 @@ def test_forwarded_heartbeats_are_attributed_to_the_sender_and_make_it_silent(
     topic = kafka.create_topic("t.sender-hb", 2)
     d = forumpulse_defines(tmp_path / "logs", kafka, fp_topic=topic, heartbeat_s=1, fp_raw_site="rawsite",
                            fp_origin_host="collector1")
-    relay_port = free_ports(1)[0]
+    taken = {int(v) for k, v in d.items() if k.endswith("_port") and str(v).isdigit()}
+    relay_port = next(p for p in free_ports(8) if p not in taken)  # separate calls may return the same port
     web, squid, state = tmp_path / "web", tmp_path / "squid", tmp_path / "state"
     for p in (web, squid, state):
         p.mkdir()
@@ -111,8 +123,19 @@ def test_forwarded_heartbeats_are_attributed_to_the_sender_and_make_it_silent(
                     s.sendall((f"<46>{stamp} web8 -- MARK --\n"  # a remote syslog-ng's network() MARK
                                f"<14>{stamp} web9 board.example.net/-heartbeat-: alive\n"
                                f"<14>{stamp} web9 board.example.net/combined: {LINE.format(9, 3, 'b')}\n").encode())
-                wait_until(lambda: beats_of("web7") >= 2 and beats_of(relay_host) >= 2, 150,
-                           what="forwarder (web7) and relay heartbeats in Kafka")
+                def both_beating() -> bool:
+                    for name, proc in (("relay", relay), ("forwarder", fwd)):  # a daemon that died says why
+                        assert proc.poll() is None, f"{name} syslog-ng exited: {stop(proc)}"
+                    return beats_of("web7") >= 2 and beats_of(relay_host) >= 2
+
+                try:
+                    wait_until(both_beating, 150, what="forwarder (web7) and relay heartbeats in Kafka")
+                except AssertionError as exc:
+                    seen: dict[str, int] = {}
+                    for m in msgs():
+                        seen[f"{env(m)[1]} {env(m)[3]}"] = seen.get(f"{env(m)[1]} {env(m)[3]}", 0) + 1
+                    raise AssertionError(f"{exc}; messages by host and format: {seen}; relay: {stop(relay)}; "
+                                         f"forwarder: {stop(fwd)}") from None
                 wait_until(lambda: sum(1 for m in msgs() if env(m)[3] != HB) >= 3, 90, what="3 data lines")
             finally:
                 logs += stop(fwd)
