@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -255,6 +256,57 @@ def test_a_library_others_could_write_is_not_loaded(tmp_path, monkeypatch):
     p.chmod(0o777)
     with pytest.raises(RuntimeError, match="not loaded"):
         native.build()
+
+
+def test_a_library_that_does_not_load_is_rebuilt_in_its_place(tmp_path, monkeypatch):
+    """A library cut short (or another machine's build in a shared cache) does not leave the process on the
+    numpy path for good: it is compiled again over the broken file and loaded."""
+    monkeypatch.setenv("FORUMPULSE_NATIVE_CACHE", str(tmp_path))
+    broken = native.library_path()
+    broken.write_bytes(b"\x7fELF cut short")
+    broken.chmod(0o755)
+    with pytest.raises(OSError):
+        native.Scanner(broken)
+    sc = native.load()
+    assert sc.path == broken and sc.newline_ends(b"x\ny\n").tolist() == [2, 4]
+    assert broken.stat().st_size > 1000 and broken.stat().st_mode & 0o777 == 0o755
+    assert [x.name for x in tmp_path.iterdir()] == [broken.name]  # replaced, no temporary file left
+
+
+def test_a_broken_library_in_a_read_only_place_is_rebuilt_in_the_next(tmp_path, monkeypatch):
+    installed, cache = tmp_path / "installed", tmp_path / "cache"
+    installed.mkdir()
+    monkeypatch.setattr(native, "library_dirs", lambda: [installed, cache])
+    broken = native.library_path(installed)
+    broken.write_bytes(b"not a shared object")
+    broken.chmod(0o755)
+    real_mkstemp = native.tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kw):  # the installed tree is read-only for this user (root ignores modes)
+        if Path(dir) == installed:
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real_mkstemp(*args, dir=dir, **kw)
+
+    monkeypatch.setattr(native.tempfile, "mkstemp", mkstemp)
+    sc = native.load()
+    assert sc.path == native.library_path(cache)
+    assert broken.read_bytes() == b"not a shared object"  # left alone
+    assert native.load().path == sc.path  # next time: the broken one is skipped, the cache's one loads
+
+
+def test_a_library_that_still_does_not_load_gives_every_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORUMPULSE_NATIVE_CACHE", str(tmp_path))
+    broken = native.library_path()
+    broken.write_bytes(b"junk")
+    broken.chmod(0o755)
+
+    def bad_build(force=False):
+        assert force  # a refused library is rebuilt, not returned again
+        return broken
+
+    monkeypatch.setattr(native, "build", bad_build)
+    with pytest.raises(RuntimeError, match=r"did not load \(.*did not load after building it"):
+        native.load()
 
 
 def test_the_library_is_looked_for_next_to_the_source_first(monkeypatch):

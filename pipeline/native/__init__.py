@@ -188,12 +188,13 @@ def _check_trusted(path: Path) -> None:
                            "(must be this user's or root's, and not group/world writable)")
 
 
-def build() -> Path:
+def build(force: bool = False) -> Path:
     """The library for the current source: an existing one from :func:`library_dirs`, else compiled (once per
-    source version) into the first of them that can be written.  Raises ``RuntimeError`` with the reason when
-    there is none and it cannot be built."""
+    source version) into the first of them that can be written; ``force`` compiles even when one exists (it
+    replaces, atomically, the one in that directory).  Raises ``RuntimeError`` with the reason when there is none
+    and it cannot be built."""
     dirs = library_dirs()
-    for d in dirs:
+    for d in dirs if not force else ():
         p = library_path(d)
         if p.exists():
             _check_trusted(p)
@@ -285,6 +286,28 @@ class Scanner:
         return out
 
 
+def load() -> Scanner:
+    """The loaded library for the current source.  An existing library that the dynamic loader refuses (cut
+    short on a full disk, or another machine's build in a cache directory shared between architectures) is not
+    a reason to run without it: the next place is tried, and when none loads, the library is compiled again
+    (replacing the broken one in the first writable place) and loaded once more.  Raises ``RuntimeError`` with
+    every reason when that fails too."""
+    refused = []
+    for d in library_dirs():
+        p = library_path(d)
+        if p.exists():
+            _check_trusted(p)
+            try:
+                return Scanner(p)
+            except OSError as exc:
+                refused.append(f"{p} did not load ({exc})")
+    p = build(force=bool(refused))
+    try:
+        return Scanner(p)
+    except OSError as exc:
+        raise RuntimeError("; ".join([*refused, f"{p} did not load after building it ({exc})"])) from exc
+
+
 def scanner() -> Scanner | None:
     """The native scanner, built and loaded on first call; ``None`` when turned off or unavailable."""
     if os.environ.get("FORUMPULSE_NATIVE", "1") == "0":
@@ -295,7 +318,7 @@ def scanner() -> Scanner | None:
     with _lock:
         if "scanner" not in _state and "error" not in _state:
             try:
-                _state["scanner"] = Scanner(build())
+                _state["scanner"] = load()
             except Exception as exc:  # no compiler, read-only cache: the numpy path does the same work
                 _state["error"] = f"{type(exc).__name__}: {exc}"
     return _state.get("scanner")  # type: ignore[return-value]
