@@ -9,7 +9,10 @@ the first ``DECIDE_ROWS`` rows as they arrive, then frozen.
    tweet counts...).  Robust level and step deviations against a trailing median/MAD, turned into a tail
    probability against the trailing distribution of those deviations (an "anomaly likelihood"), mapped to
    ``min(1, -log10(p)/10)``; after an alarm (score >= ``alarm``) the score is capped just below ``alarm`` for
-   ``suppress`` rows so one incident raises one alarm.  This is what ``--scores`` prints and what NAB scores.
+   ``suppress`` rows so one incident raises one alarm.  Since rules v7 the row's score (before suppression) is the
+   larger of that and the contextual novelty score of :mod:`forumpulse.detectors.novelty` (share of the row's
+   quantised-level contexts, with and without the time of day, never seen before, as an anomaly likelihood), which
+   sees shape changes inside the usual range.  This is what ``--scores`` prints and what NAB scores.
 2. :class:`SeasonalDetector` — events on a *count* series (requests per minute) against a seasonal baseline in
    the site's time zone: the same time of day on the previous ``baseline_days`` days of the same day type
    (workday / weekend-or-holiday, from :mod:`forumpulse.detectors.calendar`), median per bucket, so earlier
@@ -37,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import typer
+from forumpulse.detectors.novelty import NoveltyParams, day_phases, novelty_scores
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -107,6 +111,14 @@ class ScoreParams:
     score_window: int = 2000    # likelihood layer over the score itself: rows of score history (0 = layer off)
     score_short: int = 5        # ... rows of score averaged before its tail probability
     score_sd_floor: float = 0.05  # ... floor of the std of the averaged-score history (score units)
+    # contextual novelty (rules v7, :mod:`forumpulse.detectors.novelty`); the row's score is the larger of the two
+    novelty_levels: int = 8     # grid levels of the novelty detector (0 = off)
+    novelty_orders: int = 2     # contexts of the last 1 .. N levels
+    novelty_phase_buckets: int = 48  # with timestamps: contexts also carry the time of day (buckets per day, 0 = no)
+    novelty_phase_orders: int = 2    # ... for the last 1 .. N levels
+    novelty_window: int = 2000  # rows of history of the averaged novelty for its tail probability
+    novelty_short: int = 3      # rows of novelty averaged
+    novelty_sd_floor: float = 0.1  # floor of the std of the averaged-novelty history
 
 
 def _norm_sf(z: FloatArray) -> FloatArray:
@@ -228,8 +240,10 @@ def anomaly_scores(values: Sequence[float] | FloatArray, params: ScoreParams | N
     mean/std of that mean over the previous ``likelihood_window`` rows, Gaussian tail).  Row ``t`` uses the model
     with the lowest trailing mean absolute error (a seasonal model only when its error is under ``seasonal_gain``
     × the raw model's), reported as ``min(1, -log10(p)/10)``; after an alarm (``>= alarm``) the score is capped
-    just below it for ``suppress`` rows.  NaN values are carried forward (a missing value is not evidence).
-    O(n log w) with pandas rolling windows plus one O(n) pass."""
+    just below it for ``suppress`` rows.  With ``novelty_levels > 0`` (rules v7) the score before suppression is the
+    larger of that and :func:`forumpulse.detectors.novelty.novelty_scores` (time-of-day contexts from the same row
+    step).  NaN values are carried forward (a missing value is not evidence).
+    O(n log w) with pandas rolling windows plus O(n) passes."""
     return _scores(values, params, timestamps, step, False)[0]
 
 
@@ -252,9 +266,12 @@ def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
         level = x.shift(p.short_window).rolling(p.long_window, min_periods=p.min_history).median()
         level = level.fillna(x.shift(1).expanding().median())
         expected = level.fillna(x).to_numpy(dtype=np.float64)
+    phases: npt.NDArray[np.int64] | None = None
     if timestamps is not None and len(timestamps) >= 2:
         sec = _epoch_seconds(timestamps)
         steps = np.full(n, int(step), dtype=np.int64) if step else _row_steps(sec)
+        if p.novelty_levels > 0 and p.novelty_phase_buckets > 0:
+            phases = day_phases(sec, steps, p.novelty_phase_buckets)
         safe = np.maximum(steps, 1)
         xv = x.to_numpy()
         lvl = x.shift(1).rolling(p.long_window, min_periods=p.min_history).median()
@@ -296,8 +313,17 @@ def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
     if p.score_window > 0:
         score = np.minimum(score, _score_likelihood(score, p))
     score = np.clip(score, 0.0, 1.0)
+    if p.novelty_levels > 0:
+        score = np.maximum(score, novelty_scores(x.to_numpy(), novelty_params(p), phases))
     score[: p.min_history] = 0.0
     return _suppress(score, p.alarm, p.suppress), expected
+
+
+def novelty_params(p: ScoreParams) -> NoveltyParams:
+    """The :class:`forumpulse.detectors.novelty.NoveltyParams` of ``p`` (its ``novelty_*`` fields)."""
+    return NoveltyParams(levels=p.novelty_levels, orders=p.novelty_orders, window=p.novelty_window,
+                         short=p.novelty_short, sd_floor=p.novelty_sd_floor, min_history=p.min_history,
+                         phase_buckets=p.novelty_phase_buckets, phase_orders=p.novelty_phase_orders)
 
 
 def _score_likelihood(score: FloatArray, p: ScoreParams) -> FloatArray:
