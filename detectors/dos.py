@@ -946,9 +946,10 @@ class KafkaSink:
                  producer: Any = None) -> None:
         if producer is None:
             from confluent_kafka import Producer
+            from forumpulse.pipeline.kafka_client import client_config
 
-            producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
-                                 "linger.ms": 20})
+            producer = Producer(client_config({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
+                                               "linger.ms": 20}))
         self.producer = producer
         self.topic = topic
 

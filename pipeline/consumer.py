@@ -94,6 +94,7 @@ import pyarrow as pa
 import typer
 from forumpulse.pipeline.config import Settings, load_settings
 from forumpulse.pipeline.contracts import heartbeat_time_ms, split_values
+from forumpulse.pipeline.kafka_client import client_config
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
 from forumpulse.pipeline.store import Store, StoreError, migrate, open_store
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -359,8 +360,7 @@ class LiveConsumer:
         }
         if o.instance_id:
             conf["group.instance.id"] = o.instance_id
-        conf.update(o.kafka_config)
-        return conf
+        return client_config(conf, o.kafka_config)
 
     def run(self, idle_exit_s: float | None = None) -> dict[str, Any]:
         """Consume until :meth:`stop` (or, with ``idle_exit_s``, until caught up and idle that long).
@@ -420,9 +420,9 @@ class LiveConsumer:
 
     def _client_config(self) -> dict[str, Any]:
         """Connection settings shared by the dead-letter producer and the admin client (topic IDs)."""
-        return {"bootstrap.servers": self.opt.bootstrap_servers,
-                **{k: v for k, v in self.opt.kafka_config.items()
-                   if k.startswith("security") or k.startswith("sasl") or k.startswith("ssl")}}
+        return client_config({"bootstrap.servers": self.opt.bootstrap_servers},
+                             {k: v for k, v in self.opt.kafka_config.items()
+                              if k.startswith("security") or k.startswith("sasl") or k.startswith("ssl")})
 
     def _new_producer(self) -> Any:
         from confluent_kafka import Producer

@@ -54,6 +54,7 @@ from typing import Any, Literal
 import pyarrow as pa
 from forumpulse.pipeline.config import Settings, register_section_validator
 from forumpulse.pipeline.consumer import BatchInfo
+from forumpulse.pipeline.kafka_client import client_config
 from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger("forumpulse.live_detect")
@@ -439,12 +440,11 @@ class DosFeed:
     def run(self) -> None:
         from confluent_kafka import Consumer, KafkaException
 
-        c = Consumer({
+        c = Consumer(client_config({
             "bootstrap.servers": self.bootstrap, "group.id": self.opt.feed_group,
             "auto.offset.reset": self.opt.feed_start, "enable.auto.commit": True,
             "auto.commit.interval.ms": 1000, "session.timeout.ms": 6000, "fetch.wait.max.ms": 100,
-            "client.id": "forumpulse-dos-feed", **self.kafka_config,
-        })
+            "client.id": "forumpulse-dos-feed"}, self.kafka_config))
         c.subscribe([self.topic], on_assign=self._on_assign)
         try:
             while not self.stop.is_set():
@@ -537,7 +537,7 @@ class TrafficService:
 def _kafka_producer(bootstrap: str) -> Any:
     from confluent_kafka import Producer
 
-    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    return Producer(client_config({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20}))
 
 
 @dataclass
