@@ -594,6 +594,12 @@ class LiveConsumer:
             self._paused.update((tp.topic, tp.partition) for tp in partitions)
             with contextlib.suppress(Exception):
                 consumer.pause(partitions)
+        elif partitions:
+            # librdkafka keeps a partition's pause flag across its revocation and a new assignment to the same
+            # consumer: a partition paused for a full buffer when the group lost it (a broker restart expires the
+            # session) would come back paused and never fetch again, with no error (seen in
+            # tests/test_live_consumer_kafka_outage.py).  A new assignment starts fetching.
+            consumer.resume(partitions)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         self.metrics.rebalances.labels("revoke").inc(len(partitions))
