@@ -158,12 +158,22 @@ def ingest(
     tune_allocator()
     tune_gc()
 
+    from forumpulse.pipeline.store import StoreError
+
     settings = _settings(config, store)
     st = _open(settings)
     console = Console(stderr=True)
+    again = ("nothing stored is lost or doubled: run the same command on the same input again (after fixing the "
+             "cause); the blocks already stored are recognised by their tokens and skipped")
     try:
         with file_progress(console) as on_file:
             results = ingest_paths(st, settings, files, fmt=fmt, site=site, origin_host=origin_host, on_file=on_file)
+    except StoreError as exc:  # e.g. the disk is full: one clear message, not a traceback
+        typer.echo(f"error: {exc}\n{again}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted\n{again}", err=True)
+        raise typer.Exit(130) from None
     finally:
         st.close()
     _print_counts(results)
