@@ -81,29 +81,46 @@ def _chunks(fh: BinaryIO, max_lines: int, read_bytes: int = READ_CHUNK_BYTES) ->
     """Raw blocks of at most ``max_lines`` lines, cut after a newline (a last line without one included), with
     the number of lines each holds as counted here by the reader: no per-line objects are made.
 
-    Cuts are found with ``bytes.count`` / ``bytes.find`` (memchr speed, no per-byte arrays): a window sized by the
-    average line length seen so far is counted, then the last few newlines are walked one by one."""
-    rest = b""
+    Cuts are found with ``count`` / ``find`` (memchr speed, no per-byte arrays): a window sized by the average
+    line length seen so far is counted, then the last few newlines are walked one by one.  The input is read into
+    one reused buffer (``readinto`` where the reader has it) and each block is copied out of it once: reading
+    and cutting 278 MB took 0.45-0.62 CPU-s with fresh ``bytes`` per read (the remainder concatenated to every
+    read, ~130k page faults) and a fraction of that this way.  Where the cuts fall depends on the data alone, so
+    a file gives the same blocks (and dedup tokens) however it is read."""
+    buf = bytearray(read_bytes)
+    filled = 0  # bytes of buf holding data; buf[:filled] = the unread rest, then what the last read added
+    readinto = getattr(fh, "readinto", None)
     avg = 256.0  # bytes per line, refined as blocks are cut
     while True:
-        block = fh.read(read_bytes)
-        data = rest + block if rest else block
-        if not block:
-            if data:
-                yield data, data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-            return
-        start = 0
-        while (end := _after_nth_newline(data, start, max_lines, avg)) > 0:
-            avg = (end - start) / max_lines
-            yield data[start:end], max_lines
-            start = end
-        rest = data[start:]
+        if len(buf) - filled < read_bytes:
+            buf.extend(bytes(filled + read_bytes - len(buf)))  # grows only while a block does not fit
+        with memoryview(buf) as mv:
+            if readinto is not None:
+                got = readinto(mv[filled:filled + read_bytes])
+            else:  # e.g. the damage-tolerant .gz reader
+                block = fh.read(read_bytes)
+                got = len(block)
+                mv[filled:filled + got] = block
+            if not got:
+                if filled:
+                    tail = bytes(mv[:filled])
+                    yield tail, tail.count(b"\n") + (0 if tail.endswith(b"\n") else 1)
+                return
+            filled += got
+            start = 0
+            while (end := _after_nth_newline(buf, start, max_lines, avg, filled)) > 0:
+                avg = (end - start) / max_lines
+                yield bytes(mv[start:end]), max_lines
+                start = end
+            mv[:filled - start] = mv[start:filled]  # keep the rest at the front (less than a block)
+            filled -= start
 
 
-def _after_nth_newline(data: bytes, start: int, n: int, avg: float) -> int:
-    """The position just after the ``n``-th newline at or after ``start`` in ``data``, or -1 if there are fewer."""
+def _after_nth_newline(data: bytes | bytearray, start: int, n: int, avg: float, size: int | None = None) -> int:
+    """The position just after the ``n``-th newline at or after ``start`` in ``data[:size]``, or -1 if there are
+    fewer."""
     pos, left = start, n
-    size = len(data)
+    size = len(data) if size is None else size
     while left > 32:
         window = min(size, pos + max(1, int(left * avg * 0.9)))  # aim just short of the target
         c = data.count(b"\n", pos, window)
@@ -114,7 +131,7 @@ def _after_nth_newline(data: bytes, start: int, n: int, avg: float) -> int:
         if window == size:
             return -1
     for _ in range(left):
-        k = data.find(b"\n", pos)
+        k = data.find(b"\n", pos, size)
         if k < 0:
             return -1
         pos = k + 1

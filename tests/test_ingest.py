@@ -302,3 +302,39 @@ def test_a_gz_cut_short_loads_every_line_before_the_cut_and_reports_the_damage(t
     assert "damaged or cut short" in r.stderr.decode()
     assert f"{cut}: read {expected:,}  " in r.stdout.decode()
     assert "Traceback" not in r.stderr.decode()
+
+
+class _ReadOnly:
+    """A reader without ``readinto`` (like the damage-tolerant .gz reader)."""
+
+    def __init__(self, data: bytes) -> None:
+        import io
+
+        self._b = io.BytesIO(data)
+
+    def read(self, n: int = -1) -> bytes:
+        return self._b.read(n)
+
+
+@pytest.mark.parametrize("reader", ["readinto", "read"])
+def test_reader_blocks_are_the_lines_in_order_at_most_max_lines_each(reader):
+    """``_chunks`` (reused read buffer) against the plain definition: the input's lines, in order, grouped by
+    ``max_lines`` (the last group shorter, a last line without newline kept), whatever the read size — reads
+    that end mid-line, blocks bigger than a read, lines longer than a read, empty lines."""
+    import io
+    import random
+
+    from forumpulse.pipeline.ingest import _chunks
+
+    rng = random.Random(7)
+    for _ in range(400):
+        data = bytes(rng.choice(b"ab\n\n") for _ in range(rng.randrange(0, 600)))
+        if rng.random() < 0.3:
+            data += b"x" * rng.randrange(1, 200)  # a long last line, maybe without newline
+        max_lines, read_bytes = rng.randrange(1, 40), rng.randrange(1, 90)
+        fh = io.BytesIO(data) if reader == "readinto" else _ReadOnly(data)
+        got = list(_chunks(fh, max_lines, read_bytes))
+        lines = data.splitlines(keepends=True)
+        want = [b"".join(lines[i:i + max_lines]) for i in range(0, len(lines), max_lines)]
+        assert [c for c, _ in got] == want, (data, max_lines, read_bytes)
+        assert [n for _, n in got] == [len(c.splitlines()) for c in want]
