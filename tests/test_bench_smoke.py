@@ -56,6 +56,12 @@ def test_offline_sections(tmp_path: Path) -> None:
     g = r["ingest"]["20000"]["goaccess"]
     assert g["total_requests"] == r["ingest"]["20000"]["lines"]  # GoAccess really parsed every line
     assert positive(r["ingest"]["20000"]["ratio"]) and "goaccess" not in r["ingest"]["40000"]
+    # the compared size runs alternating pairs (default 3); the row is the pair with the median ratio
+    pairs = r["ingest"]["20000"]["pairs"]
+    assert len(pairs) == 3 and "pairs" not in r["ingest"]["40000"]
+    assert r["ingest"]["20000"]["ratio"] == sorted(p["ratio"] for p in pairs)[1]
+    assert all(positive(p["seconds"]) and positive(p["goaccess_seconds"]) for p in pairs)
+    assert "alternating pairs" in md
     # dos: detector saw every stored row; fail2ban matched every line of the same file
     d = r["dos"]
     assert d["lines"] == r["ingest"]["20000"]["rows"]["requests"] and positive(d["lines_s"])
