@@ -264,12 +264,23 @@ def dump_sim(out: Path, lines_per_day: int = 60_000, seed: int = 1, days: int = 
     (out / "truth.json").write_text(json.dumps(truth))
 
 
-def dev_corpus(data: Path, sim_dirs: list[Path]) -> dict[str, DevSeries]:
-    """The corpus the generic scorer's parameters are chosen on: synthetic series, NASA-HTTP 1995, simulator."""
+def monitoring_dev_series(seed: int = 11, per_family: int = 6) -> dict[str, DevSeries]:
+    """The monitoring-style families of :mod:`forumpulse.detectors.devcorpus` with NAB-style windows."""
+    from forumpulse.detectors.devcorpus import monitoring_series
+
+    return {k: DevSeries(ts, x, _nab_limits(ts, [ts[s] for s in starts]))
+            for k, (ts, x, starts) in monitoring_series(seed, per_family).items()}
+
+
+def dev_corpus(data: Path, sim_dirs: list[Path], monitoring: bool = False) -> dict[str, DevSeries]:
+    """The corpus the generic scorer's parameters are chosen on: synthetic series, NASA-HTTP 1995, simulator, and
+    with ``monitoring`` the monitoring-style families (:func:`monitoring_dev_series`, added after rules v7)."""
     out = synthetic_series()
     out.update(nasa_series(data / "nasa_http_1995"))
     for d in sim_dirs:
         out.update(sim_series(d))
+    if monitoring:
+        out.update(monitoring_dev_series())
     return out
 
 
@@ -566,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="dev = the development corpus the generic score's parameters were chosen on (not default)")
     ap.add_argument("--dev-sim", type=Path, action="append", default=[],
                     help="simulator dump folder for the dev corpus (created with seed 1, 2, ... when absent)")
+    ap.add_argument("--dev-monitoring", action="store_true",
+                    help="dev corpus also with the monitoring-style families (detectors/devcorpus.py, 54 series)")
     ap.add_argument("--sim-days", type=int, default=28)
     ap.add_argument("--sim-lines-per-day", type=int, default=60_000)
     ap.add_argument("--sim-work", type=Path, default=None,
@@ -594,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed, d in enumerate(args.dev_sim, start=1):
             if not (d / "truth.json").is_file():
                 dump_sim(d, seed=seed)
-        res = score_dev(dev_corpus(data, args.dev_sim), score_params(rules))
+        res = score_dev(dev_corpus(data, args.dev_sim, args.dev_monitoring), score_params(rules))
         _say("\n## Development corpus (synthetic, NASA 1995, simulator; NAB-style windows and scoring)\n")
         _say("| profile | optimised | threshold | shipped |\n|---|---|---|---|")
         for profile, (opt, thr, shipped) in res.items():
