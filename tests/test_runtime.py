@@ -52,3 +52,30 @@ def test_the_long_running_commands_apply_it():
     assert "tune_gc()" in inspect.getsource(cli.ingest)
     assert "tune_gc()" in inspect.getsource(consumer.consume_command)
     assert "tune_gc()" in inspect.getsource(owner.run_command)
+
+
+def test_without_modules_refuses_the_import_but_pyarrow_still_converts():
+    out = _run("import sys; from forumpulse.pipeline.runtime import without_modules; "
+               "without_modules('pandas', why='not used here'); "
+               "import numpy as np, pyarrow as pa; "
+               "a = pa.array(['x', None]); b = pa.array(np.arange(3)); t = pa.table({'a': [1, 2]}); "
+               "err = ''\n"
+               "try:\n    import pandas.core.api\nexcept ImportError as e:\n    err = str(e)\n"
+               "print(a.to_pylist(), b.to_pylist(), t.num_rows, 'pandas' in sys.modules, err)")
+    assert out == "['x', None] [0, 1, 2] 2 False pandas is not loaded in this process: not used here"
+
+
+def test_ingest_runs_without_pandas(tmp_path):
+    """The ingest command refuses pandas for its process (pyarrow would import it only to check its inputs); the
+    whole command, parse to insert, works without it."""
+    log = tmp_path / "a.log"
+    log.write_text('1.2.3.4 - - [01/Jul/1995:00:00:01 -0400] "GET /showthread.php?t=5 HTTP/1.0" 200 1 "-" "ua"\n'
+                   "garbage line\n")
+    code = ("import sys\nfrom forumpulse.pipeline.cli import main\n"
+            f"sys.argv = ['forumpulse', 'ingest', '--store', 'chdb:{tmp_path / 'db'}', '--format', 'combined', '{log}']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('pandas' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "False"
+    assert "read 2  loaded 1  quarantined 1" in r.stdout + r.stderr
