@@ -12,7 +12,10 @@ the first ``DECIDE_ROWS`` rows as they arrive, then frozen.
    ``suppress`` rows so one incident raises one alarm.  Since rules v7 the row's score (before suppression) is the
    larger of that and the contextual novelty score of :mod:`forumpulse.detectors.novelty` (share of the row's
    quantised-level contexts, with and without the time of day, never seen before, as an anomaly likelihood), which
-   sees shape changes inside the usual range.  This is what ``--scores`` prints and what NAB scores.
+   sees shape changes inside the usual range.  Since rules v8 one more model is a *learned period*
+   (:func:`_learned_period`: ``x[t - L]`` at the lag that predicted the last ``long_window`` rows best, re-learnt
+   continuously), which makes a periodic job's resets expected and re-learns its new period after a change.  This is
+   what ``--scores`` prints and what NAB scores.
 2. :class:`SeasonalDetector` — events on a *count* series (requests per minute) against a seasonal baseline in
    the site's time zone: the same time of day on the previous ``baseline_days`` days of the same day type
    (workday / weekend-or-holiday, from :mod:`forumpulse.detectors.calendar`), median per bucket, so earlier
@@ -119,6 +122,10 @@ class ScoreParams:
     novelty_window: int = 2000  # rows of history of the averaged novelty for its tail probability
     novelty_short: int = 3      # rows of novelty averaged
     novelty_sd_floor: float = 0.1  # floor of the std of the averaged-novelty history
+    # learned period (rules v8, :func:`_learned_period`): seasonal-naive x[t - L] at the lag L (rows) that predicted
+    # the last long_window rows best, used *instead of* the other models where its trailing error is the lowest
+    period_min_lag: int = 10    # shortest lag tried; a period counts when its error is under seasonal_gain x this lag's
+    period_max_lag: int = 400   # longest lag tried (0 = no learned period, the v7 score)
 
 
 def _norm_sf(z: FloatArray) -> FloatArray:
@@ -239,11 +246,13 @@ def anomaly_scores(values: Sequence[float] | FloatArray, params: ScoreParams | N
     ``surprise_cap``), each turned into an anomaly likelihood (the ``likelihood_short``-row mean against the
     mean/std of that mean over the previous ``likelihood_window`` rows, Gaussian tail).  Row ``t`` uses the model
     with the lowest trailing mean absolute error (a seasonal model only when its error is under ``seasonal_gain``
-    × the raw model's), reported as ``min(1, -log10(p)/10)``; after an alarm (``>= alarm``) the score is capped
-    just below it for ``suppress`` rows.  With ``novelty_levels > 0`` (rules v7) the score before suppression is the
-    larger of that and :func:`forumpulse.detectors.novelty.novelty_scores` (time-of-day contexts from the same row
-    step).  NaN values are carried forward (a missing value is not evidence).
-    O(n log w) with pandas rolling windows plus O(n) passes."""
+    × the raw model's), reported as ``min(1, -log10(p)/10)``; with ``period_max_lag > 0`` (rules v8) the learned
+    period (:func:`_learned_period`) replaces them where its trailing error is the lowest; after an alarm
+    (``>= alarm``) the score is capped just below it for ``suppress`` rows.  With ``novelty_levels > 0`` (rules
+    v7) the score before suppression is the larger of that and
+    :func:`forumpulse.detectors.novelty.novelty_scores` (time-of-day contexts from the same row step).  NaN values
+    are carried forward (a missing value is not evidence).  O(n log w) with pandas rolling windows plus O(n)
+    passes, and O(n) per lag for the learned period."""
     return _scores(values, params, timestamps, step, False)[0]
 
 
@@ -267,16 +276,16 @@ def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
         level = level.fillna(x.shift(1).expanding().median())
         expected = level.fillna(x).to_numpy(dtype=np.float64)
     phases: npt.NDArray[np.int64] | None = None
+    xv: FloatArray = np.asarray(x.to_numpy(), dtype=np.float64)
+    lvl = x.shift(1).rolling(p.long_window, min_periods=p.min_history).median()
+    err0 = (x - lvl).abs().shift(1).rolling(p.long_window, min_periods=p.min_history).mean().to_numpy()
+    best_err = np.where(np.isnan(err0), np.inf, err0 * p.seasonal_gain)
     if timestamps is not None and len(timestamps) >= 2:
         sec = _epoch_seconds(timestamps)
         steps = np.full(n, int(step), dtype=np.int64) if step else _row_steps(sec)
         if p.novelty_levels > 0 and p.novelty_phase_buckets > 0:
             phases = day_phases(sec, steps, p.novelty_phase_buckets)
         safe = np.maximum(steps, 1)
-        xv = x.to_numpy()
-        lvl = x.shift(1).rolling(p.long_window, min_periods=p.min_history).median()
-        err0 = (x - lvl).abs().shift(1).rolling(p.long_window, min_periods=p.min_history).mean().to_numpy()
-        best_err = np.where(np.isnan(err0), np.inf, err0 * p.seasonal_gain)
         for span in _SPANS:
             # the row's step decides whether this period exists at that row (lags are by time: k × span)
             valid = (steps > 0) & (span % safe == 0) & (span // safe >= 4)
@@ -307,6 +316,16 @@ def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
                 if want_expected:
                     expected = np.where(use, pred, expected)
                 best_err = np.where(use, err, best_err)
+    if p.period_max_lag > 0:
+        pred = _learned_period(xv, p)
+        resid = pd.Series(xv - pred)  # NaN where no period counts
+        err = resid.abs().shift(1).rolling(p.long_window, min_periods=p.min_history).mean().to_numpy()
+        use = np.where(np.isnan(err), np.inf, err) < best_err
+        if use.any():
+            # the learned period replaces the other models where it is the best: it is what re-learns a new period
+            pv = np.where(use, _model_p(resid, p), pv)
+            if want_expected:
+                expected = np.where(use, pred, expected)
     # evidence on the score scale; below 0 where the Bonferroni factors make p > 1 (calm rows), capped at 1
     score = np.minimum(-np.log10(np.maximum(pv, 1e-300)) / 10.0, 1.0)
     score[: p.min_history] = 0.0
@@ -317,6 +336,32 @@ def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
         score = np.maximum(score, novelty_scores(x.to_numpy(), novelty_params(p), phases))
     score[: p.min_history] = 0.0
     return _suppress(score, p.alarm, p.suppress), expected
+
+
+def _learned_period(xv: FloatArray, p: ScoreParams) -> FloatArray:
+    """Prediction of the learned-period model at each row, NaN where it has none (rules v8): ``x[t - L]`` with ``L``
+    the lag in ``period_min_lag .. period_max_lag`` rows whose error ``|x - x[t - L]|`` had the lowest mean over the
+    ``long_window`` rows before ``t`` (ties: the shorter lag), kept only where that error is under
+    ``seasonal_gain`` × the error at ``period_min_lag`` — a repeating shape (a job's sawtooth), not a merely smooth
+    series, whose error only grows with the lag.  Streaming: row ``t`` uses rows ``< t`` to choose and row ``t - L``
+    to predict.  After a period change the new lag takes over once it has predicted ``long_window`` rows better.
+    O(n × lags) with cumulative sums."""
+    n, w = len(xv), p.long_window
+    best = np.full(n, np.inf)
+    pred = np.full(n, np.nan)
+    short = np.full(n, np.inf)
+    first = max(1, p.period_min_lag)
+    for lag in range(first, min(p.period_max_lag, n - w - 1) + 1):
+        c = np.concatenate(([0.0], np.cumsum(np.abs(xv[lag:] - xv[:-lag]))))  # c[j]: errors of rows lag .. lag+j-1
+        t = np.arange(lag + w, n)
+        err = np.full(n, np.inf)
+        err[lag + w:] = (c[t - lag] - c[t - lag - w]) / w  # mean error of rows t-w .. t-1
+        if lag == first:
+            short = err
+        better = err < best
+        best = np.where(better, err, best)
+        pred[lag:] = np.where(better[lag:], xv[:-lag], pred[lag:])
+    return np.where(best < p.seasonal_gain * short, pred, np.nan)
 
 
 def novelty_params(p: ScoreParams) -> NoveltyParams:

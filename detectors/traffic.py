@@ -78,7 +78,8 @@ RULES_FILE = Path(__file__).resolve().parent / "rules" / "traffic.yaml"
 # ------------------------------------------------------------------------------------------------ config
 
 
-RULES_VERSION = 7  # 7: series.novelty_* (contextual novelty next to the anomaly likelihood);
+RULES_VERSION = 8  # 8: series.period_min_lag / period_max_lag (learned period, re-learnt after a period change);
+# 7: series.novelty_* (contextual novelty next to the anomaly likelihood);
 # 6: topic.measures / reply_window_minutes / min_replies / min_visitors (replies and visitors);
 # 5: site.exclude_events, transfer/latency creep_* (anchored creep baseline);
 # 4: health.gap_blinds_site_hours; 2: topic.cusum_ratio / cusum_h / merge_minutes (group CUSUM), series.likelihood_* changes;
