@@ -196,8 +196,16 @@ def test_two_consumers_one_leaves_mid_stream_exact(broker: Broker, tmp_path: Pat
     producer = threading.Thread(target=produce, args=(broker.bootstrap, topic, msgs, 8_000.0), daemon=True)
     producer.start()
     try:
+        # both members must hold partitions before the second leaves: the second one's join can come a
+        # heartbeat (2 s) after the first has formed the group alone and loaded the backlog, so wait for its
+        # assignment, then for 6,000 more rows (once, in CI, the first member had loaded 20,000 rows before the
+        # second was assigned anything)
         deadline = time.monotonic() + 120
-        while _count(port) < 20_000:
+        while "forumpulse.consumer: assigned [" not in logs[1].read_text(errors="replace"):
+            assert time.monotonic() < deadline and c2.poll() is None, logs[1].read_text()[-3000:]
+            time.sleep(0.2)
+        target = min(max(20_000, _count(port) + 6_000), _expected_lines(msgs))
+        while _count(port) < target:
             assert time.monotonic() < deadline, logs[1].read_text()[-3000:]
             time.sleep(0.5)
         assert stop(c2) == 0  # graceful leave mid-stream: its batches are flushed and committed
