@@ -103,17 +103,24 @@ def raw_novelty(values: npt.ArrayLike, p: NoveltyParams | None = None,
     return out
 
 
-def likelihood(r: FloatArray, window: int, short: int, sd_floor: float, min_history: int) -> FloatArray:
-    """``min(1, -log10(p)/10)`` of the ``short``-row mean of ``r`` against the mean/std (floored) of that mean over
-    the previous ``window`` rows (Gaussian upper tail); 0 for the first ``min_history`` rows."""
-    from scipy.special import ndtr
+def trailing_tail_p(r: pd.Series, window: int, short: int, sd_floor: float, min_history: int) -> FloatArray:
+    """Gaussian upper-tail probability of the ``short``-row mean of ``r`` against the mean / std (floored at
+    ``sd_floor``) of that mean over the previous ``window`` rows; 1 while fewer than ``min_history`` rows of
+    history exist.  The one "anomaly likelihood" step of the generic score: :mod:`forumpulse.detectors.series`
+    uses it for its surprises and for the layer over its score, this module for the novelty."""
+    from scipy.special import ndtr  # scipy ships with statsmodels (a pinned dependency)
 
-    a = pd.Series(r).rolling(short, min_periods=1).mean()
+    a = r.rolling(short, min_periods=1).mean()
     h = a.shift(1)
     mu = h.rolling(window, min_periods=min_history).mean()
     sd = h.rolling(window, min_periods=min_history).std()
     z = ((a - mu) / np.maximum(sd.fillna(sd_floor), sd_floor)).to_numpy()
-    pv = np.asarray(ndtr(-np.nan_to_num(z, nan=-np.inf)), dtype=np.float64)
+    return np.asarray(ndtr(-np.nan_to_num(z, nan=-np.inf)), dtype=np.float64)
+
+
+def likelihood(r: FloatArray, window: int, short: int, sd_floor: float, min_history: int) -> FloatArray:
+    """``min(1, -log10(p)/10)`` of :func:`trailing_tail_p`; 0 for the first ``min_history`` rows."""
+    pv = trailing_tail_p(pd.Series(r), window, short, sd_floor, min_history)
     out = np.clip(-np.log10(np.maximum(pv, 1e-300)) / 10.0, 0.0, 1.0)
     out[:min_history] = 0.0
     return np.asarray(out, dtype=np.float64)

@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import typer
-from forumpulse.detectors.novelty import NoveltyParams, day_phases, novelty_scores
+from forumpulse.detectors.novelty import NoveltyParams, day_phases, novelty_scores, trailing_tail_p
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -128,12 +128,6 @@ class ScoreParams:
     period_max_lag: int = 400   # longest lag tried (0 = no learned period, the v7 score)
 
 
-def _norm_sf(z: FloatArray) -> FloatArray:
-    from scipy.special import ndtr  # scipy ships with statsmodels (a pinned dependency)
-
-    return np.asarray(ndtr(-z), dtype=np.float64)
-
-
 def _epoch_seconds(timestamps: Sequence[Any] | np.ndarray) -> npt.NDArray[np.int64]:
     t = pd.to_datetime(pd.Series(list(timestamps)), utc=True).astype("datetime64[ns, UTC]")  # unit-independent
     return np.asarray(t.astype("int64").to_numpy() // 10**9, dtype=np.int64)
@@ -206,12 +200,7 @@ def _robust_surprise(err: pd.Series, p: ScoreParams) -> pd.Series:
 def _tail_p(r: pd.Series, p: ScoreParams) -> FloatArray:
     """Anomaly likelihood of one surprise series: the ``likelihood_short``-row mean against the mean/std of the
     same mean over the previous ``likelihood_window`` rows (Gaussian tail), 1 where history is short."""
-    a = r.rolling(p.likelihood_short, min_periods=1).mean()
-    h = a.shift(1)
-    mu = h.rolling(p.likelihood_window, min_periods=p.min_history).mean()
-    sd = h.rolling(p.likelihood_window, min_periods=p.min_history).std()
-    z = ((a - mu) / np.maximum(sd.fillna(p.sd_floor), p.sd_floor)).to_numpy()
-    pv = _norm_sf(np.nan_to_num(z, nan=-np.inf))
+    pv = trailing_tail_p(r, p.likelihood_window, p.likelihood_short, p.sd_floor, p.min_history)
     pv[np.isnan(r.to_numpy())] = 1.0
     return pv
 
@@ -333,7 +322,7 @@ def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
         score = np.minimum(score, _score_likelihood(score, p))
     score = np.clip(score, 0.0, 1.0)
     if p.novelty_levels > 0:
-        score = np.maximum(score, novelty_scores(x.to_numpy(), novelty_params(p), phases))
+        score = np.maximum(score, novelty_scores(xv, novelty_params(p), phases))
     score[: p.min_history] = 0.0
     return _suppress(score, p.alarm, p.suppress), expected
 
@@ -376,12 +365,7 @@ def _score_likelihood(score: FloatArray, p: ScoreParams) -> FloatArray:
     against the mean/std (floored at ``score_sd_floor``) of that mean over the previous ``score_window`` rows,
     Gaussian tail, on the same ``-log10(p)/10`` scale (``score`` unclipped below: calm rows count as calm).  A series whose scores are often high (bursty counts)
     must exceed its own usual level to alarm; a calm series alarms as before (one or two rows later at most)."""
-    a = pd.Series(score).rolling(p.score_short, min_periods=1).mean()
-    h = a.shift(1)
-    mu = h.rolling(p.score_window, min_periods=p.min_history).mean()
-    sd = h.rolling(p.score_window, min_periods=p.min_history).std()
-    z = ((a - mu) / np.maximum(sd.fillna(p.score_sd_floor), p.score_sd_floor)).to_numpy()
-    pv = _norm_sf(np.nan_to_num(z, nan=-np.inf))
+    pv = trailing_tail_p(pd.Series(score), p.score_window, p.score_short, p.score_sd_floor, p.min_history)
     return np.asarray(np.clip(-np.log10(np.maximum(pv, 1e-300)) / 10.0, 0.0, 1.0), dtype=np.float64)
 
 
