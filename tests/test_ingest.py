@@ -316,15 +316,23 @@ class _ReadOnly:
         return self._b.read(n)
 
 
+@pytest.mark.parametrize("cuts", ["native", "python"])
 @pytest.mark.parametrize("reader", ["readinto", "read"])
-def test_reader_blocks_are_the_lines_in_order_at_most_max_lines_each(reader):
+def test_reader_blocks_are_the_lines_in_order_at_most_max_lines_each(reader, cuts, monkeypatch):
     """``_chunks`` (reused read buffer) against the plain definition: the input's lines, in order, grouped by
     ``max_lines`` (the last group shorter, a last line without newline kept), whatever the read size — reads
-    that end mid-line, blocks bigger than a read, lines longer than a read, empty lines."""
+    that end mid-line, blocks bigger than a read, lines longer than a read, empty lines.  Both ways of finding
+    the cuts (the native scanner's, Python's ``count``/``find``) are held to it."""
     import io
     import random
 
+    from forumpulse.pipeline import native
     from forumpulse.pipeline.ingest import _chunks
+
+    if cuts == "python":
+        monkeypatch.setenv("FORUMPULSE_NATIVE", "0")
+    else:
+        assert native.scanner() is not None, native.status()
 
     rng = random.Random(7)
     for _ in range(400):

@@ -217,6 +217,27 @@ def test_newline_offsets(sc, data):
     assert len(BlockLines(data)) == len(data.splitlines(keepends=True))
 
 
+def test_after_nth_newline_equals_the_python_cut(sc):
+    """The reader's cut (ingest._chunks) in C against the Python definition, on random buffers, starts, counts
+    and sizes (a buffer filled only in part), and its argument checks."""
+    import random
+
+    from forumpulse.pipeline.ingest import _after_nth_newline
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        buf = bytearray(rng.choice(b"ab\n\n\r") for _ in range(rng.randrange(0, 300)))
+        size = rng.randrange(0, len(buf) + 1)
+        start, n = rng.randrange(0, size + 1), rng.randrange(1, 60)
+        assert sc.after_nth_newline(buf, start, n, size) == _after_nth_newline(buf, start, n, 256.0, size), (
+            bytes(buf), start, n, size)
+    buf = bytearray(b"a\n" * 10)
+    buf.extend(b"b")  # the buffer may grow after a call (no export left behind)
+    for bad in ((3, 2, 1), (0, 22, 1), (0, 5, 0), (-1, 5, 1)):
+        with pytest.raises(ValueError):
+            sc.after_nth_newline(buf, bad[0], bad[2], bad[1])
+
+
 @pytest.mark.parametrize("path", FIXTURE_LOGS[:3], ids=lambda p: p.name)
 @pytest.mark.parametrize("fmt", ["combined", "vhost_combined", "auto"])
 def test_fast_path_without_the_scanner_still_equals_the_reference(path, fmt, monkeypatch):

@@ -241,6 +241,8 @@ class Scanner:
         lib.fp_count_newlines.argtypes = [_P, _I64]
         lib.fp_newlines.restype = _I64
         lib.fp_newlines.argtypes = [_P, _I64, _P, _I64]
+        lib.fp_after_nth_newline.restype = _I64
+        lib.fp_after_nth_newline.argtypes = [_P, _I64, _I64, _I64]
         self.lib = lib
         self.path = path
 
@@ -275,6 +277,17 @@ class Scanner:
         self.lib.fp_uint(data_addr, a.ctypes.data, z.ctypes.data, n, vals.ctypes.data, dash.ctypes.data,
                          too_long.ctypes.data)
         return vals, dash.view(bool), too_long.view(bool)
+
+    def after_nth_newline(self, buf: bytearray, start: int, n: int, size: int) -> int:
+        """The position just after the ``n``-th newline (``n >= 1``) at or after ``start`` in ``buf[:size]``, or
+        -1 when there are fewer (``0 <= start <= size <= len(buf)``).  The GIL is released while it scans."""
+        if not 0 <= start <= size <= len(buf) or n < 1:
+            raise ValueError(f"bad cut request: start {start}, size {size}, n {n} for {len(buf)} bytes")
+        view = (ctypes.c_char * len(buf)).from_buffer(buf)  # exports buf only for this call (it can grow after)
+        try:
+            return int(self.lib.fp_after_nth_newline(ctypes.addressof(view), start, size, n))
+        finally:
+            del view
 
     def newline_ends(self, data: bytes) -> np.ndarray:
         """Positions after every ``\\n`` of ``data`` (int64)."""

@@ -11,6 +11,7 @@
  * fp_views   Arrow string_view structs (16 bytes each) for byte ranges of the chunk's buffer.
  * fp_uint    digits-or-dash fields to integers (the first 12 digits; longer values are flagged).
  * fp_count_newlines, fp_newlines  the position after every '\n' of a buffer.
+ * fp_after_nth_newline           where a reader cuts a block of n lines.
  *
  * Every function reads only inside [data, data + size) as given by its offsets; none allocates or keeps state.
  */
@@ -196,4 +197,18 @@ int64_t fp_newlines(const uint8_t *data, int64_t size, int64_t *out, int64_t cap
         p = q + 1;
     }
     return c;
+}
+
+/* The position just after the n-th '\n' at or after start in data[0:size), or -1 when there are fewer (n >= 1).
+ * One memchr per line: the file reader's cuts (ingest._chunks) without Python's bytes.count, which holds the GIL
+ * and scans a byte at a time. */
+int64_t fp_after_nth_newline(const uint8_t *data, int64_t start, int64_t size, int64_t n) {
+    const uint8_t *p = data + start, *e = data + size;
+    while (p < e) {
+        const uint8_t *q = memchr(p, '\n', (size_t)(e - p));
+        if (!q) return -1;
+        p = q + 1;
+        if (--n <= 0) return p - data;
+    }
+    return -1;
 }
