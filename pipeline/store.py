@@ -35,6 +35,7 @@ import pyarrow as pa
 DEFAULT_STORE = "chdb:./data/chdb"
 DEFAULT_DATABASE = "forumpulse"
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "schemas" / "migrations"
+BASELINE_DIR = MIGRATIONS_DIR.parent / "baseline"
 
 _INSERT_SETTINGS = {
     "insert_deduplicate": 1,
@@ -419,8 +420,27 @@ def render(m: Migration, params: dict[str, Any] | None = None) -> list[str]:
     return [_TTL_PLACEHOLDER.sub(ttl, s) for s in split_statements(m.text)]
 
 
-def migrate(store: Store, params: dict[str, Any] | None = None) -> list[Migration]:
+def load_baseline(directory: Path = BASELINE_DIR) -> Migration | None:
+    """The schema baseline for new databases (``schemas/baseline/NNNN_baseline.sql``, the highest ``NNNN``): the
+    schema that migrations ``0001``..``NNNN`` build, as one file.  Its ``version`` is the last migration it
+    covers.  ``None`` when there is none."""
+    found = []
+    for p in directory.glob("*.sql"):
+        m = re.match(r"(\d{4})_baseline\.sql$", p.name)
+        if not m:
+            raise ValueError(f"baseline file {p.name} must be named NNNN_baseline.sql")
+        found.append(Migration(int(m.group(1)), "baseline", p.read_text()))
+    return max(found, key=lambda b: b.version) if found else None
+
+
+def migrate(store: Store, params: dict[str, Any] | None = None, *, baseline: bool = True) -> list[Migration]:
     """Apply every migration not yet recorded in ``schema_migrations``.  Idempotent; returns what ran.
+
+    A database with no table yet gets the schema baseline (:func:`load_baseline`) instead of the migrations it
+    covers, which are then recorded with their own checksums: the same schema in fewer statements (tests check
+    that both ways build identical tables and views).  Migrations after the baseline apply as usual.  Any
+    other database, including one where a baseline was interrupted, takes the migrations one by one (every
+    statement is idempotent).  ``baseline=False`` always takes the migrations.
 
     A recorded migration whose file changed since (checksum differs) is an error: write a new migration
     instead of editing an applied one.
@@ -430,8 +450,23 @@ def migrate(store: Store, params: dict[str, Any] | None = None) -> list[Migratio
         "applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = MergeTree ORDER BY version"
     )
     done = {int(v): c for v, c in store.query_rows("SELECT version, checksum FROM schema_migrations")}
+    migrations = load_migrations()
     ran = []
-    for m in load_migrations():
+    base = load_baseline() if baseline and not done else None
+    if base is not None and store.query_rows(
+            "SELECT count() FROM system.tables WHERE database = currentDatabase() AND name != 'schema_migrations'"
+    )[0][0] == 0:
+        covered = [m for m in migrations if m.version <= base.version]
+        if [m.version for m in covered] != list(range(1, base.version + 1)):
+            raise StoreError(f"the schema baseline covers 0001-{base.version:04d}, but the migrations found are "
+                             f"{[m.version for m in covered]}")
+        for stmt in render(base, params):
+            store.command(stmt)
+        store.command("INSERT INTO schema_migrations (version, name, checksum) VALUES "
+                      + ", ".join(f"({m.version}, '{m.name}', '{m.checksum}')" for m in covered))
+        done = {m.version: m.checksum for m in covered}
+        ran.extend(covered)
+    for m in migrations:
         if m.version in done:
             if done[m.version] != m.checksum:
                 raise StoreError(
