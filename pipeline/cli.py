@@ -153,22 +153,27 @@ def ingest(
     _check_inputs(files, fmt)
     without_modules("pandas", why="forumpulse ingest does not use it (pyarrow would import it only to check its "
                     "inputs for pandas objects, 0.15-0.2 s of every run)")
-    from forumpulse.pipeline.ingest import file_progress, ingest_paths
-    from rich.console import Console
-
-    tune_allocator()
-    tune_gc()
-
-    from forumpulse.pipeline.store import StoreError
-
     settings = _settings(config, store)
     st = _open(settings)
-    console = Console(stderr=True)
+    tune_allocator()  # before pyarrow allocates anything
+
+    from concurrent.futures import wait
+
+    from forumpulse.pipeline.store import StoreError, migrate_in_background
+
+    # a new store's tables are created while the parsers are imported and built (chDB works without the GIL)
+    schema = migrate_in_background(st, settings.retention.migration_params())
     again = ("nothing stored is lost or doubled: run the same command on the same input again (after fixing the "
              "cause); the blocks already stored are recognised by their tokens and skipped")
     try:
+        from forumpulse.pipeline.ingest import file_progress, ingest_paths
+        from rich.console import Console
+
+        tune_gc()
+        console = Console(stderr=True)
         with file_progress(console) as on_file:
-            results = ingest_paths(st, settings, files, fmt=fmt, site=site, origin_host=origin_host, on_file=on_file)
+            results = ingest_paths(st, settings, files, fmt=fmt, site=site, origin_host=origin_host, on_file=on_file,
+                                   schema=schema)
     except StoreError as exc:  # e.g. the disk is full: one clear message, not a traceback
         typer.echo(f"error: {exc}\n{again}", err=True)
         raise typer.Exit(1) from None
@@ -176,6 +181,7 @@ def ingest(
         typer.echo(f"interrupted\n{again}", err=True)
         raise typer.Exit(130) from None
     finally:
+        wait([schema])  # never close chDB under a running migration
         st.close()
     _print_counts(results)
 

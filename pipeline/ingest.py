@@ -26,12 +26,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pyarrow.compute as pc
 from forumpulse.pipeline.config import Settings, SourceConfig
 from forumpulse.pipeline.process import ProcessedBatch, Processor, SourceContext
 from forumpulse.pipeline.store import Store, migrate
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 READ_CHUNK_BYTES = 16 << 20
 #: most lines one parse step takes (the file loader gathers chunks into insert blocks of ``batch_lines``)
@@ -391,8 +394,13 @@ def ingest_paths(
     on_file: Callable[[str, int], Callable[[int], None] | None] | None = None,
     workers: int | None = None,
     threads: int | None = None,
+    schema: Future[Any] | None = None,
 ) -> list[FileCounts]:
     """Ingest every path (``-`` = stdin) in order.  ``on_file(name, size)`` may return a progress callback.
+
+    ``schema``: the store's migrations already running (:func:`~forumpulse.pipeline.store.migrate_in_background`
+    with the configured retention); without it they are started here.  Either way parsing starts at once and
+    the first insert waits for them; they have ended (or failed) when this returns.
 
     ``workers``: processes that parse and attribute.  Default: none on machines with 2 cores or fewer (the
     chDB insert needs the other core, and spawning/pickling costs more than it gains: measured with
@@ -410,7 +418,7 @@ def ingest_paths(
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1, thread_name_prefix="forumpulse-migrate") as ex:
-        migrated = ex.submit(ensure_schema, store, settings)  # while the first chunks are parsed
+        migrated = schema or ex.submit(ensure_schema, store, settings)  # while the first chunks are parsed
         try:
             results = _ingest_each(store, settings, processor, pool, paths, fmt, site, origin_host, on_file,
                                    migrated.result)

@@ -25,6 +25,7 @@ import hashlib
 import os
 import re
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -418,6 +419,25 @@ def render(m: Migration, params: dict[str, Any] | None = None) -> list[str]:
         return f"TTL {match.group(2)} + INTERVAL {days} DAY" if days > 0 else ""
 
     return [_TTL_PLACEHOLDER.sub(ttl, s) for s in split_statements(m.text)]
+
+
+def migrate_in_background(store: Store, params: dict[str, Any] | None = None) -> Future[list[Migration]]:
+    """:func:`migrate` on a thread of its own, started now; the future holds what ran, or the error.
+
+    For commands that have other start-up work to do meanwhile (``forumpulse ingest`` imports and builds its
+    parsers while a new store's tables are created; chDB releases the GIL while it works).  The caller must
+    wait for the future before it closes ``store`` (closing chDB under a running query is not safe) and before
+    it writes to the store."""
+    fut: Future[list[Migration]] = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(migrate(store, params))
+        except BaseException as exc:  # handed to whoever waits
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, name="forumpulse-migrate", daemon=True).start()
+    return fut
 
 
 def load_baseline(directory: Path = BASELINE_DIR) -> Migration | None:

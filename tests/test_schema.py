@@ -238,3 +238,19 @@ def test_derived_path_and_query_equal_the_parsers(store, settings):
     got = store.query_rows("SELECT url, path, query FROM requests")
     assert len(expected) > 1800
     assert sorted(got) == sorted(expected)
+
+
+def test_migrate_in_background_hands_over_what_ran_and_the_error(empty_store):
+    from forumpulse.pipeline.store import migrate_in_background
+
+    fut = migrate_in_background(empty_store, {"raw_ttl_days": 0, "rollup_ttl_days": 0})
+    assert [m.version for m in fut.result(timeout=120)] == [m.version for m in load_migrations()]
+    assert migrate_in_background(empty_store).result(timeout=120) == []
+
+    class Refusing:
+        def command(self, sql: str) -> None:
+            raise StoreError("Code: 243. NOT_ENOUGH_SPACE")
+
+    failed = migrate_in_background(Refusing())  # type: ignore[arg-type]
+    with pytest.raises(StoreError, match="NOT_ENOUGH_SPACE"):
+        failed.result(timeout=60)
