@@ -553,10 +553,10 @@ class _Chunk:
     def __init__(self, data: bytes, offs: np.ndarray, valid: np.ndarray) -> None:
         self.n = len(offs) - 1
         self.size = len(data)
-        self.data = pa.py_buffer(data + bytes(16))
+        # the chunk's own bytes, not a copy: the Arrow views and the native scanner read inside them only
+        self.data = pa.py_buffer(data)
         self.buf = np.frombuffer(self.data, dtype=np.uint8)
-        # 12-byte windows starting at every byte: one gather copies a value's first 12 bytes
-        self._win = np.ndarray(shape=(self.size + 4,), dtype="V12", buffer=self.data, strides=(1,))
+        self._win: np.ndarray | None = None  # 12-byte windows over a zero-padded copy, made on first use
         self.offs = offs
         self.valid = valid
         self._pos: dict[int, np.ndarray] = {}
@@ -591,6 +591,13 @@ class _Chunk:
 
     def window(self, a: np.ndarray) -> np.ndarray:
         """``(n, 12)`` bytes starting at each position of ``a`` (past the data: zero padding)."""
+        if self._win is None:
+            # 12-byte windows starting at every byte: one gather copies a value's first 12 bytes.  Only the
+            # numpy path and squid's time fractions use them, so the padded copy (a chunk's size) is made only
+            # then: with the native scanner a combined chunk never pays for it
+            padded = np.zeros(self.size + 16, dtype=np.uint8)
+            padded[:self.size] = self.buf
+            self._win = np.ndarray(shape=(self.size + 4,), dtype="V12", buffer=padded, strides=(1,))
         return self._win[a].view(np.uint8).reshape(len(a), 12)
 
     def views(self, a: np.ndarray, z: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
