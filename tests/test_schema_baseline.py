@@ -8,7 +8,7 @@ statement, for several retention settings.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,8 @@ PARAMS = [
 
 
 @pytest.fixture
-def new_db(chdb_path: Path) -> Iterator[Store]:
+def new_db(chdb_path: Path) -> Iterator[Callable[[], Store]]:
+    """Makes new, empty databases in the session's chDB folder (closed after the test)."""
     stores: list[Store] = []
 
     def make() -> Store:
@@ -41,7 +42,7 @@ def new_db(chdb_path: Path) -> Iterator[Store]:
         stores.append(st)
         return st
 
-    yield make  # type: ignore[misc]
+    yield make
     for st in stores:
         st.close()
 
