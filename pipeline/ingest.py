@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import pyarrow.compute as pc
 from forumpulse.pipeline.config import Settings, SourceConfig
 from forumpulse.pipeline.process import ProcessedBatch, Processor, SourceContext
-from forumpulse.pipeline.store import Store, migrate
+from forumpulse.pipeline.store import Store, migrate, migrate_in_background
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -415,16 +415,17 @@ def ingest_paths(
         workers = cores - 1 if cores > 2 and (total > 32 << 20 or "-" in paths) else 1
     pool = _Pool(processor, workers, 2 if threads is None else threads)
     pool.start()
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import wait
 
-    with ThreadPoolExecutor(1, thread_name_prefix="forumpulse-migrate") as ex:
-        migrated = schema or ex.submit(ensure_schema, store, settings)  # while the first chunks are parsed
-        try:
-            results = _ingest_each(store, settings, processor, pool, paths, fmt, site, origin_host, on_file,
-                                   migrated.result)
-        finally:
-            pool.close()
-        migrated.result()  # also for inputs with nothing to insert
+    # while the first chunks are parsed
+    migrated = schema or migrate_in_background(store, settings.retention.migration_params())
+    try:
+        results = _ingest_each(store, settings, processor, pool, paths, fmt, site, origin_host, on_file,
+                               migrated.result)
+    finally:
+        pool.close()
+        wait([migrated])  # the migration has ended whatever happened here
+    migrated.result()  # its error, also for inputs with nothing to insert
     return results
 
 
