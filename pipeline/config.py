@@ -130,6 +130,10 @@ class BotsConfig(_Strict):
 
     extra_patterns: list[str] = Field(default_factory=list, description="regular expressions for site-specific bots")
     static_extensions: list[str] = Field(default_factory=list, description="extra static file extensions")
+    by_address: bool = Field(True, description="a request logged without a user agent from a crawler's published "
+                             "network is that crawler (rules/crawler_networks.yaml)")
+    networks_file: str | None = Field(None, description="crawler networks (YAML, schema of rules/crawler_networks.yaml) "
+                                      "used instead of the built-in ones")
 
 
 class KafkaConfig(_Strict):

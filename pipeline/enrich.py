@@ -17,8 +17,10 @@ Guarantees
   :data:`forumpulse.pipeline.record.PAGE_KINDS`.
 * A path whose extension / prefix is static skips the topic rules (``page_kind`` ``static``).  A static content
   type marks ``is_static`` and turns an ``other`` page into ``static`` but never overrides a topic rule.
-* An empty or ``None`` user agent is not a bot (``bot_name`` ``None``); :attr:`Enricher.empty_user_agents` counts
-  them so a caller can report how many lines had no UA.
+* A request with an empty or ``None`` user agent is a bot only when its client address is in a crawler's
+  published network (``rules/crawler_networks.yaml``, ``Settings.bots.by_address``; ``bot_name`` is the
+  crawler's), else not a bot (``bot_name`` ``None``); :attr:`Enricher.empty_user_agents` counts them so a caller
+  can report how many lines had no UA.  An address never makes a request *with* a user agent a bot.
 * Memory is bounded: results are cached in two-generation caches (see :class:`BoundedCache`) keyed by
   ``(site, method, path)`` when no rule consulted the query, else by ``(site, method, path, query)``; UAs and
   content types are cached separately.  Session parameters in the query therefore do not defeat the cache for
@@ -40,6 +42,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import yaml
 from forumpulse.pipeline.config import Settings
@@ -51,6 +55,7 @@ __all__ = [
     "BUILTIN_ENGINES",
     "REFERER_TOPIC",
     "BotDetector",
+    "CrawlerNetworks",
     "Enricher",
     "RulesError",
     "StaticClassifier",
@@ -498,6 +503,119 @@ class BotDetector:
         return True, (re.sub(r"[^\w.-]+", "", matched) or "bot")[:64]
 
 
+# ================================================================================= crawlers by address
+
+
+class NetworkCases(_M):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    in_: list[str] = Field(default_factory=list, alias="in")
+    out: list[str] = Field(default_factory=list)
+
+
+class CrawlerEntry(_M):
+    name: str
+    source: str = ""
+    networks: list[str]
+    cases: NetworkCases = Field(default_factory=NetworkCases)
+
+
+class CrawlerNetworksFile(_M):
+    version: int
+    crawlers: list[CrawlerEntry] = Field(default_factory=list)
+
+
+class CrawlerNetworks:
+    """Crawlers known by their address (``rules/crawler_networks.yaml``, or ``Settings.bots.networks_file``).
+
+    :meth:`name_of` -> the crawler's ``bot_name`` for an address inside one of its published networks, else
+    ``None``.  Used only for requests logged without a user agent (see :meth:`Enricher.derive`); an address is
+    never a reason to call a request *with* a user agent a bot.  IPv4-mapped IPv6 addresses are looked up as IPv4.
+    Pure after construction; answers are cached per address string (bounded).  Overlapping networks of
+    *different* crawlers are a :class:`RulesError` at construction (an address has one answer).
+    """
+
+    def __init__(self, path: str | Path | None = None, cache_size: int = 50_000) -> None:
+        import ipaddress
+
+        p = Path(path) if path is not None else builtin_rules_path("crawler_networks.yaml")
+        try:
+            self.doc = CrawlerNetworksFile.model_validate(_read_yaml(p))
+        except ValidationError as exc:
+            raise _errors(p, exc) from None
+        v4: list[tuple[int, int, str]] = []
+        self._v6: list[tuple[ipaddress.IPv6Network, str]] = []
+        for e in self.doc.crawlers:
+            for cidr in e.networks:
+                try:
+                    net = ipaddress.ip_network(cidr, strict=True)
+                except ValueError as exc:
+                    raise RulesError(f"{p}: crawler {e.name!r}: bad network {cidr!r}: {exc}") from None
+                if isinstance(net, ipaddress.IPv4Network):
+                    v4.append((int(net.network_address), int(net.broadcast_address), e.name))
+                else:
+                    for other, name in self._v6:
+                        if name != e.name and net.overlaps(other):
+                            raise RulesError(f"{p}: {cidr} ({e.name}) overlaps {other} ({name})")
+                    self._v6.append((net, e.name))
+        v4.sort()
+        merged: list[tuple[int, int, str]] = []  # disjoint, sorted: nested networks of one crawler are merged
+        for a0, a1, name in v4:
+            if merged and a0 <= merged[-1][1]:
+                m0, m1, mname = merged[-1]
+                if mname != name:
+                    raise RulesError(f"{p}: {ipaddress.IPv4Address(a0)} ({name}) is inside a network of {mname}")
+                merged[-1] = (m0, max(m1, a1), name)
+            else:
+                merged.append((a0, a1, name))
+        self._starts = [a for a, _, _ in merged]
+        self._ends = [b for _, b, _ in merged]
+        self._names = [n for _, _, n in merged]
+        self._np_starts = np.array(self._starts, dtype=np.int64)
+        self._np_ends = np.array(self._ends, dtype=np.int64)
+        self._cache: BoundedCache[str, tuple[str | None]] = BoundedCache(cache_size)
+
+    def name_of(self, address: str | None) -> str | None:
+        """``bot_name`` of the crawler whose published network holds ``address`` (a plain IP text), else ``None``;
+        ``None`` for anything that is not an IP address."""
+        if not address:
+            return None
+        hit = self._cache.young.get(address) or self._cache.get(address)
+        if hit is None:
+            hit = (self._lookup(address),)  # a 1-tuple: truthy also for "no crawler"
+            self._cache.put(address, hit)
+        return hit[0]
+
+    def names_of_ipv4(self, values: npt.NDArray[np.int64]) -> list[str | None]:
+        """:meth:`name_of` for IPv4 addresses given as integers (vectorised: one binary search for all)."""
+        if len(self._starts) == 0 or len(values) == 0:
+            return [None] * len(values)
+        i = np.searchsorted(self._np_starts, values, side="right") - 1
+        hit = (i >= 0) & (values <= self._np_ends[np.maximum(i, 0)])
+        out: list[str | None] = [None] * len(values)
+        for j in np.flatnonzero(hit).tolist():
+            out[j] = self._names[int(i[j])]
+        return out
+
+    def _lookup(self, address: str) -> str | None:
+        import bisect
+        import ipaddress
+
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return None
+        if isinstance(ip, ipaddress.IPv6Address):
+            if ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped
+            else:
+                return next((name for net, name in self._v6 if ip in net), None)
+        v = int(ip)
+        i = bisect.bisect_right(self._starts, v) - 1
+        if i >= 0 and v <= self._ends[i]:
+            return self._names[i]
+        return None
+
+
 # ================================================================================= the enricher
 
 
@@ -513,6 +631,8 @@ class Enricher:
         self.topics = TopicRules(rules, post_map)
         self.static = StaticClassifier(extra_extensions=settings.bots.static_extensions)
         self.bots = BotDetector(extra_patterns=settings.bots.extra_patterns)
+        self.networks: CrawlerNetworks | None = (CrawlerNetworks(settings.bots.networks_file)
+                                                 if settings.bots.by_address else None)
         self._settings = settings
         self._site_rules: dict[str, tuple[Rule, ...]] = {}
         self._by_path: BoundedCache[tuple[str, str, str], tuple[int | None, str, bool]] = BoundedCache(cache_size)
@@ -567,8 +687,9 @@ class Enricher:
         return res
 
     def derive(self, site: str, method: str, path: str, query: str, content_type: str | None,
-               user_agent: str | None) -> tuple[int | None, str, bool, bool, str | None]:
-        """-> ``(topic_id, page_kind, is_static, is_bot, bot_name)``."""
+               user_agent: str | None, client_ip: str | None = None) -> tuple[int | None, str, bool, bool, str | None]:
+        """-> ``(topic_id, page_kind, is_static, is_bot, bot_name)``.  ``client_ip`` (the real address, before any
+        privacy transform) decides ``is_bot`` only when there is no user agent (:meth:`address_bot`)."""
         topic, kind, is_static = (self._by_path.young.get((site, method, path))
                                   or self._page(site, method, path, query))
         if content_type and not is_static and self.static.content_type_is_static(content_type):
@@ -577,9 +698,15 @@ class Enricher:
                 kind = "static"
         if not user_agent:
             self.empty_user_agents += 1
-            return topic, kind, is_static, False, None
+            name = self.networks.name_of(client_ip) if self.networks is not None and client_ip else None
+            return topic, kind, is_static, name is not None, name
         is_bot, bot_name = self.bots._cache.young.get(user_agent) or self.bots.detect(user_agent)
         return topic, kind, is_static, is_bot, bot_name
+
+    def address_bot(self, client_ip: str | None) -> str | None:
+        """``bot_name`` of a request *without* a user agent from ``client_ip``: the crawler whose published network
+        holds the address (:class:`CrawlerNetworks`), else ``None`` (also with ``bots.by_address: false``)."""
+        return self.networks.name_of(client_ip) if self.networks is not None and client_ip else None
 
 # ================================================================================= topic titles and groups
 

@@ -513,6 +513,42 @@ def _take(values: list[Any], typ: pa.DataType, idx: pa.Array) -> pa.Array:
     return pa.array(values, type=typ).take(idx)
 
 
+def _address_bots(enr: Any, ip_dict: pa.Array | None, ip_idx: pa.Array | None, is_bot: pa.Array,
+                  bot_name: pa.Array, rows: np.ndarray | None = None) -> tuple[pa.Array, pa.Array]:
+    """``(is_bot, bot_name)`` with the UA-less ``rows`` (all rows when ``None``) named by address, as
+    :meth:`Enricher.derive` does one line at a time: a row whose client address is in a crawler's published
+    network is that crawler (:meth:`Enricher.address_bot`, one look-up per distinct address)."""
+    if enr.networks is None or ip_dict is None or ip_idx is None or len(ip_dict) == 0:
+        return is_bot, bot_name
+    idx_np = np.asarray(ip_idx)
+    want = np.unique(idx_np[rows]) if rows is not None else np.arange(len(ip_dict))  # distinct addresses asked
+    names: list[str | None] = [None] * len(ip_dict)
+    texts = ip_dict.take(pa.array(want))
+    v4 = np.asarray(pc.fill_null(pc.match_substring_regex(texts, _IPV4_RE), False).to_numpy(zero_copy_only=False),
+                    dtype=bool)
+    if v4.any():  # dotted quads (as ipaddress reads them): one vectorised search
+        octets = np.asarray(pc.list_flatten(pc.split_pattern(texts.filter(pa.array(v4)), ".")).cast(pa.int64())
+                            .to_numpy(), dtype=np.int64).reshape(-1, 4)
+        vals = (octets[:, 0] << 24) | (octets[:, 1] << 16) | (octets[:, 2] << 8) | octets[:, 3]
+        for j, name in zip(want[v4].tolist(), enr.networks.names_of_ipv4(vals), strict=True):
+            names[j] = name
+    for j, text in zip(want[~v4].tolist(), texts.filter(pa.array(~v4)).to_pylist(), strict=True):
+        names[j] = enr.address_bot(text)  # IPv6, IPv4-mapped, no address
+    named = np.array([n is not None for n in names], dtype=bool)
+    if not named.any():
+        return is_bot, bot_name
+    found = named[idx_np]
+    if rows is not None:
+        keep = np.zeros(len(found), dtype=bool)
+        keep[rows] = True
+        found &= keep
+    if not found.any():
+        return is_bot, bot_name
+    by_addr = _take(names, pa.string(), ip_idx)
+    mask = pa.array(found)
+    return pc.or_(is_bot, mask), pc.if_else(mask, by_addr, bot_name)
+
+
 class BlockLines(Sequence[bytes]):
     """The lines of a block of bytes, split after every ``\\n`` (as ``readlines`` splits a file); a last line
     without a newline counts.  ``block[i]`` is the line with its newline, made on demand."""
@@ -870,10 +906,13 @@ class FastPath:
 
         # client
         ci = _first(slots, "client_a", "client_c", "client_h")
+        ip_dict: pa.Array | None = None
+        ip_idx: pa.Array | None = None
         if ci is None:
             real_ip, chost = none_str, none_str
         else:
             real_ip, chost, bad, ip_dict, idx = _clients(g.view(ci))
+            ip_idx = idx
             if bad is not None:
                 ok &= ~bad
             if p._ip_changes:
@@ -1004,10 +1043,14 @@ class FastPath:
             cols["user_agent"] = _take(uas, pa.string(), idx)
             cols["is_bot"] = _take([b[0] for b in bots], pa.bool_(), idx)
             cols["bot_name"] = _take([b[1] for b in bots], pa.string(), idx)
+            no_ua = np.array([not u for u in uas], dtype=bool)
+            if no_ua.any():
+                cols["is_bot"], cols["bot_name"] = _address_bots(
+                    enr, ip_dict, ip_idx, cols["is_bot"], cols["bot_name"], np.flatnonzero(no_ua[np.asarray(idx)]))
         else:
             cols["user_agent"] = none_str
-            cols["is_bot"] = pa.array(np.zeros(n, dtype=bool))
-            cols["bot_name"] = none_str
+            cols["is_bot"], cols["bot_name"] = _address_bots(enr, ip_dict, ip_idx, pa.array(np.zeros(n, dtype=bool)),
+                                                             none_str)
 
         # squid %Ss:%Sh
         k = _first(slots, "squid_ss")
@@ -1215,6 +1258,7 @@ class FastPath:
         # client
         g.bounds[2] = tok[2]
         real_ip, chost, bad, ip_dict, idx = _clients(g.view(2))
+        ip_idx = idx
         cols["client_host"] = _stored_hosts(p, chost)
         if bad is not None:
             ok &= ~bad
@@ -1272,7 +1316,8 @@ class FastPath:
         for k in ("ident", "referer", "user_agent", "bot_name", "vhost"):
             cols[k] = none_str
         cols["protocol"] = _take([""], pa.string(), pa.array(np.zeros(n, dtype=np.int32)))
-        cols["is_bot"] = pa.array(np.zeros(n, dtype=bool))
+        cols["is_bot"], cols["bot_name"] = _address_bots(enr, ip_dict, ip_idx, pa.array(np.zeros(n, dtype=bool)),
+                                                         none_str)  # squid logs no user agent
         return _Cols(ok, cols, real_ip)
 
 

@@ -180,7 +180,7 @@ class Processor:
              cache_result, hierarchy, upstream, ctype, vhost) = r
             fmt = parser.last_format if is_auto else fixed_name  # type: ignore[attr-defined]
             query = scrub_query(query) if query else query
-            topic_id, page_kind, is_static, is_bot, bot_name = derive(site, method, path, query, ctype, ua)
+            topic_id, page_kind, is_static, is_bot, bot_name = derive(site, method, path, query, ctype, ua, cip)
             if topic_id == REFERER_TOPIC:
                 topic_id = topic_from_referer(site, ref)
             if newest is None or ts > newest:
