@@ -572,6 +572,9 @@ class CrawlerNetworks:
         self._names = [n for _, _, n in merged]
         self._np_starts = np.array(self._starts, dtype=np.int64)
         self._np_ends = np.array(self._ends, dtype=np.int64)
+        #: crawler names in file order; :meth:`codes_of_ipv4` answers indexes into it
+        self.names: list[str] = list(dict.fromkeys(e.name for e in self.doc.crawlers))
+        self._np_codes = np.array([self.names.index(n) for n in self._names], dtype=np.int64)
         self._cache: BoundedCache[str, tuple[str | None]] = BoundedCache(cache_size)
 
     def name_of(self, address: str | None) -> str | None:
@@ -585,16 +588,14 @@ class CrawlerNetworks:
             self._cache.put(address, hit)
         return hit[0]
 
-    def names_of_ipv4(self, values: npt.NDArray[np.int64]) -> list[str | None]:
-        """:meth:`name_of` for IPv4 addresses given as integers (vectorised: one binary search for all)."""
+    def codes_of_ipv4(self, values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """:meth:`name_of` for IPv4 addresses given as integers, vectorised (one binary search for all): the index
+        of the crawler's name in :attr:`names`, ``-1`` for no crawler."""
         if len(self._starts) == 0 or len(values) == 0:
-            return [None] * len(values)
+            return np.full(len(values), -1, dtype=np.int64)
         i = np.searchsorted(self._np_starts, values, side="right") - 1
         hit = (i >= 0) & (values <= self._np_ends[np.maximum(i, 0)])
-        out: list[str | None] = [None] * len(values)
-        for j in np.flatnonzero(hit).tolist():
-            out[j] = self._names[int(i[j])]
-        return out
+        return np.where(hit, self._np_codes[np.maximum(i, 0)], -1)
 
     def _lookup(self, address: str) -> str | None:
         import bisect

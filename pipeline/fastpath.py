@@ -517,35 +517,37 @@ def _address_bots(enr: Any, ip_dict: pa.Array | None, ip_idx: pa.Array | None, i
                   bot_name: pa.Array, rows: np.ndarray | None = None) -> tuple[pa.Array, pa.Array]:
     """``(is_bot, bot_name)`` with the UA-less ``rows`` (all rows when ``None``) named by address, as
     :meth:`Enricher.derive` does one line at a time: a row whose client address is in a crawler's published
-    network is that crawler (:meth:`Enricher.address_bot`, one look-up per distinct address)."""
-    if enr.networks is None or ip_dict is None or ip_idx is None or len(ip_dict) == 0:
+    network is that crawler (:class:`~forumpulse.pipeline.enrich.CrawlerNetworks`; dotted quads in one vectorised
+    search, other addresses one :meth:`Enricher.address_bot` call per distinct text)."""
+    nets = enr.networks
+    if nets is None or ip_dict is None or ip_idx is None or len(ip_dict) == 0:
         return is_bot, bot_name
     idx_np = np.asarray(ip_idx)
     want = np.unique(idx_np[rows]) if rows is not None else np.arange(len(ip_dict))  # distinct addresses asked
-    names: list[str | None] = [None] * len(ip_dict)
+    code = np.full(len(ip_dict), -1, dtype=np.int64)  # per distinct address: index into nets.names, -1 = none
     texts = ip_dict.take(pa.array(want))
     v4 = np.asarray(pc.fill_null(pc.match_substring_regex(texts, _IPV4_RE), False).to_numpy(zero_copy_only=False),
                     dtype=bool)
-    if v4.any():  # dotted quads (as ipaddress reads them): one vectorised search
+    if v4.any():  # dotted quads exactly as ipaddress reads them
         octets = np.asarray(pc.list_flatten(pc.split_pattern(texts.filter(pa.array(v4)), ".")).cast(pa.int64())
                             .to_numpy(), dtype=np.int64).reshape(-1, 4)
-        vals = (octets[:, 0] << 24) | (octets[:, 1] << 16) | (octets[:, 2] << 8) | octets[:, 3]
-        for j, name in zip(want[v4].tolist(), enr.networks.names_of_ipv4(vals), strict=True):
-            names[j] = name
-    for j, text in zip(want[~v4].tolist(), texts.filter(pa.array(~v4)).to_pylist(), strict=True):
-        names[j] = enr.address_bot(text)  # IPv6, IPv4-mapped, no address
-    named = np.array([n is not None for n in names], dtype=bool)
-    if not named.any():
-        return is_bot, bot_name
-    found = named[idx_np]
+        code[want[v4]] = nets.codes_of_ipv4((octets[:, 0] << 24) | (octets[:, 1] << 16) | (octets[:, 2] << 8)
+                                            | octets[:, 3])
+    if not v4.all():
+        for j, text in zip(want[~v4].tolist(), texts.filter(pa.array(~v4)).to_pylist(), strict=True):
+            name = enr.address_bot(text)  # IPv6, IPv4-mapped, no address
+            if name is not None:
+                code[j] = nets.names.index(name)
+    row_code = code[idx_np]
     if rows is not None:
-        keep = np.zeros(len(found), dtype=bool)
+        keep = np.zeros(len(row_code), dtype=bool)
         keep[rows] = True
-        found &= keep
+        row_code[~keep] = -1
+    found = row_code >= 0
     if not found.any():
         return is_bot, bot_name
-    by_addr = _take(names, pa.string(), ip_idx)
     mask = pa.array(found)
+    by_addr = pa.array(nets.names, pa.string()).take(pa.array(np.maximum(row_code, 0)))
     return pc.or_(is_bot, mask), pc.if_else(mask, by_addr, bot_name)
 
 
