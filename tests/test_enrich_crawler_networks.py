@@ -137,3 +137,37 @@ def test_by_address_off_keeps_ua_less_lines_human(fmt: str, lines: list[bytes]) 
     fast, _ = run_both(fast_p, ref_p, lines, SourceContext(site="forum", origin_host="p1", origin_file="a.log", format=fmt))
     names = fast.requests.column("bot_name").to_pylist()
     assert "bingbot" not in names and (fmt == "combined") == ("Googlebot" in names)  # only the UA-named line
+
+
+def _edge_addresses() -> list[str]:
+    """Addresses at and next to the ends of every built-in IPv4 network, and a few others."""
+    import ipaddress
+
+    out = ["198.51.100.7", "10.0.0.1"]
+    for e in BUILTIN.doc.crawlers:
+        for cidr in e.networks:
+            net = ipaddress.ip_network(cidr)
+            if net.version != 4:
+                continue
+            lo, hi = int(net.network_address), int(net.broadcast_address)
+            out += [str(ipaddress.IPv4Address(v)) for v in (lo - 1, lo, (lo + hi) // 2, hi, hi + 1)]
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["squid", "combined"])
+def test_network_edges_agree_between_paths_and_with_the_lookup(fmt: str) -> None:
+    addrs = _edge_addresses()
+    if fmt == "squid":
+        lines = [f"{1700000000 + i}.100 12 {a} TCP_MISS/200 5120 GET http://forum.example.com/t/{i} - DIRECT/10.0.0.5 "
+                 "text/html\n".encode() for i, a in enumerate(addrs)]
+    else:
+        lines = [f'{a} - - [14/Nov/2023:22:13:20 +0000] "GET /t/{i} HTTP/1.1" 200 512 "-" "-"\n'.encode()
+                 for i, a in enumerate(addrs)]
+    s = _settings()
+    fast_p, ref_p = Processor(s), Processor(s)
+    fast, _ = run_both(fast_p, ref_p, lines, SourceContext(site="forum", origin_host="p1", origin_file="a.log", format=fmt))
+    assert fast_p._fast is not None and fast_p._fast.last_fast_rows == len(lines)
+    got = fast.requests.column("bot_name").to_pylist()
+    want = [BUILTIN.name_of(a) for a in addrs]
+    assert got == want
+    assert sum(w is not None for w in want) > len(addrs) // 2  # the edges inside really are inside
