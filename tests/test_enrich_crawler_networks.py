@@ -10,8 +10,7 @@ import pytest
 from forumpulse.pipeline.config import Settings, load_settings
 from forumpulse.pipeline.enrich import CrawlerNetworks, Enricher, RulesError
 from forumpulse.pipeline.process import Processor, SourceContext
-
-from tests.test_fastpath import run_both
+from test_fastpath import run_both
 
 BUILTIN = CrawlerNetworks()
 CASES = [(e.name, a, True) for e in BUILTIN.doc.crawlers for a in e.cases.in_] + \
