@@ -651,12 +651,16 @@ class CrawlerVerifier:
 
     ``mode='dns'``: the UA names a known crawler AND the reverse name of ip ends in that crawler's domain AND
     that name resolves forward to ip.  ``mode='ua'``: the UA match alone (spoofable: use only when DNS is not
-    available).  ``mode='off'``: never.
+    available).  ``mode='off'``: never.  With ``networks`` (a
+    :class:`~forumpulse.pipeline.enrich.CrawlerNetworks`), in ``dns`` and ``ua`` mode, a client *without* any user
+    agent (squid's native log has none) is verified when its address is in a crawler's published network — the
+    operator's own list, no DNS needed; a client with a user agent is judged by it as above.
     """
 
     def __init__(self, mode: str = "dns", resolver: Resolver | None = None, cache_ttl_s: int = 3600,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, networks: Any = None) -> None:
         self.mode = mode
+        self.networks = networks
         self.resolver = resolver if resolver is not None else SocketResolver()
         self.ttl = cache_ttl_s
         self.clock = clock
@@ -673,7 +677,10 @@ class CrawlerVerifier:
     def verified(self, ip: str, user_agents: Iterable[str]) -> bool:
         if self.mode == "off":
             return False
-        idx = {i for ua in user_agents if (i := self.crawler_for(ua)) is not None}
+        uas = [ua for ua in user_agents if ua]
+        if not uas:
+            return self.networks is not None and self.networks.name_of(ip) is not None
+        idx = {i for ua in uas if (i := self.crawler_for(ua)) is not None}
         if not idx:
             return False
         if self.mode == "ua":
@@ -770,12 +777,19 @@ class DecisionManager:
 
     def __init__(self, config: DosConfig | None = None, sinks: Sequence[DecisionSink] = (),
                  actions: Sequence[Action] = (), verifier: CrawlerVerifier | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, networks_file: str | None = None) -> None:
+        """``networks_file``: the crawler networks (``Settings.bots.networks_file``) for the default verifier; the
+        built-in ``pipeline/rules/crawler_networks.yaml`` when ``None``."""
         self.cfg = config or DosConfig()
         self.sinks = list(sinks)
         self.actions = list(actions)
-        self.verifier = verifier or CrawlerVerifier(self.cfg.crawlers.verify,
-                                                    cache_ttl_s=self.cfg.crawlers.cache_ttl_s)
+        if verifier is None:
+            from forumpulse.pipeline.enrich import CrawlerNetworks
+
+            nets = CrawlerNetworks(networks_file) if self.cfg.crawlers.networks else None
+            verifier = CrawlerVerifier(self.cfg.crawlers.verify, cache_ttl_s=self.cfg.crawlers.cache_ttl_s,
+                                       networks=nets)
+        self.verifier = verifier
         self.wall = wall_clock
         self.allow = [ipaddress.ip_network(n) for n in self.cfg.allowlist]
         self.active: dict[str, Decision] = {}
@@ -1409,17 +1423,24 @@ _drops: dict[str, int] = {}
 
 def build_detector(config_path: str | None = None, rules_file: str | None = None, mode: str | None = None,
                    sinks: Sequence[DecisionSink] = (), actions: Sequence[Action] = (),
-                   verifier: CrawlerVerifier | None = None) -> DosDetector:
-    """A detector from the configuration file (section ``detectors.dos``) with the given sinks/actions."""
+                   verifier: CrawlerVerifier | None = None, crawler_verify: str | None = None) -> DosDetector:
+    """A detector from the configuration file (section ``detectors.dos``) with the given sinks/actions;
+    ``crawler_verify`` (``dns`` / ``ua`` / ``off``) overrides ``crawlers.verify``."""
     cfg = DosConfig()
+    networks_file = None
     if config_path is not None:
         from forumpulse.pipeline.config import load_settings
 
-        cfg = DosConfig.model_validate(load_settings(config_path).detectors.get("dos", {}))
+        settings = load_settings(config_path)
+        cfg = DosConfig.model_validate(settings.detectors.get("dos", {}))
+        networks_file = settings.bots.networks_file
     if mode is not None:
         cfg = cfg.model_copy(update={"mode": mode})
+    if crawler_verify is not None:
+        crawlers = type(cfg.crawlers).model_validate({**cfg.crawlers.model_dump(), "verify": crawler_verify})
+        cfg = cfg.model_copy(update={"crawlers": crawlers})
     rules = load_rules(rules_file or cfg.rules_file, cfg.rule_overrides)
-    mgr = DecisionManager(cfg, sinks=sinks, actions=actions, verifier=verifier)
+    mgr = DecisionManager(cfg, sinks=sinks, actions=actions, verifier=verifier, networks_file=networks_file)
     return DosDetector(rules, mgr)
 
 
@@ -1435,10 +1456,7 @@ def dos_command(
     import sys
 
     sink = JsonLinesSink(sys.stdout)
-    verifier = None
-    if crawler_verify is not None:
-        verifier = CrawlerVerifier(crawler_verify)
-    det = build_detector(config, rules, "observe" if observe else None, sinks=[sink], verifier=verifier)
+    det = build_detector(config, rules, "observe" if observe else None, sinks=[sink], crawler_verify=crawler_verify)
     for _ in detect_records(parse_file(input, format), det):
         pass
     sink.flush()

@@ -155,6 +155,9 @@ class CrawlerConfig(_Strict):
         "dns", description="dns: UA match + reverse DNS + forward confirmation; ua: trust the UA; off: no exemption")
     cache_ttl_s: int = Field(3600, ge=1)
     timeout_s: float = Field(2.0, gt=0)
+    networks: bool = Field(True, description="a client whose requests carry no user agent (squid's native log) and "
+                           "whose address is in a crawler's published network (pipeline/rules/crawler_networks.yaml, "
+                           "or bots.networks_file) is that crawler: never banned (except with verify: off)")
 
 
 class EscalationConfig(_Strict):

@@ -229,7 +229,8 @@ class LiveDos:
                                                      settings.kafka.decisions_topic), "kafka"))
         if self.actions_cfg.jsonl_path:
             self.sinks.append(_GuardedSink(JsonLinesSink(self.actions_cfg.jsonl_path), "jsonl"))
-        self.manager = DecisionManager(self.cfg, sinks=self.sinks, actions=acts, wall_clock=clock)
+        self.manager = DecisionManager(self.cfg, sinks=self.sinks, actions=acts, wall_clock=clock,
+                                       networks_file=settings.bots.networks_file)
         self.detector = DosDetector(load_rules(self.cfg.rules_file, self.cfg.rule_overrides), self.manager)
         self.lock = threading.RLock()
         self.batches = 0

@@ -105,6 +105,36 @@ def test_crawler_verification_needs_forward_confirmed_reverse_dns() -> None:
     assert {d.value for d in det.manager.decisions} == {"6.6.6.6"}  # the spoofed Googlebot is banned
 
 
+def test_ua_less_clients_in_a_crawlers_published_network_are_verified_without_dns() -> None:
+    """Squid's native log has no user agent: a crawler there can only be told by its address.  Published crawler
+    networks (pipeline/rules/crawler_networks.yaml) verify such a client with no DNS; a client *with* a user
+    agent is judged by it as before, and ``verify: off`` exempts nobody."""
+    from forumpulse.pipeline.enrich import CrawlerNetworks
+
+    dns = FakeDns({}, {})
+    v = CrawlerVerifier("dns", dns, networks=CrawlerNetworks())
+    assert v.verified("66.249.66.1", [""]) and v.verified("157.55.39.9", [])
+    assert not v.verified("6.6.6.6", [""])
+    assert not v.verified("66.249.66.1", ["curl/8"])  # a user agent decides as before
+    assert dns.calls == 0  # the address look-ups need no DNS (curl names no crawler: no look-up either)
+    assert not CrawlerVerifier("off", dns, networks=CrawlerNetworks()).verified("66.249.66.1", [""])
+    assert not CrawlerVerifier("dns", dns).verified("66.249.66.1", [""])  # no networks given
+
+    # a UA-less burst at 60 req/s from Googlebot's network and from elsewhere, end to end through the manager
+    rng = np.random.default_rng(3)
+    recs = ordered(synth_crawler(rng, T0, 60, "66.249.66.1", 60.0, ua="", missing_share=0.5)
+                   + synth_crawler(rng, T0, 60, "6.6.6.6", 60.0, ua="", missing_share=0.5))
+    det = DosDetector(manager=DecisionManager(DosConfig()))  # default: crawlers.networks true, verify dns
+    det.manager.verifier.resolver = dns  # no real DNS in tests (not consulted for UA-less clients)
+    det.process(Batch.from_records(recs))
+    assert {d.value for d in det.manager.decisions} == {"6.6.6.6"}
+    assert det.manager.suppressed["crawler"] >= 1
+    off = DosDetector(manager=DecisionManager(DosConfig(crawlers={"networks": False})))  # type: ignore[arg-type]
+    off.manager.verifier.resolver = dns
+    off.process(Batch.from_records(recs))
+    assert {d.value for d in off.manager.decisions} == {"6.6.6.6", "66.249.66.1"}
+
+
 def test_observe_mode_breaker_escalation_and_unban() -> None:
     class Recorder:
         name = "recorder"
