@@ -390,3 +390,14 @@ def test_batch_constructors_agree_and_decode() -> None:
         t = b.take(np.array([1, 2]))
         assert list(t.codes("client_ip")[1]) == ["10.0.0.1", "10.0.0.2"] and t.value("user_agent", 1) == "UA2"
     assert list(batches[1].query) == ["", "", ""] and list(batches[3].query) == ["x=1", "", ""]
+
+
+def test_crawler_verify_override_is_validated_and_keeps_the_networks() -> None:
+    from forumpulse.detectors.dos import build_detector
+    from pydantic import ValidationError
+
+    det = build_detector(crawler_verify="ua")
+    assert det.manager.verifier.mode == "ua" and det.manager.verifier.networks is not None
+    assert det.manager.cfg.crawlers.verify == "ua"
+    with pytest.raises(ValidationError, match="verify"):
+        build_detector(crawler_verify="sometimes")
