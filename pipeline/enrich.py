@@ -699,7 +699,7 @@ class Enricher:
                 kind = "static"
         if not user_agent:
             self.empty_user_agents += 1
-            name = self.networks.name_of(client_ip) if self.networks is not None and client_ip else None
+            name = self.address_bot(client_ip)
             return topic, kind, is_static, name is not None, name
         is_bot, bot_name = self.bots._cache.young.get(user_agent) or self.bots.detect(user_agent)
         return topic, kind, is_static, is_bot, bot_name
