@@ -515,13 +515,36 @@ class NetworkCases(_M):
 class CrawlerEntry(_M):
     name: str
     source: str = ""
-    networks: list[str]
+    networks: list[str] = Field(default_factory=list)
+    #: files in the operators' published format (``{"prefixes": [{"ipv4Prefix": ...}, {"ipv6Prefix": ...}]}``, as
+    #: googlebot.json and bingbot.json), whose prefixes are added to ``networks``; relative to the rules file
+    prefixes_json: list[str] = Field(default_factory=list)
     cases: NetworkCases = Field(default_factory=NetworkCases)
 
 
 class CrawlerNetworksFile(_M):
     version: int
     crawlers: list[CrawlerEntry] = Field(default_factory=list)
+
+
+def _published_prefixes(path: Path) -> list[str]:
+    """The prefixes of a crawler list in the operators' published JSON format (googlebot.json, bingbot.json)."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        out = []
+        for x in doc["prefixes"]:
+            v = x.get("ipv4Prefix") or x.get("ipv6Prefix")
+            if not isinstance(v, str):
+                raise KeyError(f"entry {x!r} has no ipv4Prefix / ipv6Prefix")
+            out.append(v)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RulesError(f"{path}: not a published crawler list ({{\"prefixes\": [{{\"ipv4Prefix\": ...}}]}}): "
+                         f"{type(exc).__name__}: {exc}") from None
+    if not out:
+        raise RulesError(f"{path}: no prefixes (an empty list would silently verify nothing)")
+    return out
 
 
 class CrawlerNetworks:
@@ -545,7 +568,7 @@ class CrawlerNetworks:
         v4: list[tuple[int, int, str]] = []
         self._v6: list[tuple[ipaddress.IPv6Network, str]] = []
         for e in self.doc.crawlers:
-            for cidr in e.networks:
+            for cidr in [*e.networks, *(x for f in e.prefixes_json for x in _published_prefixes(p.parent / f))]:
                 try:
                     net = ipaddress.ip_network(cidr, strict=True)
                 except ValueError as exc:

@@ -170,3 +170,24 @@ def test_network_edges_agree_between_paths_and_with_the_lookup(fmt: str) -> None
     want = [BUILTIN.name_of(a) for a in addrs]
     assert got == want
     assert sum(w is not None for w in want) > len(addrs) // 2  # the edges inside really are inside
+
+
+def test_published_json_lists_are_read_as_networks(tmp_path: Path) -> None:
+    """An operator can point the rules at the lists as Google and Microsoft publish them (refreshed by a cron job)."""
+    import json
+
+    (tmp_path / "googlebot.json").write_text(json.dumps({"creationTime": "2026-11-20T00:00:00", "prefixes": [
+        {"ipv4Prefix": "66.249.64.0/27"}, {"ipv6Prefix": "2001:4860:4801:10::/64"}]}))
+    p = _write(tmp_path, "version: 1\ncrawlers:\n  - {name: Googlebot, prefixes_json: [googlebot.json],"
+                         " networks: [192.178.4.0/27]}\n")
+    nets = CrawlerNetworks(p)
+    assert [nets.name_of(a) for a in ("66.249.64.31", "66.249.64.32", "2001:4860:4801:10::9", "192.178.4.1")] == \
+        ["Googlebot", None, "Googlebot", "Googlebot"]
+    for body, match in (("{", "not a published crawler list"), ('{"prefixes": [{"x": 1}]}', "no ipv4Prefix"),
+                        ('{"prefixes": []}', "no prefixes"), ('{"creationTime": "x"}', "prefixes")):
+        (tmp_path / "googlebot.json").write_text(body)
+        with pytest.raises(RulesError, match=match):
+            CrawlerNetworks(p)
+    (tmp_path / "googlebot.json").unlink()
+    with pytest.raises(RulesError, match=r"googlebot\.json"):
+        CrawlerNetworks(p)
