@@ -265,6 +265,13 @@ def config_check(config: ConfigOpt = None) -> None:
     """Validate the configuration file; print every problem as `key: reason` (exit 2 when invalid)."""
     _load_plugins()
     s = _settings(config)
+    from forumpulse.pipeline.enrich import Enricher, RulesError
+
+    try:
+        Enricher(s)  # loads every rules file the configuration names (topics, bots, crawler networks)
+    except RulesError as exc:
+        typer.echo(f"rules error: {exc}", err=True)
+        raise typer.Exit(2) from None
     typer.echo(f"configuration OK: {len(s.sites)} site(s), {len(s.sources)} source(s), store {s.store.url}")
 
 
@@ -339,7 +346,17 @@ def main() -> None:
     first = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
     if first not in _NO_PLUGINS:
         _load_plugins()
-    app()
+    try:
+        app()
+    except Exception as exc:
+        from forumpulse.pipeline.enrich import RulesError
+
+        if not isinstance(exc, RulesError):
+            raise
+        # a rules file named in the configuration (topics.rules_file, bots.networks_file, bots.extra_patterns) is
+        # invalid: say which and where, not a traceback
+        typer.echo(f"rules error: {exc}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,20 @@ def test_console_script_runs_and_reports_a_bad_config_with_key_and_reason(tmp_pa
     assert "privacy.client_ip:" in r.stderr and "retention.raw_days:" in r.stderr
 
 
+def test_a_bad_rules_file_is_reported_not_a_traceback(tmp_path):
+    nets = tmp_path / "nets.yaml"
+    nets.write_text("version: 1\ncrawlers: [{name: a, networks: [10.0.0.1/8]}]\n")  # host bits set
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\nbots:\n  networks_file: {nets}\n")
+    log = tmp_path / "a.log"
+    log.write_text("1700000000.100 12 66.249.66.1 TCP_MISS/200 5120 GET http://f.example/t/1 - DIRECT/10.0.0.5 text/html\n")
+    for args in (["config", "check", "--config", str(cfg)], ["ingest", "--config", str(cfg), "--format", "squid", str(log)]):
+        r = subprocess.run([str(EXE), *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "rules error:" in r.stderr and str(nets) in r.stderr and "10.0.0.1/8" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+
+
 def test_busy_store_is_reported_not_a_traceback(tmp_path, store, chdb_path):
     r = subprocess.run([str(EXE), "db", "migrate", "--store", f"chdb:{chdb_path}"], capture_output=True, text=True,
                        timeout=120)
