@@ -29,12 +29,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
 from forumpulse.detectors.dos_rules import DosConfig, Rule, RuleSet, load_rules
 from forumpulse.pipeline.record import ParsedLine
+
+if TYPE_CHECKING:
+    from forumpulse.pipeline.enrich import CrawlerNetworks
 
 log = logging.getLogger(__name__)
 
@@ -658,7 +661,7 @@ class CrawlerVerifier:
     """
 
     def __init__(self, mode: str = "dns", resolver: Resolver | None = None, cache_ttl_s: int = 3600,
-                 clock: Callable[[], float] = time.monotonic, networks: Any = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, networks: CrawlerNetworks | None = None) -> None:
         self.mode = mode
         self.networks = networks
         self.resolver = resolver if resolver is not None else SocketResolver()
