@@ -655,9 +655,11 @@ class CrawlerVerifier:
     ``mode='dns'``: the UA names a known crawler AND the reverse name of ip ends in that crawler's domain AND
     that name resolves forward to ip.  ``mode='ua'``: the UA match alone (spoofable: use only when DNS is not
     available).  ``mode='off'``: never.  With ``networks`` (a
-    :class:`~forumpulse.pipeline.enrich.CrawlerNetworks`), in ``dns`` and ``ua`` mode, a client *without* any user
-    agent (squid's native log has none) is verified when its address is in a crawler's published network — the
-    operator's own list, no DNS needed; a client with a user agent is judged by it as above.
+    :class:`~forumpulse.pipeline.enrich.CrawlerNetworks`), a client *without* any user agent (squid's native log
+    has none) is verified when its address is in a crawler's published network and, in ``dns`` mode, its
+    forward-confirmed reverse name ends in that crawler's own ``dns_suffixes`` (``.googlebot.com``, not Google's
+    other fetchers, which anyone can point at a site); in ``ua`` mode the network alone decides.  A client with a
+    user agent is judged by it as above.
     """
 
     def __init__(self, mode: str = "dns", resolver: Resolver | None = None, cache_ttl_s: int = 3600,
@@ -668,7 +670,7 @@ class CrawlerVerifier:
         self.ttl = cache_ttl_s
         self.clock = clock
         self.rx = [(re.compile(p), d) for p, d in CRAWLER_DOMAINS]
-        self.cache: dict[tuple[str, int], tuple[float, bool]] = {}
+        self.cache: dict[tuple[str, Any], tuple[float, bool]] = {}
         self.lookups = 0
 
     def crawler_for(self, ua: str) -> int | None:
@@ -682,7 +684,12 @@ class CrawlerVerifier:
             return False
         uas = [ua for ua in user_agents if ua]
         if not uas:
-            return self.networks is not None and self.networks.name_of(ip) is not None
+            name = self.networks.name_of(ip) if self.networks is not None else None
+            if name is None:
+                return False
+            assert self.networks is not None
+            suffixes = self.networks.dns_suffixes(name)
+            return self.mode == "ua" or not suffixes or self._confirmed(ip, ("net", name), suffixes)
         idx = {i for ua in uas if (i := self.crawler_for(ua)) is not None}
         if not idx:
             return False
@@ -691,18 +698,22 @@ class CrawlerVerifier:
         return any(self._dns(ip, i) for i in idx)
 
     def _dns(self, ip: str, i: int) -> bool:
+        return self._confirmed(ip, i, self.rx[i][1])
+
+    def _confirmed(self, ip: str, key: Any, suffixes: tuple[str, ...]) -> bool:
+        """Forward-confirmed reverse DNS of ``ip`` ends in one of ``suffixes`` (cached per ``(ip, key)``)."""
         now = self.clock()
-        hit = self.cache.get((ip, i))
+        hit = self.cache.get((ip, key))
         if hit and now - hit[0] < self.ttl:
             return hit[1]
         self.lookups += 1
         ok = False
         for name in self.resolver.reverse(ip):
             name = name.rstrip(".").lower()
-            if name.endswith(self.rx[i][1]) and ip in self.resolver.forward(name):
+            if name.endswith(suffixes) and ip in self.resolver.forward(name):
                 ok = True
                 break
-        self.cache[(ip, i)] = (now, ok)
+        self.cache[(ip, key)] = (now, ok)
         return ok
 
 
@@ -789,7 +800,8 @@ class DecisionManager:
         if verifier is None:
             from forumpulse.pipeline.enrich import CrawlerNetworks
 
-            nets = CrawlerNetworks(networks_file) if self.cfg.crawlers.networks else None
+            use = self.cfg.crawlers.networks and self.cfg.crawlers.verify != "off"
+            nets = CrawlerNetworks(networks_file) if use else None
             verifier = CrawlerVerifier(self.cfg.crawlers.verify, cache_ttl_s=self.cfg.crawlers.cache_ttl_s,
                                        networks=nets)
         self.verifier = verifier

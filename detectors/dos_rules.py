@@ -157,7 +157,8 @@ class CrawlerConfig(_Strict):
     timeout_s: float = Field(2.0, gt=0)
     networks: bool = Field(True, description="a client whose requests carry no user agent (squid's native log) and "
                            "whose address is in a crawler's published network (pipeline/rules/crawler_networks.yaml, "
-                           "or bots.networks_file) is that crawler: never banned (except with verify: off)")
+                           "or bots.networks_file) is that crawler -- with verify: dns only when its reverse name "
+                           "also ends in the crawler's own dns_suffixes -- and not banned by address")
 
 
 class EscalationConfig(_Strict):

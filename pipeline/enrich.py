@@ -519,6 +519,9 @@ class CrawlerEntry(_M):
     #: files in the operators' published format (``{"prefixes": [{"ipv4Prefix": ...}, {"ipv6Prefix": ...}]}``, as
     #: googlebot.json and bingbot.json), whose prefixes are added to ``networks``; relative to the rules file
     prefixes_json: list[str] = Field(default_factory=list)
+    #: reverse-DNS name suffixes of this crawler only (not of its operator's other fetchers): the DoS detector's
+    #: ``crawlers.verify: dns`` also asks a UA-less client in these networks for a forward-confirmed name ending so
+    dns_suffixes: list[str] = Field(default_factory=list)
     cases: NetworkCases = Field(default_factory=NetworkCases)
 
 
@@ -573,6 +576,9 @@ class CrawlerNetworks:
                     net = ipaddress.ip_network(cidr, strict=True)
                 except ValueError as exc:
                     raise RulesError(f"{p}: crawler {e.name!r}: bad network {cidr!r}: {exc}") from None
+                if isinstance(net, ipaddress.IPv6Network) and net.network_address.ipv4_mapped is not None:
+                    raise RulesError(f"{p}: crawler {e.name!r}: write {cidr!r} as an IPv4 network (IPv4-mapped "
+                                     "addresses are looked up as IPv4)")
                 if isinstance(net, ipaddress.IPv4Network):
                     v4.append((int(net.network_address), int(net.broadcast_address), e.name))
                 else:
@@ -586,7 +592,8 @@ class CrawlerNetworks:
             if merged and a0 <= merged[-1][1]:
                 m0, m1, mname = merged[-1]
                 if mname != name:
-                    raise RulesError(f"{p}: {ipaddress.IPv4Address(a0)} ({name}) is inside a network of {mname}")
+                    raise RulesError(f"{p}: a network of {name} from {ipaddress.IPv4Address(a0)} overlaps a network "
+                                     f"of {mname} ({ipaddress.IPv4Address(m0)} - {ipaddress.IPv4Address(m1)})")
                 merged[-1] = (m0, max(m1, a1), name)
             else:
                 merged.append((a0, a1, name))
@@ -599,6 +606,11 @@ class CrawlerNetworks:
         self.names: list[str] = list(dict.fromkeys(e.name for e in self.doc.crawlers))
         self._np_codes = np.array([self.names.index(n) for n in self._names], dtype=np.int64)
         self._cache: BoundedCache[str, tuple[str | None]] = BoundedCache(cache_size)
+        self._suffixes = {e.name: tuple(x.lower() for x in e.dns_suffixes) for e in self.doc.crawlers}
+
+    def dns_suffixes(self, name: str) -> tuple[str, ...]:
+        """The reverse-DNS suffixes the rules give crawler ``name`` (empty: none given)."""
+        return self._suffixes.get(name, ())
 
     def name_of(self, address: str | None) -> str | None:
         """``bot_name`` of the crawler whose published network holds ``address`` (a plain IP text), else ``None``;

@@ -111,21 +111,30 @@ def test_ua_less_clients_in_a_crawlers_published_network_are_verified_without_dn
     agent is judged by it as before, and ``verify: off`` exempts nobody."""
     from forumpulse.pipeline.enrich import CrawlerNetworks
 
-    dns = FakeDns({}, {})
+    dns = FakeDns({"66.249.66.1": "crawl-66-249-66-1.googlebot.com", "157.55.39.9": "msnbot-157-55-39-9.search.msn.com",
+                   "66.249.66.2": "google-proxy-66-249-66-2.google.com", "66.249.66.3": "crawl-66-249-66-3.googlebot.com"},
+                  {"crawl-66-249-66-1.googlebot.com": ["66.249.66.1"], "msnbot-157-55-39-9.search.msn.com": ["157.55.39.9"],
+                   "google-proxy-66-249-66-2.google.com": ["66.249.66.2"]})
     v = CrawlerVerifier("dns", dns, networks=CrawlerNetworks())
     assert v.verified("66.249.66.1", [""]) and v.verified("157.55.39.9", [])
-    assert not v.verified("6.6.6.6", [""])
-    assert not v.verified("66.249.66.1", ["curl/8"])  # a user agent decides as before
-    assert dns.calls == 0  # the address look-ups need no DNS (curl names no crawler: no look-up either)
+    assert not v.verified("66.249.66.2", [""])  # Google's network, but a fetcher anyone can aim (not .googlebot.com)
+    assert not v.verified("66.249.66.3", [""])  # reverse name not confirmed forward
+    assert not v.verified("6.6.6.6", [""])  # no crawler network: no DNS asked either
+    assert dns.calls == 4
+    assert v.verified("66.249.66.1", [""]) and dns.calls == 4  # cached
+    assert not v.verified("66.249.66.1", ["curl/8"])  # a user agent decides as before (curl names no crawler)
+    ua_mode = CrawlerVerifier("ua", dns, networks=CrawlerNetworks())
+    assert ua_mode.verified("66.249.66.2", [""]) and dns.calls == 4  # no DNS: the network alone decides
     assert not CrawlerVerifier("off", dns, networks=CrawlerNetworks()).verified("66.249.66.1", [""])
     assert not CrawlerVerifier("dns", dns).verified("66.249.66.1", [""])  # no networks given
+    assert DecisionManager(DosConfig(crawlers={"verify": "off"})).verifier.networks is None  # type: ignore[arg-type]
 
     # a UA-less burst at 60 req/s from Googlebot's network and from elsewhere, end to end through the manager
     rng = np.random.default_rng(3)
     recs = ordered(synth_crawler(rng, T0, 60, "66.249.66.1", 60.0, ua="", missing_share=0.5)
                    + synth_crawler(rng, T0, 60, "6.6.6.6", 60.0, ua="", missing_share=0.5))
     det = DosDetector(manager=DecisionManager(DosConfig()))  # default: crawlers.networks true, verify dns
-    det.manager.verifier.resolver = dns  # no real DNS in tests (not consulted for UA-less clients)
+    det.manager.verifier.resolver = dns  # no real DNS in tests
     det.process(Batch.from_records(recs))
     assert {d.value for d in det.manager.decisions} == {"6.6.6.6"}
     assert det.manager.suppressed["crawler"] >= 1
