@@ -684,11 +684,10 @@ class CrawlerVerifier:
             return False
         uas = [ua for ua in user_agents if ua]
         if not uas:
-            name = self.networks.name_of(ip) if self.networks is not None else None
-            if name is None:
+            nets = self.networks
+            if nets is None or (name := nets.name_of(ip)) is None:
                 return False
-            assert self.networks is not None
-            suffixes = self.networks.dns_suffixes(name)
+            suffixes = nets.dns_suffixes(name)
             return self.mode == "ua" or not suffixes or self._confirmed(ip, ("net", name), suffixes)
         idx = {i for ua in uas if (i := self.crawler_for(ua)) is not None}
         if not idx:

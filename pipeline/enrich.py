@@ -597,14 +597,11 @@ class CrawlerNetworks:
                 merged[-1] = (m0, max(m1, a1), name)
             else:
                 merged.append((a0, a1, name))
-        self._starts = [a for a, _, _ in merged]
-        self._ends = [b for _, b, _ in merged]
-        self._names = [n for _, _, n in merged]
-        self._np_starts = np.array(self._starts, dtype=np.int64)
-        self._np_ends = np.array(self._ends, dtype=np.int64)
         #: crawler names in file order; :meth:`codes_of_ipv4` answers indexes into it
         self.names: list[str] = list(dict.fromkeys(e.name for e in self.doc.crawlers))
-        self._np_codes = np.array([self.names.index(n) for n in self._names], dtype=np.int64)
+        self._starts = np.array([a for a, _, _ in merged], dtype=np.int64)
+        self._ends = np.array([b for _, b, _ in merged], dtype=np.int64)
+        self._codes = np.array([self.names.index(n) for _, _, n in merged], dtype=np.int64)
         self._cache: BoundedCache[str, tuple[str | None]] = BoundedCache(cache_size)
         self._suffixes = {e.name: tuple(x.lower() for x in e.dns_suffixes) for e in self.doc.crawlers}
 
@@ -628,12 +625,11 @@ class CrawlerNetworks:
         of the crawler's name in :attr:`names`, ``-1`` for no crawler."""
         if len(self._starts) == 0 or len(values) == 0:
             return np.full(len(values), -1, dtype=np.int64)
-        i = np.searchsorted(self._np_starts, values, side="right") - 1
-        hit = (i >= 0) & (values <= self._np_ends[np.maximum(i, 0)])
-        return np.where(hit, self._np_codes[np.maximum(i, 0)], -1)
+        i = np.searchsorted(self._starts, values, side="right") - 1
+        hit = (i >= 0) & (values <= self._ends[np.maximum(i, 0)])
+        return np.where(hit, self._codes[np.maximum(i, 0)], -1)
 
     def _lookup(self, address: str) -> str | None:
-        import bisect
         import ipaddress
 
         try:
@@ -645,11 +641,8 @@ class CrawlerNetworks:
                 ip = ip.ipv4_mapped
             else:
                 return next((name for net, name in self._v6 if ip in net), None)
-        v = int(ip)
-        i = bisect.bisect_right(self._starts, v) - 1
-        if i >= 0 and v <= self._ends[i]:
-            return self._names[i]
-        return None
+        code = int(self.codes_of_ipv4(np.array([int(ip)], dtype=np.int64))[0])
+        return self.names[code] if code >= 0 else None
 
 
 # ================================================================================= the enricher

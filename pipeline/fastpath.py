@@ -538,11 +538,11 @@ def _address_bots(enr: Any, ip_dict: pa.Array | None, ip_idx: pa.Array | None, i
             name = enr.address_bot(text)  # IPv6, IPv4-mapped, no address
             if name is not None:
                 code[j] = nets.names.index(name)
-    row_code = code[idx_np]
-    if rows is not None:
-        keep = np.zeros(len(row_code), dtype=bool)
-        keep[rows] = True
-        row_code[~keep] = -1
+    if rows is None:
+        row_code = code[idx_np]
+    else:  # rows with a user agent keep what it said
+        row_code = np.full(len(idx_np), -1, dtype=np.int64)
+        row_code[rows] = code[idx_np[rows]]
     found = row_code >= 0
     if not found.any():
         return is_bot, bot_name
