@@ -7,7 +7,8 @@
 -- (or paste it with the password filled in).  Database name: forumpulse (change it if you use another).
 --
 -- readonly = 2 allows the plugin to set per-query settings (max_execution_time etc., which clickhouse-go sends)
--- while forbidding writes and DDL; the grants limit reads to the forumpulse tables the dashboards use.
+-- while forbidding writes and DDL; the grants limit reads to the forumpulse tables the dashboards use
+-- (tests/test_grafana_grants.py checks every table a panel reads is granted and exists in the schema).
 
 CREATE SETTINGS PROFILE IF NOT EXISTS forumpulse_grafana_ro
     SETTINGS readonly = 2, max_execution_time = 60, max_result_rows = 1000000, result_overflow_mode = 'break';
@@ -15,8 +16,10 @@ CREATE SETTINGS PROFILE IF NOT EXISTS forumpulse_grafana_ro
 CREATE ROLE IF NOT EXISTS forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.site_minute TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.topic_minute TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.topic_hour TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.client_minute TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.prefix_minute TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.prefix_hour TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.transfer_minute TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.detections TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.decisions TO forumpulse_grafana_reader;
