@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from forumpulse.pipeline.store import DEFAULT_STORE, Store, open_store
+from forumpulse.pipeline.store import Store, open_store
 
 __all__ = [
     "ReportError",
@@ -423,8 +423,19 @@ def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "f
 def _parse_time(s: str | None) -> datetime | None:
     if s is None:
         return None
-    t = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    try:
+        t = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"{s!r} is not an ISO 8601 date or time") from None
     return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def _open_for_report(config: Path | None, store: str | None, site: str | None) -> tuple[Store, str]:
+    """The store and site of a report: the options, else the configuration (store.url, the first site)."""
+    from forumpulse.pipeline.config import load_settings
+
+    settings = load_settings(config)  # a bad file: ConfigError, reported by the CLI's main() (exit 2)
+    return open_store(store or settings.store.url), site or settings.sites[0].name
 
 
 def report_event_command(
@@ -434,11 +445,15 @@ def report_event_command(
     event: Annotated[str | None, typer.Option("--event", help="detection id")] = None,
     from_: Annotated[str | None, typer.Option("--from", help="start, ISO 8601 (UTC if no offset)")] = None,
     to: Annotated[str | None, typer.Option("--to", help="end, ISO 8601 (UTC if no offset)")] = None,
-    store: Annotated[str, typer.Option("--store", help="chdb:PATH or clickhouse://...")] = DEFAULT_STORE,
-    site: Annotated[str, typer.Option("--site")] = "forum",
+    store: Annotated[str | None, typer.Option("--store", help="chdb:PATH or clickhouse://... (default: the "
+                                              "configured store.url)")] = None,
+    site: Annotated[str | None, typer.Option("--site", help="site name (default: the first configured site)")]
+    = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file (default: "
+                                                "$FORUMPULSE_CONFIG, else built-in defaults)")] = None,
 ) -> None:
     """forumpulse report event --topic ID | --group NAME | --event ID [--from --to] --out DIR"""
-    st = open_store(store)
+    st, site = _open_for_report(config, store, site)
     try:
         path = generate_event_report(st, topic_id=topic, group=group, event_id=event, time_from=_parse_time(from_),
                                      time_to=_parse_time(to), out_dir=out, site=site)
@@ -453,12 +468,20 @@ def report_event_command(
 def report_daily_command(
     out: Annotated[Path, typer.Option("--out", help="output folder (created)")],
     day: Annotated[str | None, typer.Option("--day", help="YYYY-MM-DD (UTC); default: yesterday")] = None,
-    store: Annotated[str, typer.Option("--store")] = DEFAULT_STORE,
-    site: Annotated[str, typer.Option("--site")] = "forum",
+    store: Annotated[str | None, typer.Option("--store", help="chdb:PATH or clickhouse://... (default: the "
+                                              "configured store.url)")] = None,
+    site: Annotated[str | None, typer.Option("--site", help="site name (default: the first configured site)")]
+    = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file (default: "
+                                                "$FORUMPULSE_CONFIG, else built-in defaults)")] = None,
 ) -> None:
     """forumpulse report daily [--day YYYY-MM-DD] --out DIR"""
-    d = date.fromisoformat(day) if day else (datetime.now(UTC) - timedelta(days=1)).date()
-    st = open_store(store)
+    try:
+        d = date.fromisoformat(day) if day else (datetime.now(UTC) - timedelta(days=1)).date()
+    except ValueError:
+        typer.echo(f"error: --day {day!r} is not a date YYYY-MM-DD", err=True)
+        raise typer.Exit(2) from None
+    st, site = _open_for_report(config, store, site)
     try:
         path = generate_daily_report(st, d, out, site=site)
     finally:

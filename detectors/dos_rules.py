@@ -18,7 +18,15 @@ from typing import Any, Literal
 
 import yaml
 from forumpulse.pipeline.config import register_section_validator
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 RULES_PATH = Path(__file__).resolve().parent / "rules" / "dos.yaml"
 CASES_DIR = Path(__file__).resolve().parent / "rules" / "dos_cases"
@@ -182,6 +190,26 @@ class DosConfig(_Strict):
     site: str = "forum"
 
     _norm = field_validator("allowlist")(lambda cls, v: [_network(x) for x in v])
+
+    @model_validator(mode="after")
+    def _rules_load(self) -> DosConfig:
+        # the rules file and the overrides are checked where the configuration is (config check, every command's
+        # start), not first when the detector starts: an unknown rule or field in rule_overrides, a missing file
+        try:
+            load_rules(self.rules_file, self.rule_overrides)
+        except OSError as exc:
+            raise ValueError(f"rules_file: cannot read {exc.filename}: {exc.strerror}") from None
+        except ValidationError as exc:  # name the rule, not its position in the file
+            names = [r.get("name") for r in (yaml.safe_load(Path(self.rules_file or RULES_PATH).read_text())
+                                             or {}).get("rules", []) if isinstance(r, dict)]
+
+            def where(loc: tuple[Any, ...]) -> str:
+                if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int) and loc[1] < len(names):
+                    loc = (names[loc[1]], *loc[2:])
+                return ".".join(str(x) for x in loc)
+
+            raise ValueError("; ".join(f"rules: {where(e['loc'])}: {e['msg']}" for e in exc.errors())) from None
+        return self
 
 
 class NftablesConfig(_Strict):

@@ -134,7 +134,10 @@ class TrafficSettings(BaseModel):
 
     @model_validator(mode="after")
     def _rules_load(self) -> TrafficSettings:
-        self.rules()  # unknown sections/keys raise ValueError -> a ValidationError naming detectors.traffic
+        try:
+            self.rules()  # unknown sections/keys raise ValueError -> a ValidationError naming detectors.traffic
+        except OSError as exc:
+            raise ValueError(f"rules_file: cannot read {exc.filename}: {exc.strerror}") from None
         return self
 
 
@@ -1424,7 +1427,7 @@ def detect_history(store: Any, start: datetime, end: datetime, settings: Any = N
 def detect_history_command(
     from_: Annotated[str, typer.Option("--from", help="start (ISO date/time, UTC unless an offset is given)")] = "",
     to: Annotated[str, typer.Option("--to", help="end, exclusive (default: now)")] = "",
-    config: Annotated[str | None, typer.Option("--config", help="forumpulse.yaml")] = None,
+    config: Annotated[str | None, typer.Option("--config", "-c", help="forumpulse.yaml")] = None,
     store_url: Annotated[str | None, typer.Option("--store", help="chdb:PATH or clickhouse://...")] = None,
 ) -> None:
     """Run the traffic detectors over the store's rollups for a time range; prints JSON lines."""
@@ -1435,9 +1438,18 @@ def _history_cli(from_: str, to: str, config: str | None, store_url: str | None)
     from forumpulse.pipeline.config import load_settings
     from forumpulse.pipeline.store import open_store
 
-    settings = load_settings(config)
-    start = _utc(datetime.fromisoformat(from_)) if from_ else datetime.now(UTC) - timedelta(days=1)
-    end = _utc(datetime.fromisoformat(to)) if to else datetime.now(UTC)
+    settings = load_settings(config)  # ConfigError / StoreError below: reported by the CLI's main()
+
+    def when(text: str, name: str) -> datetime:
+        try:
+            return _utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+        except ValueError:
+            raise typer.BadParameter(f"{text!r} is not an ISO 8601 date or time", param_hint=name) from None
+
+    start = when(from_, "--from") if from_ else datetime.now(UTC) - timedelta(days=1)
+    end = when(to, "--to") if to else datetime.now(UTC)
+    if end <= start:
+        raise typer.BadParameter(f"--to ({to or 'now'}) is not after --from ({from_ or 'a day ago'})")
     store = open_store(store_url or settings.store.url)
     try:
         detect_history(store, start, end, settings, echo=True)

@@ -208,7 +208,9 @@ def _print_counts(results: list[Any]) -> None:
 
 @db_app.command("migrate")
 def db_migrate(config: ConfigOpt = None, store: StoreOpt = None) -> None:
-    """Apply pending schema migrations (idempotent; records what ran in schema_migrations)."""
+    """Apply pending schema migrations (idempotent; records what ran in schema_migrations), then load
+    topics.titles_csv when it is configured."""
+    from forumpulse.pipeline.enrich import load_configured_titles
     from forumpulse.pipeline.store import migrate
 
     settings = _settings(config, store)
@@ -216,16 +218,20 @@ def db_migrate(config: ConfigOpt = None, store: StoreOpt = None) -> None:
     try:
         ran = migrate(st, settings.retention.migration_params())
         rows = st.query_rows("SELECT version, name, applied_at FROM schema_migrations ORDER BY version")
+        titles = load_configured_titles(st, settings)
     finally:
         st.close()
     typer.echo(f"applied now: {', '.join(f'{m.version:04d}_{m.name}' for m in ran) or 'nothing (up to date)'}")
     for v, n, at in rows:
         typer.echo(f"  {int(v):04d}_{n}  applied {at}")
+    if titles is not None:
+        typer.echo(f"topic titles: {titles:,} loaded from {settings.topics.titles_csv} (topics.titles_csv)")
 
 
 @db_app.command("load-titles")
 def db_load_titles(
-    csv: Annotated[Path, typer.Argument(help="CSV with columns site,topic_id,title[,forum]")],
+    csv: Annotated[Path | None, typer.Argument(
+        help="CSV with columns site,topic_id,title[,forum] (default: topics.titles_csv of the configuration)")] = None,
     config: ConfigOpt = None,
     store: StoreOpt = None,
 ) -> None:
@@ -234,10 +240,14 @@ def db_load_titles(
     from forumpulse.pipeline.ingest import ensure_schema
 
     settings = _settings(config, store)
+    path = str(csv) if csv is not None else settings.topics.titles_csv
+    if not path:
+        typer.echo("error: give a CSV file or set topics.titles_csv in the configuration", err=True)
+        raise typer.Exit(2)
+    titles = load_topic_titles(path)  # a bad file is reported by main() before the store is opened
     st = _open(settings)
     try:
         ensure_schema(st, settings)
-        titles = load_topic_titles(str(csv))
         st.insert("topic_titles", titles)
         groups = topic_group_rows(settings, titles)
         st.insert("topic_groups", groups)
@@ -265,17 +275,25 @@ def config_check(config: ConfigOpt = None) -> None:
     """Validate the configuration file; print every problem as `key: reason` (exit 2 when invalid)."""
     _load_plugins()
     s = _settings(config)
+    from forumpulse.pipeline.config import mask_url
     from forumpulse.pipeline.enrich import Enricher
 
     Enricher(s)  # loads every rules file the configuration names; a bad one is reported by main() (exit 2)
-    typer.echo(f"configuration OK: {len(s.sites)} site(s), {len(s.sources)} source(s), store {s.store.url}")
+    if s.topics.titles_csv:
+        from forumpulse.pipeline.enrich import load_topic_titles
+
+        load_topic_titles(s.topics.titles_csv)
+    typer.echo(f"configuration OK: {len(s.sites)} site(s), {len(s.sources)} source(s), store {mask_url(s.store.url)}")
 
 
 @config_app.command("show")
 def config_show(config: ConfigOpt = None) -> None:
-    """Print the effective configuration (defaults, file and environment merged) as JSON; secrets masked."""
+    """Print the effective configuration (defaults, file and environment merged) as JSON; secrets (keys, API
+    keys, webhook secrets, passwords in URLs) masked as ***."""
+    from forumpulse.pipeline.config import masked_dump
+
     s = _settings(config)
-    typer.echo(s.model_dump_json(indent=2))
+    typer.echo(json.dumps(masked_dump(s), indent=2))
 
 
 @app.command()
@@ -322,7 +340,7 @@ def _load_plugins() -> None:
     for target, name, module, attr in _PLUGINS:
         try:
             fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:  # reported by `forumpulse doctor` and failed by the tests
+        except (ImportError, AttributeError) as exc:  # the command is then missing from --help; tests fail on it
             PLUGIN_ERRORS[name] = f"{module}.{attr}: {exc}"
             continue
         target.command(name)(fn)
@@ -345,14 +363,24 @@ def main() -> None:
     try:
         app()
     except Exception as exc:
+        from forumpulse.pipeline.config import ConfigError
         from forumpulse.pipeline.enrich import RulesError
+        from forumpulse.pipeline.store import StoreBusy, StoreUnavailable
 
-        if not isinstance(exc, RulesError):
-            raise
-        # a rules file named in the configuration (topics.rules_file, bots.networks_file, bots.extra_patterns) is
-        # invalid: say which and where, not a traceback
-        typer.echo(f"rules error: {exc}", err=True)
-        sys.exit(2)
+        # a user's error, not a bug: one clear message, no traceback.  Commands written in other modules load
+        # their settings and open their store themselves; their errors end here.
+        if isinstance(exc, ConfigError):  # the configuration: every problem as `key: reason`
+            typer.echo(str(exc), err=True)
+            sys.exit(2)
+        if isinstance(exc, RulesError):
+            # a rules or data file named in the configuration (topics.rules_file, topics.post_map_csv,
+            # topics.titles_csv, bots.networks_file, bots.extra_patterns) is missing or invalid: which and where
+            typer.echo(f"rules error: {exc}", err=True)
+            sys.exit(2)
+        if isinstance(exc, StoreBusy | StoreUnavailable):  # as _open() reports it
+            typer.echo(f"error: {exc}", err=True)
+            sys.exit(3)
+        raise
 
 
 if __name__ == "__main__":

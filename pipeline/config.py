@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -49,7 +57,8 @@ class SiteConfig(_Strict):
         default_factory=list,
         description="forum engines whose URL rules apply (vbulletin, phpbb, xenforo, discourse, smf, mybb, invision, flarum); empty = all",
     )
-    hosts: list[str] = Field(default_factory=list, description="virtual host names that belong to this site")
+    hosts: list[str] = Field(default_factory=list, description="virtual host names of this site (informational: "
+                             "lines are assigned to sites by sources[].site and ingest --site, not by host)")
 
     @field_validator("timezone")
     @classmethod
@@ -73,14 +82,16 @@ SiteConfig.model_rebuild()
 
 
 class SourceConfig(_Strict):
-    name: str = Field(description="source name (syslog-ng tags messages with it)")
+    name: str = Field(description="source name (a label; the live path's sources are syslog-ng's, defined in "
+                      "syslog-ng/forumpulse.conf)")
     site: str = Field("forum", description="site this source belongs to")
     format: str = Field(
         "auto",
         description="preset (combined, common, vhost_combined, combined_d, nginx_combined, squid, squid_combined), "
         "'apache:<LogFormat>', 'nginx:<log_format>', or 'auto' (per-line detection among presets)",
     )
-    paths: list[str] = Field(default_factory=list, description="files or globs syslog-ng follows for this source")
+    paths: list[str] = Field(default_factory=list, description="files or globs: `forumpulse ingest` gives a file that "
+                             "matches this source's site, format and origin_host (syslog-ng follows its own list)")
     origin_host: str | None = Field(None, description="host name to record when the transport does not carry one")
 
 
@@ -94,6 +105,15 @@ class PrivacyConfig(_Strict):
     truncate_ipv4_prefix: int = Field(24, ge=0, le=32, description="with client_ip=truncate: IPv4 bits kept (24 = a.b.c.0)")
     truncate_ipv6_prefix: int = Field(48, ge=0, le=128, description="with client_ip=truncate: IPv6 bits kept")
     pseudonym_key: SecretStr | None = Field(None, description="secret key for keyed pseudonymisation (HMAC-SHA256)")
+
+    @model_validator(mode="after")
+    def _key_for_pseudonyms(self) -> PrivacyConfig:
+        # refused here, so `config check` and every command say so before any work (the Privacy step refuses too)
+        if self.client_ip == "pseudonymize" and (self.pseudonym_key is None
+                                                 or not self.pseudonym_key.get_secret_value()):
+            raise ValueError("client_ip is 'pseudonymize' but pseudonym_key is not set "
+                             "(set FORUMPULSE_PRIVACY__PSEUDONYM_KEY to a long random secret)")
+        return self
 
 
 class RetentionConfig(_Strict):
@@ -121,7 +141,8 @@ class TopicsConfig(_Strict):
 
     rules_file: str | None = Field(None, description="extra/override topic URL rules (YAML); built-in rules always load")
     groups: list[TopicGroup] = Field(default_factory=list, description="named topic groups (by ids or title pattern)")
-    titles_csv: str | None = Field(None, description="CSV site,topic_id,title[,forum] loaded into topic_titles")
+    titles_csv: str | None = Field(None, description="CSV site,topic_id,title[,forum] loaded into topic_titles (and "
+                                   "the groups resolved) by `db migrate`, `db load-titles` and `run` at start")
     post_map_csv: str | None = Field(None, description="CSV post_id,topic_id for phpBB viewtopic.php?p=N")
 
 
@@ -221,6 +242,11 @@ class Settings(BaseSettings):
 _CURRENT_PATH: Path | None = None
 
 
+def _msg(text: str) -> str:
+    """pydantic's message without its "Value error, " prefix (the key and reason are what a user needs)."""
+    return text.removeprefix("Value error, ")
+
+
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     """Load settings from ``path`` (or ``$FORUMPULSE_CONFIG``), environment and ``overrides``.
 
@@ -235,7 +261,7 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         try:
             settings = Settings(**overrides)
         except ValidationError as exc:
-            raise ConfigError([f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]) from None
+            raise ConfigError([f"{'.'.join(str(x) for x in e['loc'])}: {_msg(e['msg'])}" for e in exc.errors()]) from None
         except (yaml.YAMLError, ValueError) as exc:
             raise ConfigError([f"config: {exc}"]) from None
     finally:
@@ -246,12 +272,47 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
             try:
                 validator(getattr(settings, section))
             except ValidationError as exc:
-                problems += [f"{section}.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+                problems += [f"{section}.{'.'.join(str(x) for x in e['loc'])}: {_msg(e['msg'])}"
+                             for e in exc.errors()]
             except ValueError as exc:
                 problems.append(f"{section}: {exc}")
+            except OSError as exc:  # a file the section names (rules_file, ...) cannot be read
+                problems.append(f"{section}: cannot read {exc.filename}: {exc.strerror}")
     if problems:
         raise ConfigError(problems)
     return settings
+
+
+#: key names whose values are secrets (masked by :func:`masked_dump`), in any section
+_SECRET_KEY = re.compile(r"(secret|password|passwd|api_key|apikey|token|pseudonym_key|sasl_password)$", re.I)
+#: user:password@ in a URL (clickhouse://user:pass@host, kafka SASL URLs)
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@:\s]*:)[^/@\s]+@", re.I)
+
+
+def mask_url(url: str) -> str:
+    """``clickhouse://user:pass@host`` -> ``clickhouse://user:***@host`` (other strings unchanged)."""
+    return _URL_PASSWORD.sub(lambda m: f"{m['head']}***@", url)
+
+
+def masked_dump(settings: Settings) -> dict[str, Any]:
+    """The effective settings as plain JSON data with every secret replaced by ``***``: SecretStr fields, keys
+    named like secrets in any section (``actions.webhook.secret``, ``actions.decision_api.api_key``, ...) and
+    passwords inside URLs.  What ``config show`` prints; safe to paste into an issue."""
+
+    def walk(v: Any, key: str = "") -> Any:
+        if isinstance(v, dict):
+            return {k: walk(x, str(k)) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x, key) for x in v]
+        if _SECRET_KEY.search(key) and v not in (None, ""):
+            return "***"
+        if isinstance(v, str):
+            return mask_url(v)
+        return v
+
+    data = settings.model_dump(mode="json")
+    out: dict[str, Any] = walk(data)
+    return out
 
 
 class ConfigError(ValueError):

@@ -1422,8 +1422,8 @@ def open_store_waiting(url: str, stop: threading.Event, database: str | None = N
 
 
 def consume_command(
-    config: Annotated[Path | None, typer.Option(help="YAML configuration file (default: $FORUMPULSE_CONFIG, else "
-                                                "built-in defaults)")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file (default: "
+                                                "$FORUMPULSE_CONFIG, else built-in defaults)")] = None,
     store: Annotated[str | None, typer.Option(help="chdb:PATH (this process owns it) or clickhouse://... (a "
                                               "server or the owner's endpoint; waited for while unavailable)")]
     = None,

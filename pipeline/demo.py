@@ -103,12 +103,9 @@ def run_demo(data_dir: Path, weeks: int = 4, lines_per_day: int = 60_000, seed: 
 
 
 def _load_titles(store: Any, settings: Settings) -> None:
-    from forumpulse.pipeline.enrich import load_topic_titles, topic_group_rows
+    from forumpulse.pipeline.enrich import load_configured_titles
 
-    if settings.topics.titles_csv:
-        titles = load_topic_titles(settings.topics.titles_csv)
-        store.insert("topic_titles", titles)
-        store.insert("topic_groups", topic_group_rows(settings, titles))
+    load_configured_titles(store, settings)
 
 
 def _replay_dos(store: Any, truth: dict[str, Any], con: Console) -> list[Any]:

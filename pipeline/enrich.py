@@ -62,6 +62,7 @@ __all__ = [
     "TopicRules",
     "benchmark_derive",
     "builtin_rules_path",
+    "load_configured_titles",
     "load_post_map",
     "load_topic_rules",
     "load_topic_titles",
@@ -358,16 +359,22 @@ class TopicRules:
 
 
 def load_post_map(csv_path: str | Path) -> dict[int, int]:
-    """Read a ``post_id,topic_id`` CSV (optional header) into a dict.  Raises ValueError with the line number."""
+    """Read a ``post_id,topic_id`` CSV (optional header) into a dict.  Raises RulesError (a ValueError) naming
+    the file and the line."""
     out: dict[int, int] = {}
-    with open(csv_path, newline="", encoding="utf-8-sig") as fh:
-        for no, row in enumerate(csv.reader(fh), 1):
-            if not row or (no == 1 and not row[0].strip().isdigit()):
-                continue
-            try:
-                out[int(row[0])] = int(row[1])
-            except (ValueError, IndexError):
-                raise ValueError(f"{csv_path}:{no}: expected post_id,topic_id, got {row!r}") from None
+    try:
+        with open(csv_path, newline="", encoding="utf-8-sig") as fh:
+            for no, row in enumerate(csv.reader(fh), 1):
+                if not row or (no == 1 and not row[0].strip().isdigit()):
+                    continue
+                try:
+                    out[int(row[0])] = int(row[1])
+                except (ValueError, IndexError):
+                    raise RulesError(f"{csv_path}:{no}: expected post_id,topic_id, got {row!r}") from None
+    except OSError as exc:
+        raise RulesError(f"topics.post_map_csv: cannot read {csv_path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise RulesError(f"{csv_path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     return out
 
 
@@ -757,8 +764,31 @@ def _stamp(updated_at: datetime | None, fallback: datetime) -> datetime:
 def load_topic_titles(csv_path: str | Path, updated_at: datetime | None = None) -> pa.Table:
     """Read ``site,topic_id,title[,forum]`` (a header line starting with ``site`` is skipped; UTF-8, BOM ok)
     into a table for ``topic_titles``.  ``updated_at`` defaults to the file's modification time, so reloading an
-    unchanged file replaces nothing new in the ReplacingMergeTree.  Raises ValueError naming the bad line."""
+    unchanged file replaces nothing new in the ReplacingMergeTree.  Raises RulesError (a ValueError) naming the
+    file and the bad line."""
     p = Path(csv_path)
+    try:
+        return _read_topic_titles(p, updated_at)
+    except OSError as exc:
+        raise RulesError(f"topic titles: cannot read {p}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise RulesError(f"{p}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def load_configured_titles(store: Any, settings: Settings) -> int | None:
+    """Load ``topics.titles_csv`` (when set) into ``topic_titles`` and resolve the configured topic groups into
+    ``topic_groups``; returns the number of titles, None when no file is configured.  Idempotent: rows carry the
+    file's modification time, so reloading an unchanged file adds nothing the ReplacingMergeTrees keep.  Called by
+    ``db migrate``, ``db load-titles`` without a CSV, the owner process at start and the demo."""
+    if not settings.topics.titles_csv:
+        return None
+    titles = load_topic_titles(settings.topics.titles_csv)
+    store.insert("topic_titles", titles)
+    store.insert("topic_groups", topic_group_rows(settings, titles))
+    return int(titles.num_rows)
+
+
+def _read_topic_titles(p: Path, updated_at: datetime | None) -> pa.Table:
     stamp = _stamp(updated_at, datetime.fromtimestamp(p.stat().st_mtime, tz=UTC))
     sites: list[str] = []
     ids: list[int] = []
@@ -771,13 +801,13 @@ def load_topic_titles(csv_path: str | Path, updated_at: datetime | None = None) 
             if no == 1 and row[0].strip().lower() == "site":
                 continue
             if len(row) < 3:
-                raise ValueError(f"{p}:{no}: expected site,topic_id,title[,forum], got {len(row)} fields")
+                raise RulesError(f"{p}:{no}: expected site,topic_id,title[,forum], got {len(row)} fields")
             try:
                 tid = int(row[1])
             except ValueError:
-                raise ValueError(f"{p}:{no}: topic_id {row[1]!r} is not an integer") from None
+                raise RulesError(f"{p}:{no}: topic_id {row[1]!r} is not an integer") from None
             if not 0 < tid <= MAX_TOPIC_ID:
-                raise ValueError(f"{p}:{no}: topic_id {tid} out of range")
+                raise RulesError(f"{p}:{no}: topic_id {tid} out of range")
             sites.append(row[0].strip())
             ids.append(tid)
             titles.append(row[2])

@@ -49,6 +49,7 @@ from forumpulse.pipeline.consumer import (
     open_store_waiting,
     source_status,
 )
+from forumpulse.pipeline.enrich import load_configured_titles
 from forumpulse.pipeline.metrics import PipelineMetrics
 from forumpulse.pipeline.store import Store
 
@@ -136,6 +137,7 @@ class Owner:
     def start(self) -> None:
         self.store = open_store_waiting(self.store_url, self.stop_event,
                                         migrate_params=self.settings.retention.migration_params())
+        load_configured_titles(self.store, self.settings)  # topics.titles_csv, when set (idempotent)
         ctx = self.ctx = OwnerContext(self.settings, self.store, self.stop_event, password=self.password,
                                       consume=self.consume)
         for service in self.services:
@@ -189,8 +191,8 @@ class Owner:
 
 
 def run_command(
-    config: Annotated[Path | None, typer.Option(help="YAML configuration file (default: $FORUMPULSE_CONFIG, else "
-                                                "built-in defaults)")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file (default: "
+                                                "$FORUMPULSE_CONFIG, else built-in defaults)")] = None,
     store: Annotated[str | None, typer.Option(help="chdb:PATH to own (default: the configured store, "
                                               "chdb:./data/chdb)")] = None,
     host: Annotated[str, typer.Option(help="address to serve on (beyond 127.0.0.1, set --password-env)")]

@@ -88,3 +88,68 @@ def test_parse_reads_gz_files(tmp_path):
     assert r.returncode == 0, r.stderr
     out = [json.loads(x) for x in r.stdout.splitlines()]
     assert [d["url"] for d in out] == [f"/{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if c not in (["db", "cluster-ddl"],) and c[0] != "simulate"
+                                 and c[0] != "demo" and c != ["detect", "series"]], ids=lambda c: " ".join(c))
+def test_every_command_with_a_configuration_takes_dash_c(cmd):
+    cli._load_plugins()
+    r = CliRunner().invoke(cli.app, [*cmd, "--help"])
+    assert "--config" in r.output and "-c" in r.output.replace("--config", ""), r.output
+
+
+@pytest.mark.parametrize("args", [["run"], ["consume"], ["detect", "--from", "2024-02-01"],
+                                  ["report", "daily", "--out", "r"], ["detect", "dos", "--input", "x.log"]],
+                         ids=lambda a: " ".join(a[:2]))
+def test_plugin_commands_report_a_bad_configuration_not_a_traceback(tmp_path, args):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("retention:\n  raw_dayz: 5\n")
+    r = subprocess.run([str(EXE), *args, "-c", str(bad)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "retention.raw_dayz:" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [["detect", "--from", "yesterday"], ["report", "event", "--group", "g", "--from",
+                                                                        "soon", "--out", "r"],
+                                  ["report", "daily", "--day", "2024-13-01", "--out", "r"],
+                                  ["detect", "--from", "2024-02-02", "--to", "2024-02-01"]],
+                         ids=["detect-from", "event-from", "daily-day", "to-before-from"])
+def test_bad_times_are_one_line_errors(tmp_path, args):
+    r = subprocess.run([str(EXE), *args, "--store", f"chdb:{tmp_path / 'st'}"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "is not" in r.stderr
+
+
+def test_titles_csv_is_loaded_by_migrate_and_reports_use_the_configured_store(tmp_path):
+    titles = tmp_path / "titles.csv"
+    titles.write_text("site,topic_id,title\nboard,7,Election night\nboard,8,Gardening\n")
+    st = tmp_path / "st"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"store:\n  url: chdb:{st}\nsites:\n  - name: board\ntopics:\n  titles_csv: {titles}\n"
+                   "  groups:\n    - name: vote\n      site: board\n      title_pattern: '(?i)election'\n")
+    r = subprocess.run([str(EXE), "db", "migrate", "-c", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"topic titles: 2 loaded from {titles}" in r.stdout
+    r = subprocess.run([str(EXE), "db", "load-titles", "-c", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "loaded 2 topic titles and 1 topic-group memberships" in r.stdout, r.stderr
+    # the report finds the store and the site in the configuration (no --store, no --site)
+    r = subprocess.run([str(EXE), "report", "daily", "--day", "2024-02-01", "--out", str(tmp_path / "out"), "-c",
+                        str(cfg)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "data").exists()  # not the built-in default ./data/chdb
+    assert "board" in (tmp_path / "out" / "daily-2024-02-01.html").read_text()
+    from forumpulse.pipeline.store import open_store
+
+    s = open_store(f"chdb:{st}")
+    try:
+        rows = s.query_rows("SELECT group_name, topic_id FROM topic_groups FINAL")
+    finally:
+        s.close()
+    assert [(str(g), int(t)) for g, t in rows] == [("vote", 7)]
+
+
+def test_load_titles_without_a_csv_or_configured_file_is_an_error(tmp_path):
+    r = subprocess.run([str(EXE), "db", "load-titles", "--store", f"chdb:{tmp_path / 'st'}"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and "give a CSV file or set topics.titles_csv" in r.stderr

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -118,6 +119,19 @@ def test_config_check_accepts_the_example() -> None:
         ("sites:\n  - name: forum\n    timezone: Mars/Olympus\n", "sites.0.timezone", "unknown time zone"),
         ("detectors:\n  dos:\n    mode: ban-everyone\n", "detectors.dos.mode", "Input should be 'enforce' or 'observe'"),
         ("actions:\n  decision_api:\n    enabled: true\n", "actions.decision_api", "needs api_key"),
+        # checked where the configuration is, not first when a detector or the parser starts
+        ("detectors:\n  dos:\n    rule_overrides:\n      nope: {threshold: 3}\n", "detectors.dos",
+         "rule_overrides: unknown rule 'nope'"),
+        ("detectors:\n  dos:\n    rule_overrides:\n      client_flood: {thresholdz: 3}\n", "detectors.dos",
+         "rules: client_flood.thresholdz: Extra inputs are not permitted"),
+        ("detectors:\n  dos:\n    rules_file: /nonexistent/dos.yaml\n", "detectors.dos",
+         "rules_file: cannot read /nonexistent/dos.yaml"),
+        ("detectors:\n  traffic:\n    rules_file: /nonexistent/traffic.yaml\n", "detectors.traffic",
+         "rules_file: cannot read /nonexistent/traffic.yaml"),
+        ("privacy:\n  client_ip: pseudonymize\n", "privacy", "pseudonym_key is not set"),
+        ("topics:\n  post_map_csv: /nonexistent/posts.csv\n", "rules error",
+         "topics.post_map_csv: cannot read /nonexistent/posts.csv"),
+        ("topics:\n  titles_csv: /nonexistent/titles.csv\n", "rules error", "cannot read /nonexistent/titles.csv"),
     ],
 )
 def test_config_check_reports_key_and_reason(tmp_path: Path, body: str, key: str, reason: str) -> None:
@@ -127,3 +141,24 @@ def test_config_check_reports_key_and_reason(tmp_path: Path, body: str, key: str
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     lines = [ln.strip() for ln in (r.stdout + r.stderr).splitlines()]
     assert any(ln.startswith(f"{key}:") and reason in ln for ln in lines), lines
+
+
+def test_config_show_and_check_mask_secrets(tmp_path: Path) -> None:
+    cfg = tmp_path / "secrets.yaml"
+    cfg.write_text("store:\n  url: clickhouse://writer:s3cr3t-pw@ch:8123/forumpulse\n"
+                   "privacy:\n  client_ip: pseudonymize\n  pseudonym_key: k3y-k3y-k3y\n"
+                   "actions:\n  webhook:\n    enabled: true\n    url: https://hooks.example/x\n    secret: hmac-h3x\n"
+                   "  decision_api:\n    enabled: true\n    api_key: bouncer-k3y\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORUMPULSE_")}
+    show = subprocess.run([str(CLI), "config", "show", "-c", str(cfg)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    check = _check(cfg)
+    assert show.returncode == 0 and check.returncode == 0, (show.stderr, check.stderr)
+    for secret in ("s3cr3t-pw", "k3y-k3y-k3y", "hmac-h3x", "bouncer-k3y"):
+        assert secret not in show.stdout + check.stdout, secret
+    data = json.loads(show.stdout)
+    assert data["store"]["url"] == "clickhouse://writer:***@ch:8123/forumpulse"
+    assert data["actions"]["webhook"]["secret"] == "***" and data["actions"]["decision_api"]["api_key"] == "***"
+    assert data["actions"]["webhook"]["url"] == "https://hooks.example/x"  # not a secret: shown
+    assert data["privacy"]["pseudonym_key"] != "k3y-k3y-k3y"
+    assert "clickhouse://writer:***@ch:8123/forumpulse" in check.stdout
