@@ -166,6 +166,9 @@ class KafkaConfig(_Strict):
     events_topic: str = Field("weblogs.events", description="traffic detections")
     decisions_topic: str = Field("weblogs.decisions", description="firewall decisions (bans, unbans)")
     group_id: str = Field("forumpulse-loader", description="consumer group of the loaders")
+    consumer_queue_kbytes: int = Field(65_536, ge=1_024, description="librdkafka's fetch queue of each loader "
+                                       "(queued.max.messages.kbytes); lower it when memory matters more than "
+                                       "catch-up speed")
 
 
 class IngestConfig(_Strict):

@@ -165,6 +165,7 @@ class ConsumerOptions:
         base: dict[str, Any] = {
             "bootstrap_servers": k.bootstrap_servers, "topic": k.raw_topic, "dead_letter_topic": k.dead_letter_topic,
             "group_id": k.group_id, "batch_lines": min(settings.ingest.batch_lines, 50_000),
+            "queued_max_kbytes": k.consumer_queue_kbytes,
         }
         base.update({key: v for key, v in overrides.items() if v is not None})
         return cls(**base)

@@ -18,7 +18,7 @@ Owner services (``forumpulse run --dos --traffic``, see :func:`live_services`):
     wait, not by the loader's large batches, and detection keeps running while the store is down (the loader
     pauses then).  Cost: every line is parsed twice (loader and feed), about one extra Processor pass.
   - ``loader``: :class:`DosHook` on the loader's stream hooks (``--consume`` required).  No second parse, but
-    decisions wait for the loader's batch (``max_wait_s``, default 1 s, plus the store insert) and stop while
+    decisions wait for the loader's batch (``max_wait_s``, default 0.3 s, plus the store insert) and stop while
     the store is unavailable.  Small loader waits mean many small inserts, which ClickHouse handles badly.
 
   Prefix and distributed rules need every partition in one detector: run ``--dos`` in one process only (the

@@ -162,3 +162,12 @@ def test_config_show_and_check_mask_secrets(tmp_path: Path) -> None:
     assert data["actions"]["webhook"]["url"] == "https://hooks.example/x"  # not a secret: shown
     assert data["privacy"]["pseudonym_key"] != "k3y-k3y-k3y"
     assert "clickhouse://writer:***@ch:8123/forumpulse" in check.stdout
+
+
+def test_kafka_consumer_queue_reaches_the_loader_options() -> None:
+    from forumpulse.pipeline.consumer import ConsumerOptions
+
+    s = load_settings()
+    assert ConsumerOptions.from_settings(s).queued_max_kbytes == s.kafka.consumer_queue_kbytes == 65_536
+    s.kafka.consumer_queue_kbytes = 4_096
+    assert ConsumerOptions.from_settings(s).queued_max_kbytes == 4_096

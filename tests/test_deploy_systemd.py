@@ -92,6 +92,8 @@ def test_services_structure() -> None:
             assert svc.get("NoNewPrivileges") == "yes" and svc.get("ProtectSystem") == "strict", path.name
             assert svc.get("Environment") == "FORUMPULSE_CONFIG=/etc/forumpulse/forumpulse.yaml", path.name
             assert INSTALLED in svc["ExecStart"], path.name
+            if not oneshot:  # a bad configuration fails the unit's start, with `key: reason` in the journal
+                assert f"{INSTALLED} config check" in " ".join(cp.all("Service", "ExecStartPre")), path.name
 
 
 def _argv(unit: str) -> list[str]:
