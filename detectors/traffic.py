@@ -57,12 +57,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import pyarrow as pa
 import typer
 import yaml
-from forumpulse.detectors.calendar import SiteCalendar
+from forumpulse.detectors.calendar import SiteCalendar, site_calendar
 from forumpulse.detectors.series import (
     Detection,
     ScoreParams,
@@ -124,7 +124,7 @@ class TrafficSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rules_file: str | None = Field(None, description="replacement for detectors/rules/traffic.yaml")
     thresholds: dict[str, dict[str, Any]] = Field(default_factory=dict, description="section -> key -> value overrides")
-    enabled: list[str] = Field(default_factory=lambda: ["site", "topic", "transfer"],
+    enabled: list[Literal["site", "topic", "transfer"]] = Field(default_factory=lambda: ["site", "topic", "transfer"],  # type: ignore[arg-type]
                                description="detectors to run: site (spike/dip/outage/pipeline_gap), topic, transfer")
     history_days: int = Field(15, ge=1, le=60, description="days of rollups loaded to warm the baselines at start")
     lag_minutes: int = Field(1, ge=0, description="minutes behind now considered not yet complete")
@@ -152,10 +152,22 @@ def validate_detectors_section(value: Any) -> DetectorsSection:
     return DetectorsSection.model_validate(value or {})
 
 
+def validate_site_calendars(sites: Any) -> None:
+    """Every site's holiday calendar can be built: a country (and subdivision) the ``holidays`` package knows.
+    Checked with the detectors' sections (``config check``, every detector command), not by ``parse``/``ingest``,
+    which do not use calendars."""
+    for i, site in enumerate(sites or []):
+        try:
+            site_calendar(site)
+        except ValueError as exc:
+            raise ValueError(f"site {getattr(site, 'name', i)!r}: {exc}") from None
+
+
 def _register() -> None:
     from forumpulse.pipeline.config import register_section_validator
 
     register_section_validator("detectors", validate_detectors_section)
+    register_section_validator("sites", validate_site_calendars)
 
 
 _register()

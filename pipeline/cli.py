@@ -274,6 +274,10 @@ def db_cluster_ddl(
 def config_check(config: ConfigOpt = None) -> None:
     """Validate the configuration file; print every problem as `key: reason` (exit 2 when invalid)."""
     _load_plugins()
+    if PLUGIN_ERRORS:  # a module that validates a section failed to import: its keys would go unchecked
+        for name, err in PLUGIN_ERRORS.items():
+            typer.echo(f"error: cannot load {name}: {err}", err=True)
+        raise typer.Exit(1)
     s = _settings(config)
     from forumpulse.pipeline.config import mask_url
     from forumpulse.pipeline.enrich import Enricher
@@ -284,6 +288,8 @@ def config_check(config: ConfigOpt = None) -> None:
 
         load_topic_titles(s.topics.titles_csv)
     typer.echo(f"configuration OK: {len(s.sites)} site(s), {len(s.sources)} source(s), store {mask_url(s.store.url)}")
+    for where in s.unconfigured_sites():
+        typer.echo(f"note: {where} is not in sites: it gets the defaults (UTC, no holiday calendar)")
 
 
 @config_app.command("show")

@@ -15,6 +15,7 @@ import json
 import os
 import re
 from collections.abc import Callable
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,8 +75,27 @@ class SiteConfig(_Strict):
 
 class HolidayPeriod(_Strict):
     name: str = Field(description="what the period is, e.g. Chinese New Year week")
-    start: str = Field(description="first day, YYYY-MM-DD (site time zone)")
-    end: str = Field(description="last day, YYYY-MM-DD, inclusive")
+    start: date = Field(description="first day, YYYY-MM-DD (site time zone; quoted or not)")
+    end: date = Field(description="last day, YYYY-MM-DD, inclusive")
+
+    @field_validator("start", "end", mode="before")
+    @classmethod
+    def _iso_day(cls, v: Any) -> Any:
+        # a date only, written YYYY-MM-DD (a YAML date or a string): not a timestamp, not "23/05/2026"
+        if isinstance(v, datetime):
+            raise ValueError("a day YYYY-MM-DD, not a time")
+        if isinstance(v, str):
+            try:
+                return date.fromisoformat(v.strip())
+            except ValueError:
+                raise ValueError(f"{v!r} is not a day YYYY-MM-DD") from None
+        return v
+
+    @model_validator(mode="after")
+    def _ordered(self) -> HolidayPeriod:
+        if self.end < self.start:
+            raise ValueError(f"end {self.end} is before start {self.start}")
+        return self
 
 
 SiteConfig.model_rebuild()
@@ -93,6 +113,15 @@ class SourceConfig(_Strict):
     paths: list[str] = Field(default_factory=list, description="files or globs: `forumpulse ingest` gives a file that "
                              "matches this source's site, format and origin_host (syslog-ng follows its own list)")
     origin_host: str | None = Field(None, description="host name to record when the transport does not carry one")
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        if v != "auto":
+            from forumpulse.pipeline.formats import get_parser
+
+            get_parser(v)  # ValueError "unknown format spec ..." (with the presets) -> `sources.N.format: ...`
+        return v
 
 
 class PrivacyConfig(_Strict):
@@ -134,6 +163,16 @@ class TopicGroup(_Strict):
     site: str = Field("forum", description="site the topics belong to")
     topic_ids: list[int] = Field(default_factory=list, description="member topic ids")
     title_pattern: str | None = Field(None, description="regular expression matched against topic titles")
+
+    @field_validator("title_pattern")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"bad regular expression {v!r}: {exc}") from None
+        return v
 
 
 class TopicsConfig(_Strict):
@@ -235,6 +274,21 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _YamlSource(settings_cls, _CURRENT_PATH))
 
+    @model_validator(mode="after")
+    def _sites_named(self) -> Settings:
+        names = [site.name for site in self.sites]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sites: two sites share a name ({names})")
+        return self
+
+    def unconfigured_sites(self) -> list[str]:
+        """Sites that sources or topic groups name but ``sites`` does not list: allowed (such a site gets the
+        defaults: UTC, no holiday calendar, every engine's rules), but often a typo; ``config check`` says so."""
+        names = {site.name for site in self.sites}
+        out = [f"sources.{i}.site {x.site!r}" for i, x in enumerate(self.sources) if x.site not in names]
+        out += [f"topics.groups.{i}.site {g.site!r}" for i, g in enumerate(self.topics.groups) if g.site not in names]
+        return out
+
     def site(self, name: str) -> SiteConfig:
         for s in self.sites:
             if s.name == name:
@@ -264,12 +318,16 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         try:
             settings = Settings(**overrides)
         except ValidationError as exc:
-            raise ConfigError([f"{'.'.join(str(x) for x in e['loc'])}: {_msg(e['msg'])}" for e in exc.errors()]) from None
+            raise ConfigError([f"{'.'.join(str(x) for x in e['loc'])}: {_msg(e['msg'])}".removeprefix(": ")
+                               for e in exc.errors()]) from None
         except (yaml.YAMLError, ValueError) as exc:
             raise ConfigError([f"config: {exc}"]) from None
     finally:
         _CURRENT_PATH = None
-    problems = []
+    problems = [f"environment {k}: no section {k.split('__')[0][len('FORUMPULSE_'):].lower()!r} (sections: "
+                f"{', '.join(Settings.model_fields)})" for k in sorted(os.environ)
+                if k.startswith("FORUMPULSE_") and "__" in k
+                and k.split("__")[0][len("FORUMPULSE_"):].lower() not in Settings.model_fields]
     for section, validators in _SECTION_VALIDATORS.items():
         for validator in validators.values():
             try:

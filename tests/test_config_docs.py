@@ -132,6 +132,19 @@ def test_config_check_accepts_the_example() -> None:
         ("topics:\n  post_map_csv: /nonexistent/posts.csv\n", "rules error",
          "topics.post_map_csv: cannot read /nonexistent/posts.csv"),
         ("topics:\n  titles_csv: /nonexistent/titles.csv\n", "rules error", "cannot read /nonexistent/titles.csv"),
+        ("sources:\n  - name: a\n    format: combinedd\n", "sources.0.format", "unknown format spec 'combinedd'"),
+        ("topics:\n  groups:\n    - name: g\n      title_pattern: '(['\n", "topics.groups.0.title_pattern",
+         "bad regular expression"),
+        ("detectors:\n  traffic:\n    enabled: [site, topicz]\n", "detectors.traffic.enabled.1",
+         "Input should be 'site', 'topic' or 'transfer'"),
+        ("sites:\n  - name: f\n    country: XX\n", "sites", "no holiday calendar for country 'XX'"),
+        ("sites:\n  - name: f\n  - name: f\n", "sites", "two sites share a name"),
+        # the documented form (unquoted YAML dates) is accepted; nonsense and inverted periods are not
+        ("sites:\n  - name: f\n    holiday_periods:\n      - {name: a, start: 2026-05-23, end: 2026-06-07}\n"
+         "      - {name: b, start: '23/05/2026', end: '2026-06-01'}\n", "sites.0.holiday_periods.1.start",
+         "'23/05/2026' is not a day YYYY-MM-DD"),
+        ("sites:\n  - name: f\n    holiday_periods:\n      - {name: a, start: 2026-06-07, end: 2026-05-23}\n",
+         "sites.0.holiday_periods.0", "end 2026-05-23 is before start 2026-06-07"),
     ],
 )
 def test_config_check_reports_key_and_reason(tmp_path: Path, body: str, key: str, reason: str) -> None:
@@ -171,3 +184,28 @@ def test_kafka_consumer_queue_reaches_the_loader_options() -> None:
     assert ConsumerOptions.from_settings(s).queued_max_kbytes == s.kafka.consumer_queue_kbytes == 65_536
     s.kafka.consumer_queue_kbytes = 4_096
     assert ConsumerOptions.from_settings(s).queued_max_kbytes == 4_096
+
+
+def test_documented_holiday_period_form_loads_as_dates(tmp_path: Path) -> None:
+    import datetime as dt
+
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("sites:\n  - name: f\n    country: MY\n    holiday_periods:\n"
+                   "      - {name: Hari Raya, start: 2026-05-23, end: \"2026-06-07\"}\n")
+    p = load_settings(cfg).sites[0].holiday_periods[0]
+    assert (p.start, p.end) == (dt.date(2026, 5, 23), dt.date(2026, 6, 7))
+    from forumpulse.detectors.calendar import site_calendar
+
+    cal = site_calendar(load_settings(cfg).sites[0])
+    assert cal.is_holiday(dt.date(2026, 6, 1)) and not cal.is_holiday(dt.date(2026, 6, 9))
+
+
+def test_misspelt_environment_section_and_unconfigured_site(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORUMPULSE_")}
+    r = subprocess.run([str(CLI), "config", "check"], capture_output=True, text=True, timeout=120,
+                       env={**env, "FORUMPULSE_STOR__URL": "chdb:/x"}, cwd=tmp_path)
+    assert r.returncode == 2 and "environment FORUMPULSE_STOR__URL: no section 'stor'" in r.stderr, r.stderr
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("sources:\n  - name: a\n    site: frum\n")
+    r = _check(cfg)
+    assert r.returncode == 0 and "note: sources.0.site 'frum' is not in sites" in r.stdout, (r.stdout, r.stderr)

@@ -55,9 +55,8 @@ def test_topic_group_rows_by_ids_and_title_pattern() -> None:
     assert g.num_rows == len(got)
     # without titles only listed ids remain
     assert topic_group_rows(s, None, updated_at=STAMP).num_rows == 2
-    bad = Settings(topics={"groups": [{"name": "x", "title_pattern": "("}]})
-    with pytest.raises(ValueError, match="title_pattern"):
-        topic_group_rows(bad, titles)
+    with pytest.raises(ValueError, match="title_pattern"):  # refused with the configuration, before any use
+        Settings(topics={"groups": [{"name": "x", "title_pattern": "("}]})
 
 
 def test_tables_insert_into_the_schema(store: Store) -> None:
