@@ -159,8 +159,17 @@ def ingest(
 
     from concurrent.futures import wait
 
-    from forumpulse.pipeline.store import StoreError, migrate_in_background
+    from forumpulse.pipeline.store import StoreError, migrate_in_background, table_ttl_days
 
+    # What the table keeps, not what the configuration says: a store created with another retention keeps its
+    # own until `db migrate --apply-retention`, and the expired-rows warning must count against that.
+    raw_ttl = table_ttl_days(st).get("requests")
+    if raw_ttl is not None and raw_ttl != settings.retention.raw_days:
+        days = lambda d: f"{d} days" if d else "forever"  # noqa: E731
+        typer.echo(f"warning: requests keeps rows {days(raw_ttl)} (its TTL) but retention.raw_days says "
+                   f"{days(settings.retention.raw_days)}: the table's TTL applies; `forumpulse db migrate "
+                   "--apply-retention` changes it", err=True)
+        settings.retention.raw_days = raw_ttl
     # a new store's tables are created while the parsers are imported and built (chDB works without the GIL)
     schema = migrate_in_background(st, settings.retention.migration_params())
     again = ("nothing stored is lost or doubled: run the same command on the same input again (after fixing the "
@@ -196,7 +205,9 @@ def _print_counts(results: list[Any]) -> None:
         if r.expired:
             typer.echo(f"warning: {r.name}: {r.expired:,} of the loaded rows are older than retention.raw_days and "
                        "were dropped at once by the table TTL, so they are NOT stored (nor in rollups older than "
-                       "retention.rollup_days); set retention.raw_days: 0 and rollup_days: 0 to keep archives",
+                       "retention.rollup_days); to keep archives set retention.raw_days: 0 and rollup_days: 0 "
+                       "and run `forumpulse db migrate --apply-retention` (tables keep the retention they were "
+                       "created with), then ingest again",
                        err=True)
         if r.error:
             typer.echo(f"error: {r.name}: {r.error}", err=True)
@@ -207,18 +218,28 @@ def _print_counts(results: list[Any]) -> None:
 
 
 @db_app.command("migrate")
-def db_migrate(config: ConfigOpt = None, store: StoreOpt = None) -> None:
+def db_migrate(
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+    apply_retention: Annotated[bool, typer.Option(
+        "--apply-retention", help="also change existing tables' TTLs to the configured retention.* (a shorter "
+        "one removes older rows); without it differences are only reported")] = False,
+) -> None:
     """Apply pending schema migrations (idempotent; records what ran in schema_migrations), then load
-    topics.titles_csv when it is configured."""
+    topics.titles_csv when it is configured.  Tables keep the retention they were created with until
+    --apply-retention changes it."""
     from forumpulse.pipeline.enrich import load_configured_titles
-    from forumpulse.pipeline.store import migrate
+    from forumpulse.pipeline.store import apply_retention as apply_ttl
+    from forumpulse.pipeline.store import migrate, retention_changes
 
     settings = _settings(config, store)
+    params = settings.retention.migration_params()
     st = _open(settings)
     try:
-        ran = migrate(st, settings.retention.migration_params())
+        ran = migrate(st, params)
         rows = st.query_rows("SELECT version, name, applied_at FROM schema_migrations ORDER BY version")
         titles = load_configured_titles(st, settings)
+        changes = apply_ttl(st, params) if apply_retention else retention_changes(st, params)
     finally:
         st.close()
     typer.echo(f"applied now: {', '.join(f'{m.version:04d}_{m.name}' for m in ran) or 'nothing (up to date)'}")
@@ -226,6 +247,13 @@ def db_migrate(config: ConfigOpt = None, store: StoreOpt = None) -> None:
         typer.echo(f"  {int(v):04d}_{n}  applied {at}")
     if titles is not None:
         typer.echo(f"topic titles: {titles:,} loaded from {settings.topics.titles_csv} (topics.titles_csv)")
+    for c in changes:
+        days = lambda d: f"{d} days" if d else "forever"  # noqa: E731
+        if apply_retention:
+            typer.echo(f"retention: {c.table} now keeps rows {days(c.wanted_days)} (was {days(c.current_days)})")
+        else:
+            typer.echo(f"warning: {c.table} keeps rows {days(c.current_days)} but the configuration says "
+                       f"{days(c.wanted_days)}: run `forumpulse db migrate --apply-retention` to change it", err=True)
 
 
 @db_app.command("load-titles")

@@ -146,7 +146,8 @@ class PrivacyConfig(_Strict):
 
 
 class RetentionConfig(_Strict):
-    """How long rows are kept (ClickHouse TTL, applied by `db migrate`)."""
+    """How long rows are kept (ClickHouse TTL: set when a table is created; `db migrate --apply-retention` changes
+    existing tables)."""
 
     raw_days: int = Field(90, ge=0, description="raw `requests` rows, by log time; 0 = keep forever")
     rollup_days: int = Field(730, ge=0, description="per-minute rollups; 0 = keep forever")

@@ -319,10 +319,13 @@ def ingest_stream(
             yield chunk, ctx, line_no, source_ref
             line_no += n
 
-    def load(batch: ProcessedBatch, token: str) -> None:  # runs on the inserter thread, in submission order
+    def load(batch: ProcessedBatch, token: str, all_expired: bool) -> None:  # on the inserter thread, in order
         if schema_ready is not None:
             schema_ready()
-        store.insert("requests", batch.requests, dedup_token=f"req-{token}")
+        if not all_expired:
+            # A block whose rows are all past the table's TTL is not inserted (the TTL would drop it at once):
+            # its dedup token stays unused, so after `db migrate --apply-retention` the same file loads it.
+            store.insert("requests", batch.requests, dedup_token=f"req-{token}")
         store.insert("quarantine", batch.quarantine, dedup_token=f"qua-{token}")
         counts.loaded += batch.requests.num_rows
         counts.quarantined += batch.quarantine.num_rows
@@ -330,13 +333,15 @@ def ingest_stream(
 
     pending: list[ProcessedBatch] = []  # processed chunks of the next insert block
     block_digest = hashlib.sha256()  # the block's dedup token: its chunks' digests
+    block_rows = block_expired = 0  # request rows of the block, and how many are past the table's TTL
 
     def submit() -> None:
-        nonlocal pending, block_digest
+        nonlocal pending, block_digest, block_rows, block_expired
         if not pending:
             return
-        inserter.submit(load, _concat(pending), block_digest.hexdigest()[:32])
+        inserter.submit(load, _concat(pending), block_digest.hexdigest()[:32], 0 < block_rows == block_expired)
         pending, block_digest = [], hashlib.sha256()
+        block_rows = block_expired = 0
 
     with _Inserter() as inserter:
         for chunk, batch in (pool or _Pool(processor, 1)).map(numbered()):
@@ -348,12 +353,15 @@ def ingest_stream(
             digest.update(chunk)
             block_digest.update(digest.digest())
             pending.append(batch)
-            if len(pending) >= per_block:
-                submit()
+            block_rows += batch.requests.num_rows
             if retention_days > 0 and batch.requests.num_rows:
                 cutoff = (time.time() - retention_days * 86400) * 1000
                 ts_ms = pc.cast(batch.requests.column("ts"), "int64")
-                counts.expired += int(pc.sum(pc.less(ts_ms, cutoff)).as_py() or 0)
+                expired = int(pc.sum(pc.less(ts_ms, cutoff)).as_py() or 0)
+                counts.expired += expired
+                block_expired += expired
+            if len(pending) >= per_block:
+                submit()
             if on_progress:
                 on_progress(nbytes)
         submit()

@@ -421,6 +421,74 @@ def render(m: Migration, params: dict[str, Any] | None = None) -> list[str]:
     return [_TTL_PLACEHOLDER.sub(ttl, s) for s in split_statements(m.text)]
 
 
+_CREATE_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)", re.I)
+_TTL_DAYS = re.compile(r"\bTTL\b.*?toIntervalDay\((\d+)\)", re.S)
+
+
+@dataclass(frozen=True)
+class RetentionChange:
+    """A table whose TTL differs from the configured retention: ``current_days`` -> ``wanted_days`` (0 = keep
+    forever, no TTL); ``expr`` is the row time the TTL counts from."""
+
+    table: str
+    current_days: int
+    wanted_days: int
+    expr: str
+
+    def statement(self) -> str:
+        if self.wanted_days <= 0:
+            return f"ALTER TABLE {self.table} REMOVE TTL"
+        return f"ALTER TABLE {self.table} MODIFY TTL {self.expr} + INTERVAL {self.wanted_days} DAY"
+
+
+def retention_targets() -> dict[str, tuple[str, str]]:
+    """table -> (retention kind: raw / rollup / quarantine / stats, TTL expression) for every table whose
+    retention comes from the configuration (a ``{kind_ttl:EXPR}`` placeholder in its CREATE TABLE); the last
+    migration that creates a table wins."""
+    out: dict[str, tuple[str, str]] = {}
+    for m in load_migrations():
+        for stmt in split_statements(m.text):
+            created = _CREATE_TABLE.search(stmt)
+            ttl = _TTL_PLACEHOLDER.search(stmt)
+            if created and ttl:
+                out[created.group(1)] = (ttl.group(1), ttl.group(2).strip())
+    return out
+
+
+def table_ttl_days(store: Store) -> dict[str, int]:
+    """Each table's TTL in days as the database has it (0 = none)."""
+    rows = store.query_rows("SELECT name, engine_full FROM system.tables WHERE database = currentDatabase() "
+                            "AND engine NOT IN ('MaterializedView', 'View')")
+    return {str(name): int(m.group(1)) if (m := _TTL_DAYS.search(str(full))) else 0 for name, full in rows}
+
+
+def retention_changes(store: Store, params: dict[str, Any] | None = None) -> list[RetentionChange]:
+    """Tables of the store whose TTL is not the configured retention (``params`` as for :func:`migrate`).
+
+    Migrations create tables with the retention configured at that time and never change it afterwards: a
+    later change of ``retention.*`` takes effect only through :func:`apply_retention` (``forumpulse db migrate
+    --apply-retention``), never implicitly -- a command run with another configuration (or none) must not
+    shorten the retention of a store that keeps archives."""
+    values = {**DEFAULT_PARAMS, **(params or {})}
+    have = table_ttl_days(store)
+    out = []
+    for table, (kind, expr) in sorted(retention_targets().items()):
+        wanted = int(values[f"{kind}_ttl_days"])
+        if table in have and have[table] != max(wanted, 0):
+            out.append(RetentionChange(table, have[table], max(wanted, 0), expr))
+    return out
+
+
+def apply_retention(store: Store, params: dict[str, Any] | None = None) -> list[RetentionChange]:
+    """Change every table's TTL to the configured retention; returns what changed.  Idempotent.  A shorter TTL
+    removes the rows past it (at once for the parts ClickHouse rewrites, else at their next merge); a longer one
+    or none keeps what is still stored (rows already removed do not come back)."""
+    changes = retention_changes(store, params)
+    for c in changes:
+        store.command(c.statement())
+    return changes
+
+
 def migrate_in_background(store: Store, params: dict[str, Any] | None = None) -> Future[list[Migration]]:
     """:func:`migrate` on a thread of its own, started now; the future holds what ran, or the error.
 
