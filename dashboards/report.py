@@ -435,7 +435,7 @@ def _open_for_report(config: Path | None, store: str | None, site: str | None) -
     from forumpulse.pipeline.config import load_settings
 
     settings = load_settings(config)  # a bad file: ConfigError, reported by the CLI's main() (exit 2)
-    return open_store(store or settings.store.url), site or settings.sites[0].name
+    return open_store(store or settings.store.url, existing=True), site or settings.sites[0].name
 
 
 def report_event_command(

@@ -1462,7 +1462,7 @@ def _history_cli(from_: str, to: str, config: str | None, store_url: str | None)
     end = when(to, "--to") if to else datetime.now(UTC)
     if end <= start:
         raise typer.BadParameter(f"--to ({to or 'now'}) is not after --from ({from_ or 'a day ago'})")
-    store = open_store(store_url or settings.store.url)
+    store = open_store(store_url or settings.store.url, existing=True)
     try:
         detect_history(store, start, end, settings, echo=True)
     finally:

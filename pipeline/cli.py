@@ -69,13 +69,16 @@ def _settings(config: Path | None, store: str | None = None) -> Any:
 
 
 def _open(settings: Any) -> Any:
-    from forumpulse.pipeline.store import StoreBusy, StoreUnavailable, open_store
+    from forumpulse.pipeline.store import StoreBusy, StoreLocationError, StoreUnavailable, open_store
 
     try:
         return open_store(settings.store.url)
     except (StoreBusy, StoreUnavailable) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(3) from None
+    except StoreLocationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _check_inputs(files: list[str], fmt: str | None) -> None:
@@ -333,13 +336,16 @@ def config_show(config: ConfigOpt = None) -> None:
 @app.command()
 def demo(
     data: Annotated[Path, typer.Option(help="folder for the simulated logs and the chDB store")] = Path("data"),
-    weeks: Annotated[int, typer.Option(help="weeks of simulated traffic (several, for a weekly baseline)")] = 4,
+    weeks: Annotated[int, typer.Option(min=2, help="weeks of simulated traffic (at least 2; 4 recommended: the "
+                                       "detectors learn weekly baselines, so with fewer weeks the scenarios of the "
+                                       "first weeks have no baseline yet and show as not found)")] = 4,
     lines_per_day: Annotated[int, typer.Option(help="average access lines per day")] = 60_000,
     seed: Annotated[int, typer.Option(help="random seed (same seed, same logs)")] = 7,
 ) -> None:
     """The main job end to end with no servers: simulate weeks of forum traffic (an election-night event, a holiday
     week, an outage, floods) -> ingest into chDB under ./data -> run the detectors -> print a summary and point
-    at an event report."""
+    at an event report.  Starts afresh: deletes DATA/demo first (refused while another process has its store
+    open)."""
     from forumpulse.pipeline.demo import run_demo
 
     run_demo(data_dir=data, weeks=weeks, lines_per_day=lines_per_day, seed=seed)
@@ -399,7 +405,7 @@ def main() -> None:
     except Exception as exc:
         from forumpulse.pipeline.config import ConfigError
         from forumpulse.pipeline.enrich import RulesError
-        from forumpulse.pipeline.store import StoreBusy, StoreUnavailable
+        from forumpulse.pipeline.store import StoreBusy, StoreLocationError, StoreUnavailable
 
         # a user's error, not a bug: one clear message, no traceback.  Commands written in other modules load
         # their settings and open their store themselves; their errors end here.
@@ -411,9 +417,9 @@ def main() -> None:
             # topics.titles_csv, bots.networks_file, bots.extra_patterns) is missing or invalid: which and where
             typer.echo(f"rules error: {exc}", err=True)
             sys.exit(2)
-        if isinstance(exc, StoreBusy | StoreUnavailable):  # as _open() reports it
+        if isinstance(exc, StoreBusy | StoreUnavailable | StoreLocationError):  # as _open() reports them
             typer.echo(f"error: {exc}", err=True)
-            sys.exit(3)
+            sys.exit(2 if isinstance(exc, StoreLocationError) else 3)
         raise
 
 

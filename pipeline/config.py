@@ -47,6 +47,19 @@ class StoreConfig(_Strict):
 
     url: str = Field("chdb:./data/chdb", description="chdb:PATH (embedded, default) or clickhouse://user:pass@host:8123/db")
 
+    _url = field_validator("url")(lambda cls, v: check_store_url(v))
+
+
+def check_store_url(url: str) -> str:
+    """``url`` if it names a store forumpulse can open (``chdb:PATH``, ``clickhouse[s]://...``), else ValueError."""
+    if url.startswith("chdb:"):
+        if not url[len("chdb:"):].partition("?database=")[0].strip():
+            raise ValueError(f"store URL {url!r} has no folder: use chdb:PATH, e.g. chdb:./data/chdb")
+        return url
+    if url.startswith(("clickhouse://", "clickhouses://")):
+        return url
+    raise ValueError(f"unknown store URL {mask_url(url)!r}: use chdb:PATH or clickhouse://user:pass@host:8123/db")
+
 
 class SiteConfig(_Strict):
     name: str = Field("forum", description="site name stored in every row")

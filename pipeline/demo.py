@@ -11,6 +11,7 @@ The demo writes ``DATA/demo/forumpulse.yaml`` so every other command can be poin
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 from forumpulse.pipeline.config import Settings, load_settings
+from forumpulse.pipeline.store import StoreBusy
 from rich.console import Console
 from rich.table import Table
 
@@ -34,6 +36,25 @@ def _demo_settings(folder: Path, truth: dict[str, Any]) -> tuple[Path, Settings]
     return path, load_settings(path)
 
 
+_DEMO_LOCKS: list[Any] = []
+
+
+def _refuse_if_open(chdb_folder: Path) -> None:
+    """StoreBusy when another process holds the chDB folder's lock (the demo deletes the folder)."""
+    lock = chdb_folder / ".forumpulse.lock"
+    if not lock.exists():
+        return
+    with open(lock, "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            owner = fh.read().strip() or "unknown"
+            raise StoreBusy(f"the demo's store {chdb_folder} is open in another process (pid {owner}); the demo "
+                            "starts afresh by deleting it: stop that process first, or use --data DIR") from None
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 def run_demo(data_dir: Path, weeks: int = 4, lines_per_day: int = 60_000, seed: int = 7,
              console: Console | None = None) -> dict[str, Any]:
     """Run the demo; returns the figures it printed (used by the tests)."""
@@ -42,6 +63,17 @@ def run_demo(data_dir: Path, weeks: int = 4, lines_per_day: int = 60_000, seed: 
     con = console or Console(width=None if Console().is_terminal else 130)
     t_all = time.perf_counter()
     folder = Path(data_dir) / "demo"
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    # One demo per data folder at a time (held until this process ends), and never wipe a store another
+    # process has open (`forumpulse run` serving the demo's store, a report being written from it).
+    guard = open(Path(data_dir) / ".demo.lock", "a+")  # noqa: SIM115 - held for the life of the process
+    try:
+        fcntl.flock(guard.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        guard.close()
+        raise StoreBusy(f"another `forumpulse demo` is running in {data_dir}: wait for it, or use --data DIR") from None
+    _DEMO_LOCKS.append(guard)
+    _refuse_if_open(folder / "chdb")
     if folder.exists():
         shutil.rmtree(folder)
     (folder / "logs").mkdir(parents=True)

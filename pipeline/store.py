@@ -71,6 +71,11 @@ class StoreUnavailable(StoreError):
     """The server cannot be reached (retry later; nothing was written)."""
 
 
+class StoreLocationError(StoreError):
+    """The store's URL or folder cannot be used (unknown scheme, a path that is a file, no permission, no store
+    there for a command that only reads)."""
+
+
 class Store(Protocol):
     url: str
     database: str
@@ -157,7 +162,12 @@ class ChdbStore:
         self.path = str(Path(path).resolve())
         self.url = f"chdb:{path}"
         self.database = database
-        Path(self.path).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(self.path).mkdir(parents=True, exist_ok=True)
+            if not os.access(self.path, os.W_OK | os.X_OK):
+                raise PermissionError(13, "Permission denied")
+        except OSError as exc:
+            raise StoreLocationError(f"cannot use {self.path} as a chDB data folder: {exc.strerror or exc}") from None
         with _ENGINES_LOCK:
             eng = _ENGINES.get(self.path)
             if eng is None:
@@ -338,18 +348,44 @@ class ClickHouseStore:
         self._client.close()
 
 
-def open_store(url: str = DEFAULT_STORE, database: str | None = None) -> Store:
+def open_store(url: str = DEFAULT_STORE, database: str | None = None, *, existing: bool = False) -> Store:
     """Open ``chdb:PATH`` (optionally ``chdb:PATH?database=NAME``) or ``clickhouse[s]://user:pass@host:port/db``.
 
-    Raises StoreBusy (folder owned by another process), StoreUnavailable (server down), StoreError.
+    ``existing``: for commands that only read what was stored (detections over history, reports): a chDB folder
+    that does not exist is an error instead of a new empty store (a mistyped path must not create folders), and
+    so is a store without the forumpulse tables.
+
+    Raises StoreBusy (folder owned by another process), StoreUnavailable (server down), StoreLocationError (bad
+    URL or folder; no store there with ``existing``), StoreError.
     """
+    from forumpulse.pipeline.config import check_store_url, mask_url
+
+    try:
+        check_store_url(url)
+    except ValueError as exc:
+        raise StoreLocationError(str(exc)) from None
+    st: Store
     if url.startswith("chdb:"):
-        rest = url[len("chdb:") :]
-        path, _, q = rest.partition("?database=")
-        return ChdbStore(path or "./data/chdb", database or q or DEFAULT_DATABASE)
-    if url.startswith(("clickhouse://", "clickhouses://")):
-        return ClickHouseStore(url)
-    raise ValueError(f"unknown store URL {url!r}: use chdb:PATH or clickhouse://user:pass@host:8123/db")
+        path, _, q = url[len("chdb:"):].partition("?database=")
+        if existing and not Path(path).is_dir():
+            raise StoreLocationError(f"no chDB store at {path} (nothing was ingested there): check --store or "
+                                     "store.url")
+        st = ChdbStore(path, database or q or DEFAULT_DATABASE)
+    else:
+        st = ClickHouseStore(url)
+    if existing:
+        try:
+            found = st.query_rows("SELECT count() FROM system.tables WHERE database = currentDatabase() "
+                                  "AND name IN ('requests', 'site_minute', 'detections')")[0][0]
+        except BaseException:
+            st.close()
+            raise
+        if int(found) < 3:
+            where = mask_url(url)
+            st.close()
+            raise StoreLocationError(f"{where} has no forumpulse tables (nothing was ingested there): check "
+                                     "--store or store.url, or run `forumpulse db migrate` / `forumpulse ingest`")
+    return st
 
 
 # --------------------------------------------------------------------------------------------- migrations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,57 @@ def test_load_titles_without_a_csv_or_configured_file_is_an_error(tmp_path):
     r = subprocess.run([str(EXE), "db", "load-titles", "--store", f"chdb:{tmp_path / 'st'}"], capture_output=True,
                        text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 2 and "give a CSV file or set topics.titles_csv" in r.stderr
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("chdb:", "has no folder"),
+    ("foo:bar", "unknown store URL 'foo:bar'"),
+    ("chdb:{tmp}/afile/x", "as a chDB data folder: Not a directory"),
+])
+def test_unusable_store_urls_are_one_line_errors(tmp_path, url, message):
+    (tmp_path / "afile").write_text("")
+    log = tmp_path / "a.log"
+    log.write_text('1.2.3.4 - - [01/Jul/1995:00:00:01 -0400] "GET / HTTP/1.0" 200 1\n')
+    r = subprocess.run([str(EXE), "ingest", "--store", url.format(tmp=tmp_path), "-f", "common", str(log)],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_reading_commands_do_not_create_a_store_where_there_is_none(tmp_path):
+    for args in (["detect", "--from", "2024-02-01", "--to", "2024-02-02"], ["report", "daily", "--day", "2024-02-01",
+                                                                            "--out", "r"]):
+        r = subprocess.run([str(EXE), *args, "--store", "chdb:typo/chdb"], capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)
+        assert r.returncode == 2 and "no chDB store at typo/chdb" in r.stderr, r.stderr
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "data").exists()
+    (tmp_path / "empty").mkdir()
+    r = subprocess.run([str(EXE), "report", "daily", "--day", "2024-02-01", "--out", "r", "--store", "chdb:empty"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and "has no forumpulse tables" in r.stderr, r.stderr
+
+
+def test_config_check_refuses_an_unknown_store_url(tmp_path):
+    r = subprocess.run([str(EXE), "config", "check"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**{k: v for k, v in os.environ.items() if not k.startswith("FORUMPULSE_")},
+                            "FORUMPULSE_STORE__URL": "mysql://u:pw@h/db"})
+    assert r.returncode == 2 and "store.url: unknown store URL" in r.stderr and "pw" not in r.stderr, r.stderr
+
+
+def test_demo_refuses_to_wipe_a_store_in_use(tmp_path):
+    from forumpulse.pipeline.demo import run_demo
+    from forumpulse.pipeline.store import StoreBusy
+
+    chdb = tmp_path / "demo" / "chdb"
+    chdb.mkdir(parents=True)
+    (tmp_path / "demo" / "keep.html").write_text("a report the user kept")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl,sys,time; f=open(sys.argv[1],'a+'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('4242'); f.flush(); print('held', flush=True); "
+                               "time.sleep(60)", str(chdb / ".forumpulse.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreBusy, match="open in another process"):
+            run_demo(tmp_path, weeks=2)
+        assert (tmp_path / "demo" / "keep.html").exists()  # nothing was deleted
+    finally:
+        holder.kill()
+        holder.wait()
