@@ -453,10 +453,14 @@ def report_event_command(
                                                 "$FORUMPULSE_CONFIG, else built-in defaults)")] = None,
 ) -> None:
     """forumpulse report event --topic ID | --group NAME | --event ID [--from --to] --out DIR"""
+    time_from, time_to = _parse_time(from_), _parse_time(to)  # bad input is refused before the store is opened
+    if out.exists() and not out.is_dir():
+        typer.echo(f"error: --out {out} is a file, not a folder", err=True)
+        raise typer.Exit(2)
     st, site = _open_for_report(config, store, site)
     try:
-        path = generate_event_report(st, topic_id=topic, group=group, event_id=event, time_from=_parse_time(from_),
-                                     time_to=_parse_time(to), out_dir=out, site=site)
+        path = generate_event_report(st, topic_id=topic, group=group, event_id=event, time_from=time_from,
+                                     time_to=time_to, out_dir=out, site=site)
     except ReportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -481,6 +485,9 @@ def report_daily_command(
     except ValueError:
         typer.echo(f"error: --day {day!r} is not a date YYYY-MM-DD", err=True)
         raise typer.Exit(2) from None
+    if out.exists() and not out.is_dir():
+        typer.echo(f"error: --out {out} is a file, not a folder", err=True)
+        raise typer.Exit(2)
     st, site = _open_for_report(config, store, site)
     try:
         path = generate_daily_report(st, d, out, site=site)
