@@ -254,7 +254,19 @@ def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
     median of all earlier rows, or the value itself on the first row).  Without ``want_expected`` the second array
     is empty."""
     p = params or ScoreParams()
-    x = pd.Series(np.asarray(values, dtype=np.float64)).ffill().fillna(0.0)
+    arr = np.array(values, dtype=np.float64)
+    arr[~np.isfinite(arr)] = np.nan  # inf is no more a measurement than NaN: missing
+    finite = np.flatnonzero(~np.isnan(arr))
+    lead = int(finite[0]) if len(finite) else len(arr)
+    if lead > 0:
+        # rows before the first value carry no evidence: score 0, no expectation; the model starts at the first
+        # value (filling them with 0 made the first real value look like a jump from zero)
+        ts_tail = None if timestamps is None or len(timestamps) < len(arr) else timestamps[lead:]
+        sc, ex = (_scores(arr[lead:], p, ts_tail, step, want_expected) if lead < len(arr)
+                  else (np.zeros(0), np.zeros(0)))
+        return (np.concatenate([np.zeros(lead), sc]),
+                np.concatenate([np.full(lead, np.nan), ex]) if want_expected else np.zeros(0))
+    x = pd.Series(arr).ffill()
     n = len(x)
     if n == 0:
         return np.zeros(0), np.zeros(0)
@@ -334,17 +346,19 @@ def _learned_period(xv: FloatArray, p: ScoreParams) -> FloatArray:
     ``seasonal_gain`` × the error at ``period_min_lag`` — a repeating shape (a job's sawtooth), not a merely smooth
     series, whose error only grows with the lag.  Streaming: row ``t`` uses rows ``< t`` to choose and row ``t - L``
     to predict.  After a period change the new lag takes over once it has predicted ``long_window`` rows better.
-    O(n × lags) with cumulative sums."""
+    O(n × lags) with rolling sums."""
     n, w = len(xv), p.long_window
     best = np.full(n, np.inf)
     pred = np.full(n, np.nan)
     short = np.full(n, np.inf)
     first = max(1, p.period_min_lag)
     for lag in range(first, min(p.period_max_lag, n - w - 1) + 1):
-        c = np.concatenate(([0.0], np.cumsum(np.abs(xv[lag:] - xv[:-lag]))))  # c[j]: errors of rows lag .. lag+j-1
-        t = np.arange(lag + w, n)
+        # windowed sums of the errors of rows lag .. n-1; a rolling sum (compensated, values leave the window),
+        # not differences of one running total: after one huge value (a wrapped counter) those would be rounding
+        # noise for the rest of the series
+        r = pd.Series(np.abs(xv[lag:] - xv[:-lag])).rolling(w).sum().to_numpy()
         err = np.full(n, np.inf)
-        err[lag + w:] = (c[t - lag] - c[t - lag - w]) / w  # mean error of rows t-w .. t-1
+        err[lag + w:] = r[w - 1:n - lag - 1] / w  # mean error of rows t-w .. t-1
         if lag == first:
             short = err
         better = err < best
@@ -556,6 +570,8 @@ class SeasonalDetector:
         self._last_ts = ts
         if gap:  # no data: close whatever was open at the last seen minute, never call it a dip
             yield from self._close_all(ts, "no_data")
+            # and what was building up before the gap is not evidence after it (a confirmation must be unbroken)
+            self._down_run, self._spike_run = [], 0
         yield from self._outage(ts, local, count)
         if "outage" in self.open:
             self.excluded[d][idx] = True  # keep outage minutes out of future baselines
@@ -603,6 +619,7 @@ class SeasonalDetector:
     def _outage(self, ts: datetime, local: datetime, count: float) -> Iterator[Detection]:
         exp, n = self.expected(local, 1)
         if n == 0 and "outage" not in self.open:
+            self._down_run = []  # a minute that cannot be judged breaks the run of down minutes
             return
         down = count <= self.p.outage_fraction * (exp if not math.isnan(exp) else 0.0) or count == 0
         if "outage" in self.open:
@@ -636,7 +653,10 @@ class SeasonalDetector:
         """Open ``det`` unless the previous event of this kind ended less than ``merge_minutes`` ago: then that
         one continues (same id)."""
         prev = self._recent_closed.get(kind)
-        if prev is not None and prev.end is not None and ts - prev.end <= timedelta(minutes=self.p.merge_minutes):
+        # only an event of the same label continues: a holiday dip that closed at the end of the holiday must
+        # not be reopened by the unexplained dip of the next day (it would close again at once, every minute)
+        if (prev is not None and prev.end is not None and prev.label == det.label
+                and ts - prev.end <= timedelta(minutes=self.p.merge_minutes)):
             prev.end, prev.state = None, "open"
             if prev in self.closed:
                 self.closed.remove(prev)
@@ -657,6 +677,7 @@ class SeasonalDetector:
         obs, have = self._observed(local, m)
         refs = self._reference_sums(local, m)
         if not refs or have < 0.8 * m:
+            self._spike_run = 0  # a window that cannot be judged breaks the confirmation run
             return
         exp = max(float(np.median(refs)), 1.0)
         bound = max(max(refs), 1.0)  # conservative: above every recent same-type day
