@@ -812,24 +812,40 @@ def _generic_from(values: FloatArray, rows: int = DECIDE_ROWS) -> int:
 
 def _count_events(ts: Sequence[datetime], values: FloatArray, steps: npt.NDArray[np.int64], tz: str,
                   calendar: Any, params: SeasonalParams | None, scope: str, abandon: bool) -> list[Detection]:
-    """:class:`SeasonalDetector` over a count series: row ``t``'s value spread evenly over the minutes of
-    ``steps[t]`` (seconds: the row step in force at ``t``); minutes already covered by an earlier row are not fed
-    again.  ``abandon``: the series leaves counts mode after these rows; open events are closed."""
+    """:class:`SeasonalDetector` over a count series: row ``t``'s value is spread over the minutes its interval
+    ``[t, t + steps[t])`` overlaps (``steps`` in seconds: the row step in force at ``t``), in proportion to the
+    overlap, so rows shorter than a minute (30 s) are summed into their minutes and rows not on a minute boundary
+    are split between two.  A minute is fed once no later row can add to it (when a row of a later minute
+    arrives, or at the end): streaming, minute by minute.  Minutes no row covers are absent (no data).
+    ``abandon``: the series leaves counts mode after these rows; open events are closed."""
     det = SeasonalDetector(tz, calendar, params, scope)
     latest: dict[str, Detection] = {}
     last: datetime | None = None
+    pending: dict[datetime, float] = {}  # minute -> count gathered so far (not fed yet)
+    one = timedelta(minutes=1)
+
+    def feed_before(limit: datetime | None) -> None:
+        nonlocal last
+        for m in sorted(k for k in pending if limit is None or k < limit):
+            count = pending.pop(m)
+            for d in det.update(m, count):
+                latest[d.id] = d
+            last = m
+
     for i, (t, v) in enumerate(zip(ts, values, strict=True)):
         if np.isnan(v):
             continue
-        step_min = max(1, round(int(steps[i]) / 60))
-        base = t.replace(second=0, microsecond=0)
-        for k in range(step_min):
-            m = base + timedelta(minutes=k)
-            if last is not None and m <= last:
-                continue
-            for d in det.update(m, float(v) / step_min):
-                latest[d.id] = d
-            last = m
+        step_s = max(1, int(steps[i]))
+        first = t.replace(second=0, microsecond=0)
+        feed_before(first)  # rows are in time order: nothing later adds to the minutes before this row's
+        end = t + timedelta(seconds=step_s)
+        m = first
+        while m < end:
+            overlap = (min(m + one, end) - max(m, t)).total_seconds()
+            if overlap > 0:
+                pending[m] = pending.get(m, 0.0) + float(v) * overlap / step_s
+            m += one
+    feed_before(None)
     if abandon and last is not None:
         for d in det._close_all(last, "mode_switch"):
             latest[d.id] = d

@@ -940,7 +940,7 @@ class SourceGapDetector:
                 continue
             last = q[-1][0]
             due = self._due.get(src, last + timedelta(minutes=gap_min + 1))
-            if until < due or src in fresh:
+            if until < due or src in fresh or src.split("/", 1)[0] + "/" in fresh:  # its own or its host's
                 next_due = min(next_due, due)
                 continue
             silent = int((until - last).total_seconds() // 60) - 1
@@ -1211,9 +1211,14 @@ class TrafficDetector:
         live runs (``at`` = the wall clock) accept one up to :data:`LIVE_CLOCK_SKEW_S` ahead."""
         lo = at - timedelta(seconds=float(self.rules["health"]["heartbeat_fresh_seconds"]))
         hi = at + timedelta(seconds=LIVE_CLOCK_SKEW_S if live else 0.0)
+        # a host heartbeat (origin_file '' or '-') covers every file of its host; with site '*' (syslog-ng's
+        # MARK) in every site -- counted for the hosts that have sources in this site (as source_status does)
         return {str(r[0]) for r in store.query_rows(
-            "SELECT concat(origin_host, '/', origin_file), argMax(last_heartbeat_ts, updated_at) AS hb "
-            f"FROM source_liveness WHERE site = {_q(site)} GROUP BY origin_host, origin_file "
+            "SELECT concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file)), "
+            "argMax(last_heartbeat_ts, updated_at) AS hb "
+            f"FROM source_liveness WHERE site = {_q(site)} OR (site = '*' AND origin_host IN "
+            f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)})) "
+            "GROUP BY origin_host, origin_file "
             f"HAVING hb >= {_sql_ts(lo)} AND hb <= {_sql_ts(hi)}")}
 
     def _read_transfer(self, store: Any, rt: _SiteRuntime, start: datetime,
@@ -1322,7 +1327,7 @@ class TrafficDetector:
                         feed_site(m, 0.0)
                         rt.last_seen = m
                         m += timedelta(minutes=1)
-                elif rt.gap is None:
+                elif rt.gap is None and not self._quiet(rt, win.until, int(tail.total_seconds() // 60), health):
                     rt.gap = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1), None,
                                        rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0, "pipeline_gap",
                                        {"reason": "no lines and no heartbeats"}, site=rt.name)
@@ -1350,6 +1355,14 @@ class TrafficDetector:
         q.det.detail["visitors"] = v
         q.det.detail["visitor_share"] = round(v / s, 5) if s else None
 
+    @staticmethod
+    def _quiet(rt: _SiteRuntime, until: datetime, silent: int, health: dict[str, Any]) -> bool:
+        """The ``silent`` minutes before ``until`` would normally have fewer than ``gap_min_expected`` requests (a
+        quiet night): no lines there is no pipeline gap.  The same test when the lines come back (history) and
+        while they are still missing (the tail of a live run), so live and history agree."""
+        exp, n = rt.seasonal.expected((until - timedelta(minutes=1)).astimezone(rt.seasonal.tz), min(silent, 1440))
+        return bool(n) and exp < float(health["gap_min_expected"])
+
     def _gap_check(self, rt: _SiteRuntime, minute: datetime, health: dict[str, Any]) -> Iterator[Detection]:
         if rt.gap is not None:  # lines are back: the gap closes at the last silent minute
             rt.gap.end, rt.gap.state = minute - timedelta(minutes=1), "closed"
@@ -1358,9 +1371,9 @@ class TrafficDetector:
             return
         if rt.last_seen is not None and minute - rt.last_seen > timedelta(minutes=int(health["gap_min_minutes"])):
             silent = int((minute - rt.last_seen).total_seconds() // 60) - 1
-            exp, n = rt.seasonal.expected((minute - timedelta(minutes=1)).astimezone(rt.seasonal.tz), min(silent, 1440))
-            if n and exp < float(health["gap_min_expected"]):
+            if self._quiet(rt, minute, silent, health):
                 return  # a quiet night, not a gap
+            exp, n = rt.seasonal.expected((minute - timedelta(minutes=1)).astimezone(rt.seasonal.tz), min(silent, 1440))
             g = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1),
                           minute - timedelta(minutes=1), rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0,
                           "pipeline_gap", {"reason": "no lines", "minutes": silent,
@@ -1428,8 +1441,17 @@ def detect_history(store: Any, start: datetime, end: datetime, settings: Any = N
             latest[d.id] = _first_report(latest.get(d.id), d)
     out_list = [d for d in latest.values() if d.end is None or _utc(d.end) >= _utc(start)]
     out_list.sort(key=lambda d: (d.start, d.kind, d.scope))
+    # An event still open at this run's end that the store already has closed at or after that end was seen
+    # to its end by a run over more data (live, or history with a later --to): keep that state, do not write
+    # this run's truncated view over it (it is still printed: it is what this range shows).
+    still_open = [d for d in out_list if d.state == "open"]
+    later: set[str] = set()
+    if still_open:
+        later = {str(r[0]) for r in store.query_rows(
+            f"SELECT id FROM detections FINAL WHERE id IN ({', '.join(_q(d.id) for d in still_open)}) "
+            f"AND state = 'closed' AND end_ts >= {_sql_ts(_utc(end) - timedelta(minutes=1))}")}
     if out_list:
-        det._emit(store, out_list, datetime.now(UTC))
+        det._emit(store, [d for d in out_list if d.id not in later], datetime.now(UTC))
     if echo:
         for d in out_list:
             print(d.to_json(), file=out or sys.stdout)

@@ -115,3 +115,29 @@ def _spike_confirmed_at(first_burst: bool) -> datetime:
 def test_a_burst_before_a_gap_does_not_count_towards_the_confirmation_after_it() -> None:
     # the hold after the gap must be as long as without the earlier burst (before: 9 minutes shorter)
     assert _spike_confirmed_at(first_burst=True) == _spike_confirmed_at(first_burst=False)
+
+
+def _half_minute_counts(spike_on: str) -> tuple[list[datetime], np.ndarray]:
+    rng = np.random.default_rng(11)
+    start = datetime(2024, 1, 1, tzinfo=UTC)
+    ts = [start + timedelta(seconds=30 * i) for i in range(19 * 2880)]
+    x = rng.poisson(15, len(ts)).astype(float)
+    lo, hi = datetime(2024, 1, 19, 10, tzinfo=UTC), datetime(2024, 1, 19, 12, tzinfo=UTC)
+    for i, t in enumerate(ts):
+        on = spike_on == "all" or (spike_on == ":30" and t.second == 30) or (spike_on == ":00" and t.second == 0)
+        if on and lo <= t < hi:
+            x[i] *= 10
+    return ts, x
+
+
+@pytest.mark.parametrize("spike_on", ["all", ":00", ":30"])
+def test_rows_shorter_than_a_minute_are_summed_into_their_minute(spike_on: str) -> None:
+    from forumpulse.detectors.series import series_events
+
+    ts, x = _half_minute_counts(spike_on)
+    spikes = [d for d in series_events(ts, x, "UTC", SiteCalendar(None), seasonal_params(load_rules()), mode="counts")
+              if d.kind == "spike"]
+    assert spikes, spike_on  # before: the :30 rows were dropped, so a spike on them was not seen at all
+    # the whole minute's traffic is seen: per minute ~30 normally; x10 on half the rows -> ~165, on all -> ~300
+    peak = spikes[0].observed / spikes[0].detail["window_minutes"]
+    assert (peak > 250) if spike_on == "all" else (130 < peak < 200), (spike_on, peak)

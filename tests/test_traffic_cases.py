@@ -255,15 +255,24 @@ def test_case(loaded: Any, path: Path) -> None:
 def _run_live(store: Any, case: dict[str, Any], settings: Settings) -> None:
     now = _local(case, case["now"])
     name = case["site"]["name"]
+    # the fresh heartbeat comes from the file itself, from its host (origin_file '': every file of the host) or
+    # from syslog-ng's MARK (site '*': the host in every site); all three say "alive"
     for variant, hb, exp_key, forbid_key in (("fresh", case["heartbeat"], "expect", "forbid"),
+                                              ("host", case["heartbeat"], "expect", "forbid"),
+                                              ("mark", case["heartbeat"], "expect", "forbid"),
                                               ("stale", case["stale_heartbeat"], "expect_stale", "forbid_stale")):
-        store.command(f"ALTER TABLE source_liveness DELETE WHERE site = '{name}' SETTINGS mutations_sync = 1")
+        store.command(f"ALTER TABLE source_liveness DELETE WHERE site IN ('{name}', '*') SETTINGS mutations_sync = 1")
         hb_ts = _local(case, hb)
+        line_ts = _local(case, "2026-03-11T09:59")
+        rows = [(name, "access.log", line_ts, hb_ts if variant in ("fresh", "stale") else _local(case, case["stale_heartbeat"]))]
+        if variant in ("host", "mark"):
+            rows.append((name if variant == "host" else "*", "", datetime(1970, 1, 1, tzinfo=UTC), hb_ts))
         store.insert("source_liveness", pa.table({
-            "site": [name], "origin_host": ["origin"], "origin_file": ["access.log"],
-            "last_line_ts": pa.array([_local(case, "2026-03-11T09:59")], pa.timestamp("ms", tz="UTC")),
-            "last_heartbeat_ts": pa.array([hb_ts], pa.timestamp("ms", tz="UTC")), "lines": pa.array([1], pa.uint64()),
-            "updated_at": pa.array([datetime.now(UTC)], pa.timestamp("ms", tz="UTC"))}))
+            "site": [r[0] for r in rows], "origin_host": ["origin"] * len(rows), "origin_file": [r[1] for r in rows],
+            "last_line_ts": pa.array([r[2] for r in rows], pa.timestamp("ms", tz="UTC")),
+            "last_heartbeat_ts": pa.array([r[3] for r in rows], pa.timestamp("ms", tz="UTC")),
+            "lines": pa.array([1] * len(rows), pa.uint64()),
+            "updated_at": pa.array([datetime.now(UTC)] * len(rows), pa.timestamp("ms", tz="UTC"))}))
         det = TrafficDetector(settings, sites=[name])
         dets = [d for d in det.run_once(store, now) if d.site == name]
         _check(dets, case, case[exp_key], case.get(forbid_key, []), False)

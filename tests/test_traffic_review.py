@@ -1,0 +1,73 @@
+"""Traffic-detector behaviours found by review (each failed before its fix):
+
+* a silence in the night trough, where the site normally has fewer than ``gap_min_expected`` requests, is not
+  a pipeline gap in a live run either (the end-of-range path opened one that history never reported, and the
+  open row then stayed in ``detections``);
+* a history run over a shorter range does not overwrite an event the store already has closed (by a run over
+  more data) with this run's truncated, still-open view.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from forumpulse.detectors.traffic import TrafficDetector, detect_history
+from test_traffic_cases import _local, _settings, build_requests
+
+QUIET = {"site": {"name": "case-night", "timezone": "Europe/Berlin"}, "start": "2026-03-01", "days": 11,
+         "per_minute": 1, "weekend_factor": 1.0, "events": [{"kind": "gap", "from": "2026-03-11T03:00",
+                                                              "to": "2026-03-11T03:15"}]}
+
+
+def test_a_quiet_night_silence_is_no_gap_live_or_in_history(store: Any) -> None:
+    store.insert("requests", build_requests(QUIET))
+    settings = _settings([QUIET])
+    name = QUIET["site"]["name"]
+    # history over the night: nothing (the normal night has too few requests for a silence to mean anything)
+    hist = detect_history(store, _local(QUIET, "2026-03-10T00:00"), _local(QUIET, "2026-03-11T06:00"), settings,
+                          sites=[name])
+    night = _local(QUIET, "2026-03-11T00:00")
+    assert [d for d in hist if d.kind == "pipeline_gap" and d.start >= night] == []
+    # live, minute by minute through the silence and after it: the same
+    live = TrafficDetector(settings, sites=[name])
+    seen = []
+    t = _local(QUIET, "2026-03-11T02:50")
+    while t <= _local(QUIET, "2026-03-11T03:40"):
+        # (the first call warms up on the days before and reports what it finds there: not this night)
+        seen += [d for d in live.run_once(store, t) if d.kind == "pipeline_gap" and d.start >= night]
+        t += timedelta(minutes=1)
+    assert seen == [], [(d.scope, d.start, d.state) for d in seen]
+    rows = store.query_rows(f"SELECT count() FROM detections FINAL WHERE site = '{name}' AND kind = 'pipeline_gap' "
+                            f"AND start_ts >= toDateTime('{night:%Y-%m-%d %H:%M:%S}', 'UTC')")
+    assert rows[0][0] == 0
+
+
+SPIKE = {"site": {"name": "case-rerun", "timezone": "America/New_York", "country": "US"}, "start": "2026-03-01",
+         "days": 14, "per_minute": 8, "weekend_factor": 1.0,
+         "events": [{"kind": "factor", "from": "2026-03-12T10:00", "to": "2026-03-12T13:00", "factor": 4}]}
+
+
+def _stored(store: Any, det_id: str) -> tuple[str, Any]:
+    r = store.query_rows(f"SELECT state, end_ts FROM detections FINAL WHERE id = '{det_id}'")
+    return str(r[0][0]), r[0][1]
+
+
+def test_a_shorter_history_run_does_not_reopen_a_closed_event(store: Any) -> None:
+    store.insert("requests", build_requests(SPIKE))
+    settings = _settings([SPIKE])
+    name = SPIKE["site"]["name"]
+    full = detect_history(store, _local(SPIKE, "2026-03-12T00:00"), _local(SPIKE, "2026-03-14T00:00"), settings,
+                          sites=[name])
+    spikes = [d for d in full if d.kind == "spike"]
+    assert spikes and spikes[0].state == "closed", [(d.kind, d.state) for d in full]
+    sid = spikes[0].id
+    # the same data, a range that ends while the spike is still going on: it prints the spike open ...
+    short = detect_history(store, _local(SPIKE, "2026-03-12T00:00"), _local(SPIKE, "2026-03-12T11:30"), settings,
+                           sites=[name])
+    assert any(d.id == sid and d.state == "open" for d in short)
+    # ... but the store keeps what the run over more data knew: closed, with its end
+    state, end = _stored(store, sid)
+    assert state == "closed" and end is not None
+    stored_end = datetime.fromtimestamp(end, UTC) if isinstance(end, int | float) else end.replace(tzinfo=UTC)
+    assert stored_end == next(d for d in full if d.id == sid).end
