@@ -514,12 +514,16 @@ class TrafficService:
             log.info("traffic detectors: %d detection(s) at %s", len(dets), now.isoformat(timespec="seconds"))
         return list(dets)
 
-    def _next_delay(self) -> float:
-        now = time.time()
+    def _next_delay(self, now: float | None = None) -> float:
+        """Seconds to the next run: with a whole number of minutes, ``offset_s`` after the next minute boundary
+        that is a multiple of the interval (every 2 minutes: at :00, :02, ...; every 5: :00, :05, ...), so runs
+        stay aligned to complete minutes; else simply ``interval_s``."""
+        now = self.clock() if now is None else now
         if self.interval_s % 60 == 0:
-            nxt = (now // 60 + 1) * 60 + self.offset_s
-            while nxt - now > self.interval_s:
-                nxt -= 60
+            step = int(self.interval_s)
+            nxt = (now // step + 1) * step + self.offset_s
+            if nxt - step > now:  # still before this interval's run (now is inside the offset)
+                nxt -= step
             return max(1.0, nxt - now)
         return self.interval_s
 

@@ -293,3 +293,20 @@ def test_traffic_service_writes_detections_and_events(broker: Broker, chdb_path:
         assert svc.tick() == [] and svc.runs == 2 and svc.errors == 0
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(("interval", "now", "delay"), [
+    (60.0, 1_700_000_010.0, 35.0),    # 30 s past a minute: 5 s after the next one
+    (60.0, 1_699_999_983.0, 2.0),     # 3 s past a minute (inside the offset): this minute's run
+    (60.0, 1_699_999_950.0, 35.0),
+    (120.0, 1_699_999_950.0, 95.0),   # every 2 minutes: the next even minute (+5 s), not the next minute
+    (300.0, 1_700_000_010.0, 95.0),   # every 5 minutes: 5 s past the next multiple of 300 s
+    (300.0, 1_699_999_803.0, 2.0),    # 3 s past a 5-minute boundary: that run
+    (45.0, 1_700_000_010.0, 45.0),    # not whole minutes: a plain interval
+])
+def test_traffic_runs_follow_intervals_longer_than_a_minute(interval: float, now: float, delay: float) -> None:
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.live_detect import TrafficService
+
+    svc = TrafficService(load_settings(), store=None, interval_s=interval, offset_s=5.0, clock=lambda: now)
+    assert svc._next_delay() == pytest.approx(delay)
