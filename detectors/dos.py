@@ -1413,14 +1413,29 @@ def parse_file(path: str, fmt: str = "auto") -> Iterator[ParsedLine]:
     """Parsed records of a log file (``-`` = stdin) with the pipeline's parsers; drops are skipped and counted
     in ``parse_file.drops`` of the last call.  Trailing whitespace is stripped before parsing."""
     import sys
+    from pathlib import Path
 
     from forumpulse.pipeline.formats import get_parser  # lazy: the CLI imports this module at start
+    from forumpulse.pipeline.ingest import _open_maybe_compressed
 
     parse = get_parser(fmt).parse
-    fh = sys.stdin if path == "-" else open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
+    raw = None if path == "-" else _open_maybe_compressed(Path(path))  # .gz too, as ingest reads it
+
+    def lines() -> Iterator[str]:
+        if raw is None:
+            yield from sys.stdin
+            return
+        rest = b""
+        while block := raw.read(1 << 20):
+            *done, rest = (rest + block).split(b"\n")
+            for b in done:
+                yield b.decode("utf-8", errors="replace")
+        if rest:
+            yield rest.decode("utf-8", errors="replace")
+
     drops = 0
     try:
-        for line in fh:
+        for line in lines():
             r = parse(line.rstrip())
             if isinstance(r, ParsedLine):
                 yield r
@@ -1428,18 +1443,23 @@ def parse_file(path: str, fmt: str = "auto") -> Iterator[ParsedLine]:
                 drops += 1
     finally:
         _drops[path] = drops
-        if fh is not sys.stdin:
-            fh.close()
+        if raw is not None:
+            _damaged[path] = getattr(raw, "damaged", None)
+            raw.close()
 
 
 _drops: dict[str, int] = {}
+_damaged: dict[str, str | None] = {}  # a .gz cut short or damaged: why (the lines before it were read)
 
 
 def build_detector(config_path: str | None = None, rules_file: str | None = None, mode: str | None = None,
                    sinks: Sequence[DecisionSink] = (), actions: Sequence[Action] = (),
-                   verifier: CrawlerVerifier | None = None, crawler_verify: str | None = None) -> DosDetector:
+                   verifier: CrawlerVerifier | None = None, crawler_verify: str | None = None,
+                   wall_clock: Callable[[], float] | None = None) -> DosDetector:
     """A detector from the configuration file (section ``detectors.dos``) with the given sinks/actions;
-    ``crawler_verify`` (``dns`` / ``ua`` / ``off``) overrides ``crawlers.verify``."""
+    ``crawler_verify`` (``dns`` / ``ua`` / ``off``) overrides ``crawlers.verify``.  ``wall_clock``: the clock
+    that stamps decisions' ``created_at`` (a replay of old logs passes the stream time, so its bans are not
+    in force today)."""
     cfg = DosConfig()
     networks_file = None
     if config_path is not None:
@@ -1454,7 +1474,8 @@ def build_detector(config_path: str | None = None, rules_file: str | None = None
         crawlers = type(cfg.crawlers).model_validate({**cfg.crawlers.model_dump(), "verify": crawler_verify})
         cfg = cfg.model_copy(update={"crawlers": crawlers})
     rules = load_rules(rules_file or cfg.rules_file, cfg.rule_overrides)
-    mgr = DecisionManager(cfg, sinks=sinks, actions=actions, verifier=verifier, networks_file=networks_file)
+    mgr = DecisionManager(cfg, sinks=sinks, actions=actions, verifier=verifier, networks_file=networks_file,
+                          **({"wall_clock": wall_clock} if wall_clock is not None else {}))
     return DosDetector(rules, mgr)
 
 
@@ -1466,14 +1487,36 @@ def dos_command(
     observe: bool = _typer_option(False, "--observe", help="observe-only: record decisions, apply nothing"),
     crawler_verify: str | None = _typer_option(None, "--crawler-verify", help="dns | ua | off (overrides config)"),
 ) -> None:
-    """Replay a log through the DoS detector; print one JSON object per decision (no firewall actions)."""
+    """Replay a log through the DoS detector; print one JSON object per decision: what the detector would decide
+    (its `mode` as configured), with no firewall action applied."""
     import sys
 
+    import typer
+    from forumpulse.pipeline.cli import check_inputs
+    from pydantic import ValidationError
+
+    check_inputs([input], format)
+    if crawler_verify is not None and crawler_verify not in ("dns", "ua", "off"):
+        raise typer.BadParameter("must be dns, ua or off", param_hint="--crawler-verify")
     sink = JsonLinesSink(sys.stdout)
-    det = build_detector(config, rules, "observe" if observe else None, sinks=[sink], crawler_verify=crawler_verify)
+    try:
+        det = build_detector(config, rules, "observe" if observe else None, sinks=[sink],
+                             crawler_verify=crawler_verify)
+    except OSError as exc:
+        typer.echo(f"error: cannot read {exc.filename}: {exc.strerror}", err=True)
+        raise typer.Exit(2) from None
+    except ValidationError as exc:  # a rules file that is not a DoS rules file
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        typer.echo(f"error: rules {rules or 'file'}: {where + ': ' if where else ''}{first['msg']} "
+                   f"({exc.error_count()} problem(s))", err=True)
+        raise typer.Exit(2) from None
     for _ in detect_records(parse_file(input, format), det):
         pass
     sink.flush()
     print(json.dumps({"summary": {"lines": det.stats["lines"], "unparsed": _drops.get(input, 0),
                                   "decisions": len(det.manager.decisions),
                                   "suppressed": det.manager.suppressed}}), file=sys.stderr)
+    if _damaged.get(input):
+        typer.echo(f"error: {input}: {_damaged[input]}", err=True)
+        raise typer.Exit(1)

@@ -81,12 +81,13 @@ def _open(settings: Any) -> Any:
         raise typer.Exit(2) from None
 
 
-def _check_inputs(files: list[str], fmt: str | None) -> None:
+def check_inputs(files: list[str], fmt: str | None) -> None:
     """Refuse, with a one-line error and exit code 2, a missing input file or an unknown format, before any work
-    starts (instead of a traceback half-way)."""
+    starts (instead of a traceback half-way).  Used by every command that reads log files."""
     for f in files:
         if f != "-" and not Path(f).is_file():
-            typer.echo(f"error: {f}: no such file", err=True)
+            what = "is a directory (give the files in it)" if Path(f).is_dir() else "no such file"
+            typer.echo(f"error: {f}: {what}", err=True)
             raise typer.Exit(2)
     if fmt is not None and fmt != "auto":
         from forumpulse.pipeline.formats import get_parser
@@ -114,7 +115,7 @@ def parse(
     from forumpulse.pipeline.ingest import _chunks, _open_maybe_compressed
     from forumpulse.pipeline.process import Processor, SourceContext, record_dicts
 
-    _check_inputs([file], fmt)
+    check_inputs([file], fmt)
     settings = _settings(config)
     proc = Processor(settings)
     ctx = SourceContext(site=site, origin_host="", origin_file=file if file != "-" else "stdin", format=fmt)
@@ -153,7 +154,7 @@ def ingest(
     """
     from forumpulse.pipeline.runtime import tune_allocator, tune_gc, without_modules
 
-    _check_inputs(files, fmt)
+    check_inputs(files, fmt)
     without_modules("pandas", why="forumpulse ingest does not use it (pyarrow would import it only to check its "
                     "inputs for pandas objects, 0.15-0.2 s of every run)")
     settings = _settings(config, store)

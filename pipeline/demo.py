@@ -145,12 +145,16 @@ def _replay_dos(store: Any, truth: dict[str, Any], con: Console) -> list[Any]:
     from forumpulse.detectors.dos import Batch, StoreSink, build_detector
 
     sink = StoreSink(store)
-    det = build_detector(sinks=[sink])
+    clock = {"now": truth["start_ms"] / 1000}
+    # decisions are stamped in stream time: a replay of 2024's logs has no ban in force today (`detect decisions`
+    # lists bans by created_at + duration against the wall clock, and an owner restores those at start)
+    det = build_detector(sinks=[sink], wall_clock=lambda: clock["now"])
     decisions: list[Any] = []
     t0 = time.perf_counter()
     hour = 24 * 3600_000  # one day of rows per batch: the detector works best on large batches
     with con.status("replaying the stored requests in log-time order ..."):
         for h in range(truth["start_ms"] // hour, truth["end_ms"] // hour + 1):
+            clock["now"] = (h + 1) * hour / 1000  # the end of the day being replayed
             tbl = store.query_arrow(
                 "SELECT ts, client AS client_ip, method, path, query, status, user_agent, is_static FROM requests "
                 f"WHERE ts >= fromUnixTimestamp64Milli({h * hour}) AND ts < fromUnixTimestamp64Milli({(h + 1) * hour}) "

@@ -208,3 +208,33 @@ def test_demo_refuses_to_wipe_a_store_in_use(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--input", "nope.log"], "error: nope.log: no such file"),
+    (["--input", "."], "error: .: is a directory"),
+    (["--input", "a.log", "--format", "combinedd"], "unknown format spec 'combinedd'"),
+    (["--input", "a.log", "--rules", "nope.yaml"], "error: cannot read nope.yaml"),
+    (["--input", "a.log", "--rules", "empty.yaml"], "error: rules empty.yaml:"),
+    (["--input", "a.log", "--crawler-verify", "maybe"], "must be dns, ua or off"),
+    (["--input", "a.log", "-c", "nope.yaml"], "config: file nope.yaml does not exist"),
+])
+def test_detect_dos_bad_inputs_are_one_line_errors(tmp_path, args, message):
+    (tmp_path / "a.log").write_text('1.2.3.4 - - [01/Jul/1995:00:00:01 -0400] "GET / HTTP/1.0" 200 1\n')
+    (tmp_path / "empty.yaml").write_text("")
+    r = subprocess.run([str(EXE), "detect", "dos", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_detect_dos_reads_gzip_and_fails_on_a_damaged_one(tmp_path):
+    import gzip
+
+    line = b'1.2.3.4 - - [01/Jul/1995:00:00:01 -0400] "GET / HTTP/1.0" 200 1\n'
+    (tmp_path / "ok.gz").write_bytes(gzip.compress(line * 50))
+    r = subprocess.run([str(EXE), "detect", "dos", "--input", "ok.gz", "-f", "common"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and '"lines": 50' in r.stderr and '"reason": "client_flood"' in r.stdout, r.stderr
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(line * 5000)[:200])
+    r = subprocess.run([str(EXE), "detect", "dos", "--input", "cut.gz", "-f", "common"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 1 and "damaged or cut short" in r.stderr, r.stderr

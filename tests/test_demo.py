@@ -25,3 +25,15 @@ def test_demo_small_run(tmp_path):
     assert figures["report"] and Path(figures["report"]).is_file()
     for heading in ("top topics", "traffic per day", "quarantined lines", "detections (traffic)", "ground truth"):
         assert heading in text
+    # the replay's bans are stamped in stream time (2024): none is in force today, for `detect decisions` or an
+    # owner restoring bans from the table
+    from forumpulse.pipeline.live_detect import active_from_store
+    from forumpulse.pipeline.store import open_store
+
+    st = open_store(f"chdb:{tmp_path / 'demo' / 'chdb'}")
+    try:
+        stored = st.query_rows("SELECT count(), toYear(max(created_at)) FROM decisions WHERE action = 'ban'")
+        assert stored[0][0] > 0 and stored[0][1] == 2024, stored
+        assert active_from_store(st) == []
+    finally:
+        st.close()
