@@ -772,22 +772,57 @@ def run_seasonal(ts: Sequence[datetime], counts: Sequence[float], tz: str, calen
 # ------------------------------------------------------------------------------------------------ CLI
 
 
-def read_series_csv(path: str) -> tuple[list[datetime], FloatArray]:
-    """``timestamp,value`` CSV (header optional; more columns ignored).  Naive timestamps are UTC.  Rows are
-    sorted by time (stable sort); duplicate timestamps keep the last row of the file.  Values that are not finite
-    numbers are missing.  Absent rows mean "no data"."""
-    df = pd.read_csv(path, header=None, dtype=str, skip_blank_lines=True)
+def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[datetime], FloatArray]:
+    """``timestamp,value`` CSV (header optional; more columns ignored).  Timestamps are ISO 8601 (naive = UTC) or
+    epoch seconds (milliseconds when above 1e11).  Rows are sorted by time (stable sort); duplicate timestamps
+    keep the last row of the file.  Values that are not finite numbers are missing.  Absent rows mean "no data".
+
+    Raises ValueError naming the file (and the row, for a timestamp that cannot be read).  ``notes`` (if given)
+    receives one line per thing a user should know about the input: values that were not numbers, duplicate
+    timestamps."""
+    try:
+        df = pd.read_csv(path, header=None, dtype=str, skip_blank_lines=True, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path}: the file is empty (expected timestamp,value rows)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read: {exc}") from None
+    except pd.errors.ParserError as exc:
+        raise ValueError(f"{path}: not a CSV of timestamp,value rows ({' '.join(str(exc).split())})") from None
     if df.shape[1] < 2:
-        raise ValueError(f"{path}: expected two columns timestamp,value")
+        raise ValueError(f"{path}: expected two columns timestamp,value (comma-separated), found {df.shape[1]}")
     first = str(df.iloc[0, 1])
+    header = 0
     try:
         float(first)
     except ValueError:
-        df = df.iloc[1:]  # header row
-    ts = pd.to_datetime(df.iloc[:, 0], utc=True, format="mixed")
-    vals = pd.to_numeric(df.iloc[:, 1], errors="coerce").to_numpy(dtype=float)
+        if first.strip() not in ("", "nan", "NaN"):
+            df, header = df.iloc[1:], 1  # header row
+    if df.empty:
+        raise ValueError(f"{path}: no rows after the header")
+    col = df.iloc[:, 0].str.strip()
+    if col.str.fullmatch(r"\d+(\.\d+)?").all():
+        nums = pd.to_numeric(col)
+        ts = pd.to_datetime(nums, unit="ms" if float(nums.max()) > 1e11 else "s", utc=True)
+    else:
+        ts = pd.to_datetime(col, utc=True, format="mixed", errors="coerce")
+        bad = np.flatnonzero(ts.isna().to_numpy())
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"{path}: row {i + 1 + header}: {col.iloc[i]!r} is not a timestamp "
+                             f"({len(bad)} such row(s))")
+    raw = df.iloc[:, 1].str.strip()
+    vals = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
+    if notes is not None:
+        words = np.flatnonzero(np.isnan(vals) & (raw != "").to_numpy() & ~raw.str.lower().isin(["nan", "na"]).to_numpy())
+        if len(words):
+            i = int(words[0])
+            notes.append(f"{len(words)} value(s) are not numbers and count as missing (first: row {i + 1 + header}, "
+                         f"{raw.iloc[i]!r})")
     vals[~np.isfinite(vals)] = np.nan
-    s = pd.Series(vals, index=ts).sort_index(kind="stable")
+    s = pd.Series(vals, index=pd.DatetimeIndex(ts)).sort_index(kind="stable")
+    dup = int(s.index.duplicated(keep="last").sum())
+    if dup and notes is not None:
+        notes.append(f"{dup} row(s) repeat an earlier timestamp: the last row of each timestamp is used")
     s = s[~s.index.duplicated(keep="last")]
     return [t.to_pydatetime() for t in s.index], s.to_numpy(dtype=np.float64)
 
@@ -894,19 +929,43 @@ def detect_series_command(
 ) -> None:
     """forumpulse detect series --input CSV [--scores]: events (JSON lines) or per-row scores of one series.
     Streaming: what is printed for row t uses rows <= t only."""
+    import sys
+    from zoneinfo import ZoneInfo
+
     from forumpulse.detectors.calendar import SiteCalendar
     from forumpulse.detectors.traffic import load_rules, score_params, seasonal_params
+    from forumpulse.pipeline.cli import check_inputs
 
     if mode not in MODES:
         raise typer.BadParameter(f"must be one of {', '.join(MODES)}", param_hint="--mode")
-    rules = load_rules(rules_file)
-    ts, vals = read_series_csv(input)
+    try:
+        ZoneInfo(timezone)
+    except (ValueError, KeyError):  # ZoneInfoNotFoundError is a KeyError
+        raise typer.BadParameter(f"unknown time zone {timezone!r} (an IANA name, e.g. Europe/Berlin)",
+                                 param_hint="--timezone") from None
+    try:
+        calendar = SiteCalendar(country)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--country") from None
+    check_inputs([input], None)
+    try:
+        rules = load_rules(rules_file)
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {exc.filename}: {exc.strerror}", param_hint="--rules") from None
+    notes: list[str] = []
+    try:
+        ts, vals = read_series_csv(input, notes)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    for note in notes:
+        print(f"note: {input}: {note}", file=sys.stderr)
     if scores:
         sc = anomaly_scores(vals, score_params(rules), ts if len(ts) > 1 else None, step)  # as in the NAB evaluation
         print("timestamp,value,score")
         for t, v, s in zip(ts, vals, sc, strict=True):
             print(f"{_iso(t)},{'' if np.isnan(v) else repr(float(v))},{s:.6f}")
         return
-    for d in series_events(ts, vals, timezone, SiteCalendar(country), seasonal_params(rules), score_params(rules),
+    for d in series_events(ts, vals, timezone, calendar, seasonal_params(rules), score_params(rules),
                            mode, step=step):
         print(d.to_json())

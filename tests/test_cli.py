@@ -238,3 +238,34 @@ def test_detect_dos_reads_gzip_and_fails_on_a_damaged_one(tmp_path):
     r = subprocess.run([str(EXE), "detect", "dos", "--input", "cut.gz", "-f", "common"], capture_output=True,
                        text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 1 and "damaged or cut short" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("content", "args", "message"), [
+    (None, [], "no such file"),
+    ("", [], "the file is empty"),
+    ("a;b\n1;2\n", [], "expected two columns timestamp,value"),
+    ("timestamp,value\n2024-01-01T00:00,5\nbad,6\n", [], "row 3: 'bad' is not a timestamp"),
+    ("2024-01-01T00:00,5\n", ["--timezone", "Mars/X"], "unknown time zone 'Mars/X'"),
+    ("2024-01-01T00:00,5\n", ["--country", "XX"], "no holiday calendar for country 'XX'"),
+    ("2024-01-01T00:00,5\n", ["--rules", "nope.yaml"], "cannot read nope.yaml"),
+])
+def test_detect_series_bad_inputs_are_one_line_errors(tmp_path, content, args, message):
+    if content is not None:
+        (tmp_path / "s.csv").write_text(content)
+    r = subprocess.run([str(EXE), "detect", "series", "--input", "s.csv", *args], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_detect_series_reads_epoch_seconds_and_says_what_it_ignored(tmp_path):
+    (tmp_path / "e.csv").write_text("".join(f"{1_700_000_000 + 300 * i},{10 + i % 3}\n" for i in range(3)))
+    r = subprocess.run([str(EXE), "detect", "series", "--input", "e.csv", "--scores"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.splitlines()[1].startswith("2023-11-14T22:13:20Z,10.0,"), r.stdout
+    (tmp_path / "w.csv").write_text("ts,v\n2024-01-01T00:00,5\n2024-01-01T00:05,abc\n2024-01-01T00:05,7\n")
+    r = subprocess.run([str(EXE), "detect", "series", "--input", "w.csv", "--scores"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0
+    assert "1 value(s) are not numbers and count as missing (first: row 3, 'abc')" in r.stderr
+    assert "1 row(s) repeat an earlier timestamp" in r.stderr
+    assert r.stdout.splitlines()[2].startswith("2024-01-01T00:05:00Z,7.0,")  # the last row of the timestamp
