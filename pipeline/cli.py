@@ -213,6 +213,10 @@ def _print_counts(results: list[Any]) -> None:
                        "and run `forumpulse db migrate --apply-retention` (tables keep the retention they were "
                        "created with), then ingest again",
                        err=True)
+        if r.read and not r.loaded and r.by_reason.get("no_format_matched", 0) + r.by_reason.get("truncated", 0) \
+                >= r.quarantined / 2:
+            typer.echo(f"warning: {r.name}: no line loaded: is the format right? `forumpulse parse -f auto {r.name} "
+                       "| head` shows what the lines parse as (quarantined lines keep their reason and text)", err=True)
         if r.error:
             typer.echo(f"error: {r.name}: {r.error}", err=True)
     if len(results) > 1:

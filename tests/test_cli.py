@@ -105,6 +105,7 @@ def test_every_command_with_a_configuration_takes_dash_c(cmd):
 def test_plugin_commands_report_a_bad_configuration_not_a_traceback(tmp_path, args):
     bad = tmp_path / "bad.yaml"
     bad.write_text("retention:\n  raw_dayz: 5\n")
+    (tmp_path / "x.log").write_text("")
     r = subprocess.run([str(EXE), *args, "-c", str(bad)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "retention.raw_dayz:" in r.stderr and "Traceback" not in r.stderr
@@ -269,3 +270,16 @@ def test_detect_series_reads_epoch_seconds_and_says_what_it_ignored(tmp_path):
     assert "1 value(s) are not numbers and count as missing (first: row 3, 'abc')" in r.stderr
     assert "1 row(s) repeat an earlier timestamp" in r.stderr
     assert r.stdout.splitlines()[2].startswith("2024-01-01T00:05:00Z,7.0,")  # the last row of the timestamp
+
+
+def test_a_wrong_format_is_named_not_called_a_cut_line(tmp_path):
+    log = tmp_path / "d.log"
+    log.write_text('1.2.3.4 - - [01/Jul/1995:00:00:01 -0400] "GET / HTTP/1.0" 200 1 "-" "UA" 1234\n'
+                   '1.2.3.4 - - [01/Jul/1995:00:00:01 -0400] "GET / HT\n')
+    r = subprocess.run([str(EXE), "parse", "-f", "combined", str(log)], capture_output=True, text=True, timeout=120)
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert rows[0]["error"] == "no_format_matched" and "the line is combined_d, not combined" in rows[0]["detail"]
+    assert rows[1]["error"] == "truncated"  # a line really cut in the middle keeps its reason
+    r = subprocess.run([str(EXE), "ingest", "--store", f"chdb:{tmp_path / 'st'}", "-f", "squid", str(log)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "no line loaded: is the format right?" in r.stderr, r.stderr

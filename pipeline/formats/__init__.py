@@ -117,6 +117,19 @@ def _failed(line: str, formats: Iterable[CompiledFormat]) -> Drop:
     return Drop("no_format_matched", line[:80])
 
 
+def _other_preset(line: str, name: str) -> str | None:
+    """The first preset (``auto``'s order) other than ``name`` that parses ``line`` completely; only asked on the
+    failure path, to tell a line of another format (a wrong ``--format``) from a line cut in the middle."""
+    for preset in AUTO_ORDER:
+        if preset == name:
+            continue
+        c = _compiled(preset)
+        for cand in _candidates(line.rstrip("\n")):
+            if c.fast.fullmatch(cand) is not None:
+                return preset
+    return None
+
+
 class FormatParser:
     """Parser for one fixed format (a preset or a custom spec)."""
 
@@ -142,7 +155,11 @@ class FormatParser:
                 m = self._fast(cand) or self._lenient(cand)
                 if m is not None:
                     return self._convert(m.groups())
-            return _failed(line.rstrip(" \t\r"), (self._fmt,))
+            drop = _failed(line.rstrip(" \t\r"), (self._fmt,))
+            other = _other_preset(line, self.name)
+            if other is not None:  # a whole line of another format is no cut line: say which format it is
+                return Drop("no_format_matched", f"the line is {other}, not {self.name}: wrong format?")
+            return drop
         except Exception as exc:  # the contract is "never raises"; a bug must still show up in counts
             return Drop("no_format_matched", f"parser error {type(exc).__name__}: {exc}"[:200])
 
