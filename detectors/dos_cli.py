@@ -44,17 +44,22 @@ def _password(password_env: str | None) -> str | None:
 
 def _open_store(settings: Any, store: str | None, owner: str, password: str | None) -> Any:
     """The store named by ``--store`` / the config; when the owner holds an embedded folder, its endpoint."""
-    from forumpulse.pipeline.store import StoreBusy, open_store
+    from forumpulse.pipeline.store import StoreBusy, StoreUnavailable, open_store
 
     url = store or settings.store.url
     try:
         return open_store(url)
-    except StoreBusy:
+    except StoreBusy as busy:
         from urllib.parse import urlsplit
 
         u = urlsplit(owner)
         auth = f"default:{password}@" if password else "default@"
-        return open_store(f"clickhouse://{auth}{u.hostname}:{u.port or 8123}/forumpulse")
+        try:
+            return open_store(f"clickhouse://{auth}{u.hostname}:{u.port or 8123}/forumpulse")
+        except StoreUnavailable:
+            # the folder is held by another process, which is not an owner answering at --owner: say both
+            raise StoreUnavailable(f"{busy} No owner answers at {owner} either: pass the owner's --owner URL, "
+                                   "or stop the process holding the folder.") from None
 
 
 def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") -> dict[str, Any]:

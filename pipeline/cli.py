@@ -103,7 +103,7 @@ def check_inputs(files: list[str], fmt: str | None) -> None:
 def parse(
     file: Annotated[str, typer.Argument(help="log file to parse (.gz ok), or - for standard input")] = "-",
     fmt: Annotated[str, typer.Option("--format", "-f", help="preset (combined, common, vhost_combined, combined_d, "
-                                     "nginx_combined, squid, squid_combined), 'apache:<LogFormat>', 'nginx:<log_format>' or 'auto'")] = "auto",
+                                     "nginx_combined, nginx_main, squid, squid_combined), 'apache:<LogFormat>', 'nginx:<log_format>' or 'auto'")] = "auto",
     site: Annotated[str, typer.Option(help="site name to put in the records")] = "forum",
     config: ConfigOpt = None,
 ) -> None:

@@ -120,7 +120,7 @@ class SourceConfig(_Strict):
     site: str = Field("forum", description="site this source belongs to")
     format: str = Field(
         "auto",
-        description="preset (combined, common, vhost_combined, combined_d, nginx_combined, squid, squid_combined), "
+        description="preset (combined, common, vhost_combined, combined_d, nginx_combined, nginx_main, squid, squid_combined), "
         "'apache:<LogFormat>', 'nginx:<log_format>', or 'auto' (per-line detection among presets)",
     )
     paths: list[str] = Field(default_factory=list, description="files or globs: `forumpulse ingest` gives a file that "

@@ -218,7 +218,7 @@ def run_command(
 
     chDB lets one process open a data folder; this is that process.  Other commands (a second consumer,
     dashboards, reports) reach the store through this endpoint with --store clickhouse://127.0.0.1:PORT.
-    Prints one JSON line (pid, port, store) when it is ready.
+    Prints one JSON line ({"owner": pid, "port": ..., "store": ...}) when it is ready.
     """
     logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -283,3 +283,20 @@ def test_a_wrong_format_is_named_not_called_a_cut_line(tmp_path):
     r = subprocess.run([str(EXE), "ingest", "--store", f"chdb:{tmp_path / 'st'}", "-f", "squid", str(log)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "no line loaded: is the format right?" in r.stderr, r.stderr
+
+
+def test_decisions_on_a_held_store_without_an_owner_says_both(tmp_path):
+    chdb = tmp_path / "st"
+    chdb.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl,sys,time; f=open(sys.argv[1],'a+'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('4242'); f.flush(); print('held', flush=True); "
+                               "time.sleep(60)", str(chdb / ".forumpulse.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        r = subprocess.run([str(EXE), "detect", "decisions", "--store", f"chdb:{chdb}", "--owner",
+                            "http://127.0.0.1:9"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    assert "in use by another process (pid 4242)" in r.stderr and "No owner answers at http://127.0.0.1:9" in r.stderr
