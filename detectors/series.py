@@ -443,6 +443,11 @@ class SeasonalParams:
 DayKind = str  # "workday" | "offday"
 
 
+#: an open spike (dip) is reported again when its ratio to the expectation has grown (shrunk) by this factor
+#: since it was last reported, so the stored and published peak follows the event without a row per minute
+PEAK_STEP = 1.25
+
+
 class SeasonalDetector:
     """Streaming events on a per-minute count series (see module docstring).
 
@@ -696,8 +701,8 @@ class SeasonalDetector:
             if self._spike_run >= self.p.spike_confirm_minutes:
                 start = ts - timedelta(minutes=self._spike_run - 1)
                 new = Detection("spike", self.scope, start, None, ts, obs, exp, score, "spike",
-                                {"ratio": round(ratio, 3), "window_minutes": m, "confirmed_at": _iso(ts)},
-                                site=self.site)
+                                {"ratio": round(ratio, 3), "window_minutes": m, "confirmed_at": _iso(ts),
+                                 "_emitted_ratio": ratio}, site=self.site)
                 self._spike_run = 0
                 yield self._open("spike", new, start)
             return
@@ -708,6 +713,9 @@ class SeasonalDetector:
             det.detail["ratio"] = round(ratio, 3)
         if obs / bound < 1.0 + (self.p.spike_ratio - 1.0) * self.p.end_ratio:
             yield self._close("spike", ts)
+        elif ratio >= PEAK_STEP * det.detail.get("_emitted_ratio", math.inf):
+            det.detail["_emitted_ratio"] = ratio
+            yield det  # grown by a quarter since last reported: the stored and published peak follows
 
     def _dip(self, ts: datetime, local: datetime) -> Iterator[Detection]:
         m = self.p.dip_bucket_minutes
@@ -734,7 +742,7 @@ class SeasonalDetector:
                 hit = exp - obs_scaled >= self.p.dip_min_loss * self._day_expected(d, kind)
             if hit:
                 label = "holiday" if holiday else "unexplained"
-                detail: dict[str, Any] = {"ratio": round(ratio, 3), "window_minutes": m}
+                detail: dict[str, Any] = {"ratio": round(ratio, 3), "window_minutes": m, "_emitted_ratio": ratio}
                 if holiday:
                     detail["holiday"] = self.cal.holiday_name(d)
                 new = Detection("dip", self.scope, ts, None, ts, obs_scaled, exp,
@@ -748,6 +756,9 @@ class SeasonalDetector:
         end_limit = 1.0 - (1.0 - limit) * self.p.end_ratio
         if obs_scaled / bound > end_limit or (det.label == "holiday" and not holiday):
             yield self._close("dip", ts)
+        elif ratio * PEAK_STEP <= det.detail.get("_emitted_ratio", 0.0):
+            det.detail["_emitted_ratio"] = ratio
+            yield det  # deepened by a quarter since last reported
 
     def finish(self) -> Iterator[Detection]:
         """Close nothing, report still-open events as they are (``state`` = ``open``)."""
