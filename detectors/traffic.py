@@ -34,7 +34,9 @@ Every detection has a stable ``id`` (site, kind, scope, start) so the ``detectio
 latest state; it is printed as a JSON line, inserted, and handed to an optional ``producer`` hook
 (``callable(topic, key, value)``, the live path wires Kafka ``weblogs.events``).
 
-Guarantees: only complete minutes (``< now`` truncated to the minute, minus ``lag_minutes``) are read; running
+Guarantees: only complete minutes (``< now`` truncated to the minute, minus ``lag_minutes``; live, also before
+the site's watermark, :meth:`TrafficDetector._watermark`: the loader's progress by the sources' lines and
+heartbeats) are read; running
 ``run_once`` twice for the same ``now`` adds nothing new; history and live use the same code path.  Live, a store
 error loses nothing and feeds nothing twice: a site's detectors are fed only after every read for its new minutes
 succeeded, detections stay in an outbox until stored and published, and one site's error does not stop the others
@@ -1154,6 +1156,9 @@ class TrafficDetector:
         """One site's step of :meth:`run_once`: read, feed, commit the cursor, queue the detections."""
         rt = self._site(store, name)
         start = rt.cursor or (until - timedelta(days=self.cfg.history_days))
+        mark = self._watermark(store, name, now)
+        if mark is not None:
+            until = min(until, mark.replace(second=0, microsecond=0))
         if start < until:
             win = self._read(store, rt, start, until, now, live=True)
             try:
@@ -1203,6 +1208,23 @@ class TrafficDetector:
             if mark != rt.groups_mark:
                 win.groups, win.groups_mark = self._groups(store, rt.name), mark
         return win
+
+    def _watermark(self, store: Any, site: str, now: datetime) -> datetime | None:
+        """Live: how far the site's data has landed.  For each source that heartbeats and was heard from (a line
+        or a heartbeat) within ``gap_min_minutes``, the time of the latest line or heartbeat loaded; the site's
+        watermark is the earliest of them.  Lines and heartbeats travel the same path (syslog-ng -> Kafka -> the
+        loader), so a minute before the watermark has landed: a loader running behind holds the detectors back
+        instead of their reading its missing minutes as minutes without traffic (then never reading them).
+        Sources without heartbeats (no way to tell late from quiet) and sources silent longer than
+        ``gap_min_minutes`` (the gap detectors' case) do not hold it back; None when no source counts."""
+        gap = timedelta(minutes=int(self.rules["health"]["gap_min_minutes"]))
+        rows = store.query_rows(
+            "SELECT greatest(argMax(last_line_ts, updated_at), argMax(last_heartbeat_ts, updated_at)) AS t, "
+            "argMax(last_heartbeat_ts, updated_at) AS hb FROM source_liveness "
+            f"WHERE site = {_q(site)} GROUP BY origin_host, origin_file "
+            f"HAVING hb > toDateTime(0) AND t >= {_sql_ts(now - gap)} "
+            f"AND t <= {_sql_ts(now + timedelta(seconds=LIVE_CLOCK_SKEW_S))}")
+        return min(_utc(r[0]) for r in rows) if rows else None
 
     def _fresh_sources(self, store: Any, site: str, at: datetime, live: bool) -> set[str]:
         """Sources of ``site`` (``host/file``, ``host/`` for a host heartbeat) whose last heartbeat is evidence of

@@ -71,3 +71,46 @@ def test_a_shorter_history_run_does_not_reopen_a_closed_event(store: Any) -> Non
     assert state == "closed" and end is not None
     stored_end = datetime.fromtimestamp(end, UTC) if isinstance(end, int | float) else end.replace(tzinfo=UTC)
     assert stored_end == next(d for d in full if d.id == sid).end
+
+
+LAG = {"site": {"name": "case-lag", "timezone": "UTC"}, "start": "2026-03-01", "days": 11, "per_minute": 20,
+       "weekend_factor": 1.0, "events": []}
+
+
+def _liveness(store: Any, name: str, line: datetime, hb: datetime) -> None:
+    import pyarrow as pa
+
+    ts = pa.timestamp("ms", tz="UTC")
+    store.insert("source_liveness", pa.table({
+        "site": [name], "origin_host": ["origin"], "origin_file": ["access.log"],
+        "last_line_ts": pa.array([line], ts), "last_heartbeat_ts": pa.array([hb], ts),
+        "lines": pa.array([1], pa.uint64()), "updated_at": pa.array([datetime.now(UTC)], ts)}))
+
+
+def test_a_loader_running_behind_holds_live_detection_back_instead_of_reading_zeros(store: Any) -> None:
+    import pyarrow.compute as pc
+
+    rows = build_requests(LAG)
+    name = LAG["site"]["name"]
+    cut = _local(LAG, "2026-03-11T10:00")
+    late = pc.greater_equal(rows.column("ts"), cut)
+    store.insert("requests", rows.filter(pc.invert(late)))  # the loader has loaded up to 10:00 ...
+    _liveness(store, name, cut - timedelta(seconds=2), cut - timedelta(seconds=1))
+    det = TrafficDetector(_settings([LAG]), sites=[name])
+    det.run_once(store, _local(LAG, "2026-03-11T10:06"))  # ... while the clock says 10:06
+    rt = det.sites[name]
+    assert rt.cursor == _local(LAG, "2026-03-11T09:59"), rt.cursor  # not past the watermark
+    # the loader catches up: the minutes 09:59 .. 10:05 are fed with their real counts, not as zeros
+    store.insert("requests", rows.filter(late))
+    _liveness(store, name, _local(LAG, "2026-03-11T10:06:30"), _local(LAG, "2026-03-11T10:06:40"))
+    dets = det.run_once(store, _local(LAG, "2026-03-11T10:07"))
+    assert rt.cursor == _local(LAG, "2026-03-11T10:06")
+    day = rt.seasonal.days[_local(LAG, "2026-03-11T00:00").date()]
+    fed = day[599:606].tolist()  # 09:59 .. 10:05 UTC
+    real = [float(r[1]) for r in store.query_rows(
+        f"SELECT minute, sum(pageviews) FROM site_minute WHERE site = '{name}' AND minute >= "
+        "toDateTime('2026-03-11 09:59:00', 'UTC') AND minute < toDateTime('2026-03-11 10:06:00', 'UTC') "
+        "GROUP BY minute ORDER BY minute")]
+    assert len(real) == 7 and sum(real) > 0
+    assert fed == real, (fed, real)  # the minutes' real traffic, not zeros
+    assert [d for d in dets if d.kind in ("dip", "outage", "pipeline_gap")] == []
