@@ -1444,6 +1444,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     ev_bases = site.b_topic + site.event_topic_idx
     pending: list[list[Batch]] = [[] for _ in plan.sources]
     pending_n = [0] * len(plan.sources)
+    made = 0  # lines generated so far (progress)
     try:
         for h in range(plan.n_hours):
             extras: list[Batch] = []
@@ -1471,6 +1472,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
                     b = _take(b, np.argsort(b["ts"], kind="stable"))
                     pending[si].append(b)
                     pending_n[si] += len(b["ts"])
+                    made += len(b["ts"])
                 if pending_n[si] and (pending_n[si] >= FLUSH_LINES or last):
                     b = _concat(pending[si])
                     pending[si], pending_n[si] = [], 0
@@ -1485,7 +1487,8 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
                     handles[src.name].write(format_lines(site, src.format, b, off))
                     counts[src.name] += len(b["ts"])
             if progress and h % 24 == 23:
-                print(f"  day {h // 24 + 1}/{-(-plan.n_hours // 24)}: {sum(counts.values()):,} lines", flush=True)
+                # lines made so far (written in blocks of FLUSH_LINES, so the files lag behind)
+                print(f"  day {h // 24 + 1}/{-(-plan.n_hours // 24)}: {made:,} lines", flush=True)
     finally:
         for fh in handles.values():
             fh.close()
@@ -1610,7 +1613,8 @@ def print_summary(res: SimResult) -> None:
     echo(f"simulated {res.total_lines:,} lines in {res.seconds:.1f} s ({res.lines_per_second:,.0f} lines/s)")
     for name, n in res.files.items():
         echo(f"  {res.out / (name + '.log')}: {n:,} lines")
-    echo(f"scenarios (ground truth: {res.truth_path}):")
+    tz = json.loads(res.truth_path.read_text()).get("timezone", "UTC") if res.truth_path.is_file() else "UTC"
+    echo(f"scenarios (ground truth: {res.truth_path}; windows in the site's time, {tz}):")
     for e in res.scenarios:
         scope = {k: v for k, v in e["scope"].items() if k not in ("paths", "local_days", "site")}
         if "topic_ids" in scope:
