@@ -297,7 +297,9 @@ FROM site_minute
 WHERE {SITE} AND $__timeFilter(minute)
 GROUP BY time ORDER BY time""", unit="percentunit"),
     PanelSpec("table", "Top clients", f"""
-SELECT if(client_ip = toIPv6('::'), '(hostname clients)', replaceRegexpOne(toString(client_ip), '^::ffff:', '')) AS client,
+SELECT multiIf(client_ip = toIPv6('::'), '(hostname clients)',
+               startsWith(toString(client_ip), 'fd68:'), concat('(a hostname client: key ', toString(client_ip), ')'),
+               replaceRegexpOne(toString(client_ip), '^::ffff:', '')) AS client,
        sum(requests) AS requests_total, sum(bytes) AS bytes_total, sum(status_4xx) AS errors_4xx,
        sum(status_5xx) AS errors_5xx, sum(bot_requests) AS bot_requests_total,
        round(requests_total / greatest(dateDiff('second', $__fromTime, $__toTime), 1), 3) AS avg_rps
@@ -473,19 +475,19 @@ SELECT id, kind, scope, label, state, start_ts, end_ts, peak_ts, round(observed,
        round(expected, 4) AS expected, round(score, 2) AS score,
        toUInt64OrZero(extract(scope, '^topic:([0-9]+)')) AS topic_id,
        toUnixTimestamp64Milli(start_ts) - 3600000 AS link_from_ms,
-       toUnixTimestamp64Milli(coalesce(end_ts, peak_ts)) + 3600000 AS link_to_ms
+       toUnixTimestamp64Milli(coalesce(end_ts, now64(3))) + 3600000 AS link_to_ms
 FROM detections FINAL
-WHERE {SITE} AND start_ts <= $__toTime AND coalesce(end_ts, peak_ts) >= $__fromTime
+WHERE {SITE} AND start_ts <= $__toTime AND (end_ts IS NULL OR end_ts >= $__fromTime)
 ORDER BY start_ts DESC, id LIMIT 100""", w=24, links=(("Open topic at event time", EVENT_LINK),)),
 ]
 
 #: Detections drawn on every time panel of both dashboards (columns the plugin maps: time, timeEnd, text, tags).
 ANNOTATION_SQL = f"""
-SELECT toDateTime(start_ts) AS time, toDateTime(coalesce(end_ts, peak_ts)) AS timeEnd,
+SELECT toDateTime(start_ts) AS time, toDateTime(coalesce(end_ts, least(now64(3), $__toTime))) AS timeEnd,
        concat(kind, ' ', scope, ': ', label, ' (score ', toString(round(score, 2)), ')') AS text,
        [toString(kind), toString(label)] AS tags
 FROM detections FINAL
-WHERE {SITE} AND start_ts <= $__toTime AND coalesce(end_ts, peak_ts) >= $__fromTime
+WHERE {SITE} AND start_ts <= $__toTime AND (end_ts IS NULL OR end_ts >= $__fromTime)
 ORDER BY time"""
 
 SITE_VARIABLE_SQL = "SELECT DISTINCT site FROM site_minute ORDER BY site"

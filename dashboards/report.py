@@ -31,6 +31,7 @@ import base64
 import html
 import io
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -96,20 +97,30 @@ def _scope(store: Store, site: str, topic_id: int | None, group: str | None) -> 
 
 def _event(store: Store, site: str, event_id: str) -> tuple[int | None, str | None, datetime, datetime, dict[str, Any]]:
     rows = store.query_rows(
-        "SELECT scope, start_ts, coalesce(end_ts, peak_ts), kind, label, score, observed, expected, peak_ts "
+        "SELECT scope, start_ts, end_ts, kind, label, score, observed, expected, peak_ts "
         f"FROM detections FINAL WHERE site = {_q(site)} AND id = {_q(event_id)}"
     )
     if not rows:
         raise ReportError(f"no detection with id {event_id!r} for site {site!r}")
     scope, start, end, kind, label, score, observed, expected, peak = rows[0]
+    still_open = end is None
+    if still_open:  # an event still going on: the report runs to the end of the data, not to its peak
+        last = store.query_rows(f"SELECT max(minute) FROM site_minute WHERE site = {_q(site)}")
+        end = _utc(last[0][0]) + timedelta(minutes=1) if last and last[0][0] is not None else peak
     start, end = _utc(start), _utc(end)
     pad = max(timedelta(hours=1), (end - start) / 4)
     meta = {"id": event_id, "kind": kind, "label": label, "score": score, "observed": observed,
-            "expected": expected, "peak": _utc(peak), "start": start, "end": end}
+            "expected": expected, "peak": _utc(peak), "start": start, "end": end, "open": still_open}
+    if still_open:
+        return (*_event_scope(scope, event_id), start - max(timedelta(hours=1), (end - start) / 4), end, meta)
+    return (*_event_scope(scope, event_id), start - pad, end + pad, meta)
+
+
+def _event_scope(scope: str, event_id: str) -> tuple[int | None, str | None]:
     if scope.startswith("topic:"):
-        return int(scope.split(":", 1)[1]), None, start - pad, end + pad, meta
+        return int(scope.split(":", 1)[1]), None
     if scope.startswith("group:"):
-        return None, scope.split(":", 1)[1], start - pad, end + pad, meta
+        return None, scope.split(":", 1)[1]
     raise ReportError(f"detection {event_id!r} has scope {scope!r}; event reports need topic:<id> or group:<name>")
 
 
@@ -141,27 +152,31 @@ class EventData:
     base_share: float | None
     base_views_per_hour: float | None
     referrers: list[tuple[str, int]]
+    data_hours: float  # hours of the range in which the site has data (views per hour are over these)
 
 
-def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, baseline_days: int) -> EventData:
+def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, baseline_days: int,
+             own_hosts: Sequence[str] = ()) -> EventData:
     b = _bucket_seconds(t1 - t0)
     rng = f"minute >= {_ts(t0)} AND minute < {_ts(t1)}"
     site_f = f"site = {_q(site)}"
+    # every interval in which the site has data; the scope's figures are 0 where it had none (a chart line must
+    # not bridge a quiet stretch); intervals without site data (no data) stay out
     rows = store.query_rows(f"""
-        SELECT s.time, s.views, s.replies, s.visitors, s.bot_views, d.views, d.replies FROM (
-            SELECT toStartOfInterval(minute, INTERVAL {b} second) AS time, sum(views) AS views,
-                   sum(replies) AS replies, uniqMerge(visitors) AS visitors, sum(bot_views) AS bot_views
-            FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {rng} GROUP BY time) AS s
-        INNER JOIN (
+        SELECT d.time, s.views, s.replies, s.visitors, s.bot_views, d.views, d.replies FROM (
             SELECT toStartOfInterval(minute, INTERVAL {b} second) AS time, sum(topic_views) AS views,
                    sum(replies) AS replies
-            FROM site_minute WHERE {site_f} AND {rng} GROUP BY time) AS d ON s.time = d.time
-        ORDER BY s.time""")
-    if not rows:
-        raise ReportError(f"no traffic for {sc.label} between {t0:%Y-%m-%d %H:%M} and {t1:%Y-%m-%d %H:%M} UTC")
+            FROM site_minute WHERE {site_f} AND {rng} GROUP BY time) AS d
+        LEFT JOIN (
+            SELECT toStartOfInterval(minute, INTERVAL {b} second) AS time, sum(views) AS views,
+                   sum(replies) AS replies, uniqMerge(visitors) AS visitors, sum(bot_views) AS bot_views
+            FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {rng} GROUP BY time) AS s ON s.time = d.time
+        ORDER BY d.time SETTINGS join_use_nulls = 0""")
     tot = store.query_rows(f"""
         SELECT sum(views), sum(replies), uniqMerge(visitors), sum(bot_views)
         FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {rng}""")[0]
+    if not rows or not any(tot[i] for i in (0, 1, 3)):
+        raise ReportError(f"no traffic for {sc.label} between {t0:%Y-%m-%d %H:%M} and {t1:%Y-%m-%d %H:%M} UTC")
     site_tot = store.query_rows(f"SELECT sum(topic_views), sum(replies) FROM site_minute WHERE {site_f} AND {rng}")[0]
     b0 = t0 - timedelta(days=baseline_days)
     brng = f"minute >= {_ts(b0)} AND minute < {_ts(t0)}"
@@ -172,10 +187,16 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
         base_share = 100.0 * (bv[0] or 0) / bs[0]
         hours = max((_utc(bs[2]) - _utc(bs[1])).total_seconds() / 3600 + 1 / 60, 1 / 60)
         base_vph = (bv[0] or 0) / hours
+    # external referrers: not the site's own host names (sites[].hosts) nor the request's virtual host (a click
+    # from one forum page to another is navigation, not an arrival); counted in human topic views
+    own = ", ".join(_q(h.lower().removeprefix("www.")) for h in own_hosts) or "''"
     refs = store.query_rows(f"""
         SELECT domain(referer) AS d, count() AS n FROM requests
         WHERE {site_f} AND {sc.topic_filter} AND ts >= {_ts(t0)} AND ts < {_ts(t1)} AND NOT is_bot AND referer != ''
+          AND page_kind = 'topic_view' AND lower(domainWithoutWWW(referer)) NOT IN ({own})
+          AND lower(domainWithoutWWW(referer)) != lower(replaceRegexpOne(vhost, '^www\\.', ''))
         GROUP BY d HAVING d != '' ORDER BY n DESC, d LIMIT 10""")
+    data_minutes = store.query_rows(f"SELECT count(DISTINCT minute) FROM site_minute WHERE {site_f} AND {rng}")[0][0]
     return EventData(
         times=[_utc(r[0]) for r in rows], views=[float(r[1]) for r in rows], replies=[float(r[2]) for r in rows],
         visitors=[float(r[3]) for r in rows], bot_views=[float(r[4]) for r in rows],
@@ -183,7 +204,7 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
         total_views=int(tot[0] or 0), total_replies=int(tot[1] or 0), total_visitors=int(tot[2] or 0),
         total_bot_views=int(tot[3] or 0), site_total_views=int(site_tot[0] or 0),
         site_total_replies=int(site_tot[1] or 0), base_share=base_share, base_views_per_hour=base_vph,
-        referrers=[(str(r[0]), int(r[1])) for r in refs],
+        referrers=[(str(r[0]), int(r[1])) for r in refs], data_hours=int(data_minutes or 0) / 60,
     )
 
 
@@ -215,6 +236,12 @@ def _save(plt: Any, fig: Any, path: Path) -> bytes:
     return data
 
 
+def _plain(text: str) -> str:
+    """Text for matplotlib shown as written: '$' would start math markup (a topic title like "Bitcoin at $100k"
+    was mangled, and an unbalanced one raised)."""
+    return text.replace("\\", "\\\\").replace("$", "\\$")
+
+
 def _share(a: list[float], b: list[float]) -> list[float]:
     return [100.0 * x / y if y else 0.0 for x, y in zip(a, b, strict=True)]
 
@@ -225,7 +252,7 @@ def _charts(d: EventData, out: Path, label: str) -> dict[str, bytes]:
     plt, fig, ax = _fig()
     ax.plot(d.times, d.views, label="views", color="#1f77b4", linewidth=1.6)
     ax.plot(d.times, d.replies, label="replies", color="#ff7f0e", linewidth=1.6)
-    ax.set_title(f"{label}: views and replies {per}")
+    ax.set_title(_plain(f"{label}: views and replies {per}"))
     ax.legend(loc="upper left")
     charts["views_replies.png"] = _save(plt, fig, out / "views_replies.png")
 
@@ -237,7 +264,7 @@ def _charts(d: EventData, out: Path, label: str) -> dict[str, bytes]:
         ax.axhline(d.base_share, color="#555555", linestyle="--", linewidth=1, label="baseline view share")
     ax.set_ylim(0, 100)
     ax.set_ylabel("%")
-    ax.set_title("Share against all other topics")
+    ax.set_title("Share of all topic views and replies on the forum")
     ax.legend(loc="upper left")
     charts["share.png"] = _save(plt, fig, out / "share.png")
 
@@ -276,6 +303,11 @@ def _n(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def _rate(x: float) -> str:
+    """A rate that stays readable when small: 134, 3.3, 0.40 (not "0")."""
+    return f"{x:,.0f}" if x >= 10 else (f"{x:.1f}" if x >= 1 else f"{x:.2f}")
+
+
 def _page(title: str, body: str) -> str:
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
@@ -289,9 +321,10 @@ def _img(name: str, data: bytes, alt: str) -> str:
 def generate_event_report(
     store: Store, *, topic_id: int | None = None, group: str | None = None, event_id: str | None = None,
     time_from: datetime | None = None, time_to: datetime | None = None, out_dir: Path, site: str = "forum",
-    baseline_days: int = 7,
+    baseline_days: int = 7, own_hosts: Sequence[str] = (),
 ) -> Path:
-    """Write the event report for a topic, a topic group or a detection into ``out_dir``; returns index.html."""
+    """Write the event report for a topic, a topic group or a detection into ``out_dir``; returns index.html.
+    ``own_hosts``: the site's host names (``sites[].hosts``), left out of the top referrers."""
     if sum(x is not None for x in (topic_id, group, event_id)) != 1:
         raise ReportError("give exactly one of topic_id, group, event_id")
     meta: dict[str, Any] | None = None
@@ -309,10 +342,13 @@ def generate_event_report(
     if t1 <= t0:
         raise ReportError("the range is empty (to <= from)")
     sc = _scope(store, site, topic_id, group)
-    d = _collect(store, site, sc, t0, t1, baseline_days)
+    d = _collect(store, site, sc, t0, t1, baseline_days, own_hosts)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    charts = _charts(d, out, sc.label)
+    try:
+        charts = _charts(d, out, sc.label)
+    except (ValueError, RuntimeError) as exc:  # a chart that cannot be drawn is a clear error, not a traceback
+        raise ReportError(f"cannot draw the charts for {sc.label}: {' '.join(str(exc).split())[:200]}") from None
 
     shares = _share(d.views, d.site_views)
     ip = max(range(len(d.views)), key=lambda i: (d.views[i], -i))
@@ -320,12 +356,11 @@ def generate_event_report(
     overall_share = 100.0 * d.total_views / d.site_total_views if d.site_total_views else 0.0
     bot_share = 100.0 * d.total_bot_views / max(d.total_views + d.total_bot_views, 1)
     per = "minute" if d.bucket_s == 60 else f"{d.bucket_s // 60}-minute interval"
-    hours = (t1 - t0).total_seconds() / 3600
-    vph = d.total_views / hours
+    vph = d.total_views / max(d.data_hours, 1 / 60)
     if d.base_share:
         ratio = overall_share / d.base_share
         base_txt = (f"That is {ratio:.1f}× its usual share of {d.base_share:.1f}% over the previous {baseline_days} days"
-                    f" ({_n(vph)} views per hour against {_n(d.base_views_per_hour or 0)} usually).")
+                    f" ({_rate(vph)} views per hour against {_rate(d.base_views_per_hour or 0)} usually).")
     elif d.base_share == 0.0:
         base_txt = f"It had no views at all in the previous {baseline_days} days."
         ratio = math.inf
@@ -354,23 +389,25 @@ def generate_event_report(
     ref_rows = "".join(f"<tr><td>{html.escape(dm)}</td><td class=\"n\">{_n(n)}</td></tr>" for dm, n in d.referrers)
     ev_html = ""
     if meta:
+        until = (f"still open (data to {_fmt_t(meta['end'])})" if meta.get("open") else _fmt_t(meta["end"]))
         ev_html = (f'<p class="meta" id="event-meta">Detection {html.escape(meta["id"])}: {html.escape(meta["kind"])} '
-                   f'({html.escape(meta["label"])}), {_fmt_t(meta["start"])} – {_fmt_t(meta["end"])}, '
-                   f'score {meta["score"]:.2f}</p>')
+                   f'({html.escape(meta["label"])}), {_fmt_t(meta["start"])} – {html.escape(until)}, '
+                   f'peak {_fmt_t(meta["peak"])}, score {meta["score"]:.2f}</p>')
     body = (
         f"<h1 id=\"title\">{html.escape(sc.label)}</h1>"
         f"<p class=\"meta\">{html.escape(site)} · {_fmt_t(t0)} – {_fmt_t(t1)} · generated by forumpulse</p>{ev_html}"
         f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(summary)}</p>"
         f"<div class=\"figures\">{fig_html}</div>"
         f"<h2>Views and replies</h2>{_img('views_replies.png', charts['views_replies.png'], 'views and replies')}"
-        f"<h2>Share of forum traffic</h2>{_img('share.png', charts['share.png'], 'share against other topics')}"
+        f"<h2>Share of forum traffic</h2>{_img('share.png', charts['share.png'], 'share of all topic views')}"
         f"<h2>Unique visitors</h2>{_img('visitors.png', charts['visitors.png'], 'unique visitors')}"
         f"<h2>Humans and bots</h2>{_img('humans_bots.png', charts['humans_bots.png'], 'humans vs bots')}"
         f"<p>Bots (known crawlers) made {_n(d.total_bot_views)} views ({bot_share:.1f}% of all views of this scope)."
         "</p><h2>Top referrers</h2>"
-        + (f"<table id=\"referrers\"><tr><th>site</th><th>visits</th></tr>{ref_rows}</table>" if ref_rows
+        + (f"<table id=\"referrers\"><tr><th>site</th><th>views</th></tr>{ref_rows}</table>" if ref_rows
            else "<p id=\"referrers\">No external referrers were recorded.</p>")
-        + "<p class=\"meta\">Counts are human requests unless stated; referrers are stored privacy-filtered. "
+        + "<p class=\"meta\">Counts are human requests unless stated; referrers: human topic views arriving from "
+        "another site (the forum's own hosts left out), stored privacy-filtered. "
         "Visitors are distinct client addresses.</p>"
     )
     path = out / "index.html"
@@ -384,7 +421,7 @@ def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "f
     t1 = t0 + timedelta(days=1)
     events = store.query_rows(f"""
         SELECT id, kind, scope, label, state, start_ts, peak_ts, score FROM detections FINAL
-        WHERE site = {_q(site)} AND start_ts < {_ts(t1)} AND coalesce(end_ts, peak_ts) >= {_ts(t0)}
+        WHERE site = {_q(site)} AND start_ts < {_ts(t1)} AND (end_ts IS NULL OR end_ts >= {_ts(t0)})
         ORDER BY score DESC, start_ts, id LIMIT 50""")
     topics = store.query_rows(f"""
         SELECT p.topic_id, t.title, p.views, p.replies, p.visitors FROM (
@@ -430,12 +467,14 @@ def _parse_time(s: str | None) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
-def _open_for_report(config: Path | None, store: str | None, site: str | None) -> tuple[Store, str]:
-    """The store and site of a report: the options, else the configuration (store.url, the first site)."""
+def _open_for_report(config: Path | None, store: str | None, site: str | None) -> tuple[Store, str, list[str]]:
+    """The store, site and the site's host names of a report: the options, else the configuration (store.url,
+    the first site)."""
     from forumpulse.pipeline.config import load_settings
 
     settings = load_settings(config)  # a bad file: ConfigError, reported by the CLI's main() (exit 2)
-    return open_store(store or settings.store.url, existing=True), site or settings.sites[0].name
+    name = site or settings.sites[0].name
+    return open_store(store or settings.store.url, existing=True), name, list(settings.site(name).hosts)
 
 
 def report_event_command(
@@ -457,10 +496,10 @@ def report_event_command(
     if out.exists() and not out.is_dir():
         typer.echo(f"error: --out {out} is a file, not a folder", err=True)
         raise typer.Exit(2)
-    st, site = _open_for_report(config, store, site)
+    st, site, hosts = _open_for_report(config, store, site)
     try:
         path = generate_event_report(st, topic_id=topic, group=group, event_id=event, time_from=time_from,
-                                     time_to=time_to, out_dir=out, site=site)
+                                     time_to=time_to, out_dir=out, site=site, own_hosts=hosts)
     except ReportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -488,7 +527,7 @@ def report_daily_command(
     if out.exists() and not out.is_dir():
         typer.echo(f"error: --out {out} is a file, not a folder", err=True)
         raise typer.Exit(2)
-    st, site = _open_for_report(config, store, site)
+    st, site, _hosts = _open_for_report(config, store, site)
     try:
         path = generate_daily_report(st, d, out, site=site)
     finally:

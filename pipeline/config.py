@@ -71,8 +71,9 @@ class SiteConfig(_Strict):
         default_factory=list,
         description="forum engines whose URL rules apply (vbulletin, phpbb, xenforo, discourse, smf, mybb, invision, flarum); empty = all",
     )
-    hosts: list[str] = Field(default_factory=list, description="virtual host names of this site (informational: "
-                             "lines are assigned to sites by sources[].site and ingest --site, not by host)")
+    hosts: list[str] = Field(default_factory=list, description="host names of this site: referrers from them are "
+                             "internal (left out of event reports' top referrers); lines are assigned to sites by "
+                             "sources[].site and ingest --site, not by host")
 
     @field_validator("timezone")
     @classmethod

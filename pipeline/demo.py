@@ -121,7 +121,7 @@ def run_demo(data_dir: Path, weeks: int = 4, lines_per_day: int = 60_000, seed: 
 
             top = max(surges, key=lambda d: d.score)
             report_path = generate_event_report(store, event_id=top.id, out_dir=folder / "report",
-                                                site=truth["site"])
+                                                site=truth["site"], own_hosts=settings.site(truth["site"]).hosts)
     finally:
         store.close()
     con.rule()

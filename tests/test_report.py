@@ -82,7 +82,9 @@ def test_event_report_numbers(world: Any, tmp_path: Path) -> None:
     base = [r for r in tr.rows if r["ts"] < FROM and human(r, "topic_view")]
     base_share = 100 * sum(r["topic_id"] == 101 for r in base) / len(base)
     assert f"{base_share:.1f}%" in text_of(page, "baseline-share")
-    refs = Counter(r["referer"].split("/")[2] for r in t101 if not r["is_bot"] and r["referer"])
+    # human topic views arriving from another site (the forum's own host and the request's vhost left out)
+    refs = Counter(r["referer"].split("/")[2] for r in t101 if human(r, "topic_view") and r["referer"]
+                   and r["referer"].split("/")[2].removeprefix("www.") != (r.get("vhost") or "").removeprefix("www."))
     assert refs.most_common(1)[0][0] == "news.example.com"
     table = text_of(page, "referrers")
     assert table.index("news.example.com") < table.index("www.google.com")
@@ -139,3 +141,53 @@ def test_daily_report(world: Any, tmp_path: Path) -> None:
     assert top == 101 and f"{n:,}" in topics and topics.index("Election") < topics.index("Garden")
     empty = generate_daily_report(store, (T0 - timedelta(days=5)).date(), tmp_path).read_text()
     assert "No events were detected" in empty
+
+
+def test_own_hosts_are_not_external_referrers(world: Any, tmp_path: Path) -> None:
+    store, _ = world
+    page = generate_event_report(store, topic_id=101, time_from=FROM, time_to=TO, out_dir=tmp_path,
+                                 own_hosts=["www.news.example.com"]).read_text()  # www. or not: the same site
+    table = text_of(page, "referrers")
+    assert "news.example.com" not in table and "www.google.com" in table
+
+
+def test_titles_with_dollar_signs_are_drawn_as_written(world: Any, tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    store, _ = world
+    for i, title in enumerate(("Bitcoin at $100k and ETH at $4k?", r"Save \$ with $\frac{ tips$ now")):
+        store.insert("topic_titles", fx.ts_table([{"site": fx.SITE, "topic_id": 102, "title": title, "forum": "f",
+                                                   "updated_at": TO + timedelta(minutes=i + 1)}],
+                                                 ("updated_at",), {"topic_id": pa.uint64()}))
+        out = tmp_path / str(i)
+        page = generate_event_report(store, topic_id=102, time_from=FROM, time_to=TO, out_dir=out).read_text()
+        assert title.replace("$", "").split()[0] in text_of(page, "title")  # no math markup, no exception
+        assert (out / "views_replies.png").stat().st_size > 1000
+
+
+def test_an_open_event_runs_to_the_end_of_the_data(world: Any, tmp_path: Path) -> None:
+    store, _ = world
+    det = [{"id": "ev-open", "kind": "topic_surge", "site": fx.SITE, "scope": "topic:101",
+            "start_ts": FROM + timedelta(hours=30), "end_ts": None, "peak_ts": FROM + timedelta(hours=31),
+            "observed": 0.5, "expected": 0.1, "score": 5.0, "label": "surge", "state": "open", "detail": "{}",
+            "updated_at": TO}]
+    store.insert("detections", fx.ts_table(det, ("start_ts", "end_ts", "peak_ts", "updated_at")))
+    page = generate_event_report(store, event_id="ev-open", out_dir=tmp_path / "e").read_text()
+    meta = text_of(page, "event-meta")
+    assert "still open (data to" in meta, meta
+    daily = generate_daily_report(store, (FROM + timedelta(days=1, hours=12)).date(), tmp_path / "d").read_text()
+    assert "ev-open" in text_of(daily, "events")  # listed while open, not only once closed
+
+
+def test_intervals_without_views_are_zero_not_bridged(world: Any) -> None:
+    from forumpulse.dashboards.report import _collect, _scope
+
+    store, _ = world
+    sc = _scope(store, fx.SITE, 104, None)
+    d = _collect(store, fx.SITE, sc, FROM, FROM + timedelta(hours=6), 1)
+    site_buckets = store.query_rows(
+        f"SELECT count(DISTINCT toStartOfInterval(minute, INTERVAL {d.bucket_s} second)) FROM site_minute "
+        f"WHERE site = '{fx.SITE}' AND minute >= toDateTime('{FROM:%Y-%m-%d %H:%M:%S}', 'UTC') "
+        f"AND minute < toDateTime('{FROM + timedelta(hours=6):%Y-%m-%d %H:%M:%S}', 'UTC')")[0][0]
+    assert len(d.times) == site_buckets  # every interval with site data, the topic's zeros included
+    assert 0.0 in d.views

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -155,5 +156,5 @@ def test_an_open_spike_is_reported_again_as_it_grows() -> None:
                if d.kind == "spike"]
     opened = [r for r in reports if r[0] == "open"]
     assert len(opened) >= 3, reports  # the stored/published peak follows the growth ...
-    assert all(b[1] >= 1.25 * a[1] * 0.99 for a, b in zip(opened, opened[1:], strict=False)), opened
+    assert all(b[1] >= 1.25 * a[1] * 0.99 for a, b in pairwise(opened)), opened
     assert len(opened) < 15  # ... a quarter at a time, not every minute
