@@ -200,8 +200,9 @@ class DosConfig(_Strict):
         except OSError as exc:
             raise ValueError(f"rules_file: cannot read {exc.filename}: {exc.strerror}") from None
         except ValidationError as exc:  # name the rule, not its position in the file
-            names = [r.get("name") for r in (yaml.safe_load(Path(self.rules_file or RULES_PATH).read_text())
-                                             or {}).get("rules", []) if isinstance(r, dict)]
+            data = yaml.safe_load(Path(self.rules_file or RULES_PATH).read_text())
+            rules = data.get("rules", []) if isinstance(data, dict) else []
+            names = [r.get("name") for r in rules if isinstance(r, dict)] if isinstance(rules, list) else []
 
             def where(loc: tuple[Any, ...]) -> str:
                 if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int) and loc[1] < len(names):

@@ -756,7 +756,7 @@ class SeasonalDetector:
         end_limit = 1.0 - (1.0 - limit) * self.p.end_ratio
         if obs_scaled / bound > end_limit or (det.label == "holiday" and not holiday):
             yield self._close("dip", ts)
-        elif ratio * PEAK_STEP <= det.detail.get("_emitted_ratio", 0.0):
+        elif ratio * PEAK_STEP < det.detail.get("_emitted_ratio", 0.0):  # (a dip at 0 stays reported once)
             det.detail["_emitted_ratio"] = ratio
             yield det  # deepened by a quarter since last reported
 
@@ -811,7 +811,9 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
     if df.empty:
         raise ValueError(f"{path}: no rows after the header")
     col = df.iloc[:, 0].str.strip()
-    if col.str.fullmatch(r"\d+(\.\d+)?").all():
+    # epoch seconds (9-10 digits: 1973-2286) or milliseconds (13 digits); other digit strings (20240101,
+    # 202401011200) are compact dates, left to the date parser
+    if col.str.fullmatch(r"\d{9,10}(\.\d+)?").all() or col.str.fullmatch(r"\d{13}").all():
         nums = pd.to_numeric(col)
         ts = pd.to_datetime(nums, unit="ms" if float(nums.max()) > 1e11 else "s", utc=True)
     else:

@@ -167,13 +167,16 @@ def ingest(
 
     # What the table keeps, not what the configuration says: a store created with another retention keeps its
     # own until `db migrate --apply-retention`, and the expired-rows warning must count against that.
-    raw_ttl = table_ttl_days(st).get("requests")
+    ttls = table_ttl_days(st)
+    raw_ttl, rollup_ttl = ttls.get("requests"), ttls.get("site_minute")
     if raw_ttl is not None and raw_ttl != settings.retention.raw_days:
         days = lambda d: f"{d} days" if d else "forever"  # noqa: E731
         typer.echo(f"warning: requests keeps rows {days(raw_ttl)} (its TTL) but retention.raw_days says "
                    f"{days(settings.retention.raw_days)}: the table's TTL applies; `forumpulse db migrate "
                    "--apply-retention` changes it", err=True)
         settings.retention.raw_days = raw_ttl
+    if rollup_ttl is not None:
+        settings.retention.rollup_days = rollup_ttl
     # a new store's tables are created while the parsers are imported and built (chDB works without the GIL)
     schema = migrate_in_background(st, settings.retention.migration_params())
     again = ("nothing stored is lost or doubled: run the same command on the same input again (after fixing the "

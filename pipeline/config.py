@@ -160,8 +160,7 @@ class PrivacyConfig(_Strict):
 
 
 class RetentionConfig(_Strict):
-    """How long rows are kept (ClickHouse TTL: set when a table is created; `db migrate --apply-retention` changes
-    existing tables)."""
+    """How long rows are kept (ClickHouse TTL, set when a table is created; db migrate --apply-retention)."""
 
     raw_days: int = Field(90, ge=0, description="raw `requests` rows, by log time; 0 = keep forever")
     rollup_days: int = Field(730, ge=0, description="per-minute rollups; 0 = keep forever")
@@ -265,7 +264,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FORUMPULSE_", env_nested_delimiter="__", extra="forbid")
 
     store: StoreConfig = Field(default_factory=lambda: StoreConfig())
-    sites: list[SiteConfig] = Field(default_factory=lambda: [SiteConfig()])
+    sites: list[SiteConfig] = Field(default_factory=lambda: [SiteConfig()], min_length=1)
     sources: list[SourceConfig] = Field(default_factory=list)
     privacy: PrivacyConfig = Field(default_factory=lambda: PrivacyConfig())
     retention: RetentionConfig = Field(default_factory=lambda: RetentionConfig())
@@ -373,13 +372,15 @@ def mask_url(url: str) -> str:
 def masked_dump(settings: Settings) -> dict[str, Any]:
     """The effective settings as plain JSON data with every secret replaced by ``***``: SecretStr fields, keys
     named like secrets in any section (``actions.webhook.secret``, ``actions.decision_api.api_key``, ...) and
-    passwords inside URLs.  What ``config show`` prints; safe to paste into an issue."""
+    passwords inside URLs, the path of the webhook URL.  What ``config show`` prints; safe to paste into an issue."""
 
-    def walk(v: Any, key: str = "") -> Any:
+    def walk(v: Any, key: str = "", parent: str = "") -> Any:
         if isinstance(v, dict):
-            return {k: walk(x, str(k)) for k, x in v.items()}
+            return {k: walk(x, str(k), key) for k, x in v.items()}
+        if parent == "webhook" and key == "url" and isinstance(v, str):
+            return re.sub(r"^([a-z][a-z0-9+.-]*://[^/]+)/.+$", r"\1/***", v)  # chat webhooks carry the secret in the path
         if isinstance(v, list):
-            return [walk(x, key) for x in v]
+            return [walk(x, key, parent) for x in v]
         if _SECRET_KEY.search(key) and v not in (None, ""):
             return "***"
         if isinstance(v, str):

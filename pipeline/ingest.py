@@ -300,6 +300,10 @@ def ingest_stream(
     overlaps the migrations."""
     counts = FileCounts(name=name or ctx.origin_file)
     retention_days = processor.settings.retention.raw_days
+    rollup_days = processor.settings.retention.rollup_days
+    # a block is left out only when its rows are past the raw TTL AND the rollups' (the rollups are fed by the
+    # insert into requests: skipping it would lose them too); 0 = forever
+    skip_days = max(retention_days, rollup_days) if retention_days > 0 and rollup_days > 0 else 0
     t0 = time.perf_counter()
     source_ref = f"file:{ctx.origin_file}"
 
@@ -323,8 +327,10 @@ def ingest_stream(
         if schema_ready is not None:
             schema_ready()
         if not all_expired:
-            # A block whose rows are all past the table's TTL is not inserted (the TTL would drop it at once):
-            # its dedup token stays unused, so after `db migrate --apply-retention` the same file loads it.
+            # A block whose rows are all past the TTLs of requests and of the rollups is not inserted (they would
+            # drop it at once): its dedup token stays unused, so after `db migrate --apply-retention` the same
+            # file loads it.  A block with any row the rollups keep is inserted (its raw rows past the raw TTL
+            # are dropped, their rollups kept; a re-ingest of that block is deduplicated).
             store.insert("requests", batch.requests, dedup_token=f"req-{token}")
         store.insert("quarantine", batch.quarantine, dedup_token=f"qua-{token}")
         counts.loaded += batch.requests.num_rows
@@ -333,15 +339,15 @@ def ingest_stream(
 
     pending: list[ProcessedBatch] = []  # processed chunks of the next insert block
     block_digest = hashlib.sha256()  # the block's dedup token: its chunks' digests
-    block_rows = block_expired = 0  # request rows of the block, and how many are past the table's TTL
+    block_rows = block_gone = 0  # request rows of the block, and how many are past every TTL (raw and rollups)
 
     def submit() -> None:
-        nonlocal pending, block_digest, block_rows, block_expired
+        nonlocal pending, block_digest, block_rows, block_gone
         if not pending:
             return
-        inserter.submit(load, _concat(pending), block_digest.hexdigest()[:32], 0 < block_rows == block_expired)
+        inserter.submit(load, _concat(pending), block_digest.hexdigest()[:32], 0 < block_rows == block_gone)
         pending, block_digest = [], hashlib.sha256()
-        block_rows = block_expired = 0
+        block_rows = block_gone = 0
 
     with _Inserter() as inserter:
         for chunk, batch in (pool or _Pool(processor, 1)).map(numbered()):
@@ -355,11 +361,11 @@ def ingest_stream(
             pending.append(batch)
             block_rows += batch.requests.num_rows
             if retention_days > 0 and batch.requests.num_rows:
-                cutoff = (time.time() - retention_days * 86400) * 1000
+                now = time.time()
                 ts_ms = pc.cast(batch.requests.column("ts"), "int64")
-                expired = int(pc.sum(pc.less(ts_ms, cutoff)).as_py() or 0)
-                counts.expired += expired
-                block_expired += expired
+                counts.expired += int(pc.sum(pc.less(ts_ms, (now - retention_days * 86400) * 1000)).as_py() or 0)
+                if skip_days:
+                    block_gone += int(pc.sum(pc.less(ts_ms, (now - skip_days * 86400) * 1000)).as_py() or 0)
             if len(pending) >= per_block:
                 submit()
             if on_progress:

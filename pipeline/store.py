@@ -367,7 +367,7 @@ def open_store(url: str = DEFAULT_STORE, database: str | None = None, *, existin
     st: Store
     if url.startswith("chdb:"):
         path, _, q = url[len("chdb:"):].partition("?database=")
-        if existing and not Path(path).is_dir():
+        if existing and not (Path(path) / "metadata").is_dir():  # checked before chDB writes anything there
             raise StoreLocationError(f"no chDB store at {path} (nothing was ingested there): check --store or "
                                      "store.url")
         st = ChdbStore(path, database or q or DEFAULT_DATABASE)
@@ -492,9 +492,11 @@ def retention_targets() -> dict[str, tuple[str, str]]:
 
 
 def table_ttl_days(store: Store) -> dict[str, int]:
-    """Each table's TTL in days as the database has it (0 = none)."""
+    """Each MergeTree table's TTL in days as the database has it (0 = none)."""
+    # MergeTree tables only: on a cluster `requests` is a Distributed table over the shards' local tables, whose
+    # TTL this does not see (then the configuration is all there is to go by)
     rows = store.query_rows("SELECT name, engine_full FROM system.tables WHERE database = currentDatabase() "
-                            "AND engine NOT IN ('MaterializedView', 'View')")
+                            "AND engine LIKE '%MergeTree'")
     return {str(name): int(m.group(1)) if (m := _TTL_DAYS.search(str(full))) else 0 for name, full in rows}
 
 

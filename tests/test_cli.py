@@ -181,6 +181,14 @@ def test_reading_commands_do_not_create_a_store_where_there_is_none(tmp_path):
     (tmp_path / "empty").mkdir()
     r = subprocess.run([str(EXE), "report", "daily", "--day", "2024-02-01", "--out", "r", "--store", "chdb:empty"],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and "no chDB store at empty" in r.stderr, r.stderr
+    assert list((tmp_path / "empty").iterdir()) == []  # nothing written into a folder that is not a store
+    migrated = tmp_path / "migrated"  # a chDB folder without the forumpulse tables (made in a process of its own:
+    # chDB serves one folder per process, and this test process may hold the session's)
+    subprocess.run([sys.executable, "-c", "import sys; from forumpulse.pipeline.store import open_store; "
+                    "open_store(sys.argv[1]).close()", f"chdb:{migrated}?database=other"], check=True, timeout=120)
+    r = subprocess.run([str(EXE), "report", "daily", "--day", "2024-02-01", "--out", "r", "--store",
+                        f"chdb:{migrated}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 2 and "has no forumpulse tables" in r.stderr, r.stderr
 
 

@@ -172,7 +172,7 @@ def test_config_show_and_check_mask_secrets(tmp_path: Path) -> None:
     data = json.loads(show.stdout)
     assert data["store"]["url"] == "clickhouse://writer:***@ch:8123/forumpulse"
     assert data["actions"]["webhook"]["secret"] == "***" and data["actions"]["decision_api"]["api_key"] == "***"
-    assert data["actions"]["webhook"]["url"] == "https://hooks.example/x"  # not a secret: shown
+    assert data["actions"]["webhook"]["url"] == "https://hooks.example/***"  # chat webhooks: secret in the path
     assert data["privacy"]["pseudonym_key"] != "k3y-k3y-k3y"
     assert "clickhouse://writer:***@ch:8123/forumpulse" in check.stdout
 

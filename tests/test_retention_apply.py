@@ -92,3 +92,22 @@ def test_archive_dropped_by_the_old_ttl_loads_after_apply_retention(tmp_path: Pa
     assert _counts(st) == (5, 1)  # the archive is stored; the quarantined line is not doubled
     r = _run("ingest", "-c", str(cfg), "-f", "combined", str(log), cwd=tmp_path)
     assert _counts(st) == (5, 1)  # and a further re-ingest stores nothing twice
+
+
+def test_rows_past_the_raw_ttl_but_not_the_rollups_still_feed_the_rollups(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    when = datetime.now(UTC) - timedelta(days=200)  # past raw (90 days), inside the rollups (730 days)
+    stamp = when.strftime("%d/%b/%Y:%H:%M:%S +0000")
+    log = tmp_path / "old.log"
+    log.write_text("".join(f'1.2.3.4 - - [{stamp}] "GET /t/{i} HTTP/1.1" 200 10 "-" "Mozilla/5.0"\n'
+                           for i in range(30)))
+    st = tmp_path / "st"
+    r = _run("ingest", "--store", f"chdb:{st}", "-f", "combined", str(log), cwd=tmp_path)
+    assert r.returncode == 0 and "30 of the loaded rows are older than retention.raw_days" in r.stderr
+    s = open_store(f"chdb:{st}")
+    try:
+        assert int(s.query_rows("SELECT count() FROM requests")[0][0]) == 0
+        assert int(s.query_rows("SELECT sum(requests) FROM site_minute")[0][0]) == 30  # the rollups have them
+    finally:
+        s.close()
