@@ -467,6 +467,19 @@ def _parse_time(s: str | None) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
+_StoreOpt = Annotated[str | None, typer.Option("--store", help="chdb:PATH or clickhouse://... (default: the "
+                                                "configured store.url)")]
+_SiteOpt = Annotated[str | None, typer.Option("--site", help="site name (default: the first configured site)")]
+_ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file (default: "
+                                                 "$FORUMPULSE_CONFIG, else built-in defaults)")]
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        typer.echo(f"error: --out {out} is a file, not a folder", err=True)
+        raise typer.Exit(2)
+
+
 def _open_for_report(config: Path | None, store: str | None, site: str | None) -> tuple[Store, str, list[str]]:
     """The store, site and the site's host names of a report: the options, else the configuration (store.url,
     the first site)."""
@@ -484,18 +497,13 @@ def report_event_command(
     event: Annotated[str | None, typer.Option("--event", help="detection id")] = None,
     from_: Annotated[str | None, typer.Option("--from", help="start, ISO 8601 (UTC if no offset)")] = None,
     to: Annotated[str | None, typer.Option("--to", help="end, ISO 8601 (UTC if no offset)")] = None,
-    store: Annotated[str | None, typer.Option("--store", help="chdb:PATH or clickhouse://... (default: the "
-                                              "configured store.url)")] = None,
-    site: Annotated[str | None, typer.Option("--site", help="site name (default: the first configured site)")]
-    = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file (default: "
-                                                "$FORUMPULSE_CONFIG, else built-in defaults)")] = None,
+    store: _StoreOpt = None,
+    site: _SiteOpt = None,
+    config: _ConfigOpt = None,
 ) -> None:
     """forumpulse report event --topic ID | --group NAME | --event ID [--from --to] --out DIR"""
     time_from, time_to = _parse_time(from_), _parse_time(to)  # bad input is refused before the store is opened
-    if out.exists() and not out.is_dir():
-        typer.echo(f"error: --out {out} is a file, not a folder", err=True)
-        raise typer.Exit(2)
+    _check_out(out)
     st, site, hosts = _open_for_report(config, store, site)
     try:
         path = generate_event_report(st, topic_id=topic, group=group, event_id=event, time_from=time_from,
@@ -511,12 +519,9 @@ def report_event_command(
 def report_daily_command(
     out: Annotated[Path, typer.Option("--out", help="output folder (created)")],
     day: Annotated[str | None, typer.Option("--day", help="YYYY-MM-DD (UTC); default: yesterday")] = None,
-    store: Annotated[str | None, typer.Option("--store", help="chdb:PATH or clickhouse://... (default: the "
-                                              "configured store.url)")] = None,
-    site: Annotated[str | None, typer.Option("--site", help="site name (default: the first configured site)")]
-    = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file (default: "
-                                                "$FORUMPULSE_CONFIG, else built-in defaults)")] = None,
+    store: _StoreOpt = None,
+    site: _SiteOpt = None,
+    config: _ConfigOpt = None,
 ) -> None:
     """forumpulse report daily [--day YYYY-MM-DD] --out DIR"""
     try:
@@ -524,9 +529,7 @@ def report_daily_command(
     except ValueError:
         typer.echo(f"error: --day {day!r} is not a date YYYY-MM-DD", err=True)
         raise typer.Exit(2) from None
-    if out.exists() and not out.is_dir():
-        typer.echo(f"error: --out {out} is a file, not a folder", err=True)
-        raise typer.Exit(2)
+    _check_out(out)
     st, site, _hosts = _open_for_report(config, store, site)
     try:
         path = generate_daily_report(st, d, out, site=site)
