@@ -227,6 +227,7 @@ def _save(plt: Any, fig: Any, path: Path) -> bytes:
 
     for ax in fig.axes:
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%d %b\n%H:%M", tz=UTC))
+        ax.set_xlabel("UTC")  # the PNGs are forwarded on their own: say which clock
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -415,10 +416,15 @@ def generate_event_report(
     return path
 
 
-def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "forum") -> Path:
-    """The day's detections (latest state) and top topics by human views, as one HTML page; returns its path."""
-    t0 = datetime(day.year, day.month, day.day, tzinfo=UTC)
-    t1 = t0 + timedelta(days=1)
+def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "forum", tz: str = "UTC") -> Path:
+    """The day's detections (latest state) and top topics by human views, as one HTML page; returns its path.
+    ``day`` is a calendar day in the site's time zone ``tz`` (an editor's day, not the UTC day)."""
+    from zoneinfo import ZoneInfo
+
+    zone = ZoneInfo(tz)
+    t0 = datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(UTC)
+    nxt = day + timedelta(days=1)
+    t1 = datetime(nxt.year, nxt.month, nxt.day, tzinfo=zone).astimezone(UTC)  # 23 or 25 hours on DST days
     events = store.query_rows(f"""
         SELECT id, kind, scope, label, state, start_ts, peak_ts, score FROM detections FINAL
         WHERE site = {_q(site)} AND start_ts < {_ts(t1)} AND (end_ts IS NULL OR end_ts >= {_ts(t0)})
@@ -439,7 +445,9 @@ def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "f
     tp_rows = "".join(
         f"<tr><td class=\"n\">{tid}</td><td>{html.escape(title or '')}</td><td class=\"n\">{_n(v)}</td>"
         f"<td class=\"n\">{_n(r)}</td><td class=\"n\">{_n(u)}</td></tr>" for tid, title, v, r, u in topics)
-    body = (f"<h1 id=\"title\">Daily report {day.isoformat()}</h1><p class=\"meta\">{html.escape(site)} · UTC day</p>"
+    day_txt = f"{tz} day, {_fmt_t(t0)} – {_fmt_t(t1)}"
+    body = (f"<h1 id=\"title\">Daily report {day.isoformat()}</h1><p class=\"meta\">{html.escape(site)} · "
+            f"{html.escape(day_txt)}</p>"
             "<h2>Top events</h2>"
             + (f"<table id=\"events\"><tr><th>id</th><th>kind</th><th>scope</th><th>label</th><th>state</th>"
                f"<th>start</th><th>peak</th><th>score</th></tr>{ev_rows}</table>" if ev_rows
@@ -518,21 +526,29 @@ def report_event_command(
 
 def report_daily_command(
     out: Annotated[Path, typer.Option("--out", help="output folder (created)")],
-    day: Annotated[str | None, typer.Option("--day", help="YYYY-MM-DD (UTC); default: yesterday")] = None,
+    day: Annotated[str | None, typer.Option("--day", help="YYYY-MM-DD, a day in the site's time zone; default: "
+                                            "yesterday there")] = None,
     store: _StoreOpt = None,
     site: _SiteOpt = None,
     config: _ConfigOpt = None,
 ) -> None:
     """forumpulse report daily [--day YYYY-MM-DD] --out DIR"""
     try:
-        d = date.fromisoformat(day) if day else (datetime.now(UTC) - timedelta(days=1)).date()
+        d = date.fromisoformat(day) if day else None
     except ValueError:
         typer.echo(f"error: --day {day!r} is not a date YYYY-MM-DD", err=True)
         raise typer.Exit(2) from None
     _check_out(out)
     st, site, _hosts = _open_for_report(config, store, site)
+    from forumpulse.pipeline.config import load_settings
+
+    tz = load_settings(config).site(site).timezone
+    if d is None:
+        from zoneinfo import ZoneInfo
+
+        d = (datetime.now(ZoneInfo(tz)) - timedelta(days=1)).date()
     try:
-        path = generate_daily_report(st, d, out, site=site)
+        path = generate_daily_report(st, d, out, site=site, tz=tz)
     finally:
         st.close()
     typer.echo(str(path))

@@ -191,3 +191,14 @@ def test_intervals_without_views_are_zero_not_bridged(world: Any) -> None:
         f"AND minute < toDateTime('{FROM + timedelta(hours=6):%Y-%m-%d %H:%M:%S}', 'UTC')")[0][0]
     assert len(d.times) == site_buckets  # every interval with site data, the topic's zeros included
     assert 0.0 in d.views
+
+
+def test_daily_report_is_a_day_in_the_site_time_zone(world: Any, tmp_path: Path) -> None:
+    store, tr = world
+    day = (T0 + timedelta(days=2)).date()
+    page = generate_daily_report(store, day, tmp_path / "kl", tz="Asia/Kuala_Lumpur").read_text()
+    t0 = T0 + timedelta(days=2) - timedelta(hours=8)  # local midnight in UTC+8
+    views = Counter(r["topic_id"] for r in tr.rows if in_range(r, t0, t0 + timedelta(days=1)) and human(r, "topic_view"))
+    (top, n), = views.most_common(1)
+    assert f"{n:,}" in text_of(page, "topics")
+    assert "Asia/Kuala_Lumpur day" in page and t0.strftime("%Y-%m-%d %H:%M UTC") in page
