@@ -1216,15 +1216,31 @@ class TrafficDetector:
         loader), so a minute before the watermark has landed: a loader running behind holds the detectors back
         instead of their reading its missing minutes as minutes without traffic (then never reading them).
         Sources without heartbeats (no way to tell late from quiet) and sources silent longer than
-        ``gap_min_minutes`` (the gap detectors' case) do not hold it back; None when no source counts."""
+        ``gap_min_minutes`` (the gap detectors' case) do not hold it back; None when no source counts.  A file's
+        heartbeats include its host's (``origin_file`` empty, in this site or in every site ``*``), as for
+        :meth:`_fresh_sources`: a quiet file of a host that heartbeats does not hold the site back."""
         gap = timedelta(minutes=int(self.rules["health"]["gap_min_minutes"]))
         rows = store.query_rows(
-            "SELECT greatest(argMax(last_line_ts, updated_at), argMax(last_heartbeat_ts, updated_at)) AS t, "
-            "argMax(last_heartbeat_ts, updated_at) AS hb FROM source_liveness "
-            f"WHERE site = {_q(site)} GROUP BY origin_host, origin_file "
-            f"HAVING hb > toDateTime(0) AND t >= {_sql_ts(now - gap)} "
-            f"AND t <= {_sql_ts(now + timedelta(seconds=LIVE_CLOCK_SKEW_S))}")
-        return min(_utc(r[0]) for r in rows) if rows else None
+            "SELECT origin_host, origin_file, site, toUnixTimestamp64Milli(argMax(last_line_ts, updated_at)), "
+            "toUnixTimestamp64Milli(argMax(last_heartbeat_ts, updated_at)) FROM source_liveness "
+            f"WHERE site = {_q(site)} OR (site = '*' AND origin_host IN "
+            f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)})) "
+            "GROUP BY origin_host, origin_file, site")
+        host_hb: dict[str, int] = {}
+        for host, file, _site, _line, hb in rows:
+            if str(file) in ("", "-"):
+                host_hb[str(host)] = max(host_hb.get(str(host), 0), int(hb or 0))
+        lo = int((now - gap).timestamp() * 1000)
+        hi = int((now + timedelta(seconds=LIVE_CLOCK_SKEW_S)).timestamp() * 1000)
+        marks = []
+        for host, file, row_site, line, hb in rows:
+            if row_site != site and str(file) not in ("", "-"):
+                continue
+            beat = max(int(hb or 0), host_hb.get(str(host), 0))
+            t = max(int(line or 0), beat)
+            if beat > 0 and lo <= t <= hi:
+                marks.append(t)
+        return datetime.fromtimestamp(min(marks) / 1000, UTC) if marks else None
 
     def _fresh_sources(self, store: Any, site: str, at: datetime, live: bool) -> set[str]:
         """Sources of ``site`` (``host/file``, ``host/`` for a host heartbeat) whose last heartbeat is evidence of

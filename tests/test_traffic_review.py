@@ -114,3 +114,22 @@ def test_a_loader_running_behind_holds_live_detection_back_instead_of_reading_ze
     assert len(real) == 7 and sum(real) > 0
     assert fed == real, (fed, real)  # the minutes' real traffic, not zeros
     assert [d for d in dets if d.kind in ("dip", "outage", "pipeline_gap")] == []
+
+
+def test_a_quiet_file_of_a_heartbeating_host_does_not_hold_the_site_back(store: Any) -> None:
+    import pyarrow as pa
+
+    case = {**LAG, "site": {"name": "case-hosthb", "timezone": "UTC"}}
+    store.insert("requests", build_requests(case))
+    name = case["site"]["name"]
+    now = _local(case, "2026-03-11T10:06")
+    ts = pa.timestamp("ms", tz="UTC")
+    quiet = now - timedelta(minutes=8)  # the file's last line and own heartbeat: 8 minutes ago (within the gap)
+    store.insert("source_liveness", pa.table({
+        "site": [name, "*"], "origin_host": ["origin", "origin"], "origin_file": ["access.log", ""],
+        "last_line_ts": pa.array([quiet, datetime(1970, 1, 1, tzinfo=UTC)], ts),
+        "last_heartbeat_ts": pa.array([quiet, now - timedelta(seconds=5)], ts),  # the host's MARK is fresh
+        "lines": pa.array([1, 0], pa.uint64()), "updated_at": pa.array([datetime.now(UTC)] * 2, ts)}))
+    det = TrafficDetector(_settings([case]), sites=[name])
+    det.run_once(store, now)
+    assert det.sites[name].cursor == now - timedelta(minutes=1)  # not held 8 minutes back by the quiet file
