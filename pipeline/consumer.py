@@ -96,7 +96,7 @@ from forumpulse.pipeline.config import Settings, load_settings
 from forumpulse.pipeline.contracts import heartbeat_time_ms, split_values
 from forumpulse.pipeline.kafka_client import client_config
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
-from forumpulse.pipeline.store import Store, StoreError, migrate, open_store
+from forumpulse.pipeline.store import Store, StoreError, StoreLocationError, migrate, open_store
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 log = logging.getLogger("forumpulse.consumer")
@@ -1414,6 +1414,8 @@ def open_store_waiting(url: str, stop: threading.Event, database: str | None = N
             if migrate_params is not None:
                 migrate(st, migrate_params)
             return st
+        except StoreLocationError:
+            raise  # a URL or folder that cannot be used does not get better by waiting
         except StoreError as exc:
             if stop.is_set():
                 raise

@@ -308,3 +308,10 @@ def test_decisions_on_a_held_store_without_an_owner_says_both(tmp_path):
         holder.wait()
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
     assert "in use by another process (pid 4242)" in r.stderr and "No owner answers at http://127.0.0.1:9" in r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["consume", "run"])
+def test_long_running_commands_do_not_wait_for_a_store_url_that_cannot_work(tmp_path, cmd):
+    r = subprocess.run([str(EXE), cmd, "--store", "foo:bar"], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    assert r.returncode == 2 and "unknown store URL 'foo:bar'" in r.stderr, r.stderr
