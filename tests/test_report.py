@@ -200,5 +200,6 @@ def test_daily_report_is_a_day_in_the_site_time_zone(world: Any, tmp_path: Path)
     t0 = T0 + timedelta(days=2) - timedelta(hours=8)  # local midnight in UTC+8
     views = Counter(r["topic_id"] for r in tr.rows if in_range(r, t0, t0 + timedelta(days=1)) and human(r, "topic_view"))
     (top, n), = views.most_common(1)
-    assert f"{n:,}" in text_of(page, "topics")
+    topics = text_of(page, "topics")
+    assert str(top) in topics and f"{n:,}" in topics  # the local day's top topic and its views
     assert "Asia/Kuala_Lumpur day" in page and t0.strftime("%Y-%m-%d %H:%M UTC") in page
