@@ -171,6 +171,16 @@ class ConsumerOptions:
         return cls(**base)
 
 
+def _is_fatal(err: Any) -> bool:
+    """A consumer error after which this consumer instance can do nothing more (librdkafka: fatal).  A message
+    may carry it as code ``_FATAL`` without the fatal flag (e.g. "static consumer fenced by other consumer with
+    same group.instance.id"): polling on would wait forever, so it ends the loader (the supervisor restarts it;
+    nothing is lost: uncommitted batches are replayed and deduplicated)."""
+    from confluent_kafka import KafkaError
+
+    return bool(err.fatal()) or err.code() == KafkaError._FATAL
+
+
 class _Revoked(Exception):
     """The partition being flushed was revoked while we waited (or we are stopping while the batch cannot
     finish): abandon the batch, uncommitted (the next owner replays it)."""
@@ -452,7 +462,7 @@ class LiveConsumer:
         if errors:
             for m in errors:
                 err = m.error()
-                if err.fatal():
+                if _is_fatal(err):
                     from confluent_kafka import KafkaException
 
                     raise KafkaException(err)

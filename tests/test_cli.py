@@ -315,3 +315,13 @@ def test_long_running_commands_do_not_wait_for_a_store_url_that_cannot_work(tmp_
     r = subprocess.run([str(EXE), cmd, "--store", "foo:bar"], capture_output=True, text=True, timeout=60,
                        cwd=tmp_path)
     assert r.returncode == 2 and "unknown store URL 'foo:bar'" in r.stderr, r.stderr
+
+
+def test_a_fatal_consumer_error_without_the_fatal_flag_is_fatal():
+    from confluent_kafka import KafkaError
+    from forumpulse.pipeline.consumer import _is_fatal
+
+    # what librdkafka hands a fenced static member: code _FATAL, fatal() False -- the loader used to poll on forever
+    assert _is_fatal(KafkaError(KafkaError._FATAL, "Static consumer fenced by other consumer"))
+    assert _is_fatal(KafkaError(KafkaError._TRANSPORT, "x", fatal=True))
+    assert not _is_fatal(KafkaError(KafkaError._TRANSPORT, "broker down"))
