@@ -488,14 +488,14 @@ def _check_out(out: Path) -> None:
         raise typer.Exit(2)
 
 
-def _open_for_report(config: Path | None, store: str | None, site: str | None) -> tuple[Store, str, list[str]]:
-    """The store, site and the site's host names of a report: the options, else the configuration (store.url,
-    the first site)."""
+def _open_for_report(config: Path | None, store: str | None, site: str | None) -> tuple[Store, str, Any]:
+    """The store, site and the site's configuration (hosts, time zone) of a report: the options, else the
+    configuration (store.url, the first site)."""
     from forumpulse.pipeline.config import load_settings
 
     settings = load_settings(config)  # a bad file: ConfigError, reported by the CLI's main() (exit 2)
     name = site or settings.sites[0].name
-    return open_store(store or settings.store.url, existing=True), name, list(settings.site(name).hosts)
+    return open_store(store or settings.store.url, existing=True), name, settings.site(name)
 
 
 def report_event_command(
@@ -512,10 +512,10 @@ def report_event_command(
     """forumpulse report event --topic ID | --group NAME | --event ID [--from --to] --out DIR"""
     time_from, time_to = _parse_time(from_), _parse_time(to)  # bad input is refused before the store is opened
     _check_out(out)
-    st, site, hosts = _open_for_report(config, store, site)
+    st, site, cfg = _open_for_report(config, store, site)
     try:
         path = generate_event_report(st, topic_id=topic, group=group, event_id=event, time_from=time_from,
-                                     time_to=time_to, out_dir=out, site=site, own_hosts=hosts)
+                                     time_to=time_to, out_dir=out, site=site, own_hosts=cfg.hosts)
     except ReportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -539,10 +539,8 @@ def report_daily_command(
         typer.echo(f"error: --day {day!r} is not a date YYYY-MM-DD", err=True)
         raise typer.Exit(2) from None
     _check_out(out)
-    st, site, _hosts = _open_for_report(config, store, site)
-    from forumpulse.pipeline.config import load_settings
-
-    tz = load_settings(config).site(site).timezone
+    st, site, cfg = _open_for_report(config, store, site)
+    tz = cfg.timezone
     if d is None:
         from zoneinfo import ZoneInfo
 
