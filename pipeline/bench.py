@@ -54,6 +54,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from forumpulse.pipeline.threadcpu import ENV as THREAD_CPU_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 DEPLOY = REPO / "deploy" / "bench"
@@ -85,8 +87,9 @@ class Measured:
     #: user + system CPU seconds of the command (all its threads; children it waited for included)
     cpu_s: float = 0.0
     #: CPU seconds by kind of thread (:func:`thread_kind`), sampled from /proc every 0.1 s while it ran (by a
-    #: thread of this process): a thread that ended between two samples lost up to 0.1 s, so the sum is at most
-    #: ``cpu_s``
+    #: thread of this process) and, for forumpulse commands, completed by the command's own report of every live
+    #: thread at its exit (:mod:`forumpulse.pipeline.threadcpu`): a thread that ended between two samples lost up
+    #: to 0.1 s, so the sum is at most ``cpu_s``
     threads_cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -115,13 +118,14 @@ def run_measured(cmd: Sequence[str | Path], cwd: Path | None = None, env: dict[s
     stamp = f"{os.getpid()}-{time.monotonic_ns()}"
     out_p, err_p = log_dir / f"child-{stamp}.out", log_dir / f"child-{stamp}.err"
     rss_p = log_dir / f"child-{stamp}.rss"
+    exit_p = log_dir / f"child-{stamp}.threads"  # written at exit by forumpulse commands (threadcpu)
     # GNU time reports the peak RSS of the command itself; ru_maxrss from our own wait4 would include this
     # (larger) process's pages at fork time, which Linux keeps across exec.
     wrap = [GNU_TIME, "-q", "-f", "%M %U %S", "-o", str(rss_p)] if GNU_TIME else []
     with out_p.open("wb") as fo, err_p.open("wb") as fe:
         t0 = time.perf_counter()
         p = subprocess.Popen([*wrap, *(str(c) for c in cmd)], stdout=fo, stderr=fe, cwd=cwd,
-                             env={**os.environ, **(env or {})})
+                             env={**os.environ, THREAD_CPU_ENV: str(exit_p), **(env or {})})
         seen: dict[tuple[int, int], float] = {}
         by_kind: dict[str, float] = {}
         stop = threading.Event()
@@ -131,6 +135,7 @@ def run_measured(cmd: Sequence[str | Path], cwd: Path | None = None, env: dict[s
         secs = time.perf_counter() - t0
         stop.set()
         sampler.join()
+        _add_exit_report(exit_p, seen, by_kind)
         p.returncode = os.waitstatus_to_exitcode(status)
     rss = int(ru.ru_maxrss)
     cpu = ru.ru_utime + ru.ru_stime
@@ -141,7 +146,7 @@ def run_measured(cmd: Sequence[str | Path], cwd: Path | None = None, env: dict[s
     m = Measured([str(c) for c in cmd], secs, p.returncode, rss,
                  out_p.read_text(errors="replace"), err_p.read_text(errors="replace"), cpu,
                  {k: round(v, 2) for k, v in by_kind.items()})
-    for f in (out_p, err_p, rss_p):
+    for f in (out_p, err_p, rss_p, exit_p):
         f.unlink(missing_ok=True)
     if check and m.rc != 0:
         raise RuntimeError(f"{shell(m.cmd)} failed (rc={m.rc}):\n{m.err[-4000:]}\n{m.out[-2000:]}")
@@ -172,6 +177,23 @@ def thread_kind(comm: str, main_comm: str) -> str:
     if comm.startswith("MergeMutate"):
         return "chDB merges"
     return "chDB"
+
+
+def _add_exit_report(path: Path, seen: dict[tuple[int, int], float], by_kind: dict[str, float]) -> None:
+    """Add what each thread named in a command's exit report (:mod:`forumpulse.pipeline.threadcpu`) used since
+    the sampler last saw it: the work of a short command's last tenth of a second (its final insert)."""
+    try:
+        doc = json.loads(path.read_text())
+        pid, main_comm, threads = int(doc["pid"]), str(doc["main"]), dict(doc["threads"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a forumpulse command, or it did not exit normally: the samples stand alone
+    for tid, (comm, cpu) in threads.items():
+        key = (pid, int(tid))
+        delta = float(cpu) - seen.get(key, 0.0)
+        if delta > 0:
+            kind = thread_kind(str(comm), main_comm)
+            by_kind[kind] = by_kind.get(kind, 0.0) + delta
+            seen[key] = float(cpu)
 
 
 def proc_cpu_s(stat_path: str) -> float:

@@ -405,6 +405,9 @@ _NO_PLUGINS = frozenset({"ingest", "parse"})
 
 
 def main() -> None:
+    from forumpulse.pipeline.threadcpu import report_at_exit_if_asked
+
+    report_at_exit_if_asked()  # `make bench` only (FP_THREAD_CPU_OUT): every thread's CPU seconds at exit
     first = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
     if first not in _NO_PLUGINS:
         _load_plugins()

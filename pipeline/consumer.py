@@ -1467,6 +1467,9 @@ def consume_command(
     Offsets are committed only after the insert (and the dead letters) succeeded; a replay after a crash cuts
     the same batches and is deduplicated by the store.  Prints one JSON summary line on exit.
     """
+    from forumpulse.pipeline.threadcpu import report_at_exit_if_asked
+
+    report_at_exit_if_asked()  # `make bench` only (FP_THREAD_CPU_OUT): every thread's CPU seconds at exit
     no_dead_letter = not dead_letter
     logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

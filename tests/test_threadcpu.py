@@ -1,0 +1,39 @@
+"""The bench's per-thread CPU split: a short command's last work is counted (its exit report), by thread kind."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+from forumpulse.pipeline.bench import run_measured
+
+# A thread named like a chDB pool thread burns 0.3 CPU-s and stays alive; the process exits as soon as the burn
+# ends, so the /proc sampler (every 0.1 s) cannot have seen all of it: only the exit report has.
+CHILD = textwrap.dedent("""
+    import threading, time, sys
+    from pathlib import Path
+    from forumpulse.pipeline.threadcpu import report_at_exit_if_asked
+    report_at_exit_if_asked()
+    done = threading.Event()
+    def work():
+        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("ThreadPool")
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.3:
+            pass
+        done.set()
+        threading.Event().wait()
+    threading.Thread(target=work, daemon=True).start()
+    done.wait()
+    sys.exit(0)
+""")
+
+
+def test_exit_report_counts_the_last_work_of_a_short_command(tmp_path: Path) -> None:
+    m = run_measured([sys.executable, "-c", CHILD], log_dir=tmp_path)
+    assert m.rc == 0, m.err
+    t = m.threads_cpu_s
+    assert t.get("chDB", 0.0) >= 0.28, t  # all 0.3 s, not what the last sample happened to see
+    assert sum(t.values()) <= m.cpu_s + 0.05, (t, m.cpu_s)
+    assert not list(tmp_path.glob("child-*")), "the measurement's files are removed"
+
