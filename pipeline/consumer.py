@@ -474,6 +474,7 @@ class LiveConsumer:
         cuts = [0, *(np.flatnonzero(pn[1:] != pn[:-1]) + 1).tolist(), len(msgs)]
         added = 0
         seen = self._seen
+        restarted: list[tuple[str, int]] = []
         for a, z in itertools.pairwise(cuts):
             if a == z:
                 continue
@@ -483,6 +484,7 @@ class LiveConsumer:
             last_off = msgs[z - 1].offset()
             if msgs[a].offset() <= seen.get(key, -1) or last_off - msgs[a].offset() < z - a - 1:
                 a = self._log_restarted(key, msgs, a, z)
+                restarted.append(key)
             seen[key] = last_off
             p = parts.get(key)
             if p is None:  # a message for a partition we were not told about (should not happen): take it
@@ -493,7 +495,23 @@ class LiveConsumer:
             added += z - a
         self._buffered += added
         self.metrics.set_buffered(self._buffered)
+        if restarted:
+            self._seek_past_seen(restarted)
         self._pause_full()
+
+    def _seek_past_seen(self, keys: list[tuple[str, int]]) -> None:
+        """Seek each partition to the offset after the last message it gave us.  After its log restarted (offsets
+        went back), librdkafka keeps the old log's position as the partition's application position (it only
+        moves forward): a pause and resume would then fetch from there, out of range, reset to the start and
+        read the new log again and again, never committing its last partial batch (seen in a CI run).  A seek
+        sets the position; messages librdkafka already fetched beyond it are fetched again."""
+        from confluent_kafka import TopicPartition
+
+        for topic, partition in keys:
+            try:
+                self._consumer.seek(TopicPartition(topic, partition, self._seen[(topic, partition)] + 1))
+            except Exception as exc:  # not assigned any more (a rebalance): its next owner starts from a commit
+                log.warning("%s/%d: seek after the log restart failed: %s", topic, partition, exc)
 
     def _log_restarted(self, key: tuple[str, int], msgs: list[Any], a: int, z: int) -> int:
         """The partition's offsets went back at some message of ``msgs[a:z]``: its log was recreated or

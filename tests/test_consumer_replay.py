@@ -263,7 +263,9 @@ def test_topic_recreated_under_a_running_consumer_is_read_as_a_new_log(broker: B
         c.stop()
         t.join(60)
     assert_same_as_reference(reference_diff(store, chdb_path, settings, first + second))
-    assert c.metrics.registry.get_sample_value("forumpulse_log_restarts_total") >= 1
+    # each partition's restart is seen once and its new log read once: after a pause and resume librdkafka
+    # fetched from the old log's position again, out of range, back to the start, over and over (a CI run)
+    assert c.metrics.registry.get_sample_value("forumpulse_log_restarts_total") == 2
 
 
 def test_ranges_without_topic_id_of_the_current_log_replay_exactly_after_an_upgrade(
