@@ -86,6 +86,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -1083,6 +1084,8 @@ class LiveConsumer:
         finally:
             self._flushing = None
 
+        if b.replay:
+            self._advise_rollup_check(b)
         # side channels (at-least-once): liveness, metrics, hooks
         for src, ts in b.line_ts.items():
             self._touch_liveness(src, line_ms=ts, n=b.line_n[src])
@@ -1101,6 +1104,24 @@ class LiveConsumer:
                 except Exception:
                     self.hook_errors += 1
                     log.exception("stream hook %r failed", hook)
+
+    def _advise_rollup_check(self, b: _Batch) -> None:
+        """A replayed batch was recorded but not committed by an earlier owner: if that process was killed while
+        its insert committed the tables' parts one by one, one rollup may lack the block even though the replay
+        was deduplicated everywhere.  Say which hours to check (``forumpulse db check-rollups``)."""
+        if b.requests is None or b.requests.num_rows == 0 or "ts" not in b.requests.column_names:
+            return
+        import pyarrow.compute as pc
+
+        mm = pc.min_max(b.requests.column("ts"))
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if lo is None or hi is None:
+            return
+        fmt = "%Y-%m-%dT%H:00"
+        log.warning("%s/%d: batch %d-%d was replayed (its earlier insert was not committed: a crash or a revoke). "
+                    "If that process was killed mid-insert one rollup can lack the block; check with `forumpulse db "
+                    "check-rollups --from %s --to %s` (add --repair to rebuild from requests)", b.key[0], b.key[1],
+                    b.first, b.last, lo.strftime(fmt), (hi + timedelta(hours=1)).strftime(fmt))
 
     def _dead_letter(self, b: _Batch) -> None:
         """Produce the batch's dead letters and return once the broker acknowledged every one of them.

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 EXE = Path(sys.executable).with_name("forumpulse")
 COMMANDS = [
     ["parse"], ["ingest"], ["simulate"], ["demo"], ["run"], ["consume"], ["db", "migrate"], ["db", "load-titles"],
-    ["db", "cluster-ddl"], ["config", "check"], ["config", "show"], ["detect"], ["detect", "series"],
+    ["db", "cluster-ddl"], ["db", "check-rollups"], ["config", "check"], ["config", "show"], ["detect"], ["detect", "series"],
     ["detect", "dos"], ["detect", "history"], ["detect", "unban"], ["detect", "decisions"], ["report", "event"], ["report", "daily"],
 ]
 

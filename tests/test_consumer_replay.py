@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -81,7 +83,7 @@ def _opts(broker: Broker, topic: str, batch: int, instance: str) -> ConsumerOpti
 
 
 def test_crash_after_insert_before_commit_replays_identically(broker: Broker, store: Store, settings: Settings,
-                                                              chdb_path: Path) -> None:
+                                                              chdb_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     topic = "replay.raw"
     create_topics(broker.bootstrap, 2, topic, "replay.dlq")
     msgs = list(stream(30_000, seed=3))
@@ -94,8 +96,13 @@ def test_crash_after_insert_before_commit_replays_identically(broker: Broker, st
     assert loaded_before > 0
     # restart with another batch size: boundaries must come from the recorded ranges, not from the setting
     c2 = LiveConsumer(settings, store, _opts(broker, topic, 2500, "r1"))
-    summary = c2.run(idle_exit_s=2)
+    with caplog.at_level(logging.WARNING, logger="forumpulse.consumer"):
+        summary = c2.run(idle_exit_s=2)
     assert summary["replayed_batches"] >= 1
+    # each replayed batch names the hours to check for a rollup left without its block (db check-rollups)
+    advice = [r.getMessage() for r in caplog.records if "check-rollups --from" in r.getMessage()]
+    assert len(advice) == summary["replayed_batches"], advice
+    assert re.search(r"--from \d{4}-\d\d-\d\dT\d\d:00 --to \d{4}-\d\d-\d\dT\d\d:00", advice[0]), advice[0]
     diff = reference_diff(store, chdb_path, settings, msgs)
     assert_same_as_reference(diff)
     assert diff["counts"]["requests"] > 20_000

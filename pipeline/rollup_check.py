@@ -1,0 +1,168 @@
+"""Check the rollup tables against ``requests`` over a time range, and rebuild them from it (``forumpulse db
+check-rollups [--repair]``).
+
+Why: every rollup (``site_minute``, ``topic_minute``, ... and the hourly ``topic_hour``, ``prefix_hour`` fed from
+the minute tables) is written by a materialized view in the same INSERT as the ``requests`` block, and a replayed
+block is deduplicated in every table by its token.  That makes retries after an *error* exact.  A process killed
+(kill -9, OOM, power) while its INSERT commits the parts of the different tables can still leave one rollup
+without the block while ``requests`` and the other rollups have it: the replay is then deduplicated everywhere
+and the gap stays.  It was seen once in CI (``topic_minute``, one batch) and reproduces with ClickHouse alone,
+without forumpulse (``tests/repro/mv_dedup_kill9.py``: a source table, five views each feeding an hourly view,
+token-deduplicated inserts under 30 kills per run: in 2 of 6 runs one or two view tables lost exactly the block
+of a batch in flight at a kill, with ``parallel_view_processing`` on and off).
+
+How: the rows of ``requests`` in the range (whole hours) are copied into a scratch database with the same schema
+(``<database>_rollup_check``, dropped afterwards), whose views compute every rollup from them afresh; each rollup
+is compared key by key (sums exactly, ``uniq`` states by their count, t-digest states by presence).  With
+``repair``, every rollup's rows in the range are replaced by the recomputed ones (minute tables first, then the
+hourly tables they feed).
+
+Guarantees and limits: read-only without ``repair``.  The range is clamped to the hours ``requests`` holds
+completely: when rollups reach back beyond the oldest raw row (``retention.raw_days`` drops raw rows long before
+rollups), the oldest raw hour is left out too, so a repair never rebuilds a rollup from a partial hour.
+``repair`` must not run while anything writes the same range: with chDB the engine lock already keeps consumers
+out; on a ClickHouse server stop the consumers first.  ``repair`` rewrites rollup rows of the range with what
+``requests`` implies, so it also undoes anything written into a rollup by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+log = logging.getLogger("forumpulse.rollup_check")
+
+#: rollups fed from ``requests`` (minute) and those fed from a minute rollup (hour), with their time column
+MINUTE_ROLLUPS = ("site_minute", "topic_minute", "client_minute", "prefix_minute", "transfer_minute")
+HOUR_ROLLUPS = ("topic_hour", "prefix_hour")
+TIME_COLUMN = {**{t: "minute" for t in MINUTE_ROLLUPS}, **{t: "hour" for t in HOUR_ROLLUPS}}
+#: the scratch database gets no TTL: rows of any age stay until they are compared
+_NO_TTL = {"raw_ttl_days": 0, "rollup_ttl_days": 0, "quarantine_ttl_days": 0, "stats_ttl_days": 0}
+
+
+@dataclass
+class RollupCheck:
+    """What :func:`check_rollups` compared and found."""
+
+    start: datetime  #: first hour compared (UTC)
+    end: datetime  #: end of the range (UTC, exclusive)
+    requests: int  #: rows of ``requests`` in the range
+    #: per rollup: (keys only in the table or with other values, keys only in the recomputed rollup)
+    differences: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: the hours (UTC, ISO) holding a difference, over every rollup
+    hours: list[str] = field(default_factory=list)
+    repaired: bool = False
+    note: str = ""  #: why the range was clamped or empty
+
+    @property
+    def ok(self) -> bool:
+        return all(v == (0, 0) for v in self.differences.values())
+
+
+def _ts(dt: datetime) -> str:
+    return dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _hour_floor(dt: datetime) -> datetime:
+    return dt.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _canonical(store: Any, db: str, table: str, where: str) -> tuple[str, list[str]]:
+    """A query giving one row per key of ``db.table`` (merged states made comparable) and the key columns."""
+    cols = store.query_rows(
+        f"SELECT name, type FROM system.columns WHERE database = '{db}' AND table = '{table}' ORDER BY position")
+    keys: list[str] = []
+    aggs: list[str] = []
+    for name, typ in cols:
+        if typ.startswith("SimpleAggregateFunction(sum, Float"):
+            aggs.append(f"round(sum(`{name}`), 3) AS `{name}`")
+        elif typ.startswith("SimpleAggregateFunction("):
+            fn = typ[len("SimpleAggregateFunction("):].split(",", 1)[0]
+            aggs.append(f"{fn}(`{name}`) AS `{name}`")
+        elif typ.startswith("AggregateFunction(uniq"):
+            aggs.append(f"uniqMerge(`{name}`) AS `{name}`")
+        elif typ.startswith("AggregateFunction("):
+            aggs.append(f"count() > 0 AS `{name}`")  # approximate states (t-digest): present or not
+        else:
+            keys.append(f"`{name}`")
+    sql = f"SELECT {', '.join(keys + aggs)} FROM {db}.{table} WHERE {where} GROUP BY {', '.join(keys)}"
+    return sql, keys
+
+
+def check_rollups(store: Any, start: datetime, end: datetime, *, repair: bool = False,
+                  open_scratch: Any = None) -> RollupCheck:
+    """Compare (and with ``repair`` rebuild) every rollup over ``[start, end)`` widened to whole hours.
+
+    ``open_scratch(database)`` opens a store on the same engine or server for another database (the CLI passes
+    ``open_store(url, database=...)``).  The scratch database is dropped before returning, also on errors."""
+    from forumpulse.pipeline.store import migrate
+
+    start = _hour_floor(start)
+    end = _hour_floor(end) + (timedelta(hours=1) if end != _hour_floor(end) else timedelta(0))
+    db = store.database
+    note = ""
+    engines = dict(store.query_rows("SELECT name, engine FROM system.tables WHERE database = currentDatabase() "
+                                    "AND name = 'requests'"))
+    if engines.get("requests") != "MergeTree":
+        raise ValueError(f"{db}.requests is a {engines.get('requests') or 'missing'} table: check-rollups works on "
+                         "the single-node schema (on a cluster, run it against each shard's local tables)")
+    oldest = store.query_rows("SELECT toUnixTimestamp(min(ts)), count() FROM requests")[0]
+    if not oldest[1]:
+        return RollupCheck(start, end, 0, note="requests is empty: nothing to compare")
+    first_full = _hour_floor(datetime.fromtimestamp(int(oldest[0]), UTC))
+    rollups_from = store.query_rows("SELECT toUnixTimestamp(min(minute)), count() FROM site_minute")[0]
+    # rollups reaching back beyond the raw rows: the raw retention dropped rows (oldest first), and the oldest raw
+    # hour may have lost some already; it is left out, so a repair never rebuilds a rollup from a partial hour
+    dropped = bool(rollups_from[1]) and int(rollups_from[0]) < first_full.timestamp()
+    if dropped:
+        first_full += timedelta(hours=1)
+    if start < first_full:
+        note = (f"started at {_ts(first_full)} UTC: " + ("the first hour requests holds completely (older rollup "
+                "rows outlive the raw rows: retention.raw_days)" if dropped else "the first stored hour"))
+        start = first_full
+    if start >= end:
+        return RollupCheck(start, end, 0, note=note or "empty range")
+    scratch_name = f"{db}_rollup_check"
+    store.command(f"DROP DATABASE IF EXISTS {scratch_name}")
+    scratch = open_scratch(scratch_name)
+    try:
+        migrate(scratch, _NO_TTL)
+        rng = f"ts >= toDateTime64('{_ts(start)}', 3, 'UTC') AND ts < toDateTime64('{_ts(end)}', 3, 'UTC')"
+        n = int(store.query_rows(f"SELECT count() FROM {db}.requests WHERE {rng}")[0][0])
+        # the scratch views compute every rollup from the copied rows (no deduplication: a plain copy)
+        store.command(f"INSERT INTO {scratch_name}.requests SELECT * FROM {db}.requests WHERE {rng} "
+                      "SETTINGS insert_deduplicate = 0, parallel_view_processing = 1")
+        res = RollupCheck(start, end, n, note=note)
+        hours: set[str] = set()
+        for table in (*MINUTE_ROLLUPS, *HOUR_ROLLUPS):
+            col = TIME_COLUMN[table]
+            where = f"`{col}` >= toDateTime('{_ts(start)}', 'UTC') AND `{col}` < toDateTime('{_ts(end)}', 'UTC')"
+            mine, _keys = _canonical(store, db, table, where)
+            ref, _ = _canonical(store, scratch_name, table, where)
+            hour = f"formatDateTime(toStartOfHour(`{col}`), '%F %T', 'UTC')"
+            extra = store.query_rows(f"SELECT {hour}, count() FROM ({mine} EXCEPT ALL {ref}) GROUP BY 1")
+            missing = store.query_rows(f"SELECT {hour}, count() FROM ({ref} EXCEPT ALL {mine}) GROUP BY 1")
+            res.differences[table] = (sum(int(c) for _h, c in extra), sum(int(c) for _h, c in missing))
+            hours.update(str(h) for h, _c in (*extra, *missing))
+        res.hours = sorted(hours)
+        if repair and not res.ok:
+            _replace(store, db, scratch_name, start, end)
+            res.repaired = True
+        return res
+    finally:
+        scratch.close()
+        store.command(f"DROP DATABASE IF EXISTS {scratch_name}")
+
+
+def _replace(store: Any, db: str, scratch: str, start: datetime, end: datetime) -> None:
+    """Replace every rollup's rows in ``[start, end)`` by the scratch database's: minute tables first (their
+    inserts also feed the hourly views), then the hourly tables (whose range is then replaced as a whole)."""
+    for table in (*MINUTE_ROLLUPS, *HOUR_ROLLUPS):
+        col = TIME_COLUMN[table]
+        where = f"`{col}` >= toDateTime('{_ts(start)}', 'UTC') AND `{col}` < toDateTime('{_ts(end)}', 'UTC')"
+        store.command(f"ALTER TABLE {db}.{table} DELETE WHERE {where} SETTINGS mutations_sync = 2")
+        store.command(f"INSERT INTO {db}.{table} SELECT * FROM {scratch}.{table} WHERE {where} "
+                      "SETTINGS insert_deduplicate = 0")
+        log.warning("rollup %s rebuilt from requests for %s .. %s UTC", table, _ts(start), _ts(end))
