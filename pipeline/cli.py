@@ -209,6 +209,9 @@ def _print_counts(results: list[Any]) -> None:
         typer.echo(f"{r.name}: read {r.read:,}  loaded {r.loaded:,}  quarantined {r.quarantined:,}"
                    + (f" ({reasons})" if reasons else "") + f"  {r.rate:,.0f} lines/s")
         total = [total[0] + r.read, total[1] + r.loaded, total[2] + r.quarantined]
+        if r.already_stored:
+            typer.echo(f"note: {r.name}: {r.already_stored:,} of these rows were already stored (the same blocks "
+                       "were ingested before): deduplicated, nothing stored twice")
         if r.expired:
             typer.echo(f"warning: {r.name}: {r.expired:,} of the loaded rows are older than retention.raw_days and "
                        "were dropped at once by the table TTL, so they are NOT stored (nor in rollups older than "

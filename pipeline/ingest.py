@@ -48,6 +48,9 @@ class FileCounts:
     loaded: int = 0
     quarantined: int = 0
     expired: int = 0
+    #: rows of blocks the store already held (the same file ingested before): deduplicated, not stored again;
+    #: counted with chDB only (a ClickHouse server's counter is shared by every client)
+    already_stored: int = 0
     #: set when the input ended abnormally (a ``.gz`` cut short): what was read before is loaded and counted
     error: str | None = None
     by_reason: Counter[str] = field(default_factory=Counter)
@@ -326,13 +329,20 @@ def ingest_stream(
     def load(batch: ProcessedBatch, token: str, all_expired: bool) -> None:  # on the inserter thread, in order
         if schema_ready is not None:
             schema_ready()
+        dup: Callable[[], int] | None = getattr(store, "duplicated_blocks", None)  # chDB: the only writer
         if not all_expired:
             # A block whose rows are all past the TTLs of requests and of the rollups is not inserted (they would
             # drop it at once): its dedup token stays unused, so after `db migrate --apply-retention` the same
             # file loads it.  A block with any row the rollups keep is inserted (its raw rows past the raw TTL
             # are dropped, their rollups kept; a re-ingest of that block is deduplicated).
+            before = dup() if dup is not None and batch.requests.num_rows else None
             store.insert("requests", batch.requests, dedup_token=f"req-{token}")
+            if before is not None and dup is not None and dup() > before:
+                counts.already_stored += batch.requests.num_rows
+        before = dup() if dup is not None and batch.quarantine.num_rows else None
         store.insert("quarantine", batch.quarantine, dedup_token=f"qua-{token}")
+        if before is not None and dup is not None and dup() > before:
+            counts.already_stored += batch.quarantine.num_rows
         counts.loaded += batch.requests.num_rows
         counts.quarantined += batch.quarantine.num_rows
         counts.by_reason.update(batch.by_reason)

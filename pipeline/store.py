@@ -245,6 +245,13 @@ class ChdbStore:
             except Exception as exc:
                 raise StoreError(f"insert into {table} failed: {exc}") from exc
 
+    def duplicated_blocks(self) -> int:
+        """How many inserted blocks this process's engine has dropped as duplicates so far (ClickHouse's
+        ``DuplicatedInsertedBlocks`` event; a deduplicated block also counts for its views).  Compare the value
+        before and after an insert made by the only writer to see whether it was deduplicated."""
+        rows = self.query_rows("SELECT value FROM system.events WHERE event = 'DuplicatedInsertedBlocks'")
+        return int(rows[0][0]) if rows else 0
+
     def close(self) -> None:
         with _ENGINES_LOCK:
             if self._closed:

@@ -67,13 +67,25 @@ def test_mixed_file_every_line_accounted_with_named_reasons_and_raw_bytes(store,
 
 
 def test_reingesting_the_same_file_stores_nothing_twice(store, settings):
-    ingest_paths(store, settings, [str(MIXED)], fmt="combined")
+    [first] = ingest_paths(store, settings, [str(MIXED)], fmt="combined")
     before = (table_count(store, "requests"), table_count(store, "quarantine"),
               store.query_rows("SELECT sum(requests) FROM site_minute")[0][0])
-    ingest_paths(store, settings, [str(MIXED)], fmt="combined")
+    [again] = ingest_paths(store, settings, [str(MIXED)], fmt="combined")
     after = (table_count(store, "requests"), table_count(store, "quarantine"),
              store.query_rows("SELECT sum(requests) FROM site_minute")[0][0])
     assert before == after == (6, 4, 6)
+    # and the second run says so: every row was already stored
+    assert (first.already_stored, again.already_stored) == (0, 10)
+
+
+def test_ingest_says_when_a_file_was_already_stored(tmp_path):
+    exe = Path(sys.executable).with_name("forumpulse")
+    args = [str(exe), "ingest", "--store", f"chdb:{tmp_path / 'st'}", "--format", "combined", str(MIXED)]
+    one = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    two = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert one.returncode == two.returncode == 0, one.stderr + two.stderr
+    assert "already stored" not in one.stdout
+    assert "10 of these rows were already stored" in two.stdout and "nothing stored twice" in two.stdout
 
 
 def test_records_keep_input_order_and_contract_fields(settings):
@@ -240,6 +252,7 @@ def test_a_failed_background_insert_stops_ingestion_with_its_error_and_nothing_a
     [c] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1)
     assert (c.read, c.loaded + c.quarantined) == (5000, 5000)
     assert table_count(store, "requests") == c.loaded
+    assert c.already_stored == 1000  # the first chunk's 600 rows and 400 quarantined lines
 
 
 class _MigrationFails:
