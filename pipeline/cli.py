@@ -273,7 +273,7 @@ def db_migrate(
 @db_app.command("check-rollups")
 def db_check_rollups(
     from_: Annotated[str, typer.Option("--from", help="start (ISO date/time, UTC unless an offset is given; "
-                                       "default: 24 hours ago), widened to the whole hour")] = "",
+                                       "default: 24 hours before --to), widened to the whole hour")] = "",
     to: Annotated[str, typer.Option("--to", help="end, exclusive (default: now), widened to the whole hour")] = "",
     repair: Annotated[bool, typer.Option("--repair", help="rebuild every rollup of the range from requests when "
                                          "one differs (stop the consumers first on a ClickHouse server)")] = False,
@@ -287,7 +287,7 @@ def db_check_rollups(
     from datetime import UTC, datetime, timedelta
 
     from forumpulse.pipeline.rollup_check import check_rollups
-    from forumpulse.pipeline.store import open_store
+    from forumpulse.pipeline.store import StoreError, open_store
 
     def when(text: str, opt: str) -> datetime:
         try:
@@ -308,6 +308,9 @@ def db_check_rollups(
     except ValueError as exc:  # not the single-node schema
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except StoreError as exc:  # the server refused a statement (rights, disk): what and why, no traceback
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(3) from None
     finally:
         st.close()
     fmt = "%Y-%m-%d %H:%M"
@@ -315,7 +318,8 @@ def db_check_rollups(
     if res.note:
         typer.echo(f"note: {res.note}")
     for table, (extra, missing) in res.differences.items():
-        state = "same" if (extra, missing) == (0, 0) else f"DIFFERENT: {extra:,} key(s) off, {missing:,} missing"
+        state = ("same" if (extra, missing) == (0, 0) else
+                 f"DIFFERENT: {extra:,} row(s) not as recomputed, {missing:,} recomputed row(s) not there")
         typer.echo(f"  {table:<16} {state}")
     if res.hours:
         typer.echo(f"hours with differences: {', '.join(res.hours[:12])}{' ...' if len(res.hours) > 12 else ''}")

@@ -13,16 +13,18 @@ of a batch in flight at a kill, with ``parallel_view_processing`` on and off).
 
 How: the rows of ``requests`` in the range (whole hours) are copied into a scratch database with the same schema
 (``<database>_rollup_check``, dropped afterwards), whose views compute every rollup from them afresh; each rollup
-is compared key by key (sums exactly, ``uniq`` states by their count, t-digest states by presence).  With
-``repair``, every rollup's rows in the range are replaced by the recomputed ones (minute tables first, then the
-hourly tables they feed).
+is compared key by key (sums exactly, ``uniq`` states by their count; t-digest states are not compared, the
+sums of the same rows are).  With ``repair``, the rows of the hours that differ are replaced by the recomputed
+ones, table by table; an hourly rollup is rebuilt through its minute rollup's view.
 
-Guarantees and limits: read-only without ``repair``.  The range is clamped to the hours ``requests`` holds
-completely: when rollups reach back beyond the oldest raw row (``retention.raw_days`` drops raw rows long before
-rollups), the oldest raw hour is left out too, so a repair never rebuilds a rollup from a partial hour.
-``repair`` must not run while anything writes the same range: with chDB the engine lock already keeps consumers
-out; on a ClickHouse server stop the consumers first.  ``repair`` rewrites rollup rows of the range with what
-``requests`` implies, so it also undoes anything written into a rollup by hand.
+Guarantees and limits: read-only without ``repair``.  The range is clamped to the hours ``requests`` surely holds
+completely (:func:`_complete_from`: a day after the raw retention's cut, and a day after the oldest raw row when
+rollups reach further back), so a repair never rebuilds a rollup from a partial hour.  ``repair`` must not run
+while anything writes the same hours: with chDB the engine lock already keeps consumers out; on a ClickHouse
+server stop the consumers first.  Not atomic: while it runs an hour being rebuilt is missing from its rollup,
+and a run that fails midway is mended by running it again.  The scratch views are today's: hours stored before a
+migration changed a view (0005 counts hostname clients apart) are reported as different, and a repair recounts
+them the new way.  Works on the single-node schema (not on a cluster's Distributed tables).
 """
 
 from __future__ import annotations
@@ -84,11 +86,35 @@ def _canonical(store: Any, db: str, table: str, where: str) -> tuple[str, list[s
         elif typ.startswith("AggregateFunction(uniq"):
             aggs.append(f"uniqMerge(`{name}`) AS `{name}`")
         elif typ.startswith("AggregateFunction("):
-            aggs.append(f"count() > 0 AS `{name}`")  # approximate states (t-digest): present or not
+            continue  # approximate states (t-digest) merge differently by part: the sums of the same rows decide
         else:
             keys.append(f"`{name}`")
     sql = f"SELECT {', '.join(keys + aggs)} FROM {db}.{table} WHERE {where} GROUP BY {', '.join(keys)}"
     return sql, keys
+
+
+def _complete_from(store: Any, oldest_raw: datetime) -> tuple[datetime, str]:
+    """The first hour whose raw rows ``requests`` surely still holds completely, and why.
+
+    Raw rows go before rollups (``retention.raw_days``): rows past the table's raw TTL may be gone or half gone
+    (TTL merges reach parts at different times), so the range starts a day after the TTL's cut.  Rollups older than
+    the oldest raw row are evidence of such deletions even without a TTL now (a retention changed later): then the
+    day after the oldest raw row is the start.  A repair never rebuilds a rollup from a partial hour."""
+    from forumpulse.pipeline.store import table_ttl_days
+
+    limit, why = _hour_floor(oldest_raw), "the first stored hour"
+    ttl = table_ttl_days(store).get("requests", 0)
+    if ttl:
+        cut = _hour_floor(datetime.now(UTC) - timedelta(days=ttl)) + timedelta(days=1)
+        if cut > limit:
+            limit, why = cut, f"a day after the raw retention's cut ({ttl} days): older raw rows may be gone"
+    rollups_from = store.query_rows("SELECT toUnixTimestamp(min(minute)), count() FROM site_minute")[0]
+    if rollups_from[1] and int(rollups_from[0]) < int(oldest_raw.timestamp()) // 60 * 60:
+        after = _hour_floor(oldest_raw) + timedelta(days=1)
+        if after > limit:
+            limit, why = after, ("a day after the oldest raw row: rollups reach further back, so raw rows were "
+                                 "dropped (retention.raw_days) and the hours next to the oldest may be partial")
+    return limit, why
 
 
 def check_rollups(store: Any, start: datetime, end: datetime, *, repair: bool = False,
@@ -111,17 +137,10 @@ def check_rollups(store: Any, start: datetime, end: datetime, *, repair: bool = 
     oldest = store.query_rows("SELECT toUnixTimestamp(min(ts)), count() FROM requests")[0]
     if not oldest[1]:
         return RollupCheck(start, end, 0, note="requests is empty: nothing to compare")
-    first_full = _hour_floor(datetime.fromtimestamp(int(oldest[0]), UTC))
-    rollups_from = store.query_rows("SELECT toUnixTimestamp(min(minute)), count() FROM site_minute")[0]
-    # rollups reaching back beyond the raw rows: the raw retention dropped rows (oldest first), and the oldest raw
-    # hour may have lost some already; it is left out, so a repair never rebuilds a rollup from a partial hour
-    dropped = bool(rollups_from[1]) and int(rollups_from[0]) < first_full.timestamp()
-    if dropped:
-        first_full += timedelta(hours=1)
-    if start < first_full:
-        note = (f"started at {_ts(first_full)} UTC: " + ("the first hour requests holds completely (older rollup "
-                "rows outlive the raw rows: retention.raw_days)" if dropped else "the first stored hour"))
-        start = first_full
+    limit, why = _complete_from(store, datetime.fromtimestamp(int(oldest[0]), UTC))
+    if start < limit:
+        note = f"started at {_ts(limit)} UTC: {why}"
+        start = limit
     if start >= end:
         return RollupCheck(start, end, 0, note=note or "empty range")
     scratch_name = f"{db}_rollup_check"
@@ -133,9 +152,11 @@ def check_rollups(store: Any, start: datetime, end: datetime, *, repair: bool = 
         n = int(store.query_rows(f"SELECT count() FROM {db}.requests WHERE {rng}")[0][0])
         # the scratch views compute every rollup from the copied rows (no deduplication: a plain copy)
         store.command(f"INSERT INTO {scratch_name}.requests SELECT * FROM {db}.requests WHERE {rng} "
-                      "SETTINGS insert_deduplicate = 0, parallel_view_processing = 1")
+                      "SETTINGS insert_deduplicate = 0, parallel_view_processing = 1, "
+                      "max_partitions_per_insert_block = 0")
         res = RollupCheck(start, end, n, note=note)
         hours: set[str] = set()
+        per_table: dict[str, set[str]] = {}
         for table in (*MINUTE_ROLLUPS, *HOUR_ROLLUPS):
             col = TIME_COLUMN[table]
             where = f"`{col}` >= toDateTime('{_ts(start)}', 'UTC') AND `{col}` < toDateTime('{_ts(end)}', 'UTC')"
@@ -145,10 +166,11 @@ def check_rollups(store: Any, start: datetime, end: datetime, *, repair: bool = 
             extra = store.query_rows(f"SELECT {hour}, count() FROM ({mine} EXCEPT ALL {ref}) GROUP BY 1")
             missing = store.query_rows(f"SELECT {hour}, count() FROM ({ref} EXCEPT ALL {mine}) GROUP BY 1")
             res.differences[table] = (sum(int(c) for _h, c in extra), sum(int(c) for _h, c in missing))
-            hours.update(str(h) for h, _c in (*extra, *missing))
+            per_table[table] = {str(h) for h, _c in (*extra, *missing)}
+            hours.update(per_table[table])
         res.hours = sorted(hours)
         if repair and not res.ok:
-            _replace(store, db, scratch_name, start, end)
+            _replace(store, db, scratch_name, per_table)
             res.repaired = True
         return res
     finally:
@@ -156,13 +178,35 @@ def check_rollups(store: Any, start: datetime, end: datetime, *, repair: bool = 
         store.command(f"DROP DATABASE IF EXISTS {scratch_name}")
 
 
-def _replace(store: Any, db: str, scratch: str, start: datetime, end: datetime) -> None:
-    """Replace every rollup's rows in ``[start, end)`` by the scratch database's: minute tables first (their
-    inserts also feed the hourly views), then the hourly tables (whose range is then replaced as a whole)."""
-    for table in (*MINUTE_ROLLUPS, *HOUR_ROLLUPS):
+#: the hourly rollups and the minute rollup whose view feeds each
+HOUR_SOURCES = {"topic_hour": "topic_minute", "prefix_hour": "prefix_minute"}
+
+
+def _replace(store: Any, db: str, scratch: str, per_table: dict[str, set[str]]) -> None:
+    """Replace the rows of the hours that differ by the scratch database's, table by table.  An hourly rollup is
+    fed by its minute rollup's view: for an hour where either differs, the hourly rows are deleted first and the
+    minute rows replaced, whose insert then recomputes the hourly ones (never counted twice; until the insert the
+    hour is missing, and a run that fails in between is mended by running it again)."""
+    todo = {t: set(h) for t, h in per_table.items() if h}
+    for hour_table, source in HOUR_SOURCES.items():
+        both = todo.pop(hour_table, set()) | todo.get(source, set())
+        if both:
+            todo[source] = both
+            _delete(store, db, hour_table, both)
+    for table, hours in todo.items():
+        _delete(store, db, table, hours)
         col = TIME_COLUMN[table]
-        where = f"`{col}` >= toDateTime('{_ts(start)}', 'UTC') AND `{col}` < toDateTime('{_ts(end)}', 'UTC')"
-        store.command(f"ALTER TABLE {db}.{table} DELETE WHERE {where} SETTINGS mutations_sync = 2")
-        store.command(f"INSERT INTO {db}.{table} SELECT * FROM {scratch}.{table} WHERE {where} "
-                      "SETTINGS insert_deduplicate = 0")
-        log.warning("rollup %s rebuilt from requests for %s .. %s UTC", table, _ts(start), _ts(end))
+        store.command(f"INSERT INTO {db}.{table} SELECT * FROM {scratch}.{table} WHERE "
+                      f"{_in_hours(col, hours)} SETTINGS insert_deduplicate = 0")
+        log.warning("rollup %s rebuilt from requests for %d hour(s): %s", table, len(hours),
+                    ", ".join(sorted(hours)[:6]) + (" ..." if len(hours) > 6 else ""))
+
+
+def _in_hours(col: str, hours: set[str]) -> str:
+    listed = ", ".join(f"toDateTime('{h}', 'UTC')" for h in sorted(hours))
+    return f"toStartOfHour(`{col}`) IN ({listed})"
+
+
+def _delete(store: Any, db: str, table: str, hours: set[str]) -> None:
+    store.command(f"ALTER TABLE {db}.{table} DELETE WHERE {_in_hours(TIME_COLUMN[table], hours)} "
+                  "SETTINGS mutations_sync = 2")

@@ -356,7 +356,8 @@ class ClickHouseStore:
 
 
 def open_store(url: str = DEFAULT_STORE, database: str | None = None, *, existing: bool = False) -> Store:
-    """Open ``chdb:PATH`` (optionally ``chdb:PATH?database=NAME``) or ``clickhouse[s]://user:pass@host:port/db``.
+    """Open ``chdb:PATH`` (optionally ``chdb:PATH?database=NAME``) or ``clickhouse[s]://user:pass@host:port/db``;
+    ``database`` overrides the URL's database (created on a server when missing).
 
     ``existing``: for commands that only read what was stored (detections over history, reports): a chDB folder
     that does not exist is an error instead of a new empty store (a mistyped path must not create folders), and
@@ -379,6 +380,10 @@ def open_store(url: str = DEFAULT_STORE, database: str | None = None, *, existin
                                      "store.url")
         st = ChdbStore(path, database or q or DEFAULT_DATABASE)
     else:
+        if database:  # another database on the same server (e.g. a scratch database next to the store's)
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*", database):
+                raise StoreLocationError(f"bad database name {database!r}")
+            url = urlparse(url)._replace(path="/" + database).geturl()
         st = ClickHouseStore(url)
     if existing:
         try:

@@ -4,7 +4,7 @@ The bench samples ``/proc/<pid>/task/*`` every 0.1 s while a command runs, so CP
 sample is not attributed (a short ``forumpulse ingest`` does its one insert, with its views, in its last tenth of
 a second).  When the environment names a file in ``FP_THREAD_CPU_OUT``, the process writes, at normal interpreter
 exit (``atexit``: after ``sys.exit`` too, not after ``os._exit`` or a signal), one JSON object there:
-``{"main": <main thread name>, "threads": {<tid>: [<name>, <CPU seconds>]}}``.  Without the variable nothing
+``{"pid": <pid>, "main": <main thread name>, "threads": {<tid>: [<name>, <CPU seconds>]}}``.  Without the variable nothing
 happens.  Reads only this process's ``/proc`` files; never raises.
 """
 

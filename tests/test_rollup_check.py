@@ -113,21 +113,60 @@ def test_a_block_stored_twice_in_one_rollup_is_found_and_rebuilt(loaded: tuple[P
     assert _check(st_path).ok
 
 
-def test_hours_requests_no_longer_holds_are_not_compared(loaded: tuple[Path, Path], tmp_path: Path) -> None:
+def test_an_hourly_rollup_missing_a_block_is_rebuilt_through_its_minute_rollup(loaded: tuple[Path, Path],
+                                                                               tmp_path: Path) -> None:
+    st_path = _copy(loaded[0] / "st", tmp_path / "st")
+    hour = _busiest_hour(st_path)
+    _damage(st_path, f"ALTER TABLE topic_hour DELETE WHERE hour = toDateTime('{hour:%Y-%m-%d %H:%M:%S}', 'UTC') "
+                     "SETTINGS mutations_sync = 2")
+    res = _check(st_path, repair=True)
+    assert res.differences["topic_hour"][1] > 0 and res.differences["topic_minute"] == (0, 0)
+    assert res.repaired and _check(st_path).ok
+
+
+@pytest.mark.parametrize("cut_minutes", [180, 200], ids=["on_the_hour", "mid_hour"])
+def test_hours_requests_may_no_longer_hold_are_never_compared_nor_rebuilt(loaded: tuple[Path, Path],
+                                                                          tmp_path: Path, cut_minutes: int) -> None:
     st_path = _copy(loaded[0] / "st", tmp_path / "st")
     st = open_store(f"chdb:{st_path}")
     try:
         first = datetime.fromtimestamp(int(st.query_rows("SELECT toUnixTimestamp(toStartOfHour(min(ts))) "
                                                          "FROM requests")[0][0]), UTC)
+        total = st.query_rows("SELECT sum(requests) FROM site_minute")[0][0]
     finally:
         st.close()
-    # raw retention dropped the first three hours of requests; their rollups stay
-    cut = first + timedelta(hours=3)
+    # raw retention dropped the oldest raw rows (on the hour, or halfway through one); their rollups stay
+    cut = first + timedelta(minutes=cut_minutes)
     _damage(st_path, f"ALTER TABLE requests DELETE WHERE ts < toDateTime64('{cut:%Y-%m-%d %H:%M:%S}', 3, 'UTC') "
                      "SETTINGS mutations_sync = 2")
-    res = _check(st_path)
-    assert res.ok, res.differences  # the rollups of the dropped hours are not taken for differences
-    assert res.start == cut + timedelta(hours=1) and "retention.raw_days" in res.note
+    res = _check(st_path, repair=True)
+    assert res.ok and not res.repaired, res.differences  # the dropped hours are not taken for differences
+    assert res.start == _hour(cut) + timedelta(days=1) and "retention.raw_days" in res.note
+    st = open_store(f"chdb:{st_path}")
+    try:
+        assert st.query_rows("SELECT sum(requests) FROM site_minute")[0][0] == total  # no rollup row lost
+    finally:
+        st.close()
+
+
+def _hour(dt: datetime) -> datetime:
+    return dt.replace(minute=0, second=0, microsecond=0)
+
+
+def test_the_raw_retention_cut_bounds_the_range(tmp_path: Path) -> None:
+    from forumpulse.pipeline.rollup_check import _complete_from
+    from forumpulse.pipeline.store import migrate
+
+    st = open_store(f"chdb:{tmp_path / 'st'}")
+    try:
+        migrate(st, {"raw_ttl_days": 30})
+        limit, why = _complete_from(st, datetime.now(UTC) - timedelta(days=60))
+        want = _hour(datetime.now(UTC) - timedelta(days=30)) + timedelta(days=1)
+        assert abs((limit - want).total_seconds()) <= 3600 and "30 days" in why
+        recent = _hour(datetime.now(UTC) - timedelta(days=2))
+        assert _complete_from(st, recent)[0] == recent  # newer raw rows are all there
+    finally:
+        st.close()
 
 
 def test_cli_exit_codes_and_repair(loaded: tuple[Path, Path], tmp_path: Path) -> None:
@@ -147,3 +186,57 @@ def test_cli_exit_codes_and_repair(loaded: tuple[Path, Path], tmp_path: Path) ->
     assert p.returncode == 0 and "DIFFERENT" not in p.stdout, p.stdout + p.stderr
     bad = subprocess.run([*args[:7], "--from", "yesterday"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not an ISO date" in bad.stderr
+
+
+def test_through_a_clickhouse_endpoint_the_scratch_database_is_its_own(loaded: tuple[Path, Path],
+                                                                       tmp_path: Path) -> None:
+    """The same check and repair over HTTP (the owner process's ClickHouse-compatible endpoint, as a server): the
+    scratch database is a database of its own on the server, and the store's database is left as it was."""
+    from test_live_support import free_port, owner_cmd, spawn, stop, wait_http, write_config
+
+    st_path = _copy(loaded[0] / "st", tmp_path / "st")
+    hour = _busiest_hour(st_path)
+    _damage(st_path, "ALTER TABLE prefix_minute DELETE WHERE minute = toDateTime("
+                     f"'{hour + timedelta(minutes=10):%Y-%m-%d %H:%M:%S}', 'UTC') SETTINGS mutations_sync = 2")
+    port = free_port()
+    cfg = write_config(tmp_path / "owner.yaml", "127.0.0.1:1", f"chdb:{st_path}")
+    log = tmp_path / "owner.log"
+    owner = spawn(owner_cmd(cfg, "--port", str(port)), log)
+    try:
+        wait_http(port, owner, log)
+        url = f"clickhouse://default@127.0.0.1:{port}/forumpulse"
+        args = [str(EXE), "db", "check-rollups", "--store", url, "--from", f"{hour:%Y-%m-%dT%H:%M}",
+                "--to", f"{hour + timedelta(hours=1):%Y-%m-%dT%H:%M}"]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 1 and "prefix_minute    DIFFERENT" in p.stdout, p.stdout + p.stderr
+        p = subprocess.run([*args, "--repair"], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0 and "repaired" in p.stdout, p.stdout + p.stderr
+        p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0 and "DIFFERENT" not in p.stdout, p.stdout + p.stderr
+        from forumpulse.pipeline.store import ClickHouseStore
+
+        cs = ClickHouseStore(url)
+        try:
+            dbs = {r[0] for r in cs.query_rows("SELECT name FROM system.databases")}
+            tables = {r[0] for r in cs.query_rows("SELECT name FROM system.tables WHERE database = 'forumpulse'")}
+        finally:
+            cs.close()
+        assert "forumpulse_rollup_check" not in dbs and {"requests", "prefix_hour"} <= tables
+    finally:
+        assert stop(owner) == 0
+
+
+def test_a_quiet_site_spanning_more_than_100_days_is_checked(tmp_path: Path) -> None:
+    """requests is partitioned by day: copying 150 days of a quiet site is one insert of 150 partitions."""
+    start = datetime(2025, 1, 1, 12, tzinfo=UTC)
+    lines = [f'192.0.2.{d % 200 + 1} - - [{start + timedelta(days=d):%d/%b/%Y:%H:%M:%S +0000}] '
+             f'"GET /threads/t.{d % 7 + 1}/ HTTP/1.1" 200 {1000 + d} "-" "Mozilla/5.0 (X11; Linux x86_64)"'
+             for d in range(150)]
+    log = tmp_path / "quiet.log"
+    log.write_text("\n".join(lines) + "\n")
+    cfg = write_settings(tmp_path / "fp.yaml", f"chdb:{tmp_path / 'st'}")
+    p = subprocess.run([str(EXE), "ingest", "-c", str(cfg), "--format", "combined", str(log)], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    res = _check(tmp_path / "st")
+    assert res.requests == 150 and res.ok, res
