@@ -1,4 +1,5 @@
-"""The live loader: Kafka ``weblogs.raw`` → process → store, with an exactly-once *effect* on every table.
+"""The live loader: Kafka ``weblogs.raw`` → process → store, with an exactly-once *effect* on every table (see
+Guarantees for the one case a rollup needs ``db check-rollups --repair``).
 
 ``forumpulse consume`` runs one :class:`LiveConsumer` (a confluent-kafka group member); the owner process
 (``forumpulse run --consume``) hosts one next to the engine.  Several consumers scale out in one group, each
@@ -43,8 +44,11 @@ rows take ``ingested_at`` from the newest Kafka timestamp of the batch (not the 
 is identical.
 
 Guarantees: every message of the topic ends as exactly one row of ``requests`` or ``quarantine`` or one
-dead-letter message (bad envelope) or one heartbeat; rollups count each line once.  At-least-once (not exactly-
-once) for side channels: the dead-letter topic (a replayed batch is dead-lettered again; match on
+dead-letter message (bad envelope) or one heartbeat; rollups count each line once, except that a store process
+killed while ClickHouse commits one insert's parts table by table can leave one rollup without that block (the
+replay is deduplicated everywhere): every replayed batch logs the hours to check with ``forumpulse db
+check-rollups`` (:mod:`forumpulse.pipeline.rollup_check`), whose ``--repair`` rebuilds them from ``requests``.
+At-least-once (not exactly-once) for side channels: the dead-letter topic (a replayed batch is dead-lettered again; match on
 ``fp-source``), ``pipeline_stats``, ``source_liveness.lines`` (approximate) and
 detector hooks may see a replayed batch twice.
 
