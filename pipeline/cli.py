@@ -68,11 +68,11 @@ def _settings(config: Path | None, store: str | None = None) -> Any:
     return s
 
 
-def _open(settings: Any) -> Any:
+def _open(settings: Any, *, existing: bool = False) -> Any:
     from forumpulse.pipeline.store import StoreBusy, StoreLocationError, StoreUnavailable, open_store
 
     try:
-        return open_store(settings.store.url)
+        return open_store(settings.store.url, existing=existing)
     except (StoreBusy, StoreUnavailable) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(3) from None
@@ -274,9 +274,11 @@ def db_migrate(
 def db_check_rollups(
     from_: Annotated[str, typer.Option("--from", help="start (ISO date/time, UTC unless an offset is given; "
                                        "default: 24 hours before --to), widened to the whole hour")] = "",
-    to: Annotated[str, typer.Option("--to", help="end, exclusive (default: now), widened to the whole hour")] = "",
-    repair: Annotated[bool, typer.Option("--repair", help="rebuild every rollup of the range from requests when "
-                                         "one differs (stop the consumers first on a ClickHouse server)")] = False,
+    to: Annotated[str, typer.Option("--to", help="end, exclusive (default: the start of the current hour, which "
+                                    "is still being written), widened to the whole hour")] = "",
+    repair: Annotated[bool, typer.Option("--repair", help="rebuild the hours of the rollups that differ from "
+                                         "requests, then check again (stop the consumers first, also an owner's "
+                                         "--consume, unless the hours are no longer written)")] = False,
     config: ConfigOpt = None,
     store: StoreOpt = None,
 ) -> None:
@@ -296,15 +298,16 @@ def db_check_rollups(
             raise typer.BadParameter(f"{opt} {text!r} is not an ISO date/time (e.g. 2026-11-25 or 2026-11-25T18:00)") from None
         return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
 
-    end = when(to, "--to") if to else datetime.now(UTC)
+    end = when(to, "--to") if to else datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     start = when(from_, "--from") if from_ else end - timedelta(days=1)
     if end <= start:
         raise typer.BadParameter(f"--to ({to or 'now'}) is not after --from ({from_ or 'a day before'})")
     settings = _settings(config, store)
-    st = _open(settings)
+    st = _open(settings, existing=True)
+    scratch = lambda db: open_store(settings.store.url, database=db)  # noqa: E731
     try:
-        res = check_rollups(st, start, end, repair=repair,
-                            open_scratch=lambda db: open_store(settings.store.url, database=db))
+        res = check_rollups(st, start, end, repair=repair, open_scratch=scratch)
+        after = check_rollups(st, start, end, open_scratch=scratch) if res.repaired else None
     except ValueError as exc:  # not the single-node schema
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -323,8 +326,17 @@ def db_check_rollups(
         typer.echo(f"  {table:<16} {state}")
     if res.hours:
         typer.echo(f"hours with differences: {', '.join(res.hours[:12])}{' ...' if len(res.hours) > 12 else ''}")
-    if res.repaired:
-        typer.echo("repaired: every rollup of the range rebuilt from requests")
+    if res.raw_incomplete:
+        n = len(res.raw_incomplete)
+        typer.echo(f"warning: {n} hour(s) not compared, the rollups counted more requests there than requests "
+                   f"still holds (raw rows dropped: retention): {', '.join(res.raw_incomplete[:6])}"
+                   f"{' ...' if n > 6 else ''}", err=True)
+    if after is not None:
+        changed = sum(1 for v in res.differences.values() if v != (0, 0))
+        typer.echo(f"repaired: {len(res.hours)} hour(s) of {changed} rollup(s) rebuilt from requests; checked "
+                   f"again: {'every rollup the same' if after.ok else 'STILL DIFFERENT'}")
+        if not after.ok:
+            raise typer.Exit(1)
     elif not res.ok:
         typer.echo("run again with --repair to rebuild them from requests", err=True)
         raise typer.Exit(1)

@@ -124,17 +124,35 @@ def test_an_hourly_rollup_missing_a_block_is_rebuilt_through_its_minute_rollup(l
     assert res.repaired and _check(st_path).ok
 
 
-@pytest.mark.parametrize("cut_minutes", [180, 200], ids=["on_the_hour", "mid_hour"])
-def test_hours_requests_may_no_longer_hold_are_never_compared_nor_rebuilt(loaded: tuple[Path, Path],
-                                                                          tmp_path: Path, cut_minutes: int) -> None:
-    st_path = _copy(loaded[0] / "st", tmp_path / "st")
-    st = open_store(f"chdb:{st_path}")
+def _hand_store(tmp_path: Path, days: int, step_minutes: int = 10) -> Path:
+    """A chDB store of a small hand-written log: one line every ``step_minutes`` over ``days`` days."""
+    start = datetime(2025, 3, 1, tzinfo=UTC)
+    n = days * 24 * 60 // step_minutes
+    lines = [f'192.0.2.{i % 200 + 1} - - [{start + timedelta(minutes=i * step_minutes):%d/%b/%Y:%H:%M:%S +0000}] '
+             f'"GET /threads/t.{i % 7 + 1}/ HTTP/1.1" 200 {1000 + i} "-" "Mozilla/5.0 (X11; Linux x86_64)"'
+             for i in range(n)]
+    log = tmp_path / "hand.log"
+    log.write_text("\n".join(lines) + "\n")
+    cfg = write_settings(tmp_path / "fp.yaml", f"chdb:{tmp_path / 'st'}")
+    p = subprocess.run([str(EXE), "ingest", "-c", str(cfg), "--format", "combined", str(log)], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return tmp_path / "st"
+
+
+def _site_requests(path: Path) -> int:
+    st = open_store(f"chdb:{path}")
     try:
-        first = datetime.fromtimestamp(int(st.query_rows("SELECT toUnixTimestamp(toStartOfHour(min(ts))) "
-                                                         "FROM requests")[0][0]), UTC)
-        total = st.query_rows("SELECT sum(requests) FROM site_minute")[0][0]
+        return int(st.query_rows("SELECT sum(requests) FROM site_minute")[0][0])
     finally:
         st.close()
+
+
+@pytest.mark.parametrize("cut_minutes", [180, 200], ids=["on_the_hour", "mid_hour"])
+def test_hours_requests_may_no_longer_hold_are_never_compared_nor_rebuilt(tmp_path: Path, cut_minutes: int) -> None:
+    st_path = _hand_store(tmp_path, days=4)
+    first = datetime(2025, 3, 1, tzinfo=UTC)
+    total = _site_requests(st_path)
     # raw retention dropped the oldest raw rows (on the hour, or halfway through one); their rollups stay
     cut = first + timedelta(minutes=cut_minutes)
     _damage(st_path, f"ALTER TABLE requests DELETE WHERE ts < toDateTime64('{cut:%Y-%m-%d %H:%M:%S}', 3, 'UTC') "
@@ -142,11 +160,44 @@ def test_hours_requests_may_no_longer_hold_are_never_compared_nor_rebuilt(loaded
     res = _check(st_path, repair=True)
     assert res.ok and not res.repaired, res.differences  # the dropped hours are not taken for differences
     assert res.start == _hour(cut) + timedelta(days=1) and "retention.raw_days" in res.note
-    st = open_store(f"chdb:{st_path}")
-    try:
-        assert st.query_rows("SELECT sum(requests) FROM site_minute")[0][0] == total  # no rollup row lost
-    finally:
-        st.close()
+    assert res.requests == (4 * 24 * 60 - (_hour(cut) + timedelta(days=1) - first).total_seconds() / 60) // 10
+    assert res.requests > 0 and res.raw_incomplete == []
+    assert _site_requests(st_path) == total  # no rollup row lost
+
+
+def test_raw_rows_dropped_inside_the_history_are_not_compared_nor_rebuilt(tmp_path: Path) -> None:
+    """A stretch in the middle whose raw rows are gone but whose rollups stay (an archive loaded while the raw
+    retention was shorter, older and newer ones loaded after it was lengthened): those hours are listed as
+    raw-incomplete and left alone, while a real loss in another hour is still found and rebuilt."""
+    st_path = _hand_store(tmp_path, days=3)
+    total = _site_requests(st_path)
+    gap = datetime(2025, 3, 2, 5, tzinfo=UTC)
+    _damage(st_path, f"ALTER TABLE requests DELETE WHERE ts >= toDateTime64('{gap:%Y-%m-%d %H:%M:%S}', 3, 'UTC') "
+                     f"AND ts < toDateTime64('{gap + timedelta(hours=3):%Y-%m-%d %H:%M:%S}', 3, 'UTC') "
+                     "SETTINGS mutations_sync = 2")
+    lost = datetime(2025, 3, 2, 14, 20, tzinfo=UTC)  # and topic_minute loses one minute's block elsewhere
+    _damage(st_path, f"ALTER TABLE topic_minute DELETE WHERE minute = toDateTime('{lost:%Y-%m-%d %H:%M:%S}', 'UTC') "
+                     "SETTINGS mutations_sync = 2")
+    res = _check(st_path, repair=True)
+    assert res.raw_incomplete == [f"{gap + timedelta(hours=h):%Y-%m-%d %H:%M:%S}" for h in range(3)]
+    assert res.hours == ["2025-03-02 14:00:00"] and res.repaired, res
+    assert res.differences["topic_minute"][1] > 0
+    assert all(v == (0, 0) for t, v in res.differences.items() if t != "topic_minute"), res.differences
+    assert _site_requests(st_path) == total  # the raw-incomplete hours kept their rollups
+    again = _check(st_path)
+    assert again.ok and again.raw_incomplete == res.raw_incomplete
+
+
+def test_repairs_of_many_hours_go_in_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More hours than one statement takes (the IN list stays under max_query_size) are all rebuilt."""
+    import forumpulse.pipeline.rollup_check as rc
+
+    monkeypatch.setattr(rc, "HOURS_PER_STATEMENT", 7)
+    st_path = _hand_store(tmp_path, days=2)
+    _damage(st_path, "ALTER TABLE client_minute DELETE WHERE toMinute(minute) = 30 SETTINGS mutations_sync = 2")
+    res = _check(st_path, repair=True)
+    assert res.repaired and len(res.hours) == 48 and res.differences["client_minute"][1] >= 48
+    assert _check(st_path).ok
 
 
 def _hour(dt: datetime) -> datetime:
@@ -181,9 +232,14 @@ def test_cli_exit_codes_and_repair(loaded: tuple[Path, Path], tmp_path: Path) ->
     assert p.returncode == 1, p.stdout + p.stderr
     assert "client_minute    DIFFERENT" in p.stdout and "--repair" in p.stderr
     p = subprocess.run([*args, "--repair"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and "repaired" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "repaired: 1 hour(s) of 1 rollup(s)" in p.stdout and "checked again: every rollup the same" in p.stdout
     p = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "DIFFERENT" not in p.stdout, p.stdout + p.stderr
+    # a mistyped folder is an error, not a new empty store
+    typo = subprocess.run([*args[:6], f"chdb:{tmp_path / 'nope'}", *args[7:]], capture_output=True, text=True,
+                          timeout=60)
+    assert typo.returncode == 2 and "no chDB store" in typo.stderr and not (tmp_path / "nope").exists()
     bad = subprocess.run([*args[:7], "--from", "yesterday"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not an ISO date" in bad.stderr
 
@@ -221,7 +277,7 @@ def test_through_a_clickhouse_endpoint_the_scratch_database_is_its_own(loaded: t
             tables = {r[0] for r in cs.query_rows("SELECT name FROM system.tables WHERE database = 'forumpulse'")}
         finally:
             cs.close()
-        assert "forumpulse_rollup_check" not in dbs and {"requests", "prefix_hour"} <= tables
+        assert not [d for d in dbs if "rollup_check" in d] and {"requests", "prefix_hour"} <= tables
     finally:
         assert stop(owner) == 0
 

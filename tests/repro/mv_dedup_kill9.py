@@ -1,7 +1,7 @@
 """Reproduction, with chDB alone (no forumpulse code): a process killed during token-deduplicated INSERTs into a
 table with materialized views can leave one view's table without an insert's block for good.
 
-Not a test (pytest does not collect this folder's files); run by hand, about 3-6 minutes on 2 cores:
+Not a test (its name does not match pytest's test_*.py, so pytest does not collect it); run by hand, about 3-6 minutes on 2 cores:
 
     python tests/repro/mv_dedup_kill9.py /tmp/mvk9 [--kills 30] [--inserts 4000] [--seed 1] [--serial-views]
 
