@@ -484,8 +484,9 @@ class LiveConsumer:
             if a == z:
                 continue
             key = (msgs[a].topic(), int(pn[a]))
-            # offsets only grow within an assignment (no seeks here): if they go back, the log was recreated
-            # (deleted and created again, broker data replaced) or truncated while we read it
+            # offsets only grow within an assignment (our one seek, _seek_past_seen, goes forward past the last
+            # offset seen): if they go back, the log was recreated (deleted and created again, broker data
+            # replaced) or truncated while we read it
             last_off = msgs[z - 1].offset()
             if msgs[a].offset() <= seen.get(key, -1) or last_off - msgs[a].offset() < z - a - 1:
                 a = self._log_restarted(key, msgs, a, z)

@@ -246,7 +246,9 @@ def test_recreated_topic_loads_every_new_line_at_reused_offsets(broker: Broker, 
 
 
 def test_topic_recreated_under_a_running_consumer_is_read_as_a_new_log(broker: Broker, store: Store,
-                                                                         settings: Settings, chdb_path: Path) -> None:
+                                                                         settings: Settings, chdb_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="forumpulse")
     topic = "rerun.raw"
     create_topics(broker.bootstrap, 2, topic, "rerun.dlq")
     first = list(stream(8000, seed=25))
@@ -270,9 +272,13 @@ def test_topic_recreated_under_a_running_consumer_is_read_as_a_new_log(broker: B
         c.stop()
         t.join(60)
     assert_same_as_reference(reference_diff(store, chdb_path, settings, first + second))
-    # each partition's restart is seen once and its new log read once: after a pause and resume librdkafka
-    # fetched from the old log's position again, out of range, back to the start, over and over (a CI run)
-    assert c.metrics.registry.get_sample_value("forumpulse_log_restarts_total") == 2
+    # each partition's restart is seen at most once and its new log read once: after a pause and resume
+    # librdkafka fetched from the old log's position again, out of range, back to the start, over and over (a CI
+    # run).  At most, not exactly once: a rebalance while the topic is recreated clears what was seen, and the
+    # new log is then read from its start as a new assignment without a restart being noticed (also exact).
+    restarts = [m.split(":", 1)[0] for m in (r.getMessage() for r in caplog.records) if "offsets went back" in m]
+    assert len(restarts) == len(set(restarts)) and set(restarts) <= {f"{topic}/0", f"{topic}/1"}, restarts
+    assert c.metrics.registry.get_sample_value("forumpulse_log_restarts_total") == len(restarts)
 
 
 def test_ranges_without_topic_id_of_the_current_log_replay_exactly_after_an_upgrade(

@@ -99,7 +99,7 @@ def _expected_lines(msgs: list[Any]) -> int:
     return n
 
 
-def test_kill_9_ten_times_during_a_200k_stream_leaves_every_table_exact(broker: Broker, tmp_path: Path) -> None:
+def test_kill_9_ten_times_during_a_200k_stream_is_exact_after_the_rollup_check(broker: Broker, tmp_path: Path) -> None:
     rng = random.Random(20261122)
     topic, dlq = "kill.raw", "kill.dlq"
     create_topics(broker.bootstrap, 4, topic, dlq)
@@ -136,10 +136,12 @@ def test_kill_9_ten_times_during_a_200k_stream_leaves_every_table_exact(broker: 
         batches = ClickHouseStore(url).query_rows("SELECT count() FROM consumer_batches FINAL")[0][0]
         assert batches >= 200_000 // 4000
         # a kill while ClickHouse commits one insert's parts table by table can leave one rollup without that
-        # block (the replay is deduplicated everywhere; reproduced without forumpulse:
-        # tests/repro/mv_dedup_kill9.py).  Any such gap must lie in the hours the loader named for its replayed
-        # batches; `db check-rollups --repair` (here through the owner's ClickHouse endpoint) rebuilds it from
-        # requests.  requests and quarantine are never touched by it: their exactness below is the loader's.
+        # block (the replay is deduplicated everywhere; seen once in CI, and with ClickHouse alone in a harness:
+        # tests/repro/mv_dedup_kill9.py).  What such a kill can do is bounded: a block taken from one or two
+        # rollups, in the hours the loader named for its replayed batches (the hint; docs call it incomplete,
+        # so a failure here is worth a look, not a retry);
+        # `db check-rollups --repair` (here through the owner's ClickHouse endpoint) rebuilds them from requests.
+        # requests and quarantine are never touched by it: their exactness below is the loader's.
         advised: set[str] = set()
         for a, b in re.findall(r"check-rollups --from (\S+) --to (\S+)`", log.read_text(errors="replace")):
             h, end = datetime.fromisoformat(a), datetime.fromisoformat(b)
@@ -155,11 +157,13 @@ def test_kill_9_ten_times_during_a_200k_stream_leaves_every_table_exact(broker: 
             st.close()
         print("rollups after the kills:", found.differences, found.hours)  # kept in the test log
         assert set(found.hours) <= advised, (found.hours, sorted(advised))
+        assert found.raw_incomplete == []  # requests holds at least what every rollup counted
         fix = subprocess.run([PY, "-m", "forumpulse.pipeline.cli", "db", "check-rollups", "-c", str(config),
                               "--store", url, "--from", "2000-01-01", "--to", "2100-01-01", "--repair"],
                              capture_output=True, text=True, timeout=600, check=False)
         assert fix.returncode == 0, fix.stdout + fix.stderr
         assert ("repaired" in fix.stdout) == (not found.ok), fix.stdout
+        assert found.ok or "checked again: every rollup the same" in fix.stdout, fix.stdout
         diff = _verify(port, config, msgs, "kill")
     finally:
         assert stop(owner) == 0
