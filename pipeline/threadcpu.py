@@ -37,7 +37,9 @@ def _write(path: str) -> None:
 
 
 def report_at_exit_if_asked() -> None:
-    """Register the exit report when ``FP_THREAD_CPU_OUT`` is set (call early in a command's main)."""
-    path = os.environ.get(ENV)
+    """Register the exit report when ``FP_THREAD_CPU_OUT`` is set (call early in a command's main; calling it again
+    does nothing).  The variable is taken out of this process's environment, so a forumpulse process it starts
+    does not write over the same file."""
+    path = os.environ.pop(ENV, None)
     if path:
         atexit.register(_write, path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from forumpulse.pipeline.bench import run_measured
 
@@ -57,3 +58,19 @@ def test_the_exit_report_adds_only_what_the_samples_missed(tmp_path: Path) -> No
     assert seen[(7, 8)] == 0.75
     _add_exit_report(tmp_path / "absent.json", seen, by_kind)  # a command that wrote none: nothing changes
     assert by_kind == {"interpreter": 2.0, "chDB merges": 0.25, "chDB": 3.75}
+
+
+def test_the_report_is_registered_once_and_not_passed_to_child_processes(tmp_path: Path,
+                                                                         monkeypatch: Any) -> None:
+    import atexit
+    import os
+
+    from forumpulse.pipeline import threadcpu
+
+    registered: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(atexit, "register", lambda *a: registered.append(a))
+    monkeypatch.setenv(threadcpu.ENV, str(tmp_path / "out.json"))
+    threadcpu.report_at_exit_if_asked()
+    threadcpu.report_at_exit_if_asked()  # a command's main and the consumer both ask: one report
+    assert registered == [(threadcpu._write, str(tmp_path / "out.json"))]
+    assert threadcpu.ENV not in os.environ  # a forumpulse process started from here does not overwrite it
