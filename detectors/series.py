@@ -482,6 +482,7 @@ class SeasonalDetector:
         self.closed: list[Detection] = []
         self._down_run: list[datetime] = []
         self._last_ts: datetime | None = None
+        self._gaps: dict[date, tuple[int, int] | None] = {}  # local minutes that do not exist, per day (DST)
 
     # -- baseline -------------------------------------------------------------------------------------
     def _day_kind(self, d: date) -> DayKind:
@@ -517,18 +518,30 @@ class SeasonalDetector:
         if len(refs) < self.p.min_baseline_days:
             return []
         end = local.hour * 60 + local.minute
+        lo = end - minutes + 1
+        # on a spring-forward day the observed window is elapsed minutes (see _observed): the references cover the
+        # same local clock minutes, i.e. reach back as far and leave out the hour that did not exist that day
+        gap = self._clock_gap(d)
+        if gap is None or end < gap[1] or lo >= gap[1]:
+            gap = None
+        else:
+            lo -= gap[1] - gap[0]
         sums = []
         for r in refs:
             arr = self.ref[r]
-            lo = end - minutes + 1
             seg = arr[max(lo, 0): end + 1]
+            if gap is not None:
+                seg = np.concatenate([arr[max(lo, 0): gap[0]], arr[gap[1]: end + 1]])
             if lo < 0:  # window spans midnight: take the tail of the previous calendar day of that ref
                 prev = self.days.get(r - timedelta(days=1))
                 if prev is not None:
                     prev = self.ref[r - timedelta(days=1)]
                     seg = np.concatenate([prev[1440 + lo:], seg])
             valid = seg[~np.isnan(seg)]
-            if len(valid) >= 0.8 * minutes:
+            # minutes of a spring-forward hour do not exist: they are no missing data (a window over them is
+            # judged on the minutes it has, scaled to the window)
+            exist = minutes - self._missing_clock(r, max(lo, 0), end)
+            if len(valid) >= 0.8 * exist:
                 sums.append(float(valid.mean()) * minutes)
         return sums
 
@@ -542,11 +555,40 @@ class SeasonalDetector:
             self._day_totals[key] = exp if n else math.inf
         return self._day_totals[key]
 
+    def _clock_gap(self, d: date) -> tuple[int, int] | None:
+        """The local minutes ``[a, b)`` of ``d`` that do not exist (a spring-forward day: 02:00-02:59 in Berlin),
+        or None on a day without such a gap; cached per day."""
+        if d not in self._gaps:
+            self._gaps[d] = None
+            midnight = datetime.combine(d, datetime.min.time()).replace(tzinfo=self.tz)
+            nxt = datetime.combine(d + timedelta(days=1), datetime.min.time()).replace(tzinfo=self.tz)
+            length = int((nxt.astimezone(UTC) - midnight.astimezone(UTC)).total_seconds()) // 60
+            if length < 1440:
+                t, prev = midnight.astimezone(UTC), -1
+                for _ in range(length):
+                    loc = t.astimezone(self.tz)
+                    idx = loc.hour * 60 + loc.minute
+                    if prev >= 0 and idx > prev + 1:
+                        self._gaps[d] = (prev + 1, idx)
+                        break
+                    prev, t = idx, t + timedelta(minutes=1)
+        return self._gaps[d]
+
+    def _missing_clock(self, d: date, lo: int, hi: int) -> int:
+        """How many local minutes of ``[lo, hi]`` on ``d`` do not exist (the spring-forward hour), 0 on other days."""
+        gap = self._clock_gap(d)
+        return 0 if gap is None else max(0, min(hi + 1, gap[1]) - max(lo, gap[0]))
+
     def _observed(self, local: datetime, minutes: int, raw: bool = False) -> tuple[float, int]:
+        """The count of the ``minutes`` *elapsed* minutes ending at ``local`` (inclusive) and how many of them
+        have data: on a spring-forward day the window reaches back over the local hour that does not exist."""
         d = local.date()
         end = local.hour * 60 + local.minute
         arr = self.days[d] if raw else self.clean[d]
         lo = end - minutes + 1
+        gap = self._clock_gap(d)
+        if gap is not None and end >= gap[1] and lo < gap[1]:
+            lo -= gap[1] - gap[0]  # the window reaches back over the whole gap (``local`` never lies inside it)
         seg = arr[max(lo, 0): end + 1]
         prev = d - timedelta(days=1)
         if lo < 0 and prev in self.days:

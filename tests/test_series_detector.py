@@ -211,3 +211,38 @@ def test_reported_dip_does_not_mask_the_same_hours_after_it() -> None:
     dips = _repeat_day("dip", 0.1, 0.3)
     assert [(d.start.day, d.label) for d in dips] == [(6, "unexplained"), (10, "unexplained")], [d.to_json() for d in dips]
     assert [d.start.day for d in _repeat_day("dip", 0.1, 0.3, exclude=False)] == [6]
+
+
+def _spring_forward_dip(tz: str, day: datetime, dip_from: datetime, dip_to: datetime) -> list:
+    """Eight flat days of ~20 requests a minute in ``tz``, then ``day`` (a spring-forward day) with traffic at
+    10% over [dip_from, dip_to) (UTC); the site detector's dips."""
+    start = day - timedelta(days=8)
+    ts = _minutes(9, start)
+    x = np.random.default_rng(3).poisson(20.0, len(ts)).astype(float)
+    for i, t in enumerate(ts):
+        if dip_from <= t < dip_to:
+            x[i] = round(x[i] * 0.1)
+    return [d for d in run_seasonal(ts, x.tolist(), tz, params=seasonal_params(load_rules())) if d.kind == "dip"]
+
+
+def test_a_dip_across_the_spring_forward_hour_is_judged_on_elapsed_minutes() -> None:
+    """Berlin, 29 March 2026: 02:00 CET is 03:00 CEST, the local hour 02:00-02:59 does not exist.  Traffic falls
+    to 10% at 00:30 CET.  The 3-hour dip window is 180 *elapsed* minutes, so the dip is found as on any night, 120
+    minutes in (ratio under 0.4), at 03:30 CEST; judged on the local clock the window held 60 minutes that do not
+    exist and could not be judged before 05:23 CEST (a few hours of every spring-forward night unjudgeable)."""
+    berlin = ZoneInfo("Europe/Berlin")
+    day = datetime(2026, 3, 28, 23, 0, tzinfo=UTC)  # 29 March 00:00 CET
+    dips = _spring_forward_dip("Europe/Berlin", day, datetime(2026, 3, 28, 23, 30, tzinfo=UTC),
+                               datetime(2026, 3, 29, 6, 0, tzinfo=UTC))
+    assert len(dips) == 1 and dips[0].label == "unexplained", [d.to_json() for d in dips]
+    found = dips[0].start.astimezone(berlin)
+    assert found.utcoffset() == timedelta(hours=2) and (found.hour, found.minute) <= (3, 35), found
+
+
+def test_no_dip_on_a_spring_forward_night_with_normal_traffic() -> None:
+    """Flat traffic through the spring-forward night: the missing local hour is no dip (it holds no minutes,
+    not minutes without traffic), in Berlin and in New York (8 March 2026, 02:00 EST -> 03:00 EDT)."""
+    assert _spring_forward_dip("Europe/Berlin", datetime(2026, 3, 28, 23, tzinfo=UTC),
+                               datetime(2000, 1, 1, tzinfo=UTC), datetime(2000, 1, 1, tzinfo=UTC)) == []
+    assert _spring_forward_dip("America/New_York", datetime(2026, 3, 8, 5, tzinfo=UTC),
+                               datetime(2000, 1, 1, tzinfo=UTC), datetime(2000, 1, 1, tzinfo=UTC)) == []
