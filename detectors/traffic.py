@@ -229,8 +229,9 @@ class _Rolling:
     """One measure (``idx`` in the count tuples): its trailing window of ``window`` minutes and the ``baseline``
     minutes before it, with running sums per scope and of the forum's totals (O(scopes of the minute) per push).
     The per-minute dicts are shared with the other measures' rollings.  With ``zero_keys`` (views, as rules v5
-    kept them) a scope that had a row in the baseline but no count there is still "seen": its baseline share is
-    floored at ``new_topic_share / 10``, not set to ``new_topic_share`` as for a scope never seen."""
+    meant them) a scope that has a row in the baseline but no count there is still "seen" (:meth:`seen`): its
+    baseline share is floored at ``new_topic_share / 10``, not set to ``new_topic_share`` as for a scope never
+    seen.  "Seen" is counted in rows (``base_rows``), not read off the sums, whose keys go at 0."""
 
     idx: int
     window: int
@@ -241,7 +242,12 @@ class _Rolling:
     base_sum: dict[str, int] = field(default_factory=dict)
     win_total: int = 0
     base_total: int = 0
-    zero_keys: bool = False  # views: a scope seen in the baseline with 0 views keeps a key (share floor / 10)
+    zero_keys: bool = False  # views: a scope with a row in the baseline is "seen" even with 0 views (floor / 10)
+    base_rows: dict[str, int] = field(default_factory=dict)  # zero_keys: baseline minutes with a row, per scope
+
+    def seen(self, scope: str) -> bool:
+        """Whether ``scope`` has a count in the baseline, or (``zero_keys``) at least a row there."""
+        return scope in self.base_sum or (self.zero_keys and scope in self.base_rows)
 
     def push(self, item: _MinuteItem) -> None:
         minute, counts, totals = item
@@ -256,20 +262,37 @@ class _Rolling:
             for k, c in old[1].items():
                 if c[i] or keep:
                     _add(self.win_sum, k, -c[i])
-                    self.base_sum[k] = self.base_sum.get(k, 0) + c[i]
+                    _add(self.base_sum, k, c[i])
+                if keep:
+                    self.base_rows[k] = self.base_rows.get(k, 0) + 1
             self.win_total -= old[2][i]
             self.base_total += old[2][i]
             self.base.append(old)
         while self.base and self.base[0][0] <= minute - timedelta(minutes=self.window + self.baseline):
             old = self.base.popleft()
             for k, c in old[1].items():
-                if c[i] or keep:
+                if c[i]:
                     _add(self.base_sum, k, -c[i])
+                if keep:
+                    _add(self.base_rows, k, -1)
             self.base_total -= old[2][i]
 
     @property
     def baseline_minutes(self) -> int:
         return max(1, len(self.base))
+
+    def recount(self, scopes: set[str]) -> None:
+        """Recompute the sums (and rows) of ``scopes`` from the kept minutes (after :meth:`_TopicState.regroup`
+        rewrote their per-minute counts)."""
+        for sums in (self.win_sum, self.base_sum, self.base_rows):
+            for k in scopes:
+                sums.pop(k, None)
+        for part, sums in ((self.win, self.win_sum), (self.base, self.base_sum)):
+            for _, counts, _ in part:
+                for k in scopes & counts.keys():
+                    _add(sums, k, counts[k][self.idx])
+                    if self.zero_keys and part is self.base:
+                        self.base_rows[k] = self.base_rows.get(k, 0) + 1
 
 
 def _add(sums: dict[str, int], key: str, delta: int) -> None:
@@ -358,12 +381,9 @@ class _TopicState:
                     d[scope] = (old, new)
             if d:
                 diffs[key] = d
+        touched = {scope for d in diffs.values() for scope in d} | {f"group:{g}" for g in changed}
         for r in self.rollings.values():
-            for part, sums in ((r.win, r.win_sum), (r.base, r.base_sum)):
-                for _, counts, _ in part:
-                    for scope, (old, new) in diffs.get(id(counts), {}).items():
-                        if new[r.idx] != old[r.idx]:
-                            _add(sums, scope, new[r.idx] - old[r.idx])
+            r.recount(touched)
 
 
 def surge_p_value(views: int, total: int, base_share: float) -> float:
@@ -489,7 +509,10 @@ class TopicSurgeDetector:
                 counts[f"group:{g}"] = gc
         st = self.state
         fired: dict[str, tuple[float, datetime]] = {}
-        if st.base_total > 0:  # sequential evidence per group, against the share before this minute
+        # sequential evidence per group, against the share before this minute -- only once the baseline is long
+        # enough for a surge to open: evidence gathered against a few minutes' share would otherwise carry
+        # through the gate and open a surge at its first minute (at every start of the data or of a warm-up)
+        if st.base_total > 0 and len(st.base) >= TOPIC_MIN_BASELINE_MINUTES:
             floor = float(self.r["new_topic_share"])
             for scope, cs in self.cusum.items():
                 if scope in self.open:
@@ -581,7 +604,7 @@ class TopicSurgeDetector:
         r = self.state.rollings[measure]
         c = r.win_sum.get(scope, 0)
         floor = float(self.r["new_topic_share"])
-        base_share = r.base_sum[scope] / r.base_total if r.base_total > 0 and scope in r.base_sum else floor
+        base_share = r.base_sum.get(scope, 0) / r.base_total if r.base_total > 0 and r.seen(scope) else floor
         return _Stat(c, r.win_total, c / max(r.win_total, 1), max(base_share, floor / 10), c / r.window,
                      r.base_sum.get(scope, 0) / r.baseline_minutes, r.window, len(r.base))
 

@@ -184,3 +184,104 @@ def test_no_surge_before_the_baseline_holds_an_hour() -> None:
     for i in range(3 * 60, 3 * 60 + 10):
         late.extend(det.update(t0 + timedelta(minutes=i), {1: (30, 0), 2: (40, 0), 3: (10, 0), 7: (20, 0)}, 100))
     assert {d.scope for d in late} == {"topic:7"}
+
+
+def _one_hour_baseline() -> dict:
+    import copy
+
+    r = copy.deepcopy(load_rules())
+    r["topic"]["baseline_hours"] = 1
+    return r
+
+
+def test_a_topic_seen_in_the_baseline_without_views_is_seen_whatever_the_order_of_its_rows() -> None:
+    """A topic-minute row with 0 human views (bots only) in the baseline makes the topic "seen" (share floor
+    new_topic_share / 10).  Three topics with such a row still in the 60-minute baseline, two of them with other
+    rows that left it before: all three are judged alike when they get 5 of 50 views (2%).  The seen flag used to
+    be read off the view sums, whose key went when any row left with the sum at 0: only topic 8 opened."""
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    setups = {8: {60: 0}, 7: {59: 5, 60: 0}, 9: {59: 0, 60: 0}}
+    shares = {}
+    for tid, rows_at in setups.items():
+        det = TopicSurgeDetector(_one_hour_baseline(), {}, "s")
+        for i in range(124):
+            rows = {1: (50, 0, 0)}
+            if i in rows_at:
+                rows[tid] = (rows_at[i], 0, 0)
+            assert not list(det.update(t0 + timedelta(minutes=i), rows, 50 + rows_at.get(i, 0)))
+        got = list(det.update(t0 + timedelta(minutes=124), {1: (45, 0, 0), tid: (5, 0, 0)}, 50))
+        shares[tid] = [d.detail["baseline_share"] for d in got if d.scope == f"topic:{tid}"]
+    assert shares == {8: [0.0002], 7: [0.0002], 9: [0.0002]}, shares
+
+
+def test_group_cusum_gathers_no_evidence_before_the_baseline_holds_an_hour() -> None:
+    """A group without views for the first 25 minutes, then a steady 1% share for a day: nothing changes after
+    minute 25, so no surge.  The CUSUM used to run from the 6th minute against a few minutes' share (0 here),
+    passed h before the 60-minute gate and opened a surge at the gate's first minute, which then never closed
+    (its baseline share frozen from that first hour)."""
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    det = TopicSurgeDetector(load_rules(), {"watch": {777}}, "forum")
+    out = []
+    for i in range(1440):
+        g = 0 if i < 25 else 2
+        rows = {1: (120 - g, 0, 0), 2: (80, 0, 0)}
+        if g:
+            rows[777] = (g, 0, 0)
+        out += [d for d in det.update(t0 + timedelta(minutes=i), rows, 200) if d.scope == "group:watch"]
+    assert out == [], [d.to_json() for d in out]
+
+
+def test_running_sums_and_seen_scopes_match_a_recount_under_gaps_and_regrouping() -> None:
+    """Random minutes (gaps of up to 90 minutes, longer than the 60-minute baseline; minutes without topic rows;
+    bot-only rows with 0 human views) and a group regrouped twice: after every minute the views rolling's sums
+    and its "seen" scopes equal a recount of the fed minutes, sums are never negative and no key is left for a
+    scope without a row (a removed group's 0-valued key used to stay for good)."""
+    import random
+
+    rng = random.Random(11)
+    det = TopicSurgeDetector(_one_hour_baseline(), {"g": {1, 2}}, "s")
+    st = det.state.views
+    groups = {"g": {1, 2}}
+    hist: list[tuple[datetime, dict[int, tuple[int, int, int]], int]] = []
+    m = datetime(2026, 3, 2, tzinfo=UTC)
+    for step in range(2000):
+        if step in (700, 1400):  # regroup: another membership, then the group removed
+            groups = {"g": {3, 4, 5}} if step == 700 else {}
+            det.set_groups(groups)
+        m += timedelta(minutes=rng.choice([1, 1, 1, 1, 2, 7, 90]))
+        rows: dict[int, tuple[int, int, int]] = {}
+        if rng.random() > 0.2:
+            for t in rng.sample(range(1, 40), rng.randint(1, 6)):
+                rows[t] = (rng.choice([0, 0, 1, 2, 5]), rng.choice([0, 0, 1]), 0)
+        total = sum(v for v, _, _ in rows.values())
+        list(det.update(m, rows, total))
+        hist.append((m, rows, total))
+        win: dict[str, int] = {}
+        base: dict[str, int] = {}
+        seen: set[str] = set()
+        wt = bt = 0
+        for hm, hrows, htotal in hist:
+            age = (m - hm).total_seconds() / 60
+            if age >= st.window + st.baseline:
+                continue
+            scoped = {f"topic:{t}": c for t, c in hrows.items()}
+            for g, members in groups.items():  # counts as the current membership gives them (regrouped)
+                got = [hrows[t] for t in members if t in hrows]
+                gc = (sum(x[0] for x in got), sum(x[1] for x in got), sum(x[2] for x in got))
+                if any(gc):
+                    scoped[f"group:{g}"] = gc
+            sums = win if age < st.window else base
+            if age < st.window:
+                wt += htotal
+            else:
+                bt += htotal
+                seen |= set(scoped)
+            for k, c in scoped.items():
+                if c[0]:
+                    sums[k] = sums.get(k, 0) + c[0]
+        assert {k: v for k, v in st.win_sum.items() if v} == win and st.base_sum == base, step
+        assert (st.win_total, st.base_total) == (wt, bt), step
+        assert {k for k in seen if st.seen(k)} == seen and all(st.seen(k) for k in seen), step
+        assert set(st.base_rows) == seen, step
+        assert all(v > 0 for v in st.win_sum.values() if v) and min(st.base_sum.values(), default=1) > 0
+    assert not [k for k in (*st.win_sum, *st.base_sum, *st.base_rows) if k.startswith("group:")]
