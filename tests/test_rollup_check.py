@@ -284,15 +284,5 @@ def test_through_a_clickhouse_endpoint_the_scratch_database_is_its_own(loaded: t
 
 def test_a_quiet_site_spanning_more_than_100_days_is_checked(tmp_path: Path) -> None:
     """requests is partitioned by day: copying 150 days of a quiet site is one insert of 150 partitions."""
-    start = datetime(2025, 1, 1, 12, tzinfo=UTC)
-    lines = [f'192.0.2.{d % 200 + 1} - - [{start + timedelta(days=d):%d/%b/%Y:%H:%M:%S +0000}] '
-             f'"GET /threads/t.{d % 7 + 1}/ HTTP/1.1" 200 {1000 + d} "-" "Mozilla/5.0 (X11; Linux x86_64)"'
-             for d in range(150)]
-    log = tmp_path / "quiet.log"
-    log.write_text("\n".join(lines) + "\n")
-    cfg = write_settings(tmp_path / "fp.yaml", f"chdb:{tmp_path / 'st'}")
-    p = subprocess.run([str(EXE), "ingest", "-c", str(cfg), "--format", "combined", str(log)], capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    res = _check(tmp_path / "st")
+    res = _check(_hand_store(tmp_path, days=150, step_minutes=1440))
     assert res.requests == 150 and res.ok, res
