@@ -568,7 +568,7 @@ class SeasonalDetector:
                 for _ in range(length):
                     loc = t.astimezone(self.tz)
                     idx = loc.hour * 60 + loc.minute
-                    if prev >= 0 and idx > prev + 1:
+                    if idx > prev + 1:  # prev starts at -1: a day whose first minute is 01:00 lacks 00:00-00:59
                         self._gaps[d] = (prev + 1, idx)
                         break
                     prev, t = idx, t + timedelta(minutes=1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -246,3 +246,31 @@ def test_no_dip_on_a_spring_forward_night_with_normal_traffic() -> None:
                                datetime(2000, 1, 1, tzinfo=UTC), datetime(2000, 1, 1, tzinfo=UTC)) == []
     assert _spring_forward_dip("America/New_York", datetime(2026, 3, 8, 5, tzinfo=UTC),
                                datetime(2000, 1, 1, tzinfo=UTC), datetime(2000, 1, 1, tzinfo=UTC)) == []
+
+
+@pytest.mark.parametrize("tz, day, gap", [
+    ("Europe/Berlin", date(2026, 3, 29), (120, 180)),      # 02:00 CET -> 03:00 CEST
+    ("America/New_York", date(2026, 3, 8), (120, 180)),    # 02:00 EST -> 03:00 EDT
+    ("America/Santiago", date(2025, 9, 7), (0, 60)),       # midnight does not exist: 00:00 -04 -> 01:00 -03
+    ("Africa/Cairo", date(2025, 4, 25), (0, 60)),          # the same at the start of Egypt's summer time
+    ("Europe/Berlin", date(2026, 3, 28), None),
+    ("America/Santiago", date(2025, 4, 6), None),          # fall-back day: a repeated hour, no missing one
+])
+def test_the_missing_local_minutes_of_a_spring_forward_day(tz: str, day: date, gap: tuple[int, int] | None) -> None:
+    """The local minutes that do not exist, also where the gap starts at midnight (the day begins at 01:00)."""
+    assert SeasonalDetector(tz)._clock_gap(day) == gap
+
+
+def test_no_dip_where_the_spring_forward_gap_starts_at_midnight() -> None:
+    """Santiago, 7 September 2025: the day starts at 01:00 -03.  Flat traffic through that night is no dip; a
+    night at 10% from 23:30 -04 is found as on any night, 121 elapsed minutes in (02:31 -03; 03:23 when the gap
+    at midnight went unseen)."""
+    santiago = ZoneInfo("America/Santiago")
+    day = datetime(2025, 9, 7, 4, 0, tzinfo=UTC)  # 7 September 01:00 -03, the first minute of the day
+    assert _spring_forward_dip("America/Santiago", day, datetime(2000, 1, 1, tzinfo=UTC),
+                               datetime(2000, 1, 1, tzinfo=UTC)) == []
+    dips = _spring_forward_dip("America/Santiago", day, datetime(2025, 9, 7, 3, 30, tzinfo=UTC),
+                               datetime(2025, 9, 7, 10, 0, tzinfo=UTC))
+    assert len(dips) == 1 and dips[0].label == "unexplained", [d.to_json() for d in dips]
+    found = dips[0].start.astimezone(santiago)
+    assert found.date() == date(2025, 9, 7) and (found.hour, found.minute) <= (2, 35), found
