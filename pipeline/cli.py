@@ -301,7 +301,7 @@ def db_check_rollups(
     end = when(to, "--to") if to else datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     start = when(from_, "--from") if from_ else end - timedelta(days=1)
     if end <= start:
-        raise typer.BadParameter(f"--to ({to or 'now'}) is not after --from ({from_ or 'a day before'})")
+        raise typer.BadParameter(f"--to ({to or 'the start of the current hour'}) is not after --from ({from_ or 'a day before'})")
     settings = _settings(config, store)
     st = _open(settings, existing=True)
     scratch = lambda db: open_store(settings.store.url, database=db)  # noqa: E731
@@ -320,6 +320,9 @@ def db_check_rollups(
     typer.echo(f"rollups vs requests, {res.start:{fmt}} .. {res.end:{fmt}} UTC: {res.requests:,} requests rows")
     if res.note:
         typer.echo(f"note: {res.note}")
+    if res.stale_dropped:
+        typer.echo(f"note: dropped {len(res.stale_dropped)} scratch database(s) left by a run that did not finish: "
+                   f"{', '.join(res.stale_dropped)}")
     for table, (extra, missing) in res.differences.items():
         state = ("same" if (extra, missing) == (0, 0) else
                  f"DIFFERENT: {extra:,} row(s) not as recomputed, {missing:,} recomputed row(s) not there")

@@ -12,7 +12,8 @@ run) lost such blocks in 2 of 6 runs; the committed script ``tests/repro/mv_dedu
 test) has not reproduced it so far (0 of 4 runs): the loss is rare, and its exact trigger is not pinned down.
 
 How: the rows of ``requests`` in the range (whole hours) are copied into a scratch database with the same schema
-(``<database>_rollup_check_<pid>_<random>``, one per run, dropped with ``SYNC`` afterwards), whose views compute every
+(``<database>_rollup_check_<unix time>_<pid>_<random>``, one per run, dropped with ``SYNC`` afterwards; one left
+behind by a killed run is dropped by the next run once it is a day old, see :func:`drop_stale_scratch`), whose views compute every
 rollup from them afresh; each rollup is compared key by key (sums exactly, ``uniq`` states by their count; t-digest
 states are not compared, the sums of the same rows are).  With ``repair``, the rows of the hours that differ are
 replaced by the recomputed ones, table by table; an hourly rollup is rebuilt through its minute rollup's view.
@@ -46,6 +47,8 @@ log = logging.getLogger("forumpulse.rollup_check")
 MINUTE_ROLLUPS = ("site_minute", "topic_minute", "client_minute", "prefix_minute", "transfer_minute")
 HOUR_ROLLUPS = ("topic_hour", "prefix_hour")
 TIME_COLUMN = {**{t: "minute" for t in MINUTE_ROLLUPS}, **{t: "hour" for t in HOUR_ROLLUPS}}
+#: a scratch database older than this was left by a run that was killed (a check of months takes minutes)
+STALE_SCRATCH_AGE = timedelta(days=1)
 #: the scratch database gets no TTL: rows of any age stay until they are compared
 _NO_TTL = {"raw_ttl_days": 0, "rollup_ttl_days": 0, "quarantine_ttl_days": 0, "stats_ttl_days": 0}
 
@@ -65,6 +68,8 @@ class RollupCheck:
     note: str = ""  #: why the range was clamped or empty
     #: hours (UTC, ISO) not compared: the rollups counted more requests there than ``requests`` still holds
     raw_incomplete: list[str] = field(default_factory=list)
+    #: scratch databases of earlier runs that were killed before dropping theirs, dropped by this run
+    stale_dropped: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -142,16 +147,18 @@ def check_rollups(store: Any, start: datetime, end: datetime, *, repair: bool = 
     if engines.get("requests") != "MergeTree":
         raise ValueError(f"{db}.requests is a {engines.get('requests') or 'missing'} table: check-rollups works on "
                          "the single-node schema (on a cluster, run it against each shard's local tables)")
+    stale = drop_stale_scratch(store, db)
     oldest = store.query_rows("SELECT toUnixTimestamp(min(ts)), count() FROM requests")[0]
     if not oldest[1]:
-        return RollupCheck(start, end, 0, note="requests is empty: nothing to compare")
+        return RollupCheck(start, end, 0, note="requests is empty: nothing to compare", stale_dropped=stale)
     limit, why = _complete_from(store, datetime.fromtimestamp(int(oldest[0]), UTC))
     if start < limit:
         note = f"started at {_ts(limit)} UTC: {why}"
         start = limit
     if start >= end:
-        return RollupCheck(start, end, 0, note=note or "empty range")
-    scratch_name = f"{db}_rollup_check_{os.getpid()}_{secrets.token_hex(3)}"  # concurrent runs never share one
+        return RollupCheck(start, end, 0, note=note or "empty range", stale_dropped=stale)
+    # concurrent runs never share one; the time lets a later run tell one left behind by a killed run
+    scratch_name = f"{db}_rollup_check_{int(datetime.now(UTC).timestamp())}_{os.getpid()}_{secrets.token_hex(3)}"
     scratch = open_scratch(scratch_name)
     try:
         migrate(scratch, _NO_TTL)
@@ -161,7 +168,7 @@ def check_rollups(store: Any, start: datetime, end: datetime, *, repair: bool = 
         store.command(f"INSERT INTO {scratch_name}.requests SELECT * FROM {db}.requests WHERE {rng} "
                       "SETTINGS insert_deduplicate = 0, parallel_view_processing = 1, "
                       "max_partitions_per_insert_block = 0")
-        res = RollupCheck(start, end, n, note=note)
+        res = RollupCheck(start, end, n, note=note, stale_dropped=stale)
         skip = _raw_incomplete_hours(store, db, start, end)
         res.raw_incomplete = sorted(skip)
         hours: set[str] = set()
@@ -189,6 +196,25 @@ def check_rollups(store: Any, start: datetime, end: datetime, *, repair: bool = 
         # SYNC: an Atomic database's dropped tables would otherwise keep their data on disk for minutes (a second
         # copy of the range's raw rows), and a short-lived chDB process may never get to remove it
         store.command(f"DROP DATABASE IF EXISTS {scratch_name} SYNC")
+
+
+def drop_stale_scratch(store: Any, db: str, now: datetime | None = None) -> list[str]:
+    """Drop the scratch databases of ``db`` that earlier runs left behind (killed before their ``finally``): a
+    name ``<db>_rollup_check_<unix time>_<pid>_<random>`` whose time is :data:`STALE_SCRATCH_AGE` old, or a name
+    without a time (an earlier version's).  A younger one may belong to a run still going and is left alone.
+    Returns the names dropped."""
+    prefix = f"{db}_rollup_check_"
+    now = now or datetime.now(UTC)
+    dropped = []
+    for (name,) in store.query_rows(f"SELECT name FROM system.databases WHERE startsWith(name, '{prefix}')"):
+        parts = str(name)[len(prefix):].split("_")
+        if len(parts) == 3 and parts[0].isdigit():
+            if now - datetime.fromtimestamp(int(parts[0]), UTC) < STALE_SCRATCH_AGE:
+                continue
+        log.warning("dropping %s: a scratch database left by a check-rollups run that did not finish", name)
+        store.command(f"DROP DATABASE IF EXISTS `{name}` SYNC")
+        dropped.append(str(name))
+    return dropped
 
 
 def _raw_incomplete_hours(store: Any, db: str, start: datetime, end: datetime) -> set[str]:

@@ -286,3 +286,31 @@ def test_a_quiet_site_spanning_more_than_100_days_is_checked(tmp_path: Path) -> 
     """requests is partitioned by day: copying 150 days of a quiet site is one insert of 150 partitions."""
     res = _check(_hand_store(tmp_path, days=150, step_minutes=1440))
     assert res.requests == 150 and res.ok, res
+
+
+def test_a_scratch_database_left_by_a_killed_run_is_dropped_by_the_next_run_once_a_day_old(
+        loaded: tuple[Path, Path], tmp_path: Path) -> None:
+    """A run killed before its ``finally`` leaves its scratch database (a copy of the range's raw rows).  The next
+    run drops one whose name says it is over a day old, and one named by an earlier version (no time); a younger
+    one may be a run still going and stays."""
+    st_path = _copy(loaded[0] / "st", tmp_path / "st")
+    now = int(datetime.now(UTC).timestamp())
+    old, legacy, young = (f"forumpulse_rollup_check_{now - 2 * 86400}_4242_abcdef",
+                          "forumpulse_rollup_check_4242_abcdef", f"forumpulse_rollup_check_{now - 600}_4343_fedcba")
+    st = open_store(f"chdb:{st_path}")
+    try:
+        db = st.database
+        old, legacy, young = (n.replace("forumpulse", db, 1) for n in (old, legacy, young))
+        for name in (old, legacy, young):
+            st.command(f"CREATE DATABASE `{name}`")
+            st.command(f"CREATE TABLE `{name}`.requests (x UInt8) ENGINE = MergeTree ORDER BY x")
+    finally:
+        st.close()
+    res = _check(st_path)
+    assert res.ok and sorted(res.stale_dropped) == sorted([old, legacy])
+    st = open_store(f"chdb:{st_path}")
+    try:
+        left = {r[0] for r in st.query_rows("SELECT name FROM system.databases WHERE name LIKE '%rollup_check%'")}
+    finally:
+        st.close()
+    assert left == {young}
