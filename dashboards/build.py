@@ -92,7 +92,7 @@ def build_dashboard(uid: str) -> dict[str, Any]:
     """The dashboard ``uid`` as a JSON-ready dict."""
     specs = all_specs()[uid]
     b = (
-        db.Dashboard(TITLES[uid]).uid(uid).tags(["forumpulse"]).timezone("browser").time("now-6h", "now")
+        db.Dashboard(TITLES[uid]).uid(uid).tags(["forumpulse"]).timezone("").time("now-6h", "now")
         .refresh("1m").editable().variables(_variables(uid))
     )
     for i, (spec, pos) in enumerate(zip(specs, _layout(specs), strict=True), start=1):

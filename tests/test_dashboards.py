@@ -86,9 +86,10 @@ def test_structure() -> None:
     assert set(dashes) == {"forumpulse-ops", "forumpulse-topics"}
     for name, d in dashes.items():
         assert d["uid"] == name
-        # times in the viewer's browser zone (an ops team in Kuala Lumpur reads its own hours; the daily report
-        # uses the site's zone); the SQL works on UTC epoch times either way
-        assert d["timezone"] == "browser", (name, d.get("timezone"))
+        # Grafana's "Default" zone: the viewer's profile, team or org preference, else the browser's (an ops team
+        # in Kuala Lumpur reads its own hours; the daily report uses the site's zone).  "browser" would override a
+        # preference, "utc" every viewer's hours; the SQL works on UTC epoch times either way
+        assert d["timezone"] == "", (name, d.get("timezone"))
         refs = _walk_datasources(d)
         assert refs, name
         for ref in refs:
