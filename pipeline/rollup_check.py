@@ -208,9 +208,9 @@ def drop_stale_scratch(store: Any, db: str, now: datetime | None = None) -> list
     dropped = []
     for (name,) in store.query_rows(f"SELECT name FROM system.databases WHERE startsWith(name, '{prefix}')"):
         parts = str(name)[len(prefix):].split("_")
-        if len(parts) == 3 and parts[0].isdigit():
-            if now - datetime.fromtimestamp(int(parts[0]), UTC) < STALE_SCRATCH_AGE:
-                continue
+        if len(parts) == 3 and parts[0].isdigit() and \
+                now - datetime.fromtimestamp(int(parts[0]), UTC) < STALE_SCRATCH_AGE:
+            continue  # may be a run still going
         log.warning("dropping %s: a scratch database left by a check-rollups run that did not finish", name)
         store.command(f"DROP DATABASE IF EXISTS `{name}` SYNC")
         dropped.append(str(name))

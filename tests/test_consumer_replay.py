@@ -6,6 +6,7 @@
   loaded — recorded ranges and tokens of the old log are not reused (also for ranges recorded without a topic
   ID, as before migration 0004); ranges without a topic ID of the *current* log (an upgrade after a crash) are
   still replayed exactly; ranges of the current topic ID beyond the log's end (a truncated log) are refused;
+  the poll loop's rule for offsets going back (a log restart) on chosen offsets, without a broker;
 * liveness: a source with old lines but fresh heartbeats is ``silent``, one with neither is ``dead``, one with
   fresh lines is ``live`` (Kafka message timestamps drive it);
 * the envelope contract (split/build round trip, refusals).
@@ -360,3 +361,68 @@ def test_envelope_refusals_and_non_envelopes() -> None:
     assert hb is not None and hb.is_heartbeat and hb.origin_file == ""
     assert heartbeat_time_ms(b"ts=1697000000 size=5 inode=7", 1) == 1_697_000_000_000
     assert heartbeat_time_ms(b"size=5", 42) == 42 and heartbeat_time_ms(b"ts=x", 42) == 42
+
+
+class _FakeMessage:
+    """What ``_poll`` reads of a confluent-kafka message."""
+
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self._t, self._p, self._o = topic, partition, offset
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def error(self) -> None:
+        return None
+
+
+class _FakeClient:
+    """Hands out prepared polls and records seeks (no broker: the offsets are chosen, not produced)."""
+
+    def __init__(self, polls: list[list[_FakeMessage]]) -> None:
+        self.polls = polls
+        self.seeks: list[tuple[str, int, int]] = []
+
+    def consume(self, num_messages: int, timeout: float) -> list[_FakeMessage]:
+        return self.polls.pop(0) if self.polls else []
+
+    def seek(self, tp: Any) -> None:
+        self.seeks.append((tp.topic, tp.partition, tp.offset))
+
+    def pause(self, tps: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("polls, restarts, kept, seek", [
+    # offsets only grow (gaps are compaction or transaction markers): no restart
+    ([[0, 1, 2, 3, 4], [5, 6]], 0, [0, 1, 2, 3, 4, 5, 6], None),
+    ([[0, 2, 5], [9]], 0, [0, 2, 5, 9], None),
+    # the next poll starts below what was seen: the old log's messages are dropped, the new log kept
+    ([[10, 11, 12, 13], [0, 1, 2]], 1, [0, 1, 2], 3),
+    # the restart inside one fetch run: messages before it are the old log's
+    ([[10, 11, 0, 1]], 1, [0, 1], 2),
+    # the same offset again (a new log of exactly that length so far) is a restart too
+    ([[0, 1, 2], [2, 3]], 1, [2, 3], 4),
+])
+def test_offsets_going_back_are_a_log_restart(settings: Settings, caplog: pytest.LogCaptureFixture,
+                                              polls: list[list[int]], restarts: int, kept: list[int],
+                                              seek: int | None) -> None:
+    """The poll loop's restart rule on chosen offsets (the broker test above cannot choose them: whether a
+    running consumer sees the recreation depends on timing): it is counted in ``forumpulse_log_restarts_total``,
+    named in a warning, the buffered messages are the new log's only, and the partition is sought past them."""
+    c = LiveConsumer(settings, store=None, options=ConsumerOptions(topic="t", dead_letter_topic=None,  # type: ignore[arg-type]
+                                                                    batch_lines=1000))
+    c._consumer = _FakeClient([[_FakeMessage("t", 0, o) for o in poll] for poll in polls])
+    with caplog.at_level(logging.WARNING, logger="forumpulse"):
+        for _ in polls:
+            c._poll(0.0)
+    assert c.metrics.registry.get_sample_value("forumpulse_log_restarts_total") == restarts
+    assert sum("offsets went back" in r.getMessage() for r in caplog.records) == restarts
+    assert [m.offset() for m in c._parts[("t", 0)].msgs] == kept and c._buffered == len(kept)
+    assert c._consumer.seeks == ([] if seek is None else [("t", 0, seek)])
