@@ -24,10 +24,10 @@ rollups reach further back), and inside it an hour where ``site_minute`` and ``c
 request) both counted more requests than ``requests`` still holds (raw rows dropped in the middle of the history:
 a retention that was shorter when that archive was loaded) is *not compared* and never repaired -- it is listed
 in :attr:`RollupCheck.raw_incomplete` -- because a kill can only take a block away from a rollup, never add one.
-So a repair never rebuilds a rollup from a partial hour.  The rule reads the two rollups together: an hour that
-lost raw rows *and*, in a kill, a block of one of them is still listed when the other one counts more; should
-both lose the same block in the same hour as raw rows, the hour is compared and reported, and a repair would
-rebuild it from the partial rows (both losses together have not been seen).  ``repair`` must not run while anything writes the same hours: stop the consumers first (also an owner's
+So a repair does not rebuild a rollup from a partial hour, with one exception the rule cannot see: an hour that
+lost raw rows *and*, in a kill, a larger block of ``site_minute`` or ``client_minute`` (that rollup then counts
+fewer than ``requests``) is compared, reported, and a repair would rebuild it from the partial rows (both losses
+in one hour have not been seen; rebuilding a killed-away block from the raw rows left is still closer).  ``repair`` must not run while anything writes the same hours: stop the consumers first (also an owner's
 ``--consume``: its endpoint stays writable), or repair only hours no longer written (the CLI's default end is the
 start of the current hour).  Not atomic: while it runs an hour being rebuilt is missing from its rollup, and a run
 that fails midway is mended by running it again.  The scratch views are today's: hours stored before a
