@@ -26,8 +26,9 @@ a retention that was shorter when that archive was loaded) is *not compared* and
 in :attr:`RollupCheck.raw_incomplete` -- because a kill can only take a block away from a rollup, never add one.
 So a repair does not rebuild a rollup from a partial hour, with one exception the rule cannot see: an hour that
 lost raw rows *and*, in a kill, a larger block of ``site_minute`` or ``client_minute`` (that rollup then counts
-fewer than ``requests``) is compared, reported, and a repair would rebuild it from the partial rows (both losses
-in one hour have not been seen; rebuilding a killed-away block from the raw rows left is still closer).  ``repair`` must not run while anything writes the same hours: stop the consumers first (also an owner's
+fewer than ``requests``) is compared, reported, and a repair would rebuild every rollup of it from the partial
+rows, losing what the raw retention dropped (both losses in one hour have not been seen; check the hours a
+repair would touch first, without ``--repair``).  ``repair`` must not run while anything writes the same hours: stop the consumers first (also an owner's
 ``--consume``: its endpoint stays writable), or repair only hours no longer written (the CLI's default end is the
 start of the current hour).  Not atomic: while it runs an hour being rebuilt is missing from its rollup, and a run
 that fails midway is mended by running it again.  The scratch views are today's: hours stored before a
