@@ -512,7 +512,11 @@ class TopicSurgeDetector:
         # sequential evidence per group, against the share before this minute -- only once the baseline is long
         # enough for a surge to open: evidence gathered against a few minutes' share would otherwise carry
         # through the gate and open a surge at its first minute (at every start of the data or of a warm-up)
-        if st.base_total > 0 and len(st.base) >= TOPIC_MIN_BASELINE_MINUTES:
+        # (the hour counted is what is left of the baseline at this minute: after a gap longer than it, the
+        # minutes before the gap leave it with this minute's push)
+        span = timedelta(minutes=st.views.window + st.views.baseline)
+        if st.base_total > 0 and len(st.base) >= TOPIC_MIN_BASELINE_MINUTES \
+                and st.base[-TOPIC_MIN_BASELINE_MINUTES][0] > minute - span:
             floor = float(self.r["new_topic_share"])
             for scope, cs in self.cusum.items():
                 if scope in self.open:
@@ -523,6 +527,10 @@ class TopicSurgeDetector:
                 x = counts.get(scope, (0, 0, 0))[0]
                 if cs.update(minute, x, max(total_views, x), p0):
                     fired[scope] = (cs.fired_stat, cs.fired_since or minute)
+        else:  # no baseline (the start, or after a gap longer than it): evidence from before it is against nothing
+            for scope, cs in self.cusum.items():
+                if scope not in self.open:
+                    cs.reset()
         st.push(minute, counts, (total_views, rep_total, vis_total))
         ratio = float(self.r["share_ratio"])
         end_ratio = float(self.r["end_share_ratio"])

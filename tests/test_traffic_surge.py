@@ -285,3 +285,30 @@ def test_running_sums_and_seen_scopes_match_a_recount_under_gaps_and_regrouping(
         assert set(st.base_rows) == seen, step
         assert all(v > 0 for v in st.win_sum.values() if v) and min(st.base_sum.values(), default=1) > 0
     assert not [k for k in (*st.win_sum, *st.base_sum, *st.base_rows) if k.startswith("group:")]
+
+
+def test_group_cusum_evidence_does_not_carry_over_a_gap_longer_than_the_baseline() -> None:
+    """Evidence gathered before a no-data gap longer than the baseline (the baseline is then empty) is evidence
+    against a share that is gone: the CUSUM starts again from 0 with the new baseline.  Here the group's CUSUM
+    holds 9.9 (h = 10) before a 3-hour gap with a 1-hour baseline; after it the group keeps its 1% share, with
+    binomial noise.  The old evidence used to be judged at the first minute after the gap against the baseline
+    from before it (10.1 here, which opened nothing only because that baseline then left), and then wait through
+    the gate."""
+    rng = np.random.default_rng(5)
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    det = TopicSurgeDetector(_one_hour_baseline(), {"watch": {777}}, "forum")
+
+    def minute(i: int) -> list:
+        g = int(rng.binomial(200, 0.01))
+        return [d for d in det.update(t0 + timedelta(minutes=i), {1: (120 - g, 0, 0), 2: (80, 0, 0), 777: (g, 0, 0)},
+                                      200) if d.scope == "group:watch"]
+
+    out = []
+    for i in range(120):
+        out += minute(i)
+    det.cusum["group:watch"].stat = 9.9  # as after a near miss
+    out += minute(300)  # the first minute after the gap: the baseline is gone, and the old evidence with it
+    assert det.cusum["group:watch"].stat == 0.0
+    for i in range(301, 300 + 240):
+        out += minute(i)
+    assert out == [], [d.to_json() for d in out]
