@@ -517,31 +517,23 @@ class SeasonalDetector:
         refs = self._reference_days(d, kind or self._day_kind(d))
         if len(refs) < self.p.min_baseline_days:
             return []
-        end = local.hour * 60 + local.minute
-        lo = end - minutes + 1
-        # on a spring-forward day the observed window is elapsed minutes (see _observed): the references cover the
-        # same local clock minutes, i.e. reach back as far and leave out the hour that did not exist that day
-        gap = self._clock_gap(d)
-        if gap is None or end < gap[1] or lo >= gap[1]:
-            gap = None
-        else:
-            lo -= gap[1] - gap[0]
+        # the observed window is elapsed minutes (see _observed): the references cover the same local clock
+        # minutes, i.e. reach back as far and leave out the minutes that did not exist that day (or the day before)
+        on_day, on_prev = self._window_clock(d, local.hour * 60 + local.minute, minutes)
         sums = []
         for r in refs:
             arr = self.ref[r]
-            seg = arr[max(lo, 0): end + 1]
-            if gap is not None:
-                seg = np.concatenate([arr[max(lo, 0): gap[0]], arr[gap[1]: end + 1]])
-            if lo < 0:  # window spans midnight: take the tail of the previous calendar day of that ref
-                prev = self.days.get(r - timedelta(days=1))
-                if prev is not None:
-                    prev = self.ref[r - timedelta(days=1)]
-                    seg = np.concatenate([prev[1440 + lo:], seg])
+            seg = arr[on_day]
+            missing = self._missing_at(r, on_day)
+            if len(on_prev):  # window spans midnight: the same clock minutes of the day before that ref
+                rp = r - timedelta(days=1)
+                if rp in self.days:
+                    seg = np.concatenate([self.ref[rp][on_prev], seg])
+                    missing += self._missing_at(rp, on_prev)
             valid = seg[~np.isnan(seg)]
             # minutes of a spring-forward hour do not exist: they are no missing data (a window over them is
             # judged on the minutes it has, scaled to the window)
-            exist = minutes - self._missing_clock(r, max(lo, 0), end)
-            if len(valid) >= 0.8 * exist:
+            if len(valid) >= 0.8 * (minutes - missing):
                 sums.append(float(valid.mean()) * minutes)
         return sums
 
@@ -556,22 +548,23 @@ class SeasonalDetector:
         return self._day_totals[key]
 
     def _clock_gap(self, d: date) -> tuple[int, int] | None:
-        """The local minutes ``[a, b)`` of ``d`` that do not exist (a spring-forward day: 02:00-02:59 in Berlin),
-        or None on a day without such a gap; cached per day."""
+        """The local minutes ``[a, b)`` of ``d`` that do not exist (a spring-forward day: 02:00-02:59 in Berlin,
+        00:00-00:59 in Santiago, 23:00-23:59 on a Saturday in Nuuk), or None on a day without such a gap; cached
+        per day.  (One range per day: a day the zone skipped whole is ``(0, 1440)``.)"""
         if d not in self._gaps:
             self._gaps[d] = None
             midnight = datetime.combine(d, datetime.min.time()).replace(tzinfo=self.tz)
             nxt = datetime.combine(d + timedelta(days=1), datetime.min.time()).replace(tzinfo=self.tz)
             length = int((nxt.astimezone(UTC) - midnight.astimezone(UTC)).total_seconds()) // 60
             if length < 1440:
-                t, prev = midnight.astimezone(UTC), -1
-                for _ in range(length):
+                t, seen = midnight.astimezone(UTC), np.zeros(1440, dtype=bool)
+                for _ in range(max(length, 0)):
                     loc = t.astimezone(self.tz)
-                    idx = loc.hour * 60 + loc.minute
-                    if idx > prev + 1:  # prev starts at -1: a day whose first minute is 01:00 lacks 00:00-00:59
-                        self._gaps[d] = (prev + 1, idx)
-                        break
-                    prev, t = idx, t + timedelta(minutes=1)
+                    seen[loc.hour * 60 + loc.minute] = True
+                    t += timedelta(minutes=1)
+                missing = np.flatnonzero(~seen)
+                if len(missing):
+                    self._gaps[d] = (int(missing[0]), int(missing[-1]) + 1)
         return self._gaps[d]
 
     def _missing_clock(self, d: date, lo: int, hi: int) -> int:
@@ -579,21 +572,53 @@ class SeasonalDetector:
         gap = self._clock_gap(d)
         return 0 if gap is None else max(0, min(hi + 1, gap[1]) - max(lo, gap[0]))
 
+    def _missing_at(self, d: date, idx: slice | npt.NDArray[np.int64]) -> int:
+        """How many of the local clock minutes ``idx`` (a slice or minute indices) do not exist on ``d``."""
+        if self._clock_gap(d) is None:
+            return 0
+        if isinstance(idx, slice):
+            return self._missing_clock(d, idx.start, idx.stop - 1) if idx.stop > idx.start else 0
+        gap = self._clock_gap(d)
+        assert gap is not None
+        return int(((idx >= gap[0]) & (idx < gap[1])).sum())
+
+    def _window_clock(self, d: date, end: int, minutes: int
+                      ) -> tuple[slice | npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The local clock minutes of the ``minutes`` *elapsed* minutes ending at clock minute ``end`` of ``d``
+        (inclusive): those on ``d`` (a slice on an ordinary day) and those on the day before (its last existing
+        minutes, empty unless the window spans midnight).  Minutes that do not exist (a spring-forward gap on
+        either day) are stepped over, so the window reaches back as far as that much time does."""
+        lo = end - minutes + 1
+        prev = d - timedelta(days=1)
+        gap, gap_prev = self._clock_gap(d), (self._clock_gap(prev) if lo < 0 else None)
+        none = np.zeros(0, dtype=np.int64)
+        if gap is None and gap_prev is None:
+            return slice(max(lo, 0), end + 1), (np.arange(1440 + lo, 1440, dtype=np.int64) if lo < 0 else none)
+        day = np.arange(end + 1, dtype=np.int64)
+        if gap is not None:
+            day = day[(day < gap[0]) | (day >= gap[1])]
+        day = day[-minutes:]
+        k = minutes - len(day)
+        if k <= 0:
+            return day, none
+        before = np.arange(1440, dtype=np.int64)
+        gp = self._clock_gap(prev)
+        if gp is not None:
+            before = before[(before < gp[0]) | (before >= gp[1])]
+        return day, before[-k:]
+
     def _observed(self, local: datetime, minutes: int, raw: bool = False) -> tuple[float, int]:
         """The count of the ``minutes`` *elapsed* minutes ending at ``local`` (inclusive) and how many of them
-        have data: on a spring-forward day the window reaches back over the local hour that does not exist."""
+        have data: on a spring-forward day (or the day after one whose gap ends it) the window reaches back over
+        the local minutes that do not exist."""
         d = local.date()
-        end = local.hour * 60 + local.minute
         arr = self.days[d] if raw else self.clean[d]
-        lo = end - minutes + 1
-        gap = self._clock_gap(d)
-        if gap is not None and end >= gap[1] and lo < gap[1]:
-            lo -= gap[1] - gap[0]  # the window reaches back over the whole gap (``local`` never lies inside it)
-        seg = arr[max(lo, 0): end + 1]
+        on_day, on_prev = self._window_clock(d, local.hour * 60 + local.minute, minutes)
+        seg = arr[on_day]
         prev = d - timedelta(days=1)
-        if lo < 0 and prev in self.days:
+        if len(on_prev) and prev in self.days:
             pa = self.days[prev] if raw else self.clean[prev]
-            seg = np.concatenate([pa[1440 + lo:], seg])
+            seg = np.concatenate([pa[on_prev], seg])
         valid = seg[~np.isnan(seg)]
         return float(valid.sum()), len(valid)
 

@@ -253,6 +253,8 @@ def test_no_dip_on_a_spring_forward_night_with_normal_traffic() -> None:
     ("America/New_York", date(2026, 3, 8), (120, 180)),    # 02:00 EST -> 03:00 EDT
     ("America/Santiago", date(2025, 9, 7), (0, 60)),       # midnight does not exist: 00:00 -04 -> 01:00 -03
     ("Africa/Cairo", date(2025, 4, 25), (0, 60)),          # the same at the start of Egypt's summer time
+    ("America/Nuuk", date(2026, 3, 28), (1380, 1440)),     # at the end of the day: 22:59 -02 -> 00:00 -01
+    ("Australia/Lord_Howe", date(2025, 10, 5), (120, 150)),  # a 30-minute shift
     ("Europe/Berlin", date(2026, 3, 28), None),
     ("America/Santiago", date(2025, 4, 6), None),          # fall-back day: a repeated hour, no missing one
 ])
@@ -274,3 +276,17 @@ def test_no_dip_where_the_spring_forward_gap_starts_at_midnight() -> None:
     assert len(dips) == 1 and dips[0].label == "unexplained", [d.to_json() for d in dips]
     found = dips[0].start.astimezone(santiago)
     assert found.date() == date(2025, 9, 7) and (found.hour, found.minute) <= (2, 35), found
+
+
+def test_a_dip_over_a_spring_forward_gap_at_the_end_of_the_day_is_found_as_on_any_night() -> None:
+    """Nuuk, 28 March 2026: the day ends at 22:59 -02, 23:00-23:59 does not exist.  A window after midnight
+    reaches back into the day before over those minutes.  Traffic at 10% from 21:30 -02 (23:30 UTC) is found
+    about 120 elapsed minutes in, at 01:31 UTC (00:31 -01); with the gap at the day's end unseen it was
+    not found by 02:00 UTC, where these data end.  Flat traffic that night is no dip."""
+    day = datetime(2026, 3, 28, 2, 0, tzinfo=UTC)  # 28 March 00:00 -02
+    assert _spring_forward_dip("America/Nuuk", day, datetime(2000, 1, 1, tzinfo=UTC),
+                               datetime(2000, 1, 1, tzinfo=UTC)) == []
+    dips = _spring_forward_dip("America/Nuuk", day, datetime(2026, 3, 28, 23, 30, tzinfo=UTC),
+                               datetime(2026, 3, 29, 6, 0, tzinfo=UTC))
+    assert len(dips) == 1 and dips[0].label == "unexplained", [d.to_json() for d in dips]
+    assert dips[0].start <= datetime(2026, 3, 29, 1, 35, tzinfo=UTC), dips[0].start
