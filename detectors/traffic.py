@@ -512,11 +512,12 @@ class TopicSurgeDetector:
         # sequential evidence per group, against the share before this minute -- only once the baseline is long
         # enough for a surge to open: evidence gathered against a few minutes' share would otherwise carry
         # through the gate and open a surge at its first minute (at every start of the data or of a warm-up)
-        # (the hour counted is what is left of the baseline at this minute: after a gap longer than it, the
-        # minutes before the gap leave it with this minute's push)
+        # (the hour counted is what is left of the baseline at this minute: this minute's push drops the minutes
+        # older than window + baseline -- all of them after a gap longer than that -- and moves the window's oldest
+        # minute in, hence the 59 newest that stay)
         span = timedelta(minutes=st.views.window + st.views.baseline)
         if st.base_total > 0 and len(st.base) >= TOPIC_MIN_BASELINE_MINUTES \
-                and st.base[-TOPIC_MIN_BASELINE_MINUTES][0] > minute - span:
+                and st.base[-(TOPIC_MIN_BASELINE_MINUTES - 1)][0] > minute - span:
             floor = float(self.r["new_topic_share"])
             for scope, cs in self.cusum.items():
                 if scope in self.open:

@@ -287,28 +287,44 @@ def test_running_sums_and_seen_scopes_match_a_recount_under_gaps_and_regrouping(
     assert not [k for k in (*st.win_sum, *st.base_sum, *st.base_rows) if k.startswith("group:")]
 
 
-def test_group_cusum_evidence_does_not_carry_over_a_gap_longer_than_the_baseline() -> None:
-    """Evidence gathered before a no-data gap longer than the baseline (the baseline is then empty) is evidence
-    against a share that is gone: the CUSUM starts again from 0 with the new baseline.  Here the group's CUSUM
-    holds 9.9 (h = 10) before a 3-hour gap with a 1-hour baseline; after it the group keeps its 1% share, with
-    binomial noise.  The old evidence used to be judged at the first minute after the gap against the baseline
-    from before it (10.1 here, which opened nothing only because that baseline then left), and then wait through
-    the gate."""
-    rng = np.random.default_rng(5)
-    t0 = datetime(2026, 3, 2, tzinfo=UTC)
-    det = TopicSurgeDetector(_one_hour_baseline(), {"watch": {777}}, "forum")
-
-    def minute(i: int) -> list:
-        g = int(rng.binomial(200, 0.01))
-        return [d for d in det.update(t0 + timedelta(minutes=i), {1: (120 - g, 0, 0), 2: (80, 0, 0), 777: (g, 0, 0)},
+def _group_minutes(det: TopicSurgeDetector, rng: np.random.Generator, t0: datetime, minutes: range,
+                   share: float) -> tuple[list, float]:
+    """Feed ``minutes`` of 200 views with the group "watch" (topic 777) at a binomial ``share``; its detections
+    and the highest value its CUSUM reached."""
+    out, top = [], 0.0
+    for i in minutes:
+        g = int(rng.binomial(200, share))
+        out += [d for d in det.update(t0 + timedelta(minutes=i), {1: (120 - g, 0, 0), 2: (80, 0, 0), 777: (g, 0, 0)},
                                       200) if d.scope == "group:watch"]
+        top = max(top, det.cusum["group:watch"].stat)
+    return out, top
 
-    out = []
-    for i in range(120):
-        out += minute(i)
+
+def test_group_cusum_runs_with_a_baseline_of_exactly_an_hour() -> None:
+    """``baseline_hours: 1`` is a baseline of exactly the 60 minutes the gate asks for: the CUSUM runs (an
+    off-by-one in the gate once kept it reset every minute) and finds the group's share going 1% -> 2.5%."""
+    det = TopicSurgeDetector(_one_hour_baseline(), {"watch": {777}}, "forum")
+    rng, t0 = np.random.default_rng(5), datetime(2026, 3, 2, tzinfo=UTC)
+    before, top = _group_minutes(det, rng, t0, range(300), 0.01)
+    assert before == [] and top > 0.0
+    after, _ = _group_minutes(det, rng, t0, range(300, 600), 0.025)
+    assert after and after[0].detail.get("trigger") == "cusum", [d.to_json() for d in after]
+
+
+def test_group_cusum_evidence_does_not_carry_over_a_gap_longer_than_the_baseline() -> None:
+    """Evidence gathered before a no-data gap longer than window + baseline (the baseline is then empty) is
+    evidence against a share that is gone: the CUSUM starts again from 0 once the new baseline holds an hour.
+    The group's CUSUM holds 9.9 (h = 10) before an 8-day gap (baseline 7 days); it used to be judged at the first
+    minute after the gap against the baseline from before it, and kept through the gate.  After the gap the
+    CUSUM runs again (a 1% share: no surge; 4%: a surge)."""
+    det = TopicSurgeDetector(load_rules(), {"watch": {777}}, "forum")
+    rng, t0 = np.random.default_rng(5), datetime(2026, 3, 2, tzinfo=UTC)
+    out, _ = _group_minutes(det, rng, t0, range(120), 0.01)
     det.cusum["group:watch"].stat = 9.9  # as after a near miss
-    out += minute(300)  # the first minute after the gap: the baseline is gone, and the old evidence with it
-    assert det.cusum["group:watch"].stat == 0.0
-    for i in range(301, 300 + 240):
-        out += minute(i)
-    assert out == [], [d.to_json() for d in out]
+    resume = 8 * 1440
+    out += _group_minutes(det, rng, t0, range(resume, resume + 1), 0.01)[0]
+    assert det.cusum["group:watch"].stat == 0.0  # the first minute after the gap: the old evidence is dropped
+    quiet, top = _group_minutes(det, rng, t0, range(resume + 1, resume + 240), 0.01)
+    assert out == [] and quiet == [] and top > 0.0, [d.to_json() for d in out + quiet]
+    surge, _ = _group_minutes(det, rng, t0, range(resume + 240, resume + 480), 0.04)
+    assert surge and surge[0].detail.get("trigger") == "cusum", [d.to_json() for d in surge]
