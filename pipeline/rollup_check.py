@@ -205,19 +205,31 @@ def check_rollups(store: Any, start: datetime, end: datetime, *, repair: bool = 
 def drop_stale_scratch(store: Any, db: str, now: datetime | None = None) -> list[str]:
     """Drop the scratch databases of ``db`` that earlier runs left behind (killed before their ``finally``): a
     name ``<db>_rollup_check_<unix time>_<pid>_<random>`` whose time is :data:`STALE_SCRATCH_AGE` old, or a name
-    without a time (an earlier version's).  A younger one may belong to a run still going and is left alone.
-    Returns the names dropped."""
+    of the earlier form ``<db>_rollup_check_<pid>_<random>`` whose tables were created that long ago.  A younger
+    one may belong to a run still going and is left alone, as is a name of neither form.  Limit: a run that
+    takes longer than :data:`STALE_SCRATCH_AGE` (checks of months take minutes) would be dropped by another run
+    and fail.  Returns the names dropped."""
     prefix = f"{db}_rollup_check_"
+    literal = prefix.replace("\\", "\\\\").replace("'", "\\'")
     now = now or datetime.now(UTC)
+    created = {str(name): int(t) for name, t in store.query_rows(
+        "SELECT database, toUnixTimestamp(max(metadata_modification_time)) FROM system.tables "
+        f"WHERE startsWith(database, '{literal}') GROUP BY database")}
     dropped = []
-    for (name,) in store.query_rows(f"SELECT name FROM system.databases WHERE startsWith(name, '{prefix}')"):
-        parts = str(name)[len(prefix):].split("_")
-        if len(parts) == 3 and parts[0].isdigit() and \
-                now - datetime.fromtimestamp(int(parts[0]), UTC) < STALE_SCRATCH_AGE:
+    for (name,) in store.query_rows(f"SELECT name FROM system.databases WHERE startsWith(name, '{literal}')"):
+        name = str(name)
+        parts = name[len(prefix):].split("_")
+        if len(parts) == 3 and parts[0].isdigit() and len(parts[0]) <= 12:
+            born = int(parts[0])
+        elif len(parts) == 2 and parts[0].isdigit() and name in created:
+            born = created[name]  # the earlier form: no time in the name, its tables' creation time
+        else:
+            continue  # not a name this code makes, or an earlier-form one without tables: not ours to judge
+        if now - datetime.fromtimestamp(born, UTC) < STALE_SCRATCH_AGE:
             continue  # may be a run still going
         log.warning("dropping %s: a scratch database left by a check-rollups run that did not finish", name)
-        store.command(f"DROP DATABASE IF EXISTS `{name}` SYNC")
-        dropped.append(str(name))
+        store.command(f"DROP DATABASE IF EXISTS `{name.replace('`', '``')}` SYNC")
+        dropped.append(name)
     return dropped
 
 

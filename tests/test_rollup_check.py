@@ -291,26 +291,35 @@ def test_a_quiet_site_spanning_more_than_100_days_is_checked(tmp_path: Path) -> 
 def test_a_scratch_database_left_by_a_killed_run_is_dropped_by_the_next_run_once_a_day_old(
         loaded: tuple[Path, Path], tmp_path: Path) -> None:
     """A run killed before its ``finally`` leaves its scratch database (a copy of the range's raw rows).  The next
-    run drops one whose name says it is over a day old, and one named by an earlier version (no time); a younger
-    one may be a run still going and stays."""
+    run drops one whose name says it is over a day old, and one of the earlier name form (no time) whose tables
+    are that old (their metadata files' time, set back here); a younger one of either form may be a run still
+    going and stays, and so does a name this code does not make."""
+    import os
+
     st_path = _copy(loaded[0] / "st", tmp_path / "st")
     now = int(datetime.now(UTC).timestamp())
-    old, legacy, young = (f"forumpulse_rollup_check_{now - 2 * 86400}_4242_abcdef",
-                          "forumpulse_rollup_check_4242_abcdef", f"forumpulse_rollup_check_{now - 600}_4343_fedcba")
+    names = {"old": f"forumpulse_rollup_check_{now - 2 * 86400}_4242_abcdef",
+             "legacy_old": "forumpulse_rollup_check_4242_abcdef",
+             "young": f"forumpulse_rollup_check_{now - 600}_4343_fedcba",
+             "legacy_young": "forumpulse_rollup_check_4343_fedcba",
+             "other": "forumpulse_rollup_check_by_hand"}
     st = open_store(f"chdb:{st_path}")
     try:
-        db = st.database
-        old, legacy, young = (n.replace("forumpulse", db, 1) for n in (old, legacy, young))
-        for name in (old, legacy, young):
+        names = {k: n.replace("forumpulse", st.database, 1) for k, n in names.items()}
+        for name in names.values():
             st.command(f"CREATE DATABASE `{name}`")
             st.command(f"CREATE TABLE `{name}`.requests (x UInt8) ENGINE = MergeTree ORDER BY x")
+        meta = Path(st.query_rows(f"SELECT metadata_path FROM system.tables WHERE database = "
+                                  f"'{names['legacy_old']}'")[0][0])
     finally:
         st.close()
+    meta = meta if meta.is_absolute() else st_path / meta
+    os.utime(meta, (now - 2 * 86400, now - 2 * 86400))
     res = _check(st_path)
-    assert res.ok and sorted(res.stale_dropped) == sorted([old, legacy])
+    assert res.ok and sorted(res.stale_dropped) == sorted([names["old"], names["legacy_old"]])
     st = open_store(f"chdb:{st_path}")
     try:
         left = {r[0] for r in st.query_rows("SELECT name FROM system.databases WHERE name LIKE '%rollup_check%'")}
     finally:
         st.close()
-    assert left == {young}
+    assert left == {names["young"], names["legacy_young"], names["other"]}
