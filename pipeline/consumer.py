@@ -476,6 +476,7 @@ class LiveConsumer:
         # messages come in runs of one partition (one fetch response each): cut the runs with numpy and move
         # each as one list slice (we subscribe to one topic: a run's first message names it)
         pn = np.fromiter((m.partition() for m in msgs), dtype=np.int64, count=len(msgs))
+        offs = np.fromiter((m.offset() for m in msgs), dtype=np.int64, count=len(msgs))
         cuts = [0, *(np.flatnonzero(pn[1:] != pn[:-1]) + 1).tolist(), len(msgs)]
         added = 0
         seen = self._seen
@@ -487,8 +488,8 @@ class LiveConsumer:
             # offsets only grow within an assignment (our one seek, _seek_past_seen, goes forward past the last
             # offset seen): if they go back, the log was recreated (deleted and created again, broker data
             # replaced) or truncated while we read it
-            last_off = msgs[z - 1].offset()
-            if msgs[a].offset() <= seen.get(key, -1) or last_off - msgs[a].offset() < z - a - 1:
+            last_off = int(offs[z - 1])
+            if offs[a] <= seen.get(key, -1) or (z - a > 1 and bool((offs[a + 1:z] <= offs[a:z - 1]).any())):
                 a = self._log_restarted(key, msgs, a, z)
                 restarted.append(key)
             seen[key] = last_off

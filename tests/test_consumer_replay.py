@@ -407,6 +407,8 @@ class _FakeClient:
     ([[10, 11, 12, 13], [0, 1, 2]], 1, [0, 1, 2], 3),
     # the restart inside one fetch run: messages before it are the old log's
     ([[10, 11, 0, 1]], 1, [0, 1], 2),
+    # ... also where the offsets are sparse (the old log's last offsets above the new log's, gaps in both)
+    ([[0, 1], [2, 50, 10, 60]], 1, [10, 60], 61),
     # the same offset again (a new log of exactly that length so far) is a restart too
     ([[0, 1, 2], [2, 3]], 1, [2, 3], 4),
 ])
