@@ -567,19 +567,13 @@ class SeasonalDetector:
                     self._gaps[d] = (int(missing[0]), int(missing[-1]) + 1)
         return self._gaps[d]
 
-    def _missing_clock(self, d: date, lo: int, hi: int) -> int:
-        """How many local minutes of ``[lo, hi]`` on ``d`` do not exist (the spring-forward hour), 0 on other days."""
-        gap = self._clock_gap(d)
-        return 0 if gap is None else max(0, min(hi + 1, gap[1]) - max(lo, gap[0]))
-
     def _missing_at(self, d: date, idx: slice | npt.NDArray[np.int64]) -> int:
         """How many of the local clock minutes ``idx`` (a slice or minute indices) do not exist on ``d``."""
-        if self._clock_gap(d) is None:
+        gap = self._clock_gap(d)
+        if gap is None:
             return 0
         if isinstance(idx, slice):
-            return self._missing_clock(d, idx.start, idx.stop - 1) if idx.stop > idx.start else 0
-        gap = self._clock_gap(d)
-        assert gap is not None
+            return max(0, min(idx.stop, gap[1]) - max(idx.start, gap[0]))
         return int(((idx >= gap[0]) & (idx < gap[1])).sum())
 
     def _window_clock(self, d: date, end: int, minutes: int
@@ -590,22 +584,19 @@ class SeasonalDetector:
         either day) are stepped over, so the window reaches back as far as that much time does."""
         lo = end - minutes + 1
         prev = d - timedelta(days=1)
-        gap, gap_prev = self._clock_gap(d), (self._clock_gap(prev) if lo < 0 else None)
-        none = np.zeros(0, dtype=np.int64)
-        if gap is None and gap_prev is None:
-            return slice(max(lo, 0), end + 1), (np.arange(1440 + lo, 1440, dtype=np.int64) if lo < 0 else none)
-        day = np.arange(end + 1, dtype=np.int64)
-        if gap is not None:
-            day = day[(day < gap[0]) | (day >= gap[1])]
-        day = day[-minutes:]
+        gap = self._clock_gap(d)
+        if gap is None and (lo >= 0 or self._clock_gap(prev) is None):
+            return slice(max(lo, 0), end + 1), np.arange(1440 + min(lo, 0), 1440, dtype=np.int64)
+        day = self._existing(d)
+        day = day[day <= end][-minutes:]
         k = minutes - len(day)
-        if k <= 0:
-            return day, none
-        before = np.arange(1440, dtype=np.int64)
-        gp = self._clock_gap(prev)
-        if gp is not None:
-            before = before[(before < gp[0]) | (before >= gp[1])]
-        return day, before[-k:]
+        return day, (self._existing(prev)[-k:] if k > 0 else np.zeros(0, dtype=np.int64))
+
+    def _existing(self, d: date) -> npt.NDArray[np.int64]:
+        """The local clock minutes of ``d`` that exist (all 1440 but a spring-forward gap's)."""
+        m = np.arange(1440, dtype=np.int64)
+        gap = self._clock_gap(d)
+        return m if gap is None else m[(m < gap[0]) | (m >= gap[1])]
 
     def _observed(self, local: datetime, minutes: int, raw: bool = False) -> tuple[float, int]:
         """The count of the ``minutes`` *elapsed* minutes ending at ``local`` (inclusive) and how many of them

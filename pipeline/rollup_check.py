@@ -219,7 +219,7 @@ def drop_stale_scratch(store: Any, db: str, now: datetime | None = None) -> list
     for (name,) in store.query_rows(f"SELECT name FROM system.databases WHERE startsWith(name, '{literal}')"):
         name = str(name)
         parts = name[len(prefix):].split("_")
-        if len(parts) == 3 and parts[0].isdigit() and len(parts[0]) <= 12:
+        if len(parts) == 3 and parts[0].isdigit() and len(parts[0]) <= 12:  # longer: no time (would overflow)
             born = int(parts[0])
         elif len(parts) == 2 and parts[0].isdigit() and name in created:
             born = created[name]  # the earlier form: no time in the name, its tables' creation time
