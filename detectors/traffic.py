@@ -36,7 +36,7 @@ latest state; it is printed as a JSON line, inserted, and handed to an optional 
 
 Guarantees: only complete minutes (``< now`` truncated to the minute, minus ``lag_minutes``; live, also before
 the site's watermark, :meth:`TrafficDetector._watermark`: the loader's progress by the sources' lines and
-heartbeats) are read; running
+heartbeats and by the consumers' per-partition reports) are read; running
 ``run_once`` twice for the same ``now`` adds nothing new; history and live use the same code path.  Live, a store
 error loses nothing and feeds nothing twice: a site's detectors are fed only after every read for its new minutes
 succeeded, detections stay in an outbox until stored and published, and one site's error does not stop the others
@@ -1272,7 +1272,44 @@ class TrafficDetector:
             t = max(int(line or 0), beat)
             if beat > 0 and lo <= t <= hi:
                 marks.append(t)
+        marks += self._partition_marks(store, now)
         return datetime.fromtimestamp(min(marks) / 1000, UTC) if marks else None
+
+    def _partition_marks(self, store: Any, now: datetime) -> list[int]:
+        """Live: how far the consumers have loaded each Kafka partition (``consumer_progress``, migration 0007),
+        as limits on every site's watermark (a partition carries lines of every site).  A source's latest line
+        comes from whichever partition is current, so :meth:`_watermark`'s sources cannot show a loader behind on
+        one partition only; these rows can.  Per partition, the newest row (its owner's latest report):
+
+        * released (``active`` false: its owner exited cleanly), or reported more than ``gap_min_minutes`` ago
+          (no loader for it that long: a pipeline gap, not a reason to wait): no limit;
+        * behind (lag > 0, or unknown): the Kafka time of the newest message stored from it, when that is within
+          ``gap_min_minutes`` (a loader further behind is not waited for, as for a source);
+        * caught up, with a report older than ``progress_stale_seconds`` (its owner stopped reporting: stuck or
+          killed): the time of that report -- what was produced before it was loaded;
+        * caught up and reporting: no limit.
+
+        Misuse: the rows say nothing about which sites a partition carries, so one partition behind holds every
+        site back; a store with no Kafka loader (``forumpulse ingest``) has no rows and no limits."""
+        health = self.rules["health"]
+        gap = timedelta(minutes=int(health["gap_min_minutes"]))
+        now_ms = int(now.timestamp() * 1000)
+        lo = int((now - gap).timestamp() * 1000)
+        stale = now_ms - int(float(health.get("progress_stale_seconds", 30)) * 1000)
+        rows = store.query_rows(
+            "SELECT toUnixTimestamp64Milli(argMax(loaded_ts, updated_at)), argMax(lag, updated_at), "
+            "argMax(active, updated_at), toUnixTimestamp64Milli(max(updated_at)) FROM consumer_progress "
+            f"WHERE updated_at >= {_sql_ts(now - gap)} GROUP BY group_id, topic, partition")
+        marks = []
+        for loaded, lag, active, updated in rows:
+            if not active or int(updated) < lo:
+                continue
+            if int(lag) != 0:
+                if lo <= int(loaded) <= now_ms + int(LIVE_CLOCK_SKEW_S * 1000):
+                    marks.append(int(loaded))
+            elif int(updated) < stale:
+                marks.append(int(updated))
+        return marks
 
     def _fresh_sources(self, store: Any, site: str, at: datetime, live: bool) -> set[str]:
         """Sources of ``site`` (``host/file``, ``host/`` for a host heartbeat) whose last heartbeat is evidence of

@@ -50,7 +50,9 @@ replay is deduplicated everywhere): every replayed batch logs the hours to check
 check-rollups`` (:mod:`forumpulse.pipeline.rollup_check`), whose ``--repair`` rebuilds them from ``requests``.
 At-least-once (not exactly-once) for side channels: the dead-letter topic (a replayed batch is dead-lettered again; match on
 ``fp-source``), ``pipeline_stats``, ``source_liveness.lines`` (approximate) and
-detector hooks may see a replayed batch twice.
+detector hooks may see a replayed batch twice.  ``consumer_progress`` (every stats interval, one row per owned
+partition: the newest Kafka time stored and committed, the lag) is what the live detectors wait on; a failed write
+is retried at the next interval.
 
 Backpressure: a store error (server down, owner restarting, insert refused) pauses every assigned partition and
 retries the same batch with exponential backoff (``backoff_max_s``), forever, while still polling Kafka so the
@@ -116,6 +118,11 @@ LIVENESS_SCHEMA = pa.schema([
     ("site", pa.string()), ("origin_host", pa.string()), ("origin_file", pa.string()),
     ("last_line_ts", pa.timestamp("ms", tz="UTC")), ("last_heartbeat_ts", pa.timestamp("ms", tz="UTC")),
     ("lines", pa.uint64()), ("updated_at", pa.timestamp("ms", tz="UTC")),
+])
+PROGRESS_SCHEMA = pa.schema([  # migration 0007
+    ("group_id", pa.string()), ("topic", pa.string()), ("partition", pa.uint32()),
+    ("loaded_ts", pa.timestamp("ms", tz="UTC")), ("next_offset", pa.uint64()), ("lag", pa.int64()),
+    ("active", pa.bool_()), ("instance", pa.string()), ("updated_at", pa.timestamp("ms", tz="UTC")),
 ])
 
 
@@ -229,6 +236,7 @@ class _Batch:
     quarantined: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
     newest: int | None = None
+    kafka_ts: int = 0  # the newest Kafka timestamp of the batch's messages (ms)
     stored: int = 0  # store steps done (intent, requests, quarantine)
     revoked: bool = False
     future: Future[BaseException | None] | None = None
@@ -332,6 +340,10 @@ class LiveConsumer:
         self._flushing: tuple[str, int] | None = None
         self._flush_revoked = False
         self._next_offset: dict[tuple[str, int], int] = {}
+        #: per owned partition: the newest Kafka timestamp (ms) stored and committed in this assignment, and the
+        #: (lag, position) found by the last :meth:`_compute_lag` -- written to ``consumer_progress``
+        self._loaded_ts: dict[tuple[str, int], int] = {}
+        self._part_lag: dict[tuple[str, int], tuple[int, int]] = {}
         self._seen: dict[tuple[str, int], int] = {}  # newest offset received per partition in this assignment
         self._liveness: dict[tuple[str, str, str], list[int]] = {}  # key -> [last_line_ms, last_hb_ms, lines]
         self._liveness_dirty: set[tuple[str, str, str]] = set()
@@ -419,7 +431,7 @@ class LiveConsumer:
             self._flush_ready(force=True)
             self._finish_inflight()
             self._write_liveness()
-            self._write_stats()
+            self._write_stats(final=True)
         finally:
             if self._pool is not None:  # a batch still in flight (an error above): let its insert end, uncommitted
                 self._pool.shutdown(wait=True)
@@ -653,6 +665,8 @@ class LiveConsumer:
                 self._buffered -= len(p.msgs)
             self._paused.discard(key)
             self._next_offset.pop(key, None)
+            self._loaded_ts.pop(key, None)
+            self._part_lag.pop(key, None)
             self._abandoned.discard(key)
             self._refused.pop(key, None)
             self._seen.pop(key, None)
@@ -674,6 +688,7 @@ class LiveConsumer:
     def _compute_lag(self, assignment: list[Any] | None = None) -> int:
         assignment = assignment if assignment is not None else self._consumer.assignment()
         total = 0
+        self._part_lag.clear()
         for tp in assignment:
             try:
                 # cached: the high watermark arrives with every fetch response (a broker round trip costs ~0.4 s)
@@ -687,6 +702,7 @@ class LiveConsumer:
                 committed = self._consumer.committed([tp], timeout=5.0)[0].offset
                 pos = committed if committed >= 0 else _low
             total += max(0, high - pos)
+            self._part_lag[(tp.topic, tp.partition)] = (max(0, high - pos), pos)
         self.metrics.set_lag(total)
         return total
 
@@ -973,6 +989,7 @@ class LiveConsumer:
         values = [m.value() for m in msgs]
         tss = np.fromiter((m.timestamp()[1] for m in msgs), dtype=np.int64, count=len(msgs))
         batch_ts = max(0, int(tss.max()))
+        b.kafka_ts = batch_ts
         sb = split_values(values, blocks=True)
         b.bad_n = len(sb.bad)
         b.hb_n = len(sb.heartbeats)
@@ -1079,6 +1096,7 @@ class LiveConsumer:
                 self._dead_letter(b)
             self._commit(topic, partition, b.last)
             self._next_offset[key] = b.last + 1
+            self._loaded_ts[key] = max(self._loaded_ts.get(key, 0), b.kafka_ts)
         except _Revoked:
             if self._flush_revoked or key not in self._parts:
                 log.info("partition %s/%s revoked during its batch: left for the next owner", *key)
@@ -1296,15 +1314,44 @@ class LiveConsumer:
             self.metrics.record_store_error()
             log.warning("liveness write failed (will retry): %s", str(exc).splitlines()[0][:200])
 
-    def _write_stats(self) -> None:
+    def _write_stats(self, final: bool = False) -> None:
+        lag = -1
         with contextlib.suppress(Exception):
-            self._compute_lag()
+            lag = self._compute_lag()
         row = self.metrics.stats_row()
         try:
             self.store.insert("pipeline_stats", stats_table([row]))
         except StoreError as exc:
             self.metrics.record_store_error()
             log.warning("pipeline_stats write failed: %s", str(exc).splitlines()[0][:200])
+        self._write_progress(lag >= 0, final)
+
+    def _write_progress(self, lag_known: bool, final: bool) -> None:
+        """One ``consumer_progress`` row per owned partition (see migration 0007): the newest Kafka timestamp
+        stored and committed, the lag and position from the last :meth:`_compute_lag` (-1 when it failed),
+        ``active`` false on the final write of a clean exit (the partition is released; its next owner writes its
+        own rows).  A partition behind its high watermark with nothing stored yet in this assignment is not
+        written: its previous owner's row (older, so the detectors hold back to it) stands.  A side channel like
+        liveness: a failed write is retried at the next interval."""
+        now = int(time.time() * 1000)
+        rows = []
+        for key in self._parts:
+            if key in self._refused:
+                continue
+            lag, pos = self._part_lag.get(key, (-1, -1)) if lag_known else (-1, -1)
+            loaded = self._loaded_ts.get(key, 0)
+            if lag != 0 and loaded == 0:
+                continue
+            rows.append({"group_id": self.opt.group_id, "topic": key[0], "partition": key[1], "loaded_ts": loaded,
+                         "next_offset": max(0, self._next_offset.get(key, pos)), "lag": lag, "active": not final,
+                         "instance": self.instance, "updated_at": now})
+        if not rows:
+            return
+        try:
+            self.store.insert("consumer_progress", pa.Table.from_pylist(rows, schema=PROGRESS_SCHEMA))
+        except StoreError as exc:
+            self.metrics.record_store_error()
+            log.warning("consumer_progress write failed (will retry): %s", str(exc).splitlines()[0][:200])
 
 
 # ---------------------------------------------------------------------------------------------- envelope split

@@ -142,6 +142,81 @@ def test_silent_source_with_heartbeats_vs_dead_source(broker: Broker, store: Sto
     assert states == {"web-quiet": "silent", "web-gone": "dead", "web-busy": "live"}
 
 
+class ProgressRecorder:
+    """Store proxy: keeps every ``consumer_progress`` row written; each ``requests`` insert takes ``delay_s`` longer
+    (a loader that needs a while to catch up)."""
+
+    def __init__(self, inner: Store, delay_s: float) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+        self.rows: list[dict[str, Any]] = []
+        self.url = inner.url
+        self.database = inner.database
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def insert(self, table: str, data: Any, dedup_token: str | None = None) -> None:
+        if table == "requests":
+            time.sleep(self.delay_s)
+        self.inner.insert(table, data, dedup_token=dedup_token)
+        if table == "consumer_progress":
+            self.rows += data.to_pylist()
+
+
+def test_partition_progress_says_how_far_each_partition_is_stored(broker: Broker, store: Store,
+                                                                   settings: Settings) -> None:
+    """``consumer_progress`` (migration 0007; the live detectors' per-partition watermark): while a partition is
+    behind, its row's ``loaded_ts`` is the Kafka time of exactly the newest message stored and committed
+    (``next_offset - 1``); caught up, lag 0 at the end of the log; on a clean exit the partitions are released."""
+    import random
+
+    from confluent_kafka import Producer
+
+    topic = "progress.raw"
+    create_topics(broker.bootstrap, 2, topic, "progress.dlq")
+    n = 6000
+    base = int(time.time() * 1000) - 3_600_000
+    rng = random.Random(11)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20})
+    for i in range(n):
+        for part in (0, 1):
+            line = make_line(rng, base / 1000 + i, "combined")
+            p.produce(topic, build_envelope("forum", "web1", "access.log", "combined", line), partition=part,
+                      timestamp=base + part * 7 + i * 10)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(30) == 0
+    rec = ProgressRecorder(store, delay_s=0.15)
+    opts = _opts(broker, topic, 1000, "pr1")
+    opts.stats_interval_s = 0.1
+    c = LiveConsumer(settings, rec, opts)  # type: ignore[arg-type]
+    _run_bounded(c, idle_exit_s=1.5)
+
+    def ts_at(part: int, offset: int) -> int:
+        return base + part * 7 + offset * 10
+
+    rows = rec.rows
+    assert {r["partition"] for r in rows} == {0, 1}
+    behind = [r for r in rows if r["lag"] > 0]
+    assert behind, "no report while catching up"  # 12 batches of 0.15 s each, reports every 0.1 s
+    for r in rows:
+        assert r["group_id"] == f"g-{topic}" and r["instance"] == "pr1"
+        got = int(r["loaded_ts"].timestamp() * 1000)
+        if r["lag"] != 0 or got:
+            # a partition behind is written only once something of it is stored, and then exactly that
+            assert got == ts_at(r["partition"], r["next_offset"] - 1), r
+        assert r["lag"] == -1 or r["lag"] == n - r["next_offset"], r
+    final = [r for r in rows if not r["active"]]
+    assert sorted(r["partition"] for r in final) == [0, 1]
+    for r in final:
+        assert (r["lag"], r["next_offset"]) == (0, n)
+        assert int(r["loaded_ts"].timestamp() * 1000) == ts_at(r["partition"], n - 1)
+    stored = store.query_rows("SELECT partition, argMax(active, updated_at), argMax(lag, updated_at) "
+                              f"FROM consumer_progress WHERE topic = '{topic}' GROUP BY partition ORDER BY partition")
+    assert [(int(a), bool(b), int(c_)) for a, b, c_ in stored] == [(0, False, 0), (1, False, 0)]
+
+
 # ------------------------------------------------------------------------------------------------ recreated logs
 
 

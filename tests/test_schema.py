@@ -8,6 +8,7 @@ import time
 
 import pyarrow as pa
 import pytest
+from forumpulse.pipeline.consumer import BATCHES_SCHEMA, LIVENESS_SCHEMA, PROGRESS_SCHEMA
 from forumpulse.pipeline.store import (
     Migration,
     StoreError,
@@ -22,7 +23,7 @@ EXPECTED_TABLES = {
     "requests", "quarantine", "site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute",
     "prefix_hour", "transfer_minute",
     "detections", "decisions", "pipeline_stats", "source_liveness", "topic_titles", "topic_groups",
-    "schema_migrations",
+    "consumer_batches", "consumer_progress", "schema_migrations",
 }
 
 # Arrow type written by the code -> ClickHouse column type the schema must have.
@@ -31,7 +32,9 @@ CH_TYPE = {
     pa.string(): {"String", "LowCardinality(String)", "IPv6"},
     pa.binary(): {"String"},
     pa.uint16(): {"UInt16"},
+    pa.uint32(): {"UInt32"},
     pa.uint64(): {"UInt64"},
+    pa.int64(): {"Int64"},
     pa.float32(): {"Nullable(Float32)"},
     pa.bool_(): {"Bool"},
 }
@@ -49,7 +52,9 @@ def test_migrations_apply_from_zero_and_are_idempotent(empty_store):
         assert [(int(v), c) for v, c in recorded] == [(m.version, m.checksum) for m in load_migrations()]
 
 
-@pytest.mark.parametrize(("table", "schema"), [("requests", REQUESTS_SCHEMA), ("quarantine", QUARANTINE_SCHEMA)])
+@pytest.mark.parametrize(("table", "schema"), [
+    ("requests", REQUESTS_SCHEMA), ("quarantine", QUARANTINE_SCHEMA), ("consumer_batches", BATCHES_SCHEMA),
+    ("source_liveness", LIVENESS_SCHEMA), ("consumer_progress", PROGRESS_SCHEMA)])
 def test_tables_match_what_the_code_writes(module_store, table, schema):
     cols = {n: t for n, t in module_store.query_rows(
         f"SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '{table}' "

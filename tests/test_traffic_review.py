@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from forumpulse.detectors.traffic import TrafficDetector, detect_history
 from test_traffic_cases import _local, _settings, build_requests
 
@@ -133,3 +134,48 @@ def test_a_quiet_file_of_a_heartbeating_host_does_not_hold_the_site_back(store: 
     det = TrafficDetector(_settings([case]), sites=[name])
     det.run_once(store, now)
     assert det.sites[name].cursor == now - timedelta(minutes=1)  # not held 8 minutes back by the quiet file
+
+
+def _progress(store: Any, rows: list[tuple[int, datetime, int, bool, datetime]]) -> None:
+    """``consumer_progress`` rows: (partition, loaded_ts, lag, active, updated_at)."""
+    import pyarrow as pa
+    from forumpulse.pipeline.consumer import PROGRESS_SCHEMA
+
+    store.insert("consumer_progress", pa.Table.from_pylist([
+        {"group_id": "g", "topic": "weblogs.raw", "partition": p, "loaded_ts": loaded, "next_offset": 1, "lag": lag,
+         "active": active, "instance": "i", "updated_at": upd} for p, loaded, lag, active, upd in rows],
+        schema=PROGRESS_SCHEMA))
+
+
+PART = {**LAG, "site": {"name": "case-partition", "timezone": "UTC"}, "start": "2026-03-10", "days": 2, "per_minute": 2}
+_NOW = datetime(2026, 3, 11, 10, 6, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("rows", "cursor"), [
+    # partition 1 behind: held at the newest message stored from it (10:00:58 -> the minutes before 10:00)
+    ([(0, _NOW - timedelta(seconds=3), 0, True, _NOW - timedelta(seconds=4)),
+      (1, datetime(2026, 3, 11, 10, 0, 58, tzinfo=UTC), 420, True, _NOW - timedelta(seconds=4))], "10:00"),
+    # behind with an unknown lag (-1: the broker not answering): held the same way
+    ([(1, datetime(2026, 3, 11, 10, 2, 30, tzinfo=UTC), -1, True, _NOW - timedelta(seconds=4))], "10:02"),
+    # caught up but its owner's last report is 2 minutes old (stuck or killed): held at that report
+    ([(0, _NOW - timedelta(minutes=2), 0, True, _NOW - timedelta(minutes=2))], "10:04"),
+    # the newest row counts: behind earlier, caught up now
+    ([(1, datetime(2026, 3, 11, 10, 0, 58, tzinfo=UTC), 420, True, _NOW - timedelta(seconds=20)),
+      (1, _NOW - timedelta(seconds=2), 0, True, _NOW - timedelta(seconds=3))], "10:05"),
+    # caught up and reporting, released by a clean exit, reported more than gap_min_minutes ago, or more than
+    # gap_min_minutes behind: not waited for (the sources' watermark alone: their newest heartbeat, 10:05:57)
+    ([(0, _NOW - timedelta(seconds=2), 0, True, _NOW - timedelta(seconds=3))], "10:05"),
+    ([(0, datetime(2026, 3, 11, 10, 0, 58, tzinfo=UTC), 420, False, _NOW - timedelta(seconds=3))], "10:05"),
+    ([(0, datetime(2026, 3, 11, 9, 50, tzinfo=UTC), 420, True, _NOW - timedelta(minutes=11))], "10:05"),
+    ([(0, datetime(2026, 3, 11, 9, 50, tzinfo=UTC), 420, True, _NOW - timedelta(seconds=3))], "10:05"),
+], ids=["behind", "lag-unknown", "stale-report", "newest-row", "caught-up", "released", "gone", "far-behind"])
+def test_a_partition_behind_holds_live_detection_back(store: Any, rows: list[Any], cursor: str) -> None:
+    """The sources are fresh (their latest lines came through the partitions that are current), yet a partition
+    behind means minutes not fully loaded: the detectors wait for it (``consumer_progress``, migration 0007)."""
+    store.insert("requests", build_requests(PART))
+    name = PART["site"]["name"]
+    _liveness(store, name, _NOW - timedelta(seconds=5), _NOW - timedelta(seconds=3))
+    _progress(store, rows)
+    det = TrafficDetector(_settings([PART]), sites=[name])
+    det.run_once(store, _NOW)
+    assert det.sites[name].cursor == _local(PART, f"2026-03-11T{cursor}"), det.sites[name].cursor

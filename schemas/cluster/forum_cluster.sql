@@ -518,4 +518,22 @@ SELECT
 FROM forumpulse.requests_local
 GROUP BY site, minute, client_ip;
 
+CREATE TABLE IF NOT EXISTS forumpulse.consumer_progress_local ON CLUSTER forum_cluster
+(
+    group_id    LowCardinality(String),
+    topic       LowCardinality(String),
+    partition   UInt32,
+    loaded_ts   DateTime64(3, 'UTC'),
+    next_offset UInt64,
+    lag         Int64,
+    active      Bool,
+    instance    LowCardinality(String),
+    updated_at  DateTime64(3, 'UTC')
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/consumer_progress_local', '{replica}', updated_at)
+ORDER BY (group_id, topic, partition);
+
+CREATE TABLE IF NOT EXISTS forumpulse.consumer_progress ON CLUSTER forum_cluster AS forumpulse.consumer_progress_local
+ENGINE = Distributed(forum_cluster, forumpulse, consumer_progress_local, rand());
+
 CREATE TABLE IF NOT EXISTS forumpulse.schema_migrations ON CLUSTER forum_cluster (version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/schema_migrations', '{replica}') ORDER BY version;
