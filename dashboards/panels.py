@@ -251,6 +251,30 @@ LEFT JOIN (
 ) AS k ON l.site = k.c_site AND l.origin_host = k.c_host AND l.origin_file = k.c_file
 ORDER BY status, collector, listener, listener_site"""
 
+#: ``consumer_progress`` (migration 0007) per partition, classified at the end of the range as the live detectors'
+#: watermark does (forumpulse.detectors.traffic.partition_state, with the shipped rules' thresholds: overrides in
+#: forumpulse.yaml are not seen here).  tests/test_dashboards.py compares the two on the same rows.
+PROGRESS_GAP_S = 600  # detectors/rules/traffic.yaml health.gap_min_minutes (tests check they agree)
+PROGRESS_STALE_S = 30  # health.progress_stale_seconds
+PARTITIONS_SQL = f"""
+WITH toUnixTimestamp64Milli(toDateTime64($__toTime, 3)) AS now_ms
+SELECT group_id, topic, partition, argMax(instance, updated_at) AS owner,
+       multiIf(NOT argMax(active, updated_at), 'released',
+               now_ms - reported_ms > {PROGRESS_GAP_S * 1000}, 'gone',
+               lag_messages != 0 AND now_ms - loaded_ms > {PROGRESS_GAP_S * 1000}, 'far behind',
+               lag_messages != 0, 'behind',
+               now_ms - reported_ms > {PROGRESS_STALE_S * 1000}, 'not reporting', 'caught up') AS status,
+       argMax(lag, updated_at) AS lag_messages,
+       toUnixTimestamp64Milli(argMax(loaded_ts, updated_at)) AS loaded_ms,
+       toUnixTimestamp64Milli(max(updated_at)) AS reported_ms,
+       if(lag_messages != 0 AND loaded_ms > 0, (reported_ms - loaded_ms) / 1000, 0) AS behind_s,
+       (now_ms - reported_ms) / 1000 AS report_age_s,
+       if(loaded_ms > 0, fromUnixTimestamp64Milli(loaded_ms, 'UTC'), NULL) AS newest_loaded
+FROM consumer_progress
+GROUP BY group_id, topic, partition
+ORDER BY indexOf(['far behind', 'behind', 'not reporting', 'gone', 'caught up', 'released'], status), group_id,
+         topic, partition"""
+
 
 @dataclass(frozen=True)
 class PanelSpec:
@@ -346,6 +370,11 @@ GROUP BY time, consumer ORDER BY time, consumer""", unit="s"),
         "Network listeners of the collectors (heartbeats with origin_file tcp:5140, syslog:5514...) for this "
         "site or every site (*): up = a heartbeat within 180 s; sources = senders without heartbeats of their "
         "own it covers (all sites). Same as GET /fp/listeners at the end of the range.")),
+    PanelSpec("table", "Kafka partitions: loading", PARTITIONS_SQL, description=(
+        "Each consumer's last report per partition (every 10 s): lag_messages = messages waiting (-1 unknown), behind_s = "
+        "the newest message stored was produced that long before the report; the live detectors wait for a "
+        "partition behind or not reporting (30 s) for up to 10 minutes. far behind / gone (no report for 10 "
+        "minutes) are not waited for; released = its consumer exited cleanly. State at the end of the range.")),
     PanelSpec("timeseries", "Response time percentiles", f"""
 SELECT time, q[1] AS p50_ms, q[2] AS p95_ms, q[3] AS p99_ms
 FROM (

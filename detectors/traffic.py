@@ -1064,6 +1064,30 @@ class TrafficRunError(RuntimeError):
 
 
 LIVE_CLOCK_SKEW_S = 30.0
+
+
+def partition_state(loaded_ms: int, lag: int, active: bool, reported_ms: int, now_ms: int, stale_s: float,
+                    gap_min_minutes: int) -> tuple[str, int | None]:
+    """A Kafka partition's loading state from its owner's newest ``consumer_progress`` row (migration 0007), at
+    ``now_ms``, and the limit it puts on the live watermark (epoch ms, None = none); the rule of
+    :meth:`TrafficDetector._partition_marks` and of the ops dashboard's partition panel (tests compare the two):
+
+    ``released`` (its owner exited cleanly), ``gone`` (no report for ``gap_min_minutes``), ``far behind`` (the
+    newest message stored is older than that: not waited for, as a source silent that long), ``behind`` (lag > 0
+    or unknown: the limit is that message's Kafka time), ``not reporting`` (caught up at a report older than
+    ``stale_s``: the limit is that report), ``caught up``."""
+    gap_ms = gap_min_minutes * 60_000
+    if not active:
+        return "released", None
+    if reported_ms < now_ms - gap_ms:
+        return "gone", None
+    if lag != 0:
+        if loaded_ms < now_ms - gap_ms:
+            return "far behind", None
+        return "behind", loaded_ms if loaded_ms <= now_ms + int(LIVE_CLOCK_SKEW_S * 1000) else None
+    if reported_ms < now_ms - int(stale_s * 1000):
+        return "not reporting", reported_ms
+    return "caught up", None
 """Live runs: a heartbeat up to this many seconds later than the wall clock still counts (the shipper stamps it
 with its own clock).  History runs accept none later than the end of the range."""
 
@@ -1292,24 +1316,16 @@ class TrafficDetector:
         Misuse: the rows say nothing about which sites a partition carries, so one partition behind holds every
         site back; a store with no Kafka loader (``forumpulse ingest``) has no rows and no limits."""
         health = self.rules["health"]
-        gap = timedelta(minutes=int(health["gap_min_minutes"]))
-        now_ms = int(now.timestamp() * 1000)
-        lo = int((now - gap).timestamp() * 1000)
-        stale = now_ms - int(float(health.get("progress_stale_seconds", 30)) * 1000)
+        gap_min = int(health["gap_min_minutes"])
+        stale_s = float(health.get("progress_stale_seconds", 30))
         rows = store.query_rows(
             "SELECT toUnixTimestamp64Milli(argMax(loaded_ts, updated_at)), argMax(lag, updated_at), "
             "argMax(active, updated_at), toUnixTimestamp64Milli(max(updated_at)) FROM consumer_progress "
-            f"WHERE updated_at >= {_sql_ts(now - gap)} GROUP BY group_id, topic, partition")
-        marks = []
-        for loaded, lag, active, updated in rows:
-            if not active or int(updated) < lo:
-                continue
-            if int(lag) != 0:
-                if lo <= int(loaded) <= now_ms + int(LIVE_CLOCK_SKEW_S * 1000):
-                    marks.append(int(loaded))
-            elif int(updated) < stale:
-                marks.append(int(updated))
-        return marks
+            f"WHERE updated_at >= {_sql_ts(now - timedelta(minutes=gap_min))} GROUP BY group_id, topic, partition")
+        now_ms = int(now.timestamp() * 1000)
+        marks = [partition_state(int(loaded), int(lag), bool(active), int(updated), now_ms, stale_s, gap_min)[1]
+                 for loaded, lag, active, updated in rows]
+        return [m for m in marks if m is not None]
 
     def _fresh_sources(self, store: Any, site: str, at: datetime, live: bool) -> set[str]:
         """Sources of ``site`` (``host/file``, ``host/`` for a host heartbeat) whose last heartbeat is evidence of

@@ -25,7 +25,7 @@ import test_dashboards_fixture as fx
 from forumpulse.dashboards import build
 from forumpulse.dashboards import panels as panels_mod
 from forumpulse.dashboards.macros import QueryContext, TemplateVar, render_query
-from forumpulse.pipeline.consumer import listener_status, source_status
+from forumpulse.pipeline.consumer import PROGRESS_SCHEMA, listener_status, source_status
 from forumpulse.pipeline.store import migrate, open_store
 
 DASH_DIR = Path(build.__file__).resolve().parent
@@ -121,6 +121,27 @@ def test_structure() -> None:
 # ---------------------------------------------------------------------------------------------- data
 
 
+def _progress(part: int, loaded_age: float | None, lag: int, active: bool, report_age: float,
+              instance: str = "c1") -> dict[str, Any]:
+    return {"group_id": "forumpulse-loader", "topic": "weblogs.raw", "partition": part,
+            "loaded_ts": NOW - timedelta(seconds=loaded_age) if loaded_age is not None else datetime(1970, 1, 1, tzinfo=UTC),
+            "next_offset": 100, "lag": lag, "active": active, "instance": instance,
+            "updated_at": NOW - timedelta(seconds=report_age)}
+
+
+#: consumer_progress rows (migration 0007): partition -> its reports (the newest counts)
+PROGRESS_ROWS = [
+    _progress(0, 2, 0, True, 3),                  # caught up
+    _progress(1, 95, 420, True, 4),               # behind by 91 s at its report
+    _progress(2, 120, 0, True, 120),              # caught up at a report 2 minutes old: not reporting
+    _progress(3, 900, 420, True, 5),              # far behind (15 minutes)
+    _progress(4, 40, 3, True, 40, "c0"), _progress(4, 5, 0, False, 6),  # released by a clean exit (newest)
+    _progress(5, 1000, 0, True, 1000),            # gone
+    _progress(6, None, 0, True, 20, "c0"),        # caught up, nothing stored in this assignment (an idle partition)
+    _progress(7, 50, -1, True, 8),                # lag unknown (the broker not answering): behind
+]
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
     store = open_store(f"chdb:{tmp_path_factory.mktemp('dash_chdb')}")
@@ -158,6 +179,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
         dict(live("web7", 0, 8, 0, 5), site="*", origin_file="", last_line_ts=never),
     ]
     store.insert("source_liveness", fx.ts_table(net, lt, {"lines": pa.uint64()}))
+    store.insert("consumer_progress", pa.Table.from_pylist(PROGRESS_ROWS, schema=PROGRESS_SCHEMA))
     titles = [{"site": fx.SITE, "topic_id": k, "title": v, "forum": "news" if k < 103 else "misc",
                "updated_at": T0} for k, v in fx.TOPICS.items()]
     store.insert("topic_titles", fx.ts_table([dict(titles[0], title="Old title", updated_at=T0 - timedelta(days=1))],
@@ -386,6 +408,34 @@ def _listeners(w: Any, sql: str) -> None:
 def _quartiles(vals: list[float]) -> tuple[float, float]:
     q = statistics.quantiles(sorted(vals), n=4, method="inclusive")
     return q[0], q[2]
+
+
+@check("Kafka partitions: loading")
+def _partitions(w: Any, sql: str) -> None:
+    from forumpulse.detectors.traffic import load_rules, partition_state
+
+    res = run(w[0], sql)
+    got = {r["partition"]: (r["status"], r["owner"], r["lag_messages"], r["behind_s"], r["report_age_s"])
+           for r in res}
+    assert got == {0: ("caught up", "c1", 0, 0, 3), 1: ("behind", "c1", 420, 91, 4),
+                   2: ("not reporting", "c1", 0, 0, 120), 3: ("far behind", "c1", 420, 895, 5),
+                   4: ("released", "c1", 0, 0, 6), 5: ("gone", "c1", 0, 0, 1000),
+                   6: ("caught up", "c0", 0, 0, 20), 7: ("behind", "c1", -1, 42, 8)}
+    assert [r["partition"] for r in res] == [3, 1, 7, 2, 5, 0, 6, 4]  # worst first
+    assert [r["newest_loaded"] is None for r in res if r["partition"] in (0, 6)] == [False, True]
+    # the same states as the live detectors' watermark rule, with the shipped thresholds
+    health = load_rules()["health"]
+    assert panels_mod.PROGRESS_GAP_S == 60 * health["gap_min_minutes"]
+    assert panels_mod.PROGRESS_STALE_S == health["progress_stale_seconds"]
+    now_ms = int(NOW.timestamp() * 1000)
+    newest = {}
+    for r in PROGRESS_ROWS:
+        if r["partition"] not in newest or r["updated_at"] > newest[r["partition"]]["updated_at"]:
+            newest[r["partition"]] = r
+    want = {p: partition_state(int(r["loaded_ts"].timestamp() * 1000), r["lag"], r["active"],
+                               int(r["updated_at"].timestamp() * 1000), now_ms, health["progress_stale_seconds"],
+                               health["gap_min_minutes"])[0] for p, r in newest.items()}
+    assert {p: v[0] for p, v in got.items()} == want
 
 
 @check("Response time percentiles")
