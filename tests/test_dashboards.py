@@ -425,8 +425,8 @@ def _partitions(w: Any, sql: str) -> None:
     assert [r["newest_loaded"] is None for r in res if r["partition"] in (0, 6)] == [False, True]
     # the same states as the live detectors' watermark rule, with the shipped thresholds
     health = load_rules()["health"]
-    assert panels_mod.PROGRESS_GAP_S == 60 * health["gap_min_minutes"]
-    assert panels_mod.PROGRESS_STALE_S == health["progress_stale_seconds"]
+    assert 60 * health["gap_min_minutes"] == panels_mod.PROGRESS_GAP_S
+    assert health["progress_stale_seconds"] == panels_mod.PROGRESS_STALE_S
     now_ms = int(NOW.timestamp() * 1000)
     newest = {}
     for r in PROGRESS_ROWS:
