@@ -11,7 +11,9 @@
 # --define k=v replaces the line `@define k "..."` of the template FILE (every tunable of our configs has such a
 # default line); an unknown k is an error, so a typo cannot silently keep a default.  The generated config is
 # DIR/syslog-ng.conf; runtime files are DIR/syslog-ng.{persist,pid,ctl,log}.  `fp_state_dir` defaults to DIR/state
-# (disk buffers) unless defined explicitly.  Runs: syslog-ng -F --no-caps -e -f CONF -R PERSIST -p PID -c CTL.
+# (disk buffers) and `fp_heartbeat_cmd` to the heartbeat.sh next to FILE (when it is there) unless defined
+# explicitly; a heartbeat command that is not an executable file is an error.
+# Runs: syslog-ng -F --no-caps -e -f CONF -R PERSIST -p PID -c CTL.
 set -euo pipefail
 SYSLOGNG=${SYSLOGNG:-syslog-ng}
 SYSLOGNG_CTL=${SYSLOGNG_CTL:-syslog-ng-ctl}
@@ -47,7 +49,7 @@ render() {
   [ -n "$CONFIG" ] || die "--config FILE is required"
   [ -f "$CONFIG" ] || die "config template not found: $CONFIG"
   command -v "$SYSLOGNG" >/dev/null || die "syslog-ng not found (apt-get install syslog-ng-core syslog-ng-mod-rdkafka)"
-  local have_state=0 kv k v out tmp
+  local have_state=0 have_hb=0 kv k v out tmp
   tmp=$(mktemp "$DIR/.conf.XXXXXX")
   cp "$CONFIG" "$tmp"
   for kv in "${DEFINES[@]}"; do
@@ -55,6 +57,7 @@ render() {
     k=${kv%%=*}; v=${kv#*=}
     [[ "$k" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "bad define name: $k"
     [ "$k" = fp_state_dir ] && have_state=1
+    [ "$k" = fp_heartbeat_cmd ] && have_hb=1
     grep -qE "^@define[[:space:]]+$k[[:space:]]" "$tmp" || die "$CONFIG has no '@define $k' line to override"
     v=${v//\\/\\\\}; v=${v//\"/\\\"}
     out=$(K="$k" V="$v" awk '{ if ($1 == "@define" && $2 == ENVIRON["K"]) print "@define " ENVIRON["K"] " \"" ENVIRON["V"] "\""; else print }' "$tmp")
@@ -64,6 +67,19 @@ render() {
     mkdir -p "$DIR/state"
     out=$(S="$DIR/state" awk '{ if ($1 == "@define" && $2 == "fp_state_dir") print "@define fp_state_dir \"" ENVIRON["S"] "\""; else print }' "$tmp")
     printf '%s\n' "$out" > "$tmp"
+  fi
+  local hb_default
+  hb_default="$(cd "$(dirname "$CONFIG")" && pwd)/heartbeat.sh"
+  if [ "$have_hb" = 0 ] && [ -x "$hb_default" ] && grep -qE '^@define[[:space:]]+fp_heartbeat_cmd[[:space:]]' "$tmp"; then
+    out=$(H="$hb_default" awk '{ if ($1 == "@define" && $2 == "fp_heartbeat_cmd") print "@define fp_heartbeat_cmd \"" ENVIRON["H"] "\""; else print }' "$tmp")
+    printf '%s\n' "$out" > "$tmp"
+  fi
+  # syslog-ng re-runs a program() source that cannot start many times a second, silently: refuse instead
+  local hb
+  hb=$(awk '$1 == "@define" && $2 == "fp_heartbeat_cmd" { v = $3; gsub(/^"|"$/, "", v); print v }' "$tmp")
+  if [ -n "$hb" ] && [ ! -x "$hb" ]; then
+    rm -f "$tmp"
+    die "fp_heartbeat_cmd is not an executable file: $hb (--define fp_heartbeat_cmd=/path/to/syslog-ng/heartbeat.sh)"
   fi
   mv "$tmp" "$CONF"
 }
