@@ -32,7 +32,7 @@ SCHEMA = Path("/usr/lib/python3/dist-packages/compose/config/compose_spec.json")
 CLI = ROOT / ".venv" / "bin" / "forumpulse"
 
 SECRETS = ["CLICKHOUSE_ADMIN_PASSWORD", "FORUMPULSE_INGEST_PASSWORD", "GRAFANA_CH_PASSWORD",
-           "GRAFANA_ADMIN_PASSWORD", "FORUMPULSE_DECISION_API_KEY", "KAFKA_CLUSTER_ID"]
+           "GRAFANA_ADMIN_PASSWORD", "FORUMPULSE_DECISION_API_KEY", "FORUMPULSE_DETECTORS_PASSWORD", "KAFKA_CLUSTER_ID"]
 TEST_ENV = {name: f"t3st{i}value" for i, name in enumerate(SECRETS)}
 
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -227,6 +227,49 @@ def test_every_mounted_file_and_build_input_exists() -> None:
                     assert (ctx / src).exists(), f"{df.name}: COPY source {src} missing"
 
 
+def _ignored(path: str, patterns: list[str]) -> bool:
+    """Whether a .dockerignore excludes ``path`` (patterns in order, the last match wins, ``!`` re-includes; a
+    pattern also covers what lies below a folder it matches)."""
+    from fnmatch import fnmatch
+
+    out = False
+    for p in patterns:
+        neg, pat = p.startswith("!"), p.lstrip("!").rstrip("/")
+        parts = path.split("/")
+        prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        if any(fnmatch(x, pat) or fnmatch(x, pat.removeprefix("**/")) for x in prefixes):
+            out = not neg
+    return out
+
+
+def _ignore_file(path: Path) -> list[str]:
+    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_build_contexts_keep_what_the_images_copy_and_leave_out_the_bulk() -> None:
+    """Both builders: BuildKit reads <Dockerfile>.dockerignore, the classic builder (docker-compose 1.x) only the
+    context's .dockerignore; neither may drop a COPY source, and the classic one must leave out .venv and data."""
+    root_ignore = _ignore_file(ROOT / ".dockerignore")
+    assert _ignored(".venv/lib/x.py", root_ignore) and _ignored("data/nasa/x.log", root_ignore)
+    assert _ignored("pipeline/__pycache__/x.pyc", root_ignore) and not _ignored("pipeline/cli.py", root_ignore)
+    for svc in resolved()["services"].values():
+        b = svc.get("build")
+        if not b:
+            continue
+        df = (COMPOSE_DIR / b["context"]).resolve() / b["dockerfile"]
+        own = _ignore_file(df.with_name(df.name + ".dockerignore"))
+        for line in re.findall(r"^COPY\s+(.+)$", df.read_text(), re.M):
+            for src in line.split()[:-1]:
+                assert not _ignored(src, root_ignore), f"{df.name}: .dockerignore drops COPY source {src}"
+                assert not _ignored(src, own), f"{df.name}: {df.name}.dockerignore drops COPY source {src}"
+
+
+def test_the_image_installs_the_pinned_versions() -> None:
+    text = (COMPOSE_DIR / "Dockerfile").read_text()
+    assert re.search(r"pip install -c constraints\.txt -e \.", text)
+    assert re.search(r"^COPY [^\n]*\bconstraints\.txt\b", text, re.M)
+
+
 def test_long_running_services_have_healthchecks_and_restart() -> None:
     services = resolved()["services"]
     oneshots = {n for n, s in services.items() if s.get("restart") == "no"}
@@ -243,9 +286,26 @@ def test_long_running_services_have_healthchecks_and_restart() -> None:
 
 
 def test_published_ports_bind_the_configured_address() -> None:
+    """Every port binds FORUMPULSE_BIND (127.0.0.1 by default), except the decision API, which has a bind of its
+    own (also 127.0.0.1 by default) so that bouncers elsewhere can reach it without the detectors' endpoint."""
+    seen = []
     for name, svc in load_compose()["services"].items():
         for p in svc.get("ports", []):
+            if p.endswith(":8090"):
+                assert (name, p) == ("forumpulse-detectors",
+                                     "${FORUMPULSE_DECISION_API_BIND:-127.0.0.1}:${FORUMPULSE_DECISION_API_PORT:-8090}:8090")
+                seen.append(p)
+                continue
             assert p.startswith("${FORUMPULSE_BIND:-127.0.0.1}:"), f"{name}: {p} must bind FORUMPULSE_BIND"
+    assert len(seen) == 1
+
+
+def test_the_endpoint_that_lifts_bans_needs_a_password() -> None:
+    cmd = load_compose()["services"]["forumpulse-detectors"]["command"]
+    assert "--password-env" in cmd
+    var = cmd[cmd.index("--password-env") + 1]
+    env = load_compose()["services"]["forumpulse-detectors"]["environment"]
+    assert env[var] == f"${{{var}:?set {var} in .env}}" and var in SECRETS
 
 
 def _forumpulse_commands() -> list[list[str]]:
