@@ -29,6 +29,11 @@ def _state(st) -> tuple[object, ...]:
             st.query_rows("SELECT sum(views) FROM topic_minute")[0])
 
 
+def _from_6() -> list[int]:
+    """What migrating a store made before 0006 applies: 0006 and every later migration."""
+    return [m.version for m in load_migrations() if m.version >= 6]
+
+
 def _before_0006(st, monkeypatch, days_of_rows: int) -> None:
     import forumpulse.pipeline.store as store_module
 
@@ -55,7 +60,7 @@ def test_empty_store_upgrade_survives_an_interruption_and_the_views_follow(empty
         guard, sql = guarded(stmt)
         if guard is None or str(st.query_rows(guard)[0][0]).lower() in ("1", "true"):
             st.command(sql)
-    assert [m.version for m in migrate(st, PARAMS)] == [6]
+    assert [m.version for m in migrate(st, PARAMS)] == _from_6()
     assert _partition_key(st) == "toYYYYMMDD(ts)"
     assert "requests_by_day" not in _tables(st)
     st.insert("requests", _rows(200, BASE, step_ms=60_000), dedup_token="new-1")
@@ -66,7 +71,7 @@ def test_a_store_with_rows_keeps_them_and_its_monthly_partitions(empty_store, mo
     st = empty_store
     _before_0006(st, monkeypatch, 3)
     before = _state(st)
-    assert [m.version for m in migrate(st, PARAMS)] == [6]
+    assert [m.version for m in migrate(st, PARAMS)] == _from_6()
     assert _partition_key(st) == "toYYYYMM(ts)" and _state(st) == before
     assert "requests_by_day" not in _tables(st)
 
@@ -102,5 +107,5 @@ def test_two_concurrent_runs_that_exchanged_twice_are_repaired(empty_store, monk
         if guard is None or str(st.query_rows(guard)[0][0]).lower() in ("1", "true"):
             st.command(sql)
     assert _partition_key(st) == "toYYYYMMDD(ts)" and "requests_by_day" not in _tables(st)
-    assert [m.version for m in migrate(st, PARAMS)] == [6]  # B's run of the whole migration changes nothing
+    assert [m.version for m in migrate(st, PARAMS)] == _from_6()  # B's run of the whole migration changes nothing
     assert _partition_key(st) == "toYYYYMMDD(ts)" and "requests_by_day" not in _tables(st)
