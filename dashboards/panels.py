@@ -256,14 +256,16 @@ ORDER BY status, collector, listener, listener_site"""
 #: forumpulse.yaml are not seen here).  tests/test_dashboards.py compares the two on the same rows.
 PROGRESS_GAP_S = 600  # detectors/rules/traffic.yaml health.gap_min_minutes (tests check they agree)
 PROGRESS_STALE_S = 30  # health.progress_stale_seconds
+PROGRESS_SKEW_S = 30  # detectors.traffic.LIVE_CLOCK_SKEW_S: a report carries the consumer's clock
 PARTITIONS_SQL = f"""
 WITH toUnixTimestamp64Milli(toDateTime64($__toTime, 3)) AS now_ms
 SELECT group_id, topic, partition, argMax(instance, updated_at) AS owner,
-       multiIf(NOT argMax(active, updated_at), 'released',
-               now_ms - reported_ms > {PROGRESS_GAP_S * 1000}, 'gone',
+       multiIf(now_ms - reported_ms > {PROGRESS_GAP_S * 1000}, 'gone',
                lag_messages != 0 AND now_ms - loaded_ms > {PROGRESS_GAP_S * 1000}, 'far behind',
                lag_messages != 0, 'behind',
-               now_ms - reported_ms > {PROGRESS_STALE_S * 1000}, 'not reporting', 'caught up') AS status,
+               NOT argMax(active, updated_at), 'released',
+               now_ms - reported_ms > {(PROGRESS_STALE_S + PROGRESS_SKEW_S) * 1000}, 'not reporting',
+               'caught up') AS status,
        argMax(lag, updated_at) AS lag_messages,
        toUnixTimestamp64Milli(argMax(loaded_ts, updated_at)) AS loaded_ms,
        toUnixTimestamp64Milli(max(updated_at)) AS reported_ms,
@@ -373,8 +375,10 @@ GROUP BY time, consumer ORDER BY time, consumer""", unit="s"),
     PanelSpec("table", "Kafka partitions: loading", PARTITIONS_SQL, description=(
         "Each consumer's last report per partition (every 10 s): lag_messages = messages waiting (-1 unknown), behind_s = "
         "the newest message stored was produced that long before the report; the live detectors wait for a "
-        "partition behind or not reporting (30 s) for up to 10 minutes. far behind / gone (no report for 10 "
-        "minutes) are not waited for; released = its consumer exited cleanly. State at the end of the range.")),
+        "partition behind (also when its consumer exited cleanly behind, until the next owner reports) or not "
+        "reporting (30 s, plus 30 s for clock skew) for up to 10 minutes. far behind / gone (no report for 10 "
+        "minutes) are not waited for; released = its consumer exited cleanly, caught up. State at the end of the "
+        "range.")),
     PanelSpec("timeseries", "Response time percentiles", f"""
 SELECT time, q[1] AS p50_ms, q[2] AS p95_ms, q[3] AS p99_ms
 FROM (

@@ -1064,6 +1064,9 @@ class TrafficRunError(RuntimeError):
 
 
 LIVE_CLOCK_SKEW_S = 30.0
+"""Live runs: a heartbeat up to this many seconds later than the wall clock still counts (the shipper stamps it
+with its own clock; a consumer stamps its progress reports with its own).  History runs accept none later than
+the end of the range."""
 
 
 def partition_state(loaded_ms: int, lag: int, active: bool, reported_ms: int, now_ms: int, stale_s: float,
@@ -1072,24 +1075,29 @@ def partition_state(loaded_ms: int, lag: int, active: bool, reported_ms: int, no
     ``now_ms``, and the limit it puts on the live watermark (epoch ms, None = none); the rule of
     :meth:`TrafficDetector._partition_marks` and of the ops dashboard's partition panel (tests compare the two):
 
-    ``released`` (its owner exited cleanly), ``gone`` (no report for ``gap_min_minutes``), ``far behind`` (the
-    newest message stored is older than that: not waited for, as a source silent that long), ``behind`` (lag > 0
-    or unknown: the limit is that message's Kafka time), ``not reporting`` (caught up at a report older than
-    ``stale_s``: the limit is that report), ``caught up``."""
+    ``gone`` (no report for ``gap_min_minutes``), ``far behind`` (lag > 0 or unknown, and the newest message
+    stored is older than that: not waited for, as a source silent that long), ``behind`` (lag > 0 or unknown,
+    whether its owner still runs or exited cleanly while behind -- a rolling restart hands the partition over with
+    messages waiting: the limit is the newest stored message's Kafka time, or the report's time when that Kafka
+    time is later than the clock allows), ``released`` (its owner exited cleanly, caught up), ``not reporting``
+    (caught up at a report older than ``stale_s`` plus :data:`LIVE_CLOCK_SKEW_S` -- the report carries the
+    consumer's clock: the limit is that report), ``caught up``."""
     gap_ms = gap_min_minutes * 60_000
-    if not active:
-        return "released", None
+    skew_ms = int(LIVE_CLOCK_SKEW_S * 1000)
     if reported_ms < now_ms - gap_ms:
         return "gone", None
     if lag != 0:
         if loaded_ms < now_ms - gap_ms:
             return "far behind", None
-        return "behind", loaded_ms if loaded_ms <= now_ms + int(LIVE_CLOCK_SKEW_S * 1000) else None
-    if reported_ms < now_ms - int(stale_s * 1000):
+        # a Kafka time ahead of the clock (a producer's clock ahead; the consumer clamps to its own) must not
+        # lift the hold: the report's time is a bound the consumer's clock vouches for
+        return "behind", loaded_ms if loaded_ms <= now_ms + skew_ms else min(reported_ms, now_ms)
+    if not active:
+        return "released", None
+    if reported_ms < now_ms - int(stale_s * 1000) - skew_ms:
         return "not reporting", reported_ms
     return "caught up", None
-"""Live runs: a heartbeat up to this many seconds later than the wall clock still counts (the shipper stamps it
-with its own clock).  History runs accept none later than the end of the range."""
+
 
 Producer = Callable[[str, bytes, bytes], None]
 
@@ -1305,9 +1313,10 @@ class TrafficDetector:
         comes from whichever partition is current, so :meth:`_watermark`'s sources cannot show a loader behind on
         one partition only; these rows can.  Per partition, the newest row (its owner's latest report):
 
-        * released (``active`` false: its owner exited cleanly), or reported more than ``gap_min_minutes`` ago
-          (no loader for it that long: a pipeline gap, not a reason to wait): no limit;
-        * behind (lag > 0, or unknown): the Kafka time of the newest message stored from it, when that is within
+        * reported more than ``gap_min_minutes`` ago (no loader for it that long: a pipeline gap, not a reason to
+          wait), or released caught up (``active`` false, lag 0: its owner exited cleanly): no limit;
+        * behind (lag > 0, or unknown; also when its owner exited cleanly behind, as in a rolling restart, until
+          the next owner reports): the Kafka time of the newest message stored from it, when that is within
           ``gap_min_minutes`` (a loader further behind is not waited for, as for a source);
         * caught up, with a report older than ``progress_stale_seconds`` (its owner stopped reporting: stuck or
           killed): the time of that report -- what was produced before it was loaded;

@@ -989,7 +989,9 @@ class LiveConsumer:
         values = [m.value() for m in msgs]
         tss = np.fromiter((m.timestamp()[1] for m in msgs), dtype=np.int64, count=len(msgs))
         batch_ts = max(0, int(tss.max()))
-        b.kafka_ts = batch_ts
+        # the Kafka time is the producer's clock (CreateTime): one ahead of ours is clamped to ours, so a skewed
+        # producer cannot make a partition look loaded beyond now (consumer_progress.loaded_ts)
+        b.kafka_ts = min(batch_ts, int(time.time() * 1000))
         sb = split_values(values, blocks=True)
         b.bad_n = len(sb.bad)
         b.hb_n = len(sb.heartbeats)
@@ -1327,8 +1329,8 @@ class LiveConsumer:
         self._write_progress(lag >= 0, final)
 
     def _write_progress(self, lag_known: bool, final: bool) -> None:
-        """One ``consumer_progress`` row per owned partition (see migration 0007): the newest Kafka timestamp
-        stored and committed, the lag and position from the last :meth:`_compute_lag` (-1 when it failed),
+        """One ``consumer_progress`` row per owned partition (see migration 0007): the newest Kafka timestamp stored and
+        committed (no later than this consumer's clock), the lag and position from the last :meth:`_compute_lag` (-1 when it failed),
         ``active`` false on the final write of a clean exit (the partition is released; its next owner writes its
         own rows).  A partition behind its high watermark with nothing stored yet in this assignment is not
         written: its previous owner's row (older, so the detectors hold back to it) stands.  A side channel like

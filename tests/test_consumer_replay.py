@@ -216,6 +216,22 @@ def test_partition_progress_says_how_far_each_partition_is_stored(broker: Broker
                               f"FROM consumer_progress WHERE topic = '{topic}' GROUP BY partition ORDER BY partition")
     assert [(int(a), bool(b), int(c_)) for a, b, c_ in stored] == [(0, False, 0), (1, False, 0)]
 
+    # a producer whose clock is 30 minutes ahead (Kafka 4 refuses CreateTimes over an hour ahead by default,
+    # log.message.timestamp.after.max.ms): the stored Kafka time is clamped to the consumer's clock, so the
+    # partition cannot look loaded beyond now (the detectors would stop waiting for it)
+    ahead = int(time.time() * 1000) + 1_800_000
+    for i in range(5):
+        p.produce(topic, build_envelope("forum", "web1", "access.log", "combined", make_line(rng, base / 1000, "combined")),
+                  partition=0, timestamp=ahead + i)
+    assert p.flush(30) == 0
+    rec2 = ProgressRecorder(store, delay_s=0.0)
+    c2 = LiveConsumer(settings, rec2, opts)  # type: ignore[arg-type]
+    _run_bounded(c2, idle_exit_s=1.0)
+    after = int(time.time() * 1000)
+    last = [r for r in rec2.rows if r["partition"] == 0 and not r["active"]]
+    assert last and (last[-1]["lag"], last[-1]["next_offset"]) == (0, n + 5), last
+    assert ts_at(0, n - 1) < int(last[-1]["loaded_ts"].timestamp() * 1000) <= after, last[-1]
+
 
 # ------------------------------------------------------------------------------------------------ recreated logs
 

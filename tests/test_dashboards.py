@@ -139,6 +139,8 @@ PROGRESS_ROWS = [
     _progress(5, 1000, 0, True, 1000),            # gone
     _progress(6, None, 0, True, 20, "c0"),        # caught up, nothing stored in this assignment (an idle partition)
     _progress(7, 50, -1, True, 8),                # lag unknown (the broker not answering): behind
+    _progress(8, 30, 12, False, 7),               # its consumer exited cleanly behind (a rolling restart): behind
+    _progress(9, 45, 0, True, 45),                # caught up at a report 45 s old: within the clock skew allowed
 ]
 
 
@@ -412,7 +414,7 @@ def _quartiles(vals: list[float]) -> tuple[float, float]:
 
 @check("Kafka partitions: loading")
 def _partitions(w: Any, sql: str) -> None:
-    from forumpulse.detectors.traffic import load_rules, partition_state
+    from forumpulse.detectors.traffic import LIVE_CLOCK_SKEW_S, load_rules, partition_state
 
     res = run(w[0], sql)
     got = {r["partition"]: (r["status"], r["owner"], r["lag_messages"], r["behind_s"], r["report_age_s"])
@@ -420,13 +422,15 @@ def _partitions(w: Any, sql: str) -> None:
     assert got == {0: ("caught up", "c1", 0, 0, 3), 1: ("behind", "c1", 420, 91, 4),
                    2: ("not reporting", "c1", 0, 0, 120), 3: ("far behind", "c1", 420, 895, 5),
                    4: ("released", "c1", 0, 0, 6), 5: ("gone", "c1", 0, 0, 1000),
-                   6: ("caught up", "c0", 0, 0, 20), 7: ("behind", "c1", -1, 42, 8)}
-    assert [r["partition"] for r in res] == [3, 1, 7, 2, 5, 0, 6, 4]  # worst first
+                   6: ("caught up", "c0", 0, 0, 20), 7: ("behind", "c1", -1, 42, 8),
+                   8: ("behind", "c1", 12, 23, 7), 9: ("caught up", "c1", 0, 0, 45)}
+    assert [r["partition"] for r in res] == [3, 1, 7, 8, 2, 5, 0, 6, 9, 4]  # worst first
     assert [r["newest_loaded"] is None for r in res if r["partition"] in (0, 6)] == [False, True]
     # the same states as the live detectors' watermark rule, with the shipped thresholds
     health = load_rules()["health"]
     assert 60 * health["gap_min_minutes"] == panels_mod.PROGRESS_GAP_S
     assert health["progress_stale_seconds"] == panels_mod.PROGRESS_STALE_S
+    assert LIVE_CLOCK_SKEW_S == panels_mod.PROGRESS_SKEW_S
     now_ms = int(NOW.timestamp() * 1000)
     newest = {}
     for r in PROGRESS_ROWS:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from forumpulse.detectors.traffic import TrafficDetector, detect_history
+from forumpulse.detectors.traffic import LIVE_CLOCK_SKEW_S, TrafficDetector, detect_history, partition_state
 from test_traffic_cases import _local, _settings, build_requests
 
 QUIET = {"site": {"name": "case-night", "timezone": "Europe/Berlin"}, "start": "2026-03-01", "days": 11,
@@ -162,13 +162,19 @@ _NOW = datetime(2026, 3, 11, 10, 6, tzinfo=UTC)
     # the newest row counts: behind earlier, caught up now
     ([(1, datetime(2026, 3, 11, 10, 0, 58, tzinfo=UTC), 420, True, _NOW - timedelta(seconds=20)),
       (1, _NOW - timedelta(seconds=2), 0, True, _NOW - timedelta(seconds=3))], "10:05"),
-    # caught up and reporting, released by a clean exit, reported more than gap_min_minutes ago, or more than
-    # gap_min_minutes behind: not waited for (the sources' watermark alone: their newest heartbeat, 10:05:57)
+    # its owner exited cleanly while behind (a rolling restart; the next owner has not reported): still held
+    ([(0, datetime(2026, 3, 11, 10, 0, 58, tzinfo=UTC), 420, False, _NOW - timedelta(seconds=3))], "10:00"),
+    # the newest message's Kafka time is ahead of the clock (a producer's clock): held at the report instead
+    ([(1, datetime(2026, 3, 11, 10, 30, tzinfo=UTC), 420, True, datetime(2026, 3, 11, 10, 3, 30, tzinfo=UTC))],
+     "10:03"),
+    # caught up and reporting, released caught up by a clean exit, reported more than gap_min_minutes ago, or more
+    # than gap_min_minutes behind: not waited for (the sources' watermark alone: their newest heartbeat, 10:05:57)
     ([(0, _NOW - timedelta(seconds=2), 0, True, _NOW - timedelta(seconds=3))], "10:05"),
-    ([(0, datetime(2026, 3, 11, 10, 0, 58, tzinfo=UTC), 420, False, _NOW - timedelta(seconds=3))], "10:05"),
+    ([(0, datetime(2026, 3, 11, 10, 0, 58, tzinfo=UTC), 0, False, _NOW - timedelta(seconds=3))], "10:05"),
     ([(0, datetime(2026, 3, 11, 9, 50, tzinfo=UTC), 420, True, _NOW - timedelta(minutes=11))], "10:05"),
     ([(0, datetime(2026, 3, 11, 9, 50, tzinfo=UTC), 420, True, _NOW - timedelta(seconds=3))], "10:05"),
-], ids=["behind", "lag-unknown", "stale-report", "newest-row", "caught-up", "released", "gone", "far-behind"])
+], ids=["behind", "lag-unknown", "stale-report", "newest-row", "released-behind", "future-kafka-time", "caught-up",
+        "released", "gone", "far-behind"])
 def test_a_partition_behind_holds_live_detection_back(store: Any, rows: list[Any], cursor: str) -> None:
     """The sources are fresh (their latest lines came through the partitions that are current), yet a partition
     behind means minutes not fully loaded: the detectors wait for it (``consumer_progress``, migration 0007)."""
@@ -179,3 +185,17 @@ def test_a_partition_behind_holds_live_detection_back(store: Any, rows: list[Any
     det = TrafficDetector(_settings([PART]), sites=[name])
     det.run_once(store, _NOW)
     assert det.sites[name].cursor == _local(PART, f"2026-03-11T{cursor}"), det.sites[name].cursor
+
+
+def test_a_progress_report_is_stale_only_past_the_clock_skew_allowed() -> None:
+    """A report carries the consumer's clock: one up to LIVE_CLOCK_SKEW_S behind the detector's clock is not yet
+    "not reporting" (which would hold every site back by the skew)."""
+    now, stale = 1_000_000_000, 30.0
+    edge = now - int((stale + LIVE_CLOCK_SKEW_S) * 1000)
+    assert partition_state(edge, 0, True, edge, now, stale, 10) == ("caught up", None)
+    assert partition_state(edge - 1, 0, True, edge - 1, now, stale, 10) == ("not reporting", edge - 1)
+    # behind, with a Kafka time within the skew ahead: held at it; beyond: at the report (never lifted)
+    ahead = now + int(LIVE_CLOCK_SKEW_S * 1000)
+    assert partition_state(ahead, 5, True, now - 10, now, stale, 10) == ("behind", ahead)
+    assert partition_state(ahead + 1, 5, True, now - 10, now, stale, 10) == ("behind", now - 10)
+    assert partition_state(ahead + 1, 5, True, now + 10, now, stale, 10) == ("behind", now)
