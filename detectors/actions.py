@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from forumpulse.detectors.dos import Decision
+from forumpulse.detectors.dos import Decision, canonical_network, never_ban_reason
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
 
@@ -33,15 +33,23 @@ class ActionError(RuntimeError):
 
 
 def parse_value(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    """Strictly parse a decision value (address or CIDR); IPv4-mapped IPv6 becomes IPv4.  Raises ActionError."""
+    """Strictly parse a decision value (address or CIDR) into its canonical network
+    (:func:`~forumpulse.detectors.dos.canonical_network`: IPv4-mapped IPv6 becomes IPv4; scoped IPv6 such as
+    ``fe80::1%eth0`` and whole families are refused).  Raises ActionError."""
     try:
-        net = ipaddress.ip_network(value.strip(), strict=False)
-    except (ValueError, AttributeError):
-        raise ActionError(f"not an IP address or network: {value!r}") from None
-    if isinstance(net, ipaddress.IPv6Network) and net.prefixlen == 128 and net.network_address.ipv4_mapped:
-        net = ipaddress.ip_network(str(net.network_address.ipv4_mapped))
-    if net.prefixlen == 0:
-        raise ActionError("refusing to ban a whole address family")
+        return canonical_network(value)
+    except ValueError as exc:
+        raise ActionError(str(exc)) from None
+
+
+def ban_target(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """:func:`parse_value`, and refuse what must never be banned (loopback, unspecified, link-local, multicast;
+    :func:`~forumpulse.detectors.dos.never_ban_reason`) even when a decision did not come through the manager
+    (restored from the table, made by hand).  Unbans use :func:`parse_value`, so an old such ban can be lifted."""
+    net = parse_value(value)
+    reason = never_ban_reason(net)
+    if reason is not None:
+        raise ActionError(f"refusing to ban {net}: {reason} addresses are never banned")
     return net
 
 
@@ -114,7 +122,7 @@ class NftablesAction:
         return self.set_v4 if net.version == 4 else self.set_v6
 
     def ban(self, d: Decision) -> None:
-        net = parse_value(d.value)
+        net = ban_target(d.value)
         if not self._ready:
             self.ensure()
         secs = max(1, int(d.duration_s))
@@ -175,7 +183,7 @@ class IpsetAction:
         self._ready = True
 
     def ban(self, d: Decision) -> None:
-        net = parse_value(d.value)
+        net = ban_target(d.value)
         if not self._ready:
             self.ensure()
         s = self.set_v4 if net.version == 4 else self.set_v6
@@ -248,7 +256,7 @@ class WebhookAction:
         raise ActionError(f"webhook failed after {self.retries + 1} attempts: {last}")
 
     def ban(self, d: Decision) -> None:
-        parse_value(d.value)
+        ban_target(d.value)
         self._post(d.to_json())
 
     def unban(self, d: Decision) -> None:

@@ -719,6 +719,60 @@ class CrawlerVerifier:
 # --------------------------------------------------------------------------------------------- decisions
 
 
+_Net = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def canonical_network(value: str) -> _Net:
+    """The one network object a decision value stands for (address = /32 or /128); raises ValueError.
+
+    IPv4-mapped IPv6 (``::ffff:1.2.3.4``) becomes IPv4, IPv6 is compressed and lower case (RFC 5952, via
+    :mod:`ipaddress`), host bits of a CIDR are cleared.  Refused: anything that is not an address or network, a
+    whole address family (``/0``), and scoped IPv6 (``fe80::1%eth0``: a zone id names an interface of the host
+    that logged it, and no firewall set can hold it).
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"not an IP address or network: {value!r}")
+    v = value.strip()
+    if "%" in v:
+        raise ValueError(f"scoped IPv6 address (zone id after %) is not a ban value: {value!r}")
+    try:
+        net = ipaddress.ip_network(v, strict=False)
+    except ValueError:
+        raise ValueError(f"not an IP address or network: {value!r}") from None
+    if isinstance(net, ipaddress.IPv6Network) and net.prefixlen == 128 and net.network_address.ipv4_mapped:
+        net = ipaddress.ip_network(str(net.network_address.ipv4_mapped))
+    if net.prefixlen == 0:
+        raise ValueError("refusing to ban a whole address family")
+    return net
+
+
+def canonical_value(value: str) -> str:
+    """``value`` as every structure keys it (manager, registry, actions, unban): an address, or a CIDR for a
+    range.  Same result as ``forumpulse.pipeline.live_detect.normalize_value``; raises ValueError."""
+    net = canonical_network(value)
+    return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+
+
+#: Never banned, whatever the configuration (allowlist or not): a ban could cut the host off from itself or
+#: its own network, and no remote client sends from these.  A range overlapping one of them is refused too.
+NEVER_BAN: tuple[tuple[str, _Net], ...] = tuple((r, ipaddress.ip_network(n)) for r, n in (
+    ("unspecified", "0.0.0.0/8"), ("unspecified", "::/128"),
+    ("loopback", "127.0.0.0/8"), ("loopback", "::1/128"),
+    ("link_local", "169.254.0.0/16"), ("link_local", "fe80::/10"),
+    ("multicast", "224.0.0.0/4"), ("multicast", "ff00::/8"),
+))
+
+
+def never_ban_reason(net: _Net) -> str | None:
+    """The reason ``net`` must never be banned (``loopback``, ``unspecified``, ``link_local``, ``multicast``),
+    or None.  ``net`` must be canonical (:func:`canonical_network`: IPv4-mapped already IPv4)."""
+    for reason, n in NEVER_BAN:
+        if net.version == n.version and (net.subnet_of(n) or n.subnet_of(net)):  # type: ignore[arg-type]
+            return reason
+    return None
+
+
+
 @dataclass
 class Candidate:
     rule: str
@@ -784,15 +838,23 @@ class Action(Protocol):
 class DecisionManager:
     """False-ban controls, TTL/escalation, circuit breaker, observe mode; fans decisions out.
 
-    Times are stream time (ms).  ``submit`` returns the Decision it made or None (allowlisted, verified crawler,
-    already banned).  Action failures are logged and counted in ``action_errors``; they never stop detection.
+    Times are stream time (ms).  ``submit`` returns the Decision it made or None (not an address, never banned,
+    allowlisted, verified crawler, already banned, a repeat of a breaker decision); every None is counted by
+    reason in ``suppressed``.  Candidate values are made canonical on entry (:func:`canonical_value`), so the
+    active bans, offences, sinks, actions and ``unban`` all key one address the same way.  Action failures are
+    logged and counted in ``action_errors``; they never stop detection.
+
+    Memory: ``decisions`` keeps the newest ``keep_decisions`` (``decisions_made`` counts all); offences older
+    than ``escalation.window_s`` are pruned; ``active`` holds only bans in force.
     """
 
     def __init__(self, config: DosConfig | None = None, sinks: Sequence[DecisionSink] = (),
                  actions: Sequence[Action] = (), verifier: CrawlerVerifier | None = None,
-                 wall_clock: Callable[[], float] = time.time, networks_file: str | None = None) -> None:
+                 wall_clock: Callable[[], float] = time.time, networks_file: str | None = None,
+                 keep_decisions: int = 100_000) -> None:
         """``networks_file``: the crawler networks (``Settings.bots.networks_file``) for the default verifier; the
-        built-in ``pipeline/rules/crawler_networks.yaml`` when ``None``."""
+        built-in ``pipeline/rules/crawler_networks.yaml`` when ``None``.  ``keep_decisions``: how many of the
+        newest decisions ``decisions`` keeps in memory (the sinks get every one)."""
         self.cfg = config or DosConfig()
         self.sinks = list(sinks)
         self.actions = list(actions)
@@ -810,60 +872,96 @@ class DecisionManager:
         self.offences: dict[str, deque[int]] = {}
         self.minute_bans: dict[int, int] = {}
         self.group_minute_bans: dict[str, dict[int, int]] = {}
-        self.decisions: list[Decision] = []
-        self.suppressed: dict[str, int] = {"allowlist": 0, "crawler": 0, "active": 0}
+        self.decisions: deque[Decision] = deque(maxlen=max(1, keep_decisions))
+        self.decisions_made = 0
+        self.breaker_seen: dict[str, int] = {}  # value -> stream minute of its last breaker decision
+        self._prune_offences_at = 1024
+        self.suppressed: dict[str, int] = {"allowlist": 0, "crawler": 0, "active": 0, "invalid": 0,
+                                           "breaker_repeat": 0, **{r: 0 for r, _ in NEVER_BAN}}
         self.action_errors = 0
 
     def is_allowlisted(self, value: str) -> bool:
         try:
-            net = ipaddress.ip_network(value, strict=False)
+            net = canonical_network(value)
         except ValueError:
             return True  # not an address: never act on it
-        if isinstance(net, ipaddress.IPv6Network) and net.prefixlen == 128 and net.network_address.ipv4_mapped:
-            net = ipaddress.ip_network(str(net.network_address.ipv4_mapped))
         return any(net.version == a.version and (net.subnet_of(a) or a.subnet_of(net))  # type: ignore[arg-type]
                    for a in self.allow)
 
     def submit(self, c: Candidate) -> Decision | None:
         self.expire(c.decided_at)
-        if c.value in self.active:
+        try:
+            net = canonical_network(c.value)
+        except ValueError:
+            self.suppressed["invalid"] += 1
+            return None
+        value = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+        if value in self.active:
             self.suppressed["active"] += 1
             return None
-        if self.is_allowlisted(c.value):
+        never = never_ban_reason(net)
+        if never is not None:
+            self.suppressed[never] += 1
+            log.warning("dos: refusing to ban %s (%s, never banned); rule %s", value, never, c.rule)
+            return None
+        if self.is_allowlisted(value):
             self.suppressed["allowlist"] += 1
             return None
-        if c.scope == "ip" and self.verifier.verified(c.value, c.user_agents):
+        if c.scope == "ip" and self.verifier.verified(value, c.user_agents):
             self.suppressed["crawler"] += 1
             return None
-        esc = self.cfg.escalation
-        hist = self.offences.setdefault(c.value, deque())
-        while hist and hist[0] < c.decided_at - esc.window_s * 1000:
-            hist.popleft()
-        duration = int(min(esc.max_duration_s, c.duration_s * esc.factor ** len(hist)))
-        hist.append(c.decided_at)
         minute = c.decided_at // 60_000
         if c.breaker_group and c.breaker_limit is not None:
             bans, limit = self.group_minute_bans.setdefault(c.breaker_group, {}), c.breaker_limit
         else:
             bans, limit = self.minute_bans, self.cfg.max_bans_per_minute
+        mode: str = self.cfg.mode
+        if mode == "enforce" and bans.get(minute, 0) + 1 > limit:
+            # not enforced, so not held as active either: the offender stays judgeable and is banned for real
+            # once the budget allows.  Recorded once per value and minute (a live detector resubmits it every
+            # batch while the flood goes on).
+            if self.breaker_seen.get(value) == minute:
+                self.suppressed["breaker_repeat"] += 1
+                return None
+            mode = "breaker"
+            log.warning("dos circuit breaker: more than %d bans in minute %s; %s not enforced",
+                        limit, iso_ms(minute * 60_000), value)
         bans[minute] = bans.get(minute, 0) + 1
         if len(bans) > 10:
             for k in sorted(bans)[:-5]:
                 del bans[k]
-        mode: str = self.cfg.mode
-        if mode == "enforce" and bans[minute] > limit:
-            mode = "breaker"
-            log.warning("dos circuit breaker: more than %d bans in minute %s; %s not enforced",
-                        limit, iso_ms(minute * 60_000), c.value)
+        esc = self.cfg.escalation
+        horizon = c.decided_at - esc.window_s * 1000
+        hist = self.offences.get(value, deque())
+        while hist and hist[0] < horizon:
+            hist.popleft()
+        duration = int(min(esc.max_duration_s, c.duration_s * esc.factor ** len(hist)))
         d = Decision(
             id=uuid.uuid4().hex, created_at=int(self.wall() * 1000), decided_at=c.decided_at,
             first_seen=c.first_seen, expires_at=c.decided_at + duration * 1000, site=self.cfg.site, action="ban",
-            value=c.value, scope=c.scope, reason=c.rule, duration_s=duration, mode=mode, origin="forumpulse",
-            evidence={**c.evidence, "offence": len(hist)},
+            value=value, scope=c.scope, reason=c.rule, duration_s=duration, mode=mode, origin="forumpulse",
+            evidence={**c.evidence, "offence": len(hist) + 1},
         )
-        self.active[c.value] = d
+        if mode == "breaker":
+            self.breaker_seen[value] = minute
+            if len(self.breaker_seen) > 10_000:
+                self.breaker_seen = {k: m for k, m in self.breaker_seen.items() if m >= minute - 1}
+        else:
+            # a breaker decision is no offence (nothing was enforced) and blocks no later real ban
+            hist.append(c.decided_at)
+            self.offences[value] = hist
+            self.active[value] = d
+            self._prune_offences(horizon)
         self._dispatch(d)
         return d
+
+    def _prune_offences(self, horizon_ms: int) -> None:
+        """Forget addresses whose newest offence is older than the escalation window (amortised: runs when the
+        map has doubled since the last pass)."""
+        if len(self.offences) <= self._prune_offences_at:
+            return
+        self.offences = {k: h for k, h in self.offences.items() if h and h[-1] >= horizon_ms}
+        self._prune_offences_at = max(1024, 2 * len(self.offences))
 
     def expire(self, now_ms: int) -> list[Decision]:
         """Forget bans whose expiry (stream time) has passed; the firewall sets expire them on their own."""
@@ -873,7 +971,12 @@ class DecisionManager:
         return gone
 
     def unban(self, value: str, reason: str = "manual", now_ms: int | None = None) -> Decision | None:
-        """Manual unban: removes the active ban (if any) and tells every sink and action."""
+        """Manual unban: removes the active ban (if any) and tells every sink and action.  ``value`` may be any
+        spelling of the address or network (it is made canonical like a candidate's)."""
+        try:
+            value = canonical_value(value)
+        except ValueError:
+            return None
         d = self.active.pop(value, None)
         if d is None:
             return None
@@ -886,6 +989,7 @@ class DecisionManager:
 
     def _dispatch(self, d: Decision) -> None:
         self.decisions.append(d)
+        self.decisions_made += 1
         for s in self.sinks:
             s.emit(d)
         if d.mode != "enforce":
@@ -1475,7 +1579,7 @@ def build_detector(config_path: str | None = None, rules_file: str | None = None
         cfg = cfg.model_copy(update={"crawlers": crawlers})
     rules = load_rules(rules_file or cfg.rules_file, cfg.rule_overrides)
     mgr = DecisionManager(cfg, sinks=sinks, actions=actions, verifier=verifier, networks_file=networks_file,
-                          **({"wall_clock": wall_clock} if wall_clock is not None else {}))
+                          wall_clock=time.time if wall_clock is None else wall_clock)
     return DosDetector(rules, mgr)
 
 
@@ -1515,7 +1619,7 @@ def dos_command(
         pass
     sink.flush()
     print(json.dumps({"summary": {"lines": det.stats["lines"], "unparsed": _drops.get(input, 0),
-                                  "decisions": len(det.manager.decisions),
+                                  "decisions": det.manager.decisions_made,
                                   "suppressed": det.manager.suppressed}}), file=sys.stderr)
     if _damaged.get(input):
         typer.echo(f"error: {input}: {_damaged[input]}", err=True)

@@ -1,0 +1,163 @@
+"""DecisionManager: addresses never banned, one canonical key per address, circuit-breaker decisions, bounded
+memory.  (The audit findings of the DoS detector and its actions; nftables ones are in test_dos_netns.py.)"""
+
+from __future__ import annotations
+
+import pytest
+from forumpulse.detectors.actions import ActionError, parse_value
+from forumpulse.detectors.decision_api import DecisionRegistry
+from forumpulse.detectors.dos import Candidate, Decision, DecisionManager, canonical_value, never_ban_reason
+from forumpulse.detectors.dos_rules import DosConfig
+
+T0 = 1_700_000_000_000
+
+
+def cfg(**kw: object) -> DosConfig:
+    kw.setdefault("crawlers", {"verify": "off"})
+    return DosConfig(**kw)  # type: ignore[arg-type]
+
+
+def cand(value: str, at: int = T0, scope: str | None = None, rule: str = "client_flood",
+         duration: int = 600) -> Candidate:
+    return Candidate(rule=rule, value=value, scope=scope or ("range" if "/" in value else "ip"), decided_at=at,
+                     first_seen=at, duration_s=duration, evidence={"count": 30})
+
+
+class Recorder:
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def ban(self, d: Decision) -> None:
+        self.calls.append(("ban", d.value))
+
+    def unban(self, d: Decision) -> None:
+        self.calls.append(("unban", d.value))
+
+
+# ------------------------------------------------------------------------------- 1. addresses never banned
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    ("127.0.0.1", "loopback"), ("127.8.9.10", "loopback"), ("::1", "loopback"), ("::ffff:127.0.0.1", "loopback"),
+    ("127.0.0.0/24", "loopback"), ("0.0.0.0", "unspecified"), ("::", "unspecified"), ("0.0.0.0/24", "unspecified"),
+    ("169.254.1.2", "link_local"), ("fe80::1", "link_local"), ("fe80::/64", "link_local"),
+    ("224.0.0.251", "multicast"), ("ff02::1", "multicast"), ("239.1.2.0/24", "multicast"),
+    ("126.0.0.0/7", "loopback"),  # a range that contains loopback
+])
+def test_special_addresses_are_never_banned_whatever_the_config(value: str, reason: str) -> None:
+    act = Recorder()
+    mgr = DecisionManager(cfg(allowlist=[]), actions=[act])
+    assert mgr.submit(cand(value)) is None
+    assert mgr.suppressed[reason] == 1 and mgr.decisions_made == 0
+    assert act.calls == [] and not mgr.active
+    assert never_ban_reason(parse_value(value)) == reason
+
+
+def test_ordinary_addresses_are_still_banned() -> None:
+    mgr = DecisionManager(cfg())
+    for v in ("198.51.100.7", "2001:db8::7", "203.0.113.0/24", "10.0.0.1", "100.64.0.1"):
+        assert mgr.submit(cand(v)) is not None, v
+    assert never_ban_reason(parse_value("128.0.0.1")) is None
+
+
+def test_firewall_actions_refuse_special_addresses_too() -> None:
+    """A decision that did not come through the manager (restored from the table, made by hand) is refused."""
+    from forumpulse.detectors.actions import IpsetAction, NftablesAction, WebhookAction
+
+    d = Decision(id="x", created_at=0, decided_at=0, first_seen=0, expires_at=0, site="forum", action="ban",
+                 value="::1", scope="ip", reason="client_flood", duration_s=60, mode="enforce", origin="forumpulse",
+                 evidence={})
+    for act in (NftablesAction(netns="fp-no-such-ns"), IpsetAction(netns="fp-no-such-ns"),
+                WebhookAction("http://127.0.0.1:9/", "s", retries=0)):
+        with pytest.raises(ActionError, match="loopback"):
+            act.ban(d)
+
+
+# ------------------------------------------------------------------------------- 2. one canonical key
+
+
+@pytest.mark.parametrize(("raw", "canon"), [
+    ("::ffff:198.51.100.7", "198.51.100.7"), ("::FFFF:198.51.100.7", "198.51.100.7"),
+    ("2001:DB8::1", "2001:db8::1"), ("2001:0db8:0000:0000:0000:0000:0000:0001", "2001:db8::1"),
+    ("198.51.100.7/32", "198.51.100.7"), ("203.0.113.9/24", "203.0.113.0/24"), (" 198.51.100.7 ", "198.51.100.7"),
+    ("2001:db8:0:0::/64", "2001:db8::/64"),
+])
+def test_candidate_values_get_one_canonical_key(raw: str, canon: str) -> None:
+    from forumpulse.pipeline.live_detect import normalize_value
+
+    assert canonical_value(raw) == canon == normalize_value(raw)
+    reg = DecisionRegistry()
+    act = Recorder()
+    mgr = DecisionManager(cfg(), actions=[act, reg])
+    d = mgr.submit(cand(raw))
+    assert d is not None and d.value == canon and list(mgr.active) == [canon]
+    assert list(reg.active) == [canon]
+    # the same address in another spelling is a repeat of the active ban, not a second one
+    assert mgr.submit(cand(canon, at=T0 + 1000)) is None and mgr.suppressed["active"] == 1
+    # an unban in any spelling finds it everywhere
+    assert mgr.unban(raw) is not None
+    assert not mgr.active and not reg.active and act.calls == [("ban", canon), ("unban", canon)]
+
+
+def test_offences_are_counted_per_canonical_address() -> None:
+    mgr = DecisionManager(cfg())
+    d1 = mgr.submit(cand("::ffff:198.51.100.7", duration=60))
+    d2 = mgr.submit(cand("198.51.100.7", at=T0 + 120_000, duration=60))
+    assert d1 is not None and d2 is not None
+    assert d2.evidence["offence"] == 2 and d2.duration_s == 60 * mgr.cfg.escalation.factor
+
+
+def test_values_that_are_not_addresses_are_refused_with_a_reason() -> None:
+    mgr = DecisionManager(cfg())
+    for v in ("not-an-ip", "", "2001:db8::1%eth0"):
+        assert mgr.submit(cand(v)) is None
+    assert mgr.suppressed["invalid"] == 3 and mgr.decisions_made == 0
+
+
+# ------------------------------------------------------------------------------- 3. scoped IPv6 addresses
+
+
+@pytest.mark.parametrize("bad", ["fe80::1%eth0", "2001:db8::1%eth0", "2001:db8::1%1", "2001:db8::%eth0/64"])
+def test_scope_ids_are_refused_at_parse_time(bad: str) -> None:
+    with pytest.raises(ActionError, match="zone"):
+        parse_value(bad)
+    with pytest.raises(ValueError, match="zone"):
+        canonical_value(bad)
+
+
+# ------------------------------------------------------------------------------- 6. circuit breaker
+
+
+def test_breaker_decisions_neither_block_later_bans_nor_count_as_offences() -> None:
+    act = Recorder()
+    mgr = DecisionManager(cfg(max_bans_per_minute=2), actions=[act])
+    assert mgr.submit(cand("198.51.100.1")) is not None
+    assert mgr.submit(cand("198.51.100.2")) is not None
+    b = mgr.submit(cand("198.51.100.3", at=T0 + 1000))
+    assert b is not None and b.mode == "breaker" and "198.51.100.3" not in mgr.active
+    # the same offender again in the same minute: no second breaker record
+    assert mgr.submit(cand("198.51.100.3", at=T0 + 2000)) is None and mgr.suppressed["breaker_repeat"] == 1
+    # a minute later the budget is free again: a real ban, its first offence, enforced
+    d = mgr.submit(cand("198.51.100.3", at=T0 + 61_000))
+    assert d is not None and d.mode == "enforce" and d.evidence["offence"] == 1 and d.duration_s == 600
+    assert mgr.active["198.51.100.3"] is d and ("ban", "198.51.100.3") in act.calls
+
+
+# ------------------------------------------------------------------------------- 7. bounded memory
+
+
+def test_decisions_and_offences_stay_bounded() -> None:
+    mgr = DecisionManager(cfg(max_bans_per_minute=10**6), keep_decisions=50)
+    window_ms = mgr.cfg.escalation.window_s * 1000
+    n = 5000
+    for i in range(n):
+        at = T0 + i * (window_ms // 1000)  # the whole run spans 5 escalation windows
+        assert mgr.submit(cand(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", at=at, duration=1)) is not None
+    assert mgr.decisions_made == n and len(mgr.decisions) == 50
+    assert mgr.decisions[-1].value == "10.0.19.135"  # the newest are kept
+    # offences older than the escalation window are forgotten; at most about one window's worth is held
+    assert len(mgr.offences) <= 2 * 1000 + 1
+    assert all(h and h[-1] >= T0 + (n - 1) * (window_ms // 1000) - 2 * window_ms for h in mgr.offences.values())
+
