@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from typing import Any
 
 from forumpulse.detectors.dos import Decision, canonical_network, never_ban_reason
 
+log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
 
 
@@ -84,7 +86,11 @@ def _element(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
 class NftablesAction:
     """``table inet T`` with sets ``ban_v4``/``ban_v6`` (flags interval,timeout) and an input chain dropping them.
 
-    ``ensure()`` creates them idempotently (also called lazily by the first ban).
+    ``ensure()`` creates them idempotently (also called lazily by the first ban).  A ban that fails for another
+    reason than overlapping intervals (the table was flushed away: ``nft flush ruleset``, a firewall reload)
+    creates them again and is retried once.  Interval sets cannot hold overlapping elements: a range ban
+    replaces the banned addresses and ranges inside it (same transaction), and an address or range inside a
+    range already banned is left to that range.
     """
 
     name = "nftables"
@@ -103,12 +109,7 @@ class NftablesAction:
 
     def ensure(self) -> None:
         t = self.table
-        try:
-            _run([*self.pre, "nft", "-j", "list", "table", "inet", t])
-            exists = True
-        except ActionError:
-            exists = False
-        if not exists:
+        if not self._table_exists():
             self._nft(
                 f"table inet {t} {{\n"
                 f"  set {self.set_v4} {{ type ipv4_addr; flags interval, timeout; }}\n"
@@ -126,32 +127,85 @@ class NftablesAction:
         if not self._ready:
             self.ensure()
         secs = max(1, int(d.duration_s))
+        try:
+            self._add(net, secs)
+        except ActionError as exc:
+            # the table or set may have gone since ensure() (nft flush ruleset, a firewall reload): _ready was a
+            # guess.  Create them again and retry once; a second failure is a real error.
+            log.warning("nftables ban of %s failed (%s); re-creating table %s and retrying once", net,
+                        str(exc).splitlines()[0][:200], self.table)
+            self._ready = False
+            self.ensure()
+            self._add(net, secs)
+
+    def _add(self, net: ipaddress.IPv4Network | ipaddress.IPv6Network, secs: int) -> None:
         el, st = _element(net), self._set(net)
-        # delete+add in one transaction so a repeat ban refreshes the timeout (add keeps the old one)
-        self._nft(f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n"
-                  f"delete element inet {self.table} {st} {{ {el} }}\n"
-                  f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n")
+        try:
+            # delete+add in one transaction so a repeat ban refreshes the timeout (add keeps the old one)
+            self._nft(f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n"
+                      f"delete element inet {self.table} {st} {{ {el} }}\n"
+                      f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n")
+            return
+        except ActionError as exc:
+            if "interval overlaps" not in str(exc):
+                raise
+        # an interval set refuses overlapping elements (auto-merge would fuse neighbours, and an unban of one of
+        # them would then miss).  Prefixes nest or are disjoint, so the overlap is one of two kinds:
+        held = [(e, exp) for e, exp in self._entries(st) if e != net]
+        outer = [(e, exp) for e, exp in held if net.subnet_of(e)]  # type: ignore[arg-type]
+        if outer:
+            # inside a range already banned: that range enforces it (for as long as the range lasts)
+            e, exp = outer[0]
+            if exp is not None and exp < secs:
+                log.warning("nftables: %s is inside banned range %s, which ends in %ds (this ban: %ds)",
+                            net, e, exp, secs)
+            return
+        inner = [e for e, _ in held if e.subnet_of(net)]  # type: ignore[arg-type]
+        # a range over banned addresses/ranges: they give way to it, in the same transaction
+        self._nft("".join(f"delete element inet {self.table} {st} {{ {_element(e)} }}\n" for e in inner)
+                  + f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n")
 
     def unban(self, d: Decision) -> None:
+        """Delete the element.  Only "element does not exist" is ignored (and no table at all: nothing was ever
+        banned); anything else (a wrong set name, a syntax error) is raised."""
         net = parse_value(d.value)
         try:
             self._nft(f"delete element inet {self.table} {self._set(net)} {{ {_element(net)} }}\n")
         except ActionError as exc:
-            if "No such file" not in str(exc) and "does not exist" not in str(exc):
-                raise
+            if "element does not exist" in str(exc):
+                return
+            if "No such file or directory" in str(exc) and not self._table_exists():
+                return
+            raise
+
+    def _table_exists(self) -> bool:
+        try:
+            _run([*self.pre, "nft", "-j", "list", "table", "inet", self.table])
+        except ActionError:
+            return False
+        return True
+
+    def _entries(self, s: str) -> list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]]:
+        """Elements of set ``s`` as networks, with their seconds left (None: no timeout)."""
+        data = json.loads(_run([*self.pre, "nft", "-j", "list", "set", "inet", self.table, s]))
+        out: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]] = []
+        for x in data.get("nftables", []):
+            for el in x.get("set", {}).get("elem", []):
+                inner = el.get("elem", {}) if isinstance(el, dict) else {}
+                v = inner.get("val", el) if isinstance(el, dict) else el
+                if isinstance(v, dict) and "prefix" in v:
+                    v = f"{v['prefix']['addr']}/{v['prefix']['len']}"
+                try:
+                    net = ipaddress.ip_network(str(v), strict=False)
+                except ValueError:
+                    continue  # an interval that is no prefix (added by hand): not ours
+                exp = inner.get("expires")
+                out.append((net, int(exp) if exp is not None else None))
+        return out
 
     def elements(self) -> list[str]:
         """Current elements of both sets (addresses/CIDRs as text)."""
-        out = []
-        for s in (self.set_v4, self.set_v6):
-            data = json.loads(_run([*self.pre, "nft", "-j", "list", "set", "inet", self.table, s]))
-            for x in data.get("nftables", []):
-                for el in x.get("set", {}).get("elem", []):
-                    v = el.get("elem", {}).get("val", el) if isinstance(el, dict) else el
-                    if isinstance(v, dict) and "prefix" in v:
-                        v = f"{v['prefix']['addr']}/{v['prefix']['len']}"
-                    out.append(str(v))
-        return out
+        return [_element(n) for s in (self.set_v4, self.set_v6) for n, _ in self._entries(s)]
 
     def remove(self) -> None:
         self._nft(f"delete table inet {self.table}\n")

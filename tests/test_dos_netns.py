@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from forumpulse.detectors.actions import IpsetAction, NftablesAction
+from forumpulse.detectors.actions import ActionError, IpsetAction, NftablesAction
 from forumpulse.detectors.decision_api import DecisionApiServer, DecisionRegistry
 from forumpulse.detectors.dos import Decision
 
@@ -185,3 +185,84 @@ def test_crowdsec_bouncer_enforces_our_decisions(topo: Topo, tmp_path: Path) -> 
     finally:
         srv.stop()
         out.close()
+
+
+# ------------------------------------------------------------------ nft set edge cases (a bare namespace each)
+
+
+@pytest.fixture
+def bare_ns() -> Iterator[str]:
+    """An empty network namespace (own nftables ruleset), deleted afterwards."""
+    if shutil.which("ip") is None or shutil.which("nft") is None:
+        pytest.fail("nftables tests need root, iproute2 and nftables (apt-get install iproute2 nftables)")
+    name = "fpnft-t"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+    p = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        pytest.fail("cannot create a network namespace (needs root): " + p.stderr.strip())
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+def _expires(ns: str, el: str) -> int:
+    import json
+
+    out = subprocess.run(["ip", "netns", "exec", ns, "nft", "-j", "list", "ruleset"], capture_output=True,
+                         text=True, check=True).stdout
+    for x in json.loads(out)["nftables"]:
+        for e in x.get("set", {}).get("elem", []):
+            v = e["elem"]["val"]
+            v = f"{v['prefix']['addr']}/{v['prefix']['len']}" if isinstance(v, dict) else v
+            if v == el:
+                return int(e["elem"]["expires"])
+    raise AssertionError(f"{el} not in the sets")
+
+
+def test_nftables_range_ban_over_addresses_already_banned(bare_ns: str) -> None:
+    act = NftablesAction(netns=bare_ns)
+    act.ban(ban("10.9.1.5"))
+    act.ban(ban("10.9.1.6", duration=300))
+    act.ban(ban("10.9.2.7"))
+    act.ban(ban("2001:db8:1::5"))
+    # a range over banned addresses: nft refuses overlapping intervals, so the covered addresses give way
+    act.ban(ban("10.9.1.0/24", duration=900))
+    act.ban(ban("2001:db8:1::/64", duration=900))
+    assert sorted(act.elements()) == ["10.9.1.0/24", "10.9.2.7", "2001:db8:1::/64"]
+    assert _expires(bare_ns, "10.9.1.0/24") > 800
+    # an address inside a banned range is already enforced by it: no error, the range stays
+    act.ban(ban("10.9.1.77"))
+    assert sorted(act.elements()) == ["10.9.1.0/24", "10.9.2.7", "2001:db8:1::/64"]
+    # a repeat ban of the range refreshes its timeout
+    act.ban(ban("10.9.1.0/24", duration=5000))
+    assert _expires(bare_ns, "10.9.1.0/24") > 4000
+    act.unban(ban("10.9.1.0/24"))
+    assert sorted(act.elements()) == ["10.9.2.7", "2001:db8:1::/64"]
+
+
+def test_nftables_recreates_its_table_after_an_external_flush(bare_ns: str) -> None:
+    act = NftablesAction(netns=bare_ns)
+    act.ban(ban("10.9.3.1"))
+    subprocess.run(["ip", "netns", "exec", bare_ns, "nft", "flush", "ruleset"], check=True)
+    act.ban(ban("10.9.3.2"))  # the set is gone: recreated (with its drop chain), and the ban retried once
+    assert act.elements() == ["10.9.3.2"]
+    chain = subprocess.run(["ip", "netns", "exec", bare_ns, "nft", "list", "chain", "inet", "forumpulse", "input"],
+                           capture_output=True, text=True, check=True).stdout
+    assert "@ban_v4 drop" in chain
+
+
+def test_nftables_unban_ignores_only_a_missing_element(bare_ns: str) -> None:
+    act = NftablesAction(netns=bare_ns)
+    act.unban(ban("10.9.4.1"))  # nothing was ever banned (no table yet): nothing to delete
+    act.ban(ban("10.9.4.2"))
+    act.unban(ban("10.9.4.1"))  # not in the set
+    act.unban(ban("10.9.4.2"))
+    act.unban(ban("10.9.4.2"))  # twice
+    assert act.elements() == []
+    # a set that does not exist in an existing table is a configuration error, not a missing element
+    wrong = NftablesAction(set_v4="nosuchset", netns=bare_ns)
+    with pytest.raises(ActionError, match="No such file"):
+        wrong.unban(ban("10.9.4.2"))
+    with pytest.raises(ActionError, match="zone"):
+        act.unban(ban("2001:db8::1%eth0"))
