@@ -10,14 +10,17 @@ the namespace tests, ``None`` in production.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import hmac
 import ipaddress
 import json
 import logging
+import queue
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -273,12 +276,24 @@ def verify_signature(secret: bytes, body: bytes, header: str | None) -> bool:
 class WebhookAction:
     """POSTs each decision as JSON with an HMAC-SHA256 signature header; retries 5xx/network errors with
     exponential backoff (``backoff_s * 2**attempt``); 4xx are not retried.  Raises ActionError when it gives up.
+
+    ``background=True`` (set by :class:`~forumpulse.detectors.dos.DecisionManager` through
+    :meth:`deliver_in_background`): ``ban``/``unban`` only queue the decision and return; one daemon thread
+    delivers them in order, retries included, so a slow or failing receiver never holds up the detector, the
+    firewall sets or the decision API.  Failures are then logged and counted in ``failed``; a full queue
+    (``queue_max``) refuses the decision with ActionError.  ``join(timeout)`` waits for the queue; at
+    interpreter exit it is given up to ``exit_wait_s``.  Without it (a one-shot ``forumpulse detect unban``)
+    every call delivers before it returns and raises its error.
     """
+
+    #: longest wait at interpreter exit for queued deliveries
+    exit_wait_s = 10.0
 
     name = "webhook"
 
     def __init__(self, url: str, secret: str | bytes, retries: int = 4, backoff_s: float = 0.5,
-                 timeout_s: float = 5.0, sleep: Callable[[float], None] = time.sleep) -> None:
+                 timeout_s: float = 5.0, sleep: Callable[[float], None] = time.sleep, background: bool = False,
+                 queue_max: int = 10_000) -> None:
         if not url.startswith(("http://", "https://")):
             raise ActionError("webhook url must be http(s)")
         if not secret:
@@ -287,6 +302,48 @@ class WebhookAction:
         self.secret = secret.encode() if isinstance(secret, str) else secret
         self.retries, self.backoff_s, self.timeout_s, self.sleep = retries, backoff_s, timeout_s, sleep
         self.attempts = 0
+        self.background = background
+        self.failed = 0
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=queue_max)
+        self._worker: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def deliver_in_background(self) -> None:
+        self.background = True
+
+    def _send(self, payload: dict[str, Any]) -> None:
+        if not self.background:
+            self._post(payload)
+            return
+        with self._start_lock:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._drain, name="forumpulse-webhook", daemon=True)
+                self._worker.start()
+                atexit.register(self.join, self.exit_wait_s)
+        try:
+            self._queue.put_nowait(payload)
+        except queue.Full:
+            raise ActionError(f"webhook queue full ({self._queue.maxsize}): receiver too slow or down") from None
+
+    def _drain(self) -> None:
+        while True:
+            payload = self._queue.get()
+            try:
+                self._post(payload)
+            except Exception as exc:
+                self.failed += 1
+                log.error("webhook gave up on %s %s: %s", payload.get("action"), payload.get("value"), exc)
+            finally:
+                self._queue.task_done()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until every queued decision was delivered or given up; False on timeout."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(0.01)
+        return True
 
     def _post(self, payload: dict[str, Any]) -> int:
         body = json.dumps(payload, sort_keys=True).encode()
@@ -311,17 +368,18 @@ class WebhookAction:
 
     def ban(self, d: Decision) -> None:
         ban_target(d.value)
-        self._post(d.to_json())
+        self._send(d.to_json())
 
     def unban(self, d: Decision) -> None:
         parse_value(d.value)
-        self._post(d.to_json())
+        self._send(d.to_json())
 
 
 def build_actions(cfg: Any, registry: Any = None) -> list[Any]:
     """Actions enabled in an :class:`~forumpulse.detectors.dos_rules.ActionsConfig` (plus the decision API
-    registry, if given, which is itself an action)."""
-    acts: list[Any] = []
+    registry, if given, which is itself an action: first, being in memory).  A :class:`DecisionManager`
+    driving them makes the webhook deliver in the background, so its retries hold up nothing."""
+    acts: list[Any] = [] if registry is None else [registry]
     if cfg.nftables.enabled:
         acts.append(NftablesAction(cfg.nftables.table, cfg.nftables.set_v4, cfg.nftables.set_v6,
                                    cfg.nftables.hook_priority))
@@ -330,6 +388,4 @@ def build_actions(cfg: Any, registry: Any = None) -> list[Any]:
     if cfg.webhook.enabled:
         acts.append(WebhookAction(cfg.webhook.url, cfg.webhook.secret.get_secret_value(), cfg.webhook.retries,
                                   cfg.webhook.backoff_s, cfg.webhook.timeout_s))
-    if registry is not None:
-        acts.append(registry)
     return acts

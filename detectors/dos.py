@@ -858,6 +858,10 @@ class DecisionManager:
         self.cfg = config or DosConfig()
         self.sinks = list(sinks)
         self.actions = list(actions)
+        for a in self.actions:  # a webhook's retries must not hold up detection or the other actions
+            bg = getattr(a, "deliver_in_background", None)
+            if callable(bg):
+                bg()
         if verifier is None:
             from forumpulse.pipeline.enrich import CrawlerNetworks
 

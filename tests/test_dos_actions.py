@@ -125,3 +125,35 @@ def test_decision_stream_protocol() -> None:
 def test_empty_api_key_refused() -> None:
     with pytest.raises(ValueError, match="api_key"):
         DecisionApiServer(DecisionRegistry(), "", port=0)
+
+
+def test_webhook_retries_do_not_hold_up_bans(receiver: dict[str, Any]) -> None:
+    """A failing receiver (503 twice, backoff 0.4 s then 0.8 s) delays neither the manager nor the decision API:
+    the webhook built from the config delivers in the background, in order, and still retries."""
+    import time
+
+    from forumpulse.detectors.actions import build_actions
+    from forumpulse.detectors.dos import Candidate, DecisionManager
+    from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig
+
+    receiver["fail_first"] = 2
+    cfg = ActionsConfig.model_validate({"webhook": {"enabled": True, "url": receiver["url"], "secret": SECRET,
+                                                    "retries": 3, "backoff_s": 0.4}})
+    reg = DecisionRegistry()
+    acts = build_actions(cfg, registry=reg)
+    assert acts[0] is reg  # the in-memory registry first: bouncers see a ban before any network call
+    mgr = DecisionManager(DosConfig(crawlers={"verify": "off"}), actions=acts)  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    for i in range(3):
+        mgr.submit(Candidate(rule="client_flood", value=f"198.51.100.{i + 1}", scope="ip",
+                             decided_at=1_700_000_000_000 + i, first_seen=1_700_000_000_000, duration_s=600,
+                             evidence={}))
+    mgr.unban("198.51.100.1")
+    took = time.monotonic() - t0
+    assert took < 0.6, f"bans waited {took:.2f} s for the webhook"
+    assert sorted(reg.active) == ["198.51.100.2", "198.51.100.3"] and mgr.action_errors == 0
+    hook = next(a for a in acts if a.name == "webhook")
+    assert hook.join(timeout=10)  # everything delivered
+    assert receiver["codes"] == [503, 503, 204, 204, 204, 204]
+    assert [(p["action"], p["value"]) for ok, p in receiver["got"] if ok] == [
+        ("ban", "198.51.100.1"), ("ban", "198.51.100.2"), ("ban", "198.51.100.3"), ("unban", "198.51.100.1")]
