@@ -878,6 +878,8 @@ class DecisionManager:
         self.group_minute_bans: dict[str, dict[int, int]] = {}
         self.decisions: deque[Decision] = deque(maxlen=max(1, keep_decisions))
         self.decisions_made = 0
+        #: (action, reason, scope, mode) -> decisions dispatched (bans and unbans; the Prometheus counter)
+        self.made: dict[tuple[str, str, str, str], int] = {}
         self.breaker_seen: dict[str, int] = {}  # value -> stream minute of its last breaker decision
         self._prune_offences_at = 1024
         self.suppressed: dict[str, int] = {"allowlist": 0, "crawler": 0, "active": 0, "invalid": 0,
@@ -994,6 +996,8 @@ class DecisionManager:
     def _dispatch(self, d: Decision) -> None:
         self.decisions.append(d)
         self.decisions_made += 1
+        k = (d.action, d.reason, d.scope, d.mode)
+        self.made[k] = self.made.get(k, 0) + 1
         for s in self.sinks:
             s.emit(d)
         if d.mode != "enforce":

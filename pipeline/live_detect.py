@@ -28,6 +28,16 @@ Owner services (``forumpulse run --dos --traffic``, see :func:`live_services`):
   from the rollups) and then every ``traffic_interval_s`` a few seconds after the minute; detections go to the
   ``detections`` table and, when Kafka is in use, to ``weblogs.events``.
 
+Metrics (the owner's ``GET /metrics``, read at scrape time; :class:`DosCollector`, :class:`TrafficCollector`):
+``forumpulse_dos_lines_total`` / ``_batches_total`` (judged), ``forumpulse_dos_decisions_total{action,reason,
+scope,mode}``, ``forumpulse_dos_refused_total{reason}`` (not decided: allowlist, crawler, already banned,
+loopback, ...), ``forumpulse_dos_action_errors_total``, ``forumpulse_dos_webhook_failures_total`` (background
+deliveries that failed after their retries), ``forumpulse_dos_active_bans``, ``forumpulse_dos_restored_total``,
+``forumpulse_dos_feed_errors_total``; ``forumpulse_traffic_runs_total`` / ``_run_errors_total`` /
+``_detections_total``, ``forumpulse_traffic_last_run_timestamp_seconds`` and
+``forumpulse_traffic_minutes_judged_behind_seconds{site}`` (wall clock minus the end of the last complete minute
+the detectors judged: the live watermark holding them back for a source or partition behind shows here).
+
 CLI functions for the integrator: :func:`unban_command` (``forumpulse detect unban VALUE``) and
 :func:`decisions_command` (``forumpulse detect decisions``), in :mod:`forumpulse.detectors.dos_cli`.
 
@@ -103,13 +113,9 @@ def normalize_value(value: str) -> str:
 
     Raises ValueError for anything that is not an address or network (a whole family is refused).
     """
-    from forumpulse.detectors.actions import ActionError, parse_value
+    from forumpulse.detectors.dos import canonical_value
 
-    try:
-        net = parse_value(value)
-    except ActionError as exc:
-        raise ValueError(str(exc)) from None
-    return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+    return canonical_value(value)
 
 
 # ---------------------------------------------------------------------------------------------- decisions
@@ -143,7 +149,44 @@ def active_from_store(store: Any, now: float | None = None) -> list[Any]:
         "argMax(evidence, created_at) FROM decisions GROUP BY value "
         f"HAVING last_action = 'ban' AND toUnixTimestamp64Milli(max(created_at)) + dur * 1000 > {now_ms} "
         "ORDER BY max(created_at) DESC")
-    return [_decision_from_row(r) for r in rows]
+    return _by_canonical_value(store, [_decision_from_row(r) for r in rows])
+
+
+def _by_canonical_value(store: Any, held: list[Any]) -> list[Any]:
+    """Rows written before values were canonical (``::ffff:1.2.3.4``, upper-case or uncompressed IPv6) keyed
+    as now (``dos.canonical_value``): a ban under an old spelling is over once a later row (an unban, or a newer
+    ban) exists under the canonical one, and one value is held once (the newest).  Values that are not addresses
+    are left as they are (the restore refuses them)."""
+    from dataclasses import replace
+
+    from forumpulse.detectors.dos import canonical_value
+
+    canon: dict[str, str] = {}
+    for d in held:
+        try:
+            c = canonical_value(d.value)
+        except ValueError:
+            continue
+        if c != d.value:
+            canon[d.value] = c
+    if not canon:
+        return held
+    wanted = ", ".join(_sql_str(c) for c in sorted(set(canon.values())))
+    latest = {str(v): int(t) for v, t in store.query_rows(
+        f"SELECT value, toUnixTimestamp64Milli(max(created_at)) FROM decisions WHERE value IN ({wanted}) "
+        "GROUP BY value")}
+    out, seen = [], set()
+    for d in held:  # newest first
+        c = canon.get(d.value, d.value)
+        if c in seen or (d.value in canon and latest.get(c, -1) > d.created_at):
+            continue
+        seen.add(c)
+        out.append(replace(d, value=c) if c != d.value else d)
+    return out
+
+
+def _sql_str(v: str) -> str:
+    return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def decision_view(d: Any, now: float | None = None) -> dict[str, Any]:
@@ -244,7 +287,10 @@ class LiveDos:
         """Put bans still in force (``decisions`` table, wall clock) back into the manager and the registry, and
         re-apply them, with the time they have left, to the actions that hold kernel state lost on a reboot
         (``reapply_on_restore``: nftables, ipset; re-adding is idempotent).  Webhooks are not called again: their
-        receivers were told when the ban was made.  Action errors are logged and counted, never fatal."""
+        receivers were told when the ban was made.  Action errors are logged and counted, never fatal.  A row
+        is keyed by its canonical value (as a new decision is); one the manager would refuse now (loopback,
+        unspecified, link-local, multicast -- written by a version that banned them -- or not an address) is
+        not restored, served to bouncers or re-applied: it is logged and counted in ``manager.suppressed``."""
         try:
             active = active_from_store(self.store, self.clock())
         except Exception as exc:
@@ -252,10 +298,28 @@ class LiveDos:
             return 0
         from dataclasses import replace
 
+        from forumpulse.detectors.dos import canonical_network, never_ban_reason
+
         with self.lock:
             for d in active:
-                if d.mode != "enforce" or d.value in self.manager.active:
+                if d.mode != "enforce":
                     continue
+                try:
+                    net = canonical_network(d.value)
+                except ValueError:
+                    self.manager.suppressed["invalid"] += 1
+                    log.warning("not restoring decision %s: %r is not a ban value", d.id, d.value)
+                    continue
+                never = never_ban_reason(net)
+                if never is not None:
+                    self.manager.suppressed[never] += 1
+                    log.warning("not restoring the ban of %s (%s, never banned)", d.value, never)
+                    continue
+                value = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+                if value in self.manager.active:
+                    continue
+                if value != d.value:
+                    d = replace(d, value=value)
                 self.manager.active[d.value] = d
                 left = int(d.created_at / 1000 + d.duration_s - self.clock())
                 if left > 0:
@@ -495,6 +559,7 @@ class TrafficService:
         self.runs = 0
         self.errors = 0
         self.emitted = 0
+        self.last_run = 0.0  # wall time of the last run (epoch s)
 
     def tick(self) -> list[Any]:
         """One run at ``clock()``; returns the detections it emitted (errors are logged, counted, re-raised)."""
@@ -506,6 +571,7 @@ class TrafficService:
             raise
         finally:
             self.runs += 1
+            self.last_run = now.timestamp()
             if self.flush is not None:
                 with contextlib.suppress(Exception):
                     self.flush()
@@ -534,6 +600,76 @@ class TrafficService:
             except Exception:
                 log.exception("traffic detectors failed (next run in %.0f s)", self.interval_s)
             stop.wait(self._next_delay())
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+class DosCollector:
+    """prometheus-client collector reading a :class:`LiveDos` (and its feed, when any) at scrape time.  Counters
+    are the detector's own (reset when the owner restarts, as Prometheus counters may)."""
+
+    def __init__(self, live: LiveDos, handles: LiveHandles | None = None) -> None:
+        self.live, self.handles = live, handles
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        live, m = self.live, self.live.manager
+        yield CounterMetricFamily("forumpulse_dos_lines", "access lines judged by the live DoS detector",
+                                  value=live.detector.stats.get("lines", 0))
+        yield CounterMetricFamily("forumpulse_dos_batches", "batches judged by the live DoS detector",
+                                  value=live.batches)
+        made = CounterMetricFamily("forumpulse_dos_decisions", "decisions dispatched (bans and unbans)",
+                                   labels=["action", "reason", "scope", "mode"])
+        for (action, reason, scope, mode), n in sorted(dict(m.made).items()):
+            made.add_metric([action, reason, scope, mode], n)
+        yield made
+        refused = CounterMetricFamily("forumpulse_dos_refused", "candidates not decided, by reason (allowlist, "
+                                      "verified crawler, already banned, loopback, ...)", labels=["reason"])
+        for reason, n in sorted(dict(m.suppressed).items()):
+            refused.add_metric([reason], n)
+        yield refused
+        yield CounterMetricFamily("forumpulse_dos_action_errors", "firewall/webhook actions that raised",
+                                  value=m.action_errors)
+        yield CounterMetricFamily("forumpulse_dos_webhook_failures", "webhook deliveries that failed after their "
+                                  "retries (background delivery)",
+                                  value=sum(int(getattr(a, "failed", 0)) for a in m.actions))
+        yield GaugeMetricFamily("forumpulse_dos_active_bans", "bans in force held by the manager",
+                                value=len(m.active))
+        yield CounterMetricFamily("forumpulse_dos_restored", "bans restored from the decisions table at start",
+                                  value=live.restored)
+        feed = self.handles.feed if self.handles is not None else None
+        if feed is not None:
+            yield CounterMetricFamily("forumpulse_dos_feed_errors", "DoS feed batches that failed",
+                                      value=feed.errors)
+
+
+class TrafficCollector:
+    """prometheus-client collector reading a :class:`TrafficService` at scrape time."""
+
+    def __init__(self, svc: TrafficService) -> None:
+        self.svc = svc
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        svc = self.svc
+        yield CounterMetricFamily("forumpulse_traffic_runs", "traffic detector runs", value=svc.runs)
+        yield CounterMetricFamily("forumpulse_traffic_run_errors", "traffic detector runs that failed",
+                                  value=svc.errors)
+        yield CounterMetricFamily("forumpulse_traffic_detections", "detections emitted (every state change)",
+                                  value=svc.emitted)
+        yield GaugeMetricFamily("forumpulse_traffic_last_run_timestamp_seconds", "wall time of the last run",
+                                value=svc.last_run)
+        behind = GaugeMetricFamily("forumpulse_traffic_minutes_judged_behind_seconds",
+                                   "wall clock minus the end of the last complete minute judged, per site",
+                                   labels=["site"])
+        now = svc.clock()
+        for name, rt in sorted(dict(svc.detector.sites).items()):
+            if rt.cursor is not None:
+                behind.add_metric([name], round(now - rt.cursor.timestamp(), 3))
+        yield behind
 
 
 # ---------------------------------------------------------------------------------------------- owner services
@@ -566,6 +702,8 @@ def dos_service(actions: Sequence[Any] | None = None, handles: LiveHandles | Non
         h = handles if handles is not None else LiveHandles()
         h.dos = live
         ctx.routes.update(live.routes(getattr(ctx, "password", None)))
+        if hasattr(ctx, "collectors"):
+            ctx.collectors.append(DosCollector(live, h))
         api_cfg = live.actions_cfg.decision_api
         if api_cfg.enabled:
             assert api_cfg.api_key is not None  # the config model refuses an enabled API without a key
@@ -631,6 +769,8 @@ def traffic_service(publish: bool | None = None, handles: LiveHandles | None = N
                              flush=(lambda: producer.flush(10)) if producer is not None else None)
         if handles is not None:
             handles.traffic = svc
+        if hasattr(ctx, "collectors"):
+            ctx.collectors.append(TrafficCollector(svc))
         t = threading.Thread(target=svc.run, args=(ctx.stop,), name="traffic-detectors", daemon=True)
         t.start()
         ctx.threads.append(t)
@@ -674,6 +814,7 @@ def owner_request(owner_url: str, method: str, path: str, params: dict[str, str]
             return int(exc.code), {"error": body.decode("utf-8", "replace")[:500]}
 
 
-__all__ = ["DosFeed", "DosHook", "LiveConfig", "LiveDos", "LiveHandles", "TrafficService", "active_from_store",
+__all__ = ["DosCollector", "DosFeed", "DosHook", "LiveConfig", "LiveDos", "LiveHandles", "TrafficCollector",
+           "TrafficService", "active_from_store",
            "decision_view", "dos_service", "live_config", "live_services", "normalize_value", "owner_request",
            "traffic_service"]

@@ -9,7 +9,8 @@ chDB lets one process open a data folder and cannot listen on a port.  In embedd
 * ``GET /fp/health`` (JSON: pid, store, uptime, consumer totals), ``GET /fp/sources`` (live/silent/quiet/dead
   per source, see :func:`forumpulse.pipeline.consumer.source_status`), ``GET /fp/listeners`` (the collectors'
   network listeners, up/down, see :func:`~forumpulse.pipeline.consumer.listener_status`), ``GET /metrics``
-  (Prometheus text).
+  (Prometheus text: the owner's, its consumer's, and the live detectors' ``forumpulse_dos_*`` /
+  ``forumpulse_traffic_*`` families, see :mod:`forumpulse.pipeline.live_detect`).
 
 With ``--consume`` it also runs a :class:`~forumpulse.pipeline.consumer.LiveConsumer` in a thread (the
 embedded deployment's loader).  Other components (detectors, decisions, reports) plug in as *owner services*:
@@ -52,6 +53,7 @@ from forumpulse.pipeline.consumer import (
 from forumpulse.pipeline.enrich import load_configured_titles
 from forumpulse.pipeline.metrics import PipelineMetrics
 from forumpulse.pipeline.store import Store
+from prometheus_client import CollectorRegistry, generate_latest
 
 log = logging.getLogger("forumpulse.owner")
 
@@ -69,6 +71,8 @@ class OwnerContext:
     #: the owner's HTTP password (routes that change state check it themselves), and whether a loader runs
     password: str | None = None
     consume: bool = False
+    #: prometheus-client collectors (``collect()`` yielding metric families) served by the owner's ``/metrics``
+    collectors: list[Any] = field(default_factory=list)
 
 
 OwnerService = Callable[[OwnerContext], None]
@@ -100,6 +104,7 @@ class Owner:
         self.store: Store | None = None
         self.server: ClickHouseHTTPServer | None = None
         self.consumer: LiveConsumer | None = None
+        self._services_registry: CollectorRegistry | None = None  # the services' collectors (live detectors)
         self._consumer_thread: threading.Thread | None = None
         self.ctx: OwnerContext | None = None
 
@@ -130,6 +135,8 @@ class Owner:
         out = self.metrics.exposition()
         if self.consumer is not None:
             out += self.consumer.metrics.exposition()
+        if self._services_registry is not None:
+            out += generate_latest(self._services_registry)
         return 200, "text/plain; version=0.0.4; charset=utf-8", out
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -142,6 +149,10 @@ class Owner:
                                       consume=self.consume)
         for service in self.services:
             service(ctx)
+        if ctx.collectors:
+            self._services_registry = CollectorRegistry()
+            for c in ctx.collectors:
+                self._services_registry.register(c)
         routes: dict[tuple[str, str], Route] = {
             ("GET", "/fp/health"): self._health, ("GET", "/fp/sources"): self._sources,
             ("GET", "/fp/listeners"): self._listeners, ("GET", "/metrics"): self._metrics, **ctx.routes,

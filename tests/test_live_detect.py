@@ -104,6 +104,14 @@ def _http(url: str, method: str = "GET", headers: dict[str, str] | None = None) 
         return exc.code, exc.read()
 
 
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus text -> {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(x.name, tuple(sorted(x.labels.items()))): x.value
+            for fam in text_string_to_metric_families(text) for x in fam.samples}
+
+
 def _decisions(store: Store) -> list[tuple[str, str, str]]:
     return [(str(a), str(v), str(r)) for a, v, r in
             store.query_rows("SELECT action, value, reason FROM decisions ORDER BY created_at")]
@@ -164,6 +172,20 @@ def test_flood_through_kafka_is_banned_published_and_served(
         assert [json.loads(m.value)["action"] for m in broker.read_all(s.kafka.decisions_topic, expected=2)] == \
             ["ban", "unban"]
         assert _http(f"http://127.0.0.1:{owner.port}/fp/unban?value=not-an-ip", method="POST")[0] == 400
+
+        # the owner's /metrics says what the live detector judged and decided
+        with urllib.request.urlopen(f"http://127.0.0.1:{owner.port}/metrics", timeout=30) as r:
+            m = _samples(r.read().decode())
+        ban = (("action", "ban"), ("mode", "enforce"), ("reason", "client_flood"), ("scope", "ip"))
+        unban = (("action", "unban"), ("mode", "enforce"), ("reason", "manual"), ("scope", "ip"))
+        assert m[("forumpulse_dos_decisions_total", ban)] == 1 and m[("forumpulse_dos_decisions_total", unban)] == 1
+        assert m[("forumpulse_dos_lines_total", ())] == handles.dos.detector.stats["lines"] > 0
+        assert m[("forumpulse_dos_batches_total", ())] == handles.dos.batches >= 1
+        assert m[("forumpulse_dos_active_bans", ())] == 0
+        assert m[("forumpulse_dos_refused_total", (("reason", "loopback"),))] == 0
+        assert m[("forumpulse_dos_action_errors_total", ())] == 0
+        assert (("forumpulse_dos_feed_errors_total", ()) in m) == (source == "feed")
+        assert ("forumpulse_lines_loaded_total", ()) in m  # the owner's own metrics are still served
     finally:
         owner.shutdown()
 
@@ -249,6 +271,43 @@ def test_restart_reapplies_bans_in_force_to_kernel_state_actions_only(chdb_path:
         store.close()
 
 
+def test_restore_keys_old_rows_canonically_and_refuses_what_is_never_banned(chdb_path: Path,
+                                                                           settings: Settings) -> None:
+    """Rows written by a version that did not canonicalise values or refuse loopback: a ban under an old spelling
+    ended by an unban under the canonical one stays ended; one still in force is held under the canonical value;
+    a loopback ban is neither restored, served to bouncers, nor re-applied."""
+    from forumpulse.detectors.dos import Decision, StoreSink
+
+    store = open_store(f"chdb:{chdb_path}?database=live_canonical")
+    try:
+        migrate(store, NO_TTL)
+        t0 = 1_760_000_000_000
+
+        def row(value: str, action: str, at: int) -> Decision:
+            return Decision(id=f"{action}-{value}-{at}", created_at=at, decided_at=at, first_seen=at,
+                            expires_at=at + 3_600_000, site="forum", action=action, value=value, scope="ip",
+                            reason="client_flood" if action == "ban" else "manual",
+                            duration_s=3600 if action == "ban" else 0, mode="enforce", origin="forumpulse",
+                            evidence={})
+
+        sink = StoreSink(store)
+        for d in (row("::ffff:198.51.100.38", "ban", t0), row("198.51.100.38", "unban", t0 + 1000),
+                  row("2001:DB8:0:0::7", "ban", t0 + 2000), row("127.0.0.5", "ban", t0 + 3000)):
+            sink.emit(d)
+        sink.flush()
+        assert sorted(d.value for d in active_from_store(store, t0 / 1000 + 10)) == ["127.0.0.5", "2001:db8::7"]
+
+        firewall = _Recorder("nftables", True)
+        live = LiveDos(settings, store, actions=[firewall], publish=False, clock=lambda: t0 / 1000 + 10)
+        assert set(live.manager.active) == {"2001:db8::7"} and live.restored == 1
+        assert live.manager.suppressed["loopback"] == 1
+        assert [d["value"] for d in live.registry.stream("bouncer", True)["new"] or []] == ["2001:db8::7"]
+        assert [v for v, _ in firewall.bans] == ["2001:db8::7"]
+        live.close()
+    finally:
+        store.close()
+
+
 # ------------------------------------------------------------------------------------------------ traffic
 
 
@@ -291,6 +350,20 @@ def test_traffic_service_writes_detections_and_events(broker: Broker, chdb_path:
         assert sorted(json.loads(m.value)["id"] for m in events) == sorted(d.id for d in dets)
         # the same minute again adds nothing new
         assert svc.tick() == [] and svc.runs == 2 and svc.errors == 0
+        # what the owner's /metrics serves for it
+        from forumpulse.pipeline.live_detect import TrafficCollector
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        reg = CollectorRegistry()
+        reg.register(TrafficCollector(svc))
+        m = _samples(generate_latest(reg).decode())
+        assert m[("forumpulse_traffic_runs_total", ())] == 2 and m[("forumpulse_traffic_run_errors_total", ())] == 0
+        assert m[("forumpulse_traffic_detections_total", ())] == len(dets)
+        assert m[("forumpulse_traffic_last_run_timestamp_seconds", ())] == now.timestamp()
+        cursor = svc.detector.sites["fixture-site"].cursor
+        assert cursor is not None
+        behind = m[("forumpulse_traffic_minutes_judged_behind_seconds", (("site", "fixture-site"),))]
+        assert behind == pytest.approx(now.timestamp() - cursor.timestamp()) and 30 <= behind < 3600, behind
     finally:
         store.close()
 
