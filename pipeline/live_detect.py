@@ -33,8 +33,8 @@ Metrics (the owner's ``GET /metrics``, read at scrape time; :class:`DosCollector
 scope,mode}``, ``forumpulse_dos_refused_total{reason}`` (not decided: allowlist, crawler, already banned,
 loopback, ...), ``forumpulse_dos_action_errors_total``, ``forumpulse_dos_webhook_failures_total`` (background
 deliveries that failed after their retries), ``forumpulse_dos_active_bans``, ``forumpulse_dos_restored_total``,
-``forumpulse_dos_feed_errors_total``; ``forumpulse_traffic_runs_total`` / ``_run_errors_total`` /
-``_detections_total``, ``forumpulse_traffic_last_run_timestamp_seconds`` and
+``forumpulse_dos_feed_errors_total``, ``forumpulse_dos_feed_replayed_total``; ``forumpulse_traffic_runs_total``
+/ ``_run_errors_total`` / ``_detections_total``, ``forumpulse_traffic_last_run_timestamp_seconds`` and
 ``forumpulse_traffic_minutes_judged_behind_seconds{site}`` (wall clock minus the end of the last complete minute
 the detectors judged: the live watermark holding them back for a source or partition behind shows here).
 
@@ -455,7 +455,13 @@ class DosFeed:
     Each ``consume(num_messages=batch_lines, timeout=max_wait_s)`` call is one batch: envelopes are split by
     source and parsed by the same :class:`~forumpulse.pipeline.process.Processor` as the loader, and the
     ``stream`` rows go to ``hook`` (a :class:`DosHook`).  Heartbeats and values that are not envelopes are
-    skipped (the loader dead-letters them).  Offsets are committed automatically (at-least-once).
+    skipped (the loader dead-letters them).  Offsets are committed automatically (every second), so a
+    restarted :meth:`run` (the owner restarts it after an error, with the same detector) or a rebalance
+    re-reads what came after the last commit: messages below the next offset this feed already gave its hook
+    are skipped (counted in ``replayed``), so the detector never counts a line twice -- a client just under a
+    threshold would be banned by its own replayed lines.  A partition whose log now ends before that offset
+    (recreated or truncated) starts afresh.  A new ``DosFeed`` (a new process) has a new detector and starts
+    from the committed offsets.
     """
 
     def __init__(self, settings: Settings, hook: Callable[[pa.Table, BatchInfo], None], stop: threading.Event,
@@ -474,9 +480,22 @@ class DosFeed:
         self.lines = 0
         self.batches = 0
         self.errors = 0
+        self.replayed = 0  # messages skipped because this feed's hook already had them
         self.assigned = threading.Event()
+        self._fed: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset not yet given to the hook
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            if key in self._fed:
+                try:
+                    _low, high = consumer.get_watermark_offsets(tp, timeout=5, cached=False)
+                except Exception:
+                    continue
+                if high < self._fed[key]:
+                    log.warning("dos feed: %s/%d now ends at offset %d, before %d already judged: the log was "
+                                "recreated or truncated; judging it from the start", *key, high, self._fed[key])
+                    del self._fed[key]
         try:
             total = len(consumer.list_topics(self.topic, timeout=5).topics[self.topic].partitions)
         except Exception:
@@ -516,10 +535,22 @@ class DosFeed:
                 msgs = c.consume(num_messages=self.opt.feed_batch_lines, timeout=self.opt.feed_max_wait_s)
                 if not msgs:
                     continue
+                fresh = []
                 for m in msgs:
                     err = m.error()
-                    if err is not None and err.fatal():
-                        raise KafkaException(err)
+                    if err is not None:
+                        if err.fatal():
+                            raise KafkaException(err)
+                        continue
+                    key, off = (str(m.topic()), int(m.partition() or 0)), int(m.offset() or 0)
+                    if off < self._fed.get(key, -1):
+                        self.replayed += 1
+                        continue
+                    self._fed[key] = off + 1
+                    fresh.append(m)
+                if not fresh:
+                    continue
+                msgs = fresh
                 try:
                     stream = self.stream_of(msgs)
                     if stream is not None:
@@ -643,6 +674,9 @@ class DosCollector:
         if feed is not None:
             yield CounterMetricFamily("forumpulse_dos_feed_errors", "DoS feed batches that failed",
                                       value=feed.errors)
+            yield CounterMetricFamily("forumpulse_dos_feed_replayed", "messages re-read by the DoS feed after a "
+                                      "restart or rebalance and skipped (its detector already had them)",
+                                      value=feed.replayed)
 
 
 class TrafficCollector:

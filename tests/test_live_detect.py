@@ -185,9 +185,50 @@ def test_flood_through_kafka_is_banned_published_and_served(
         assert m[("forumpulse_dos_refused_total", (("reason", "loopback"),))] == 0
         assert m[("forumpulse_dos_action_errors_total", ())] == 0
         assert (("forumpulse_dos_feed_errors_total", ()) in m) == (source == "feed")
+        assert m.get(("forumpulse_dos_feed_replayed_total", ()), 0) == 0
         assert ("forumpulse_lines_loaded_total", ()) in m  # the owner's own metrics are still served
     finally:
         owner.shutdown()
+
+
+def test_dos_feed_restarted_does_not_judge_a_line_twice(broker: Broker, settings: Settings) -> None:
+    """The owner restarts a failed feed with the same detector; it re-reads from the last auto-commit.  Lines its
+    hook already had must not reach the detector again (a client just under a threshold would be banned by its
+    own replayed lines); new lines still do."""
+    import threading
+
+    from confluent_kafka import Consumer, TopicPartition
+    from forumpulse.pipeline.live_detect import DosFeed
+
+    s = _settings(settings, broker, "feed-replay", "feed")
+    msgs, _ = flood_and_background(1_760_000_000.0, seed=5)
+    produce(broker.bootstrap, s.kafka.raw_topic, msgs)
+    judged: list[int] = []
+    feed = DosFeed(s, lambda stream, info: judged.append(stream.num_rows), threading.Event())
+
+    def run_until(done: Any, what: str) -> None:
+        feed.stop = threading.Event()
+        t = threading.Thread(target=feed.run, daemon=True)
+        t.start()
+        try:
+            wait_until(done, 60, what=what)
+        finally:
+            feed.stop.set()
+            t.join(30)
+        assert not t.is_alive()
+
+    run_until(lambda: sum(judged) == len(msgs), "every line judged once")
+    # as after a crash before the commit: the group's offsets back at the start
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": s.detectors["live"]["feed_group"]})
+    c.commit(offsets=[TopicPartition(s.kafka.raw_topic, p, 0) for p in range(4)], asynchronous=False)
+    c.close()
+    # every replayed message either skipped or judged again: only the first is right
+    run_until(lambda: feed.replayed + sum(judged) == 2 * len(msgs), "the replay read")
+    assert (sum(judged), feed.replayed, feed.errors) == (len(msgs), len(msgs), 0)
+    more, _ = flood_and_background(1_760_000_100.0, seed=6)
+    produce(broker.bootstrap, s.kafka.raw_topic, more[:40])
+    run_until(lambda: sum(judged) == len(msgs) + 40, "new lines judged")
+    assert feed.replayed == len(msgs)
 
 
 def _flood_stream(settings: Settings, ip: str, t0: float) -> pa.Table:
