@@ -881,6 +881,7 @@ class DecisionManager:
         #: (action, reason, scope, mode) -> decisions dispatched (bans and unbans; the Prometheus counter)
         self.made: dict[tuple[str, str, str, str], int] = {}
         self.breaker_seen: dict[str, int] = {}  # value -> stream minute of its last breaker decision
+        self._breaker_warned: set[tuple[str, int]] = set()  # (breaker group, stream minute) already logged
         self._prune_offences_at = 1024
         self.suppressed: dict[str, int] = {"allowlist": 0, "crawler": 0, "active": 0, "invalid": 0,
                                            "breaker_repeat": 0, **{r: 0 for r, _ in NEVER_BAN}}
@@ -930,8 +931,15 @@ class DecisionManager:
                 self.suppressed["breaker_repeat"] += 1
                 return None
             mode = "breaker"
-            log.warning("dos circuit breaker: more than %d bans in minute %s; %s not enforced",
-                        limit, iso_ms(minute * 60_000), value)
+            warned = (c.breaker_group, minute)
+            if warned not in self._breaker_warned:  # one line per budget and minute, not one per offender
+                if len(self._breaker_warned) > 100:
+                    self._breaker_warned = {w for w in self._breaker_warned if w[1] >= minute - 1}
+                self._breaker_warned.add(warned)
+                log.warning("dos circuit breaker%s: more than %d bans in minute %s; %s and any further ones this "
+                            "minute recorded with mode=breaker, not enforced",
+                            f" ({c.breaker_group})" if c.breaker_group else "", limit, iso_ms(minute * 60_000),
+                            value)
         bans[minute] = bans.get(minute, 0) + 1
         if len(bans) > 10:
             for k in sorted(bans)[:-5]:
@@ -992,6 +1000,12 @@ class DecisionManager:
                      duration_s=0, mode=d.mode, origin="forumpulse", evidence={"ban_id": d.id})
         self._dispatch(u)
         return u
+
+    def dispatch(self, d: Decision) -> None:
+        """Record ``d`` and fan it out to the sinks and (enforced) actions, counted like the manager's own; for
+        a decision made outside :meth:`submit` / :meth:`unban` (an unban of a ban this manager does not hold).
+        It does not change ``active``."""
+        self._dispatch(d)
 
     def _dispatch(self, d: Decision) -> None:
         self.decisions.append(d)

@@ -263,7 +263,7 @@ class LiveDos:
         self.actions_cfg = ActionsConfig.model_validate(settings.actions or {})
         self.live = live_config(settings)
         self.registry = DecisionRegistry(clock=clock)
-        acts = [*(build_actions(self.actions_cfg) if actions is None else actions), self.registry]
+        acts = [self.registry, *(build_actions(self.actions_cfg) if actions is None else actions)]  # in memory: first
         self.sinks: list[_GuardedSink] = [_GuardedSink(StoreSink(store, flush_every=1_000_000), "store")]
         if publish is None:
             publish = self.live.publish_decisions or self.actions_cfg.kafka
@@ -376,16 +376,8 @@ class LiveDos:
                              site=self.cfg.site, action="unban", value=v,
                              scope="ip" if net.prefixlen == net.max_prefixlen else "range", reason=reason,
                              duration_s=0, mode="enforce", origin="forumpulse", evidence={"ban_id": None})
-                # the same fan-out as DecisionManager.unban for a ban this process does not hold
-                self.manager.decisions.append(u)
-                for s in self.manager.sinks:
-                    s.emit(u)
-                for a in self.manager.actions:
-                    try:
-                        a.unban(u)
-                    except Exception as exc:
-                        self.manager.action_errors += 1
-                        log.error("action %s failed for unban %s: %s", getattr(a, "name", a), v, exc)
+                # the same fan-out (and counts) as DecisionManager.unban for a ban this process does not hold
+                self.manager.dispatch(u)
             self.manager.flush()
         return {"unbanned": v, "held": held, "decision": u.to_json()}
 
@@ -394,6 +386,11 @@ class LiveDos:
         with self.lock:
             ds = [d for d in self.manager.active.values() if d.created_at / 1000 + d.duration_s > now]
         return [decision_view(d, now) for d in sorted(ds, key=lambda d: -d.created_at)]
+
+    def active_count(self) -> int:
+        """Bans in force by the wall clock (the manager expires its own only when a candidate arrives)."""
+        now = self.clock()
+        return sum(1 for d in list(self.manager.active.values()) if d.created_at / 1000 + d.duration_s > now)
 
     def close(self) -> None:
         with self.lock:
@@ -666,8 +663,8 @@ class DosCollector:
         yield CounterMetricFamily("forumpulse_dos_webhook_failures", "webhook deliveries that failed after their "
                                   "retries (background delivery)",
                                   value=sum(int(getattr(a, "failed", 0)) for a in m.actions))
-        yield GaugeMetricFamily("forumpulse_dos_active_bans", "bans in force held by the manager",
-                                value=len(m.active))
+        yield GaugeMetricFamily("forumpulse_dos_active_bans", "bans in force (wall clock) held by the manager",
+                                value=live.active_count())
         yield CounterMetricFamily("forumpulse_dos_restored", "bans restored from the decisions table at start",
                                   value=live.restored)
         feed = self.handles.feed if self.handles is not None else None

@@ -3,10 +3,13 @@ memory.  (The audit findings of the DoS detector and its actions; nftables ones 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from forumpulse.detectors.actions import ActionError, parse_value
 from forumpulse.detectors.decision_api import DecisionRegistry
 from forumpulse.detectors.dos import Candidate, Decision, DecisionManager, canonical_value, never_ban_reason
+from forumpulse.detectors.dos import log as dos_log
 from forumpulse.detectors.dos_rules import DosConfig
 
 T0 = 1_700_000_000_000
@@ -143,6 +146,18 @@ def test_breaker_decisions_neither_block_later_bans_nor_count_as_offences() -> N
     d = mgr.submit(cand("198.51.100.3", at=T0 + 61_000))
     assert d is not None and d.mode == "enforce" and d.evidence["offence"] == 1 and d.duration_s == 600
     assert mgr.active["198.51.100.3"] is d and ("ban", "198.51.100.3") in act.calls
+
+
+def test_the_breaker_logs_one_line_per_minute_not_one_per_offender(caplog: pytest.LogCaptureFixture) -> None:
+    """A swarm past the budget makes a breaker decision per offender and minute: recorded, but logged once."""
+    mgr = DecisionManager(cfg(max_bans_per_minute=1))
+    with caplog.at_level(logging.WARNING, logger=dos_log.name):
+        for minute in range(2):
+            for i in range(50):
+                mgr.submit(cand(f"198.51.100.{i + 1}", at=T0 + minute * 60_000 + i))
+    lines = [r.getMessage() for r in caplog.records if "circuit breaker" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert sum(1 for d in mgr.decisions if d.mode == "breaker") == 49 + 48  # minute 2: .1 still banned, .2 enforced
 
 
 # ------------------------------------------------------------------------------- 7. bounded memory

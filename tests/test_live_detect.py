@@ -270,6 +270,39 @@ def test_restart_restores_active_bans_and_direct_unban(chdb_path: Path, settings
                       reason="manual")
 
 
+def test_dos_metrics_follow_the_wall_clock_and_count_every_unban(chdb_path: Path, settings: Settings) -> None:
+    """The active-bans gauge counts bans in force by the wall clock (the manager only expires its own when a
+    candidate arrives); an unban of a ban this process does not hold is counted like any other; the registry
+    (in memory) is the first action."""
+    from forumpulse.pipeline.live_detect import DosCollector
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    store = open_store(f"chdb:{chdb_path}?database=live_metrics")
+    try:
+        migrate(store, NO_TTL)
+        t = [1_760_000_002.0]
+        live = LiveDos(settings, store, actions=[], publish=False, clock=lambda: t[0])
+        assert live.manager.actions[0] is live.registry
+        made = live.process_stream(_flood_stream(settings, "198.51.100.9", 1_760_000_000.0))
+        assert [d.value for d in made] == ["198.51.100.9"]
+        live.unban("198.51.100.77")  # never banned here
+        reg = CollectorRegistry()
+        reg.register(DosCollector(live))
+
+        def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            return _samples(generate_latest(reg).decode())
+
+        m = scrape()
+        assert m[("forumpulse_dos_active_bans", ())] == 1
+        assert m[("forumpulse_dos_decisions_total",
+                  (("action", "unban"), ("mode", "enforce"), ("reason", "manual"), ("scope", "ip")))] == 1
+        t[0] += made[0].duration_s + 1  # quiet since: no candidate to make the manager expire it
+        assert "198.51.100.9" in live.manager.active and scrape()[("forumpulse_dos_active_bans", ())] == 0
+        live.close()
+    finally:
+        store.close()
+
+
 class _Recorder:
     """An action that records what it was asked to do."""
 
