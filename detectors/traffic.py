@@ -1078,8 +1078,9 @@ def partition_state(loaded_ms: int, lag: int, active: bool, reported_ms: int, no
     ``gone`` (no report for ``gap_min_minutes``), ``far behind`` (lag > 0 or unknown, and the newest message
     stored is older than that: not waited for, as a source silent that long), ``behind`` (lag > 0 or unknown,
     whether its owner still runs or exited cleanly while behind -- a rolling restart hands the partition over with
-    messages waiting: the limit is the newest stored message's Kafka time, or the report's time when that Kafka
-    time is later than the clock allows), ``released`` (its owner exited cleanly, caught up), ``not reporting``
+    messages waiting: the limit is the newest stored message's Kafka time; when that is later than the clock
+    allows, now minus how far behind the consumer was by its own clock, or the report's time if earlier),
+    ``released`` (its owner exited cleanly, caught up), ``not reporting``
     (caught up at a report older than ``stale_s`` plus :data:`LIVE_CLOCK_SKEW_S` -- the report carries the
     consumer's clock: the limit is that report), ``caught up``."""
     gap_ms = gap_min_minutes * 60_000
@@ -1089,9 +1090,13 @@ def partition_state(loaded_ms: int, lag: int, active: bool, reported_ms: int, no
     if lag != 0:
         if loaded_ms < now_ms - gap_ms:
             return "far behind", None
-        # a Kafka time ahead of the clock (a producer's clock ahead; the consumer clamps to its own) must not
-        # lift the hold: the report's time is a bound the consumer's clock vouches for
-        return "behind", loaded_ms if loaded_ms <= now_ms + skew_ms else min(reported_ms, now_ms)
+        if loaded_ms <= now_ms + skew_ms:
+            return "behind", loaded_ms
+        # a Kafka time ahead of this clock must not lift the hold.  The consumer clamps it to its own clock, so
+        # that clock is ahead: how far behind it is by its own clock (report - loaded, skew-free) counts back
+        # from now.  A row of a consumer that did not clamp (a producer's clock ahead, its own right) holds at
+        # its report.
+        return "behind", min(reported_ms, now_ms - max(0, reported_ms - loaded_ms))
     if not active:
         return "released", None
     if reported_ms < now_ms - int(stale_s * 1000) - skew_ms:

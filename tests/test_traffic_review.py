@@ -167,13 +167,17 @@ _NOW = datetime(2026, 3, 11, 10, 6, tzinfo=UTC)
     # the newest message's Kafka time is ahead of the clock (a producer's clock): held at the report instead
     ([(1, datetime(2026, 3, 11, 10, 30, tzinfo=UTC), 420, True, datetime(2026, 3, 11, 10, 3, 30, tzinfo=UTC))],
      "10:03"),
+    # the consumer's clock is 7 minutes ahead: 2 minutes behind by its clock -> held 2 minutes before now
+    ([(1, datetime(2026, 3, 11, 10, 11, tzinfo=UTC), 420, True, datetime(2026, 3, 11, 10, 13, tzinfo=UTC))],
+     "10:04"),
     # caught up and reporting, released caught up by a clean exit, reported more than gap_min_minutes ago, or more
     # than gap_min_minutes behind: not waited for (the sources' watermark alone: their newest heartbeat, 10:05:57)
     ([(0, _NOW - timedelta(seconds=2), 0, True, _NOW - timedelta(seconds=3))], "10:05"),
     ([(0, datetime(2026, 3, 11, 10, 0, 58, tzinfo=UTC), 0, False, _NOW - timedelta(seconds=3))], "10:05"),
     ([(0, datetime(2026, 3, 11, 9, 50, tzinfo=UTC), 420, True, _NOW - timedelta(minutes=11))], "10:05"),
     ([(0, datetime(2026, 3, 11, 9, 50, tzinfo=UTC), 420, True, _NOW - timedelta(seconds=3))], "10:05"),
-], ids=["behind", "lag-unknown", "stale-report", "newest-row", "released-behind", "future-kafka-time", "caught-up",
+], ids=["behind", "lag-unknown", "stale-report", "newest-row", "released-behind", "future-kafka-time", "consumer-clock-ahead",
+        "caught-up",
         "released", "gone", "far-behind"])
 def test_a_partition_behind_holds_live_detection_back(store: Any, rows: list[Any], cursor: str) -> None:
     """The sources are fresh (their latest lines came through the partitions that are current), yet a partition
@@ -199,3 +203,6 @@ def test_a_progress_report_is_stale_only_past_the_clock_skew_allowed() -> None:
     assert partition_state(ahead, 5, True, now - 10, now, stale, 10) == ("behind", ahead)
     assert partition_state(ahead + 1, 5, True, now - 10, now, stale, 10) == ("behind", now - 10)
     assert partition_state(ahead + 1, 5, True, now + 10, now, stale, 10) == ("behind", now)
+    # the consumer's clock 5 minutes ahead (it clamps Kafka times to it): 60 s behind by its own clock
+    five = 300_000
+    assert partition_state(now + five - 60_000, 5, True, now + five, now, stale, 10) == ("behind", now - 60_000)
