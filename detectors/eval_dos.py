@@ -154,10 +154,12 @@ def stand_in(ip: str | None) -> str | None:
         a = ipaddress.ip_address(ip)
     except ValueError:
         return ip
+    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
+        a = a.ipv4_mapped  # ::ffff:127.0.0.1 (not loopback to ipaddress on Python 3.11)
     if not a.is_loopback:
         return ip
     if a.version == 4:
-        p = a.packed
+        p = a.packed  # 127.a.b.c, a < 64 in every hub case (100.64.0.0/10 has 22 bits, loopback 24)
         return f"100.{64 + p[1] % 64}.{p[2]}.{p[3]}"
     return "2001:db8:ffff::1"
 

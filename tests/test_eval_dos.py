@@ -15,7 +15,7 @@ FIX = Path(__file__).parent / "fixtures" / "dos"
 
 
 def test_stand_ins_are_bannable_and_keep_the_prefix_structure() -> None:
-    for ip in ("127.0.0.1", "127.0.0.9", "127.1.1.3", "127.2.2.2", "::1"):
+    for ip in ("127.0.0.1", "127.0.0.9", "127.1.1.3", "127.2.2.2", "::1", "::ffff:127.0.0.1"):
         s = stand_in(ip)
         assert s is not None and s != ip
         a = ipaddress.ip_address(s)
