@@ -86,14 +86,60 @@ def _element(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
     return str(net.network_address) if full else str(net)
 
 
-class NftablesAction:
-    """``table inet T`` with sets ``ban_v4``/``ban_v6`` (flags interval,timeout) and an input chain dropping them.
+_Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-    ``ensure()`` creates them idempotently (also called lazily by the first ban).  A ban that fails for another
-    reason than overlapping intervals (the table was flushed away: ``nft flush ruleset``, a firewall reload)
-    creates them again and is retried once.  Interval sets cannot hold overlapping elements: a range ban
-    replaces the banned addresses and ranges inside it (same transaction), and an address or range inside a
-    range already banned is left to that range.
+
+class _Held:
+    """What an action added and has not lifted: element -> (network, wall-clock expiry).  Expired entries are
+    dropped when read.  The action's own account of its bans, independent of the kernel's: when the kernel loses
+    them (``nft flush ruleset``, a firewall reload, ``ipset destroy``) the action puts back those still in force
+    with the time they have left."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._d: dict[str, tuple[_Net, float]] = {}
+
+    def put(self, net: _Net, secs: int) -> None:
+        self._d[_element(net)] = (net, self.clock() + secs)
+
+    def adopt(self, net: _Net, secs: int) -> None:
+        """Record an element found in the kernel (an earlier run's ban) unless it is already recorded."""
+        if _element(net) not in self._d:
+            self.put(net, secs)
+
+    def drop(self, net: _Net) -> None:
+        self._d.pop(_element(net), None)
+
+    def clear(self) -> None:
+        self._d.clear()
+
+    def in_force(self) -> list[tuple[_Net, int]]:
+        """(network, whole seconds left) of every element still in force (at least 1 s left)."""
+        now = self.clock()
+        for k in [k for k, (_, exp) in self._d.items() if exp - now < 1]:
+            del self._d[k]
+        return [(net, int(exp - now)) for net, exp in self._d.values()]
+
+    def __len__(self) -> int:
+        return len(self.in_force())
+
+
+class NftablesAction:
+    """``table inet T``: addresses in plain sets ``ban_v4``/``ban_v6`` (``flags timeout``), ranges in interval sets
+    ``ban_v4_<len>``/``ban_v6_<len>``, one per prefix length in use (``flags interval, timeout``), and an input
+    chain with one drop rule per set.
+
+    Prefixes of one length are equal or disjoint, so no set ever holds overlapping elements (nft refuses them in
+    an interval set), and an address ban, a range over it and a range of another length over both are separate
+    elements: lifting or expiring one never touches another.  A range set and its rule are created with the
+    first range of that length.
+
+    ``ensure()`` makes the table match that layout (lazily, at the first ban or unban): it creates what is missing;
+    a table of another layout (an older forumpulse's single interval set, a changed hook priority, a set without
+    its rule) is rebuilt in one transaction with its elements carried over.  The action records what it added
+    (element -> wall-clock expiry, forgotten on unban or expiry); when a ban or unban finds the table gone (``nft
+    flush ruleset``, a firewall reload) it is re-created and every recorded ban still in force is added back with
+    the time it has left.  There is no background check: the re-creation happens at the next ban or unban.
     """
 
     name = "nftables"
@@ -101,118 +147,222 @@ class NftablesAction:
     reapply_on_restore = True
 
     def __init__(self, table: str = "forumpulse", set_v4: str = "ban_v4", set_v6: str = "ban_v6",
-                 hook_priority: int = -10, netns: str | None = None) -> None:
+                 hook_priority: int = -10, netns: str | None = None, clock: Callable[[], float] = time.time) -> None:
         self.table, self.set_v4, self.set_v6 = _name(table), _name(set_v4), _name(set_v6)
         self.prio = int(hook_priority)
         self.pre = _ns_prefix(netns)
+        self.held = _Held(clock)
         self._ready = False
+        self._range_sets: set[str] = set()  # range sets known to exist (with their rule)
+        self._lock = threading.RLock()
 
     def _nft(self, script: str) -> str:
         return _run([*self.pre, "nft", "-f", "-"], stdin=script)
 
+    # -- layout ---------------------------------------------------------------------------------------
+    def _set(self, net: _Net) -> str:
+        base = self.set_v4 if net.version == 4 else self.set_v6
+        return base if net.prefixlen == net.max_prefixlen else f"{base}_{net.prefixlen}"
+
+    def _ours(self, name: str) -> tuple[int, int] | None:
+        """(family, prefix length) if ``name`` is one of this action's sets, else None."""
+        if name in (self.set_v4, self.set_v6):
+            return (4, 32) if name == self.set_v4 else (6, 128)
+        for version, base, top in ((4, self.set_v4, 32), (6, self.set_v6, 128)):
+            if name.startswith(base + "_") and name[len(base) + 1:].isdigit():
+                n = int(name[len(base) + 1:])
+                if 1 <= n < top and str(n) == name[len(base) + 1:]:
+                    return version, n
+        return None
+
+    def _set_decl(self, name: str) -> str:
+        version, plen = self._ours(name)  # type: ignore[misc]
+        typ = "ipv4_addr" if version == 4 else "ipv6_addr"
+        flags = "timeout" if plen == (32 if version == 4 else 128) else "interval, timeout"
+        return f"{{ type {typ}; flags {flags}; }}"
+
+    def _rule(self, name: str) -> str:
+        version, _ = self._ours(name)  # type: ignore[misc]
+        return f"{'ip' if version == 4 else 'ip6'} saddr @{name} drop"
+
+    def _state(self) -> dict[str, Any] | None:
+        """The table as nft lists it (None: no such table): ``sets`` name -> (type, flags, {element: seconds
+        left}), ``chain`` (the input chain's description or None), ``rules`` set names a rule of it refers to."""
+        try:
+            out = _run([*self.pre, "nft", "-j", "list", "table", "inet", self.table])
+        except ActionError as exc:
+            # nft 1.0.6: "Error: No such file or directory" under "list table inet T" (a missing network
+            # namespace says "Cannot open network namespace ...: No such file or directory", without "Error:")
+            if "Error: No such file or directory" in str(exc):
+                return None
+            raise
+        sets: dict[str, tuple[str, list[str], dict[_Net, int]]] = {}
+        chain: dict[str, Any] | None = None
+        rules: set[str] = set()
+        for x in json.loads(out).get("nftables", []):
+            if "set" in x:
+                s = x["set"]
+                sets[s["name"]] = (s.get("type"), sorted(s.get("flags", [])), _elements(s))
+            elif "chain" in x and x["chain"].get("name") == "input":
+                chain = x["chain"]
+            elif "rule" in x and x["rule"].get("chain") == "input":
+                rules.update(re.findall(r'"@([A-Za-z0-9_-]+)"', json.dumps(x["rule"].get("expr", []))))
+        return {"sets": sets, "chain": chain, "rules": rules}
+
+    def _wrong(self, st: dict[str, Any]) -> str | None:
+        """Why the listed table cannot be kept as it is (None: it can; missing sets or rules are just added)."""
+        c = st["chain"]
+        if c is not None and (c.get("type"), c.get("hook"), c.get("prio")) != ("filter", "input", self.prio):
+            return f"chain input is not a filter hook input priority {self.prio} chain"
+        for name, (typ, flags, _) in st["sets"].items():
+            ours = self._ours(name)
+            if ours is None:
+                continue
+            version, plen = ours
+            want = ["timeout"] if plen == (32 if version == 4 else 128) else ["interval", "timeout"]
+            if typ != ("ipv4_addr" if version == 4 else "ipv6_addr") or flags != want:
+                return f"set {name} is {typ} with flags {','.join(flags) or 'none'} (an older layout?)"
+        return None
+
     def ensure(self) -> None:
-        t = self.table
-        if not self._table_exists():
-            self._nft(
-                f"table inet {t} {{\n"
-                f"  set {self.set_v4} {{ type ipv4_addr; flags interval, timeout; }}\n"
-                f"  set {self.set_v6} {{ type ipv6_addr; flags interval, timeout; }}\n"
-                f"  chain input {{ type filter hook input priority {self.prio}; policy accept;\n"
-                f"    ip saddr @{self.set_v4} drop\n    ip6 saddr @{self.set_v6} drop\n  }}\n}}\n"
-            )
-        self._ready = True
+        """Make the table match the layout and hold every recorded ban still in force (one transaction)."""
+        with self._lock:
+            st = self._state()
+            script: list[str] = []
+            present: dict[str, set[str]] = {}
+            ruled: set[str] = set()
+            if st is not None:
+                # adopt what is in our sets: an earlier run's bans, or an older layout's elements to carry over
+                for name, (_, _, elems) in st["sets"].items():
+                    if self._ours(name) is not None:
+                        for net, left in elems.items():
+                            if left >= 1:
+                                self.held.adopt(net, left)
+                why = self._wrong(st)
+                if why is not None:
+                    log.warning("nftables: rebuilding table inet %s with its %d ban(s): %s", self.table,
+                                len(self.held), why)
+                    script.append(f"delete table inet {self.table}\n")
+                    st = None
+                else:
+                    present = {n: {_element(e) for e in v[2]} for n, v in st["sets"].items() if self._ours(n)}
+                    ruled = st["rules"]
+            if st is None:
+                script.append(f"add table inet {self.table}\n")
+            if st is None or st["chain"] is None:
+                script.append(f"add chain inet {self.table} input {{ type filter hook input priority {self.prio}; "
+                              "policy accept; }\n")
+            held = self.held.in_force()
+            names = {self.set_v4, self.set_v6, *present, *self._range_sets, *(self._set(n) for n, _ in held)}
+            for name in sorted(names, key=lambda n: (n not in (self.set_v4, self.set_v6), n)):
+                if name not in present:
+                    script.append(f"add set inet {self.table} {name} {self._set_decl(name)}\n")
+                    present[name] = set()
+                if name not in ruled:
+                    script.append(f"add rule inet {self.table} input {self._rule(name)}\n")
+            for net, left in held:
+                if _element(net) not in present[self._set(net)]:
+                    script.append(f"add element inet {self.table} {self._set(net)} "
+                                  f"{{ {_element(net)} timeout {left}s }}\n")
+            if script:
+                self._nft("".join(script))
+            self._range_sets = {n for n in present if n not in (self.set_v4, self.set_v6)}
+            self._ready = True
 
-    def _set(self, net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
-        return self.set_v4 if net.version == 4 else self.set_v6
-
+    # -- bans -----------------------------------------------------------------------------------------
     def ban(self, d: Decision) -> None:
         net = ban_target(d.value)
-        if not self._ready:
-            self.ensure()
         secs = max(1, int(d.duration_s))
-        try:
-            self._add(net, secs)
-        except ActionError as exc:
-            # the table or set may have gone since ensure() (nft flush ruleset, a firewall reload): _ready was a
-            # guess.  Create them again and retry once; a second failure is a real error.
-            log.warning("nftables ban of %s failed (%s); re-creating table %s and retrying once", net,
-                        str(exc).splitlines()[0][:200], self.table)
-            self._ready = False
-            self.ensure()
-            self._add(net, secs)
+        with self._lock:
+            self.held.put(net, secs)
+            if not self._ready or (net.prefixlen < net.max_prefixlen and self._set(net) not in self._range_sets):
+                self.ensure()  # also adds this ban (it is recorded), creating its range set if need be
+            try:
+                self._add(net, secs)
+            except ActionError as exc:
+                # the table or a set may have gone since ensure() (nft flush ruleset, a firewall reload): _ready
+                # was a guess.  Re-create them with every recorded ban still in force and retry once; a second
+                # failure is a real error.
+                log.warning("nftables ban of %s failed (%s); re-creating table %s with %d recorded ban(s) and "
+                            "retrying once", net, str(exc).splitlines()[0][:200], self.table, len(self.held))
+                self._ready = False
+                self.ensure()
+                self._add(net, secs)
 
-    def _add(self, net: ipaddress.IPv4Network | ipaddress.IPv6Network, secs: int) -> None:
+    def _add(self, net: _Net, secs: int) -> None:
         el, st = _element(net), self._set(net)
-        try:
-            # delete+add in one transaction so a repeat ban refreshes the timeout (add keeps the old one)
-            self._nft(f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n"
-                      f"delete element inet {self.table} {st} {{ {el} }}\n"
-                      f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n")
-            return
-        except ActionError as exc:
-            if "interval overlaps" not in str(exc):
-                raise
-        # an interval set refuses overlapping elements (auto-merge would fuse neighbours, and an unban of one of
-        # them would then miss).  Prefixes nest or are disjoint, so the overlap is one of two kinds:
-        held = [(e, exp) for e, exp in self._entries(st) if e != net]
-        outer = [(e, exp) for e, exp in held if net.subnet_of(e)]  # type: ignore[arg-type]
-        if outer:
-            # inside a range already banned: that range enforces it (for as long as the range lasts)
-            e, exp = outer[0]
-            if exp is not None and exp < secs:
-                log.warning("nftables: %s is inside banned range %s, which ends in %ds (this ban: %ds)",
-                            net, e, exp, secs)
-            return
-        inner = [e for e, _ in held if e.subnet_of(net)]  # type: ignore[arg-type]
-        # a range over banned addresses/ranges: they give way to it, in the same transaction
-        self._nft("".join(f"delete element inet {self.table} {st} {{ {_element(e)} }}\n" for e in inner)
-                  + f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n")
+        # delete+add in one transaction so a repeat ban refreshes the timeout (add keeps the old one)
+        self._nft(f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n"
+                  f"delete element inet {self.table} {st} {{ {el} }}\n"
+                  f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n")
 
     def unban(self, d: Decision) -> None:
-        """Delete the element.  Only "element does not exist" is ignored (and no table at all: nothing was ever
-        banned); anything else (a wrong set name, a syntax error) is raised."""
+        """Delete the element from its own set (no other ban is touched).  Not an error: an element that is not
+        there, a range length never banned (no set), no table at all with nothing recorded.  A table that is
+        gone while bans are recorded is re-created with them.  Anything else is raised."""
         net = parse_value(d.value)
-        try:
-            self._nft(f"delete element inet {self.table} {self._set(net)} {{ {_element(net)} }}\n")
-        except ActionError as exc:
-            if "element does not exist" in str(exc):
+        with self._lock:
+            if not self._ready:
+                st = self._state()
+                if st is None and not len(self.held):
+                    return  # nothing was ever banned here
+                self.ensure()  # adopts an earlier run's bans, migrates an older layout
+            self.held.drop(net)
+            el, s = _element(net), self._set(net)
+            try:
+                # add+delete in one transaction: removes the element whether or not it is there, so "it was not
+                # there" needs no matching of nft's wording
+                self._nft(f"add element inet {self.table} {s} {{ {el} timeout 1s }}\n"
+                          f"delete element inet {self.table} {s} {{ {el} }}\n")
                 return
-            if "No such file or directory" in str(exc) and not self._table_exists():
-                return
-            raise
+            except ActionError as exc:
+                if "No such file or directory" not in str(exc):
+                    raise
+                err = exc
+            st = self._state()  # which is missing: the table, the set?
+            if st is not None and s in st["sets"]:
+                raise err
+            if st is not None and s not in (self.set_v4, self.set_v6) and s not in self._range_sets:
+                return  # a prefix length never banned: nothing to delete
+            if len(self.held):
+                log.warning("nftables unban of %s: table %s or set %s is gone; re-creating it with %d recorded "
+                            "ban(s)", net, self.table, s, len(self.held))
+            self._ready = False
+            self._range_sets.discard(s)
+            if st is not None or len(self.held):
+                self.ensure()
 
-    def _table_exists(self) -> bool:
-        try:
-            _run([*self.pre, "nft", "-j", "list", "table", "inet", self.table])
-        except ActionError:
-            return False
-        return True
-
-    def _entries(self, s: str) -> list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]]:
-        """Elements of set ``s`` as networks, with their seconds left (None: no timeout)."""
-        data = json.loads(_run([*self.pre, "nft", "-j", "list", "set", "inet", self.table, s]))
-        out: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]] = []
-        for x in data.get("nftables", []):
-            for el in x.get("set", {}).get("elem", []):
-                inner = el.get("elem", {}) if isinstance(el, dict) else {}
-                v = inner.get("val", el) if isinstance(el, dict) else el
-                if isinstance(v, dict) and "prefix" in v:
-                    v = f"{v['prefix']['addr']}/{v['prefix']['len']}"
-                try:
-                    net = ipaddress.ip_network(str(v), strict=False)
-                except ValueError:
-                    continue  # an interval that is no prefix (added by hand): not ours
-                exp = inner.get("expires")
-                out.append((net, int(exp) if exp is not None else None))
-        return out
-
+    # -- inspection -----------------------------------------------------------------------------------
     def elements(self) -> list[str]:
-        """Current elements of both sets (addresses/CIDRs as text)."""
-        return [_element(n) for s in (self.set_v4, self.set_v6) for n, _ in self._entries(s)]
+        """Current elements of all this action's sets (addresses/CIDRs as text)."""
+        st = self._state()
+        if st is None:
+            return []
+        return [_element(n) for name, (_, _, elems) in st["sets"].items() if self._ours(name) for n in elems]
 
     def remove(self) -> None:
-        self._nft(f"delete table inet {self.table}\n")
-        self._ready = False
+        with self._lock:
+            self._nft(f"delete table inet {self.table}\n")
+            self.held.clear()
+            self._range_sets = set()
+            self._ready = False
+
+
+def _elements(s: dict[str, Any]) -> dict[_Net, int]:
+    """Elements of a set listed by ``nft -j`` as networks -> seconds left (no timeout: a large number)."""
+    out: dict[_Net, int] = {}
+    for el in s.get("elem", []):
+        inner = el.get("elem", {}) if isinstance(el, dict) else {}
+        v = inner.get("val", el) if isinstance(el, dict) else el
+        if isinstance(v, dict) and "prefix" in v:
+            v = f"{v['prefix']['addr']}/{v['prefix']['len']}"
+        try:
+            net = ipaddress.ip_network(str(v), strict=False)
+        except ValueError:
+            continue  # an interval that is no prefix (added by hand): not ours
+        exp = inner.get("expires")
+        out[net] = int(exp) if exp is not None else 2**31
+    return out
 
 
 class IpsetAction:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from forumpulse.detectors.actions import ActionError, IpsetAction, NftablesAction
 from forumpulse.detectors.decision_api import DecisionApiServer, DecisionRegistry
-from forumpulse.detectors.dos import Decision
+from forumpulse.detectors.dos import Candidate, Decision, DecisionManager
+from forumpulse.detectors.dos_rules import DosConfig
 
 pytestmark = pytest.mark.netns
 TOPO = Path(__file__).resolve().parent.parent / "deploy" / "netns" / "topology.sh"
@@ -90,7 +91,18 @@ def test_nftables_action(topo: Topo) -> None:
     assert topo.connects(topo.legit, topo.victim_from_l)
     listing = topo.ns(topo.victim, "nft", "list", "set", "inet", "forumpulse", "ban_v4").stdout
     assert "expires" in listing  # per-element timeout
+    # the attacker's /24 banned and lifted again: the address ban (its own set) still drops it
+    net24 = topo.attacker_ip.rsplit(".", 1)[0] + ".0/24"
+    act.ban(ban(net24))
+    assert not topo.connects(topo.attacker, topo.victim_from_a)
+    act.unban(ban(net24))
+    assert not topo.connects(topo.attacker, topo.victim_from_a)
     act.unban(ban(topo.attacker_ip))
+    assert topo.connects(topo.attacker, topo.victim_from_a)
+    act.ban(ban(net24))  # a range alone (its own interval set and rule) drops the address too
+    assert not topo.connects(topo.attacker, topo.victim_from_a)
+    assert topo.connects(topo.legit, topo.victim_from_l)
+    act.unban(ban(net24))
     assert topo.connects(topo.attacker, topo.victim_from_a)
     act.ban(ban(topo.attacker_ip, duration=2))
     assert not topo.connects(topo.attacker, topo.victim_from_a)
@@ -220,49 +232,141 @@ def _expires(ns: str, el: str) -> int:
     raise AssertionError(f"{el} not in the sets")
 
 
-def test_nftables_range_ban_over_addresses_already_banned(bare_ns: str) -> None:
+def _manager(*actions: object) -> DecisionManager:
+    return DecisionManager(DosConfig(crawlers={"verify": "off"}), actions=list(actions))  # type: ignore[arg-type]
+
+
+def _cand(value: str, at: int, duration: int) -> Candidate:
+    return Candidate(rule="prefix_flood" if "/" in value else "client_flood", value=value,
+                     scope="range" if "/" in value else "ip", decided_at=at, first_seen=at, duration_s=duration,
+                     evidence={})
+
+
+def test_nftables_address_and_range_bans_are_independent(bare_ns: str) -> None:
+    """An address ban and a range over it are separate elements of separate sets: lifting or expiring one never
+    frees the other (the range used to replace the address, or the address was left to the range, while the
+    manager and the registry still held the address ban as active and refused to ban it again)."""
+    t0 = 1_700_000_000_000
+    act, reg = NftablesAction(netns=bare_ns), DecisionRegistry()
+    mgr = _manager(reg, act)
+    # address first (1 h), then a range over it (10 min), then the range is lifted
+    mgr.submit(_cand("198.51.100.7", t0, 3600))
+    mgr.submit(_cand("198.51.100.0/24", t0 + 1000, 600))
+    assert sorted(act.elements()) == ["198.51.100.0/24", "198.51.100.7"]
+    mgr.unban("198.51.100.0/24")
+    # range first, an address inside it later, the range is lifted
+    mgr.submit(_cand("203.0.113.0/24", t0 + 2000, 600))
+    mgr.submit(_cand("203.0.113.9", t0 + 3000, 3600))
+    assert sorted(act.elements()) == ["198.51.100.7", "203.0.113.0/24", "203.0.113.9"]
+    mgr.unban("203.0.113.0/24")
+    assert sorted(act.elements()) == sorted(mgr.active) == sorted(reg.active) == ["198.51.100.7", "203.0.113.9"]
+    assert mgr.action_errors == 0
+    # a range that ends on its own (kernel timeout) before the address inside it
+    mgr.submit(_cand("192.0.2.0/24", t0 + 4000, 2))
+    mgr.submit(_cand("192.0.2.5", t0 + 5000, 3600))
+    time.sleep(3)
+    assert sorted(act.elements()) == ["192.0.2.5", "198.51.100.7", "203.0.113.9"]
+    assert _expires(bare_ns, "192.0.2.5") > 3500
+    # IPv6 too
+    act.ban(ban("2001:db8:1::5", duration=3600))
+    act.ban(ban("2001:db8:1::/64", duration=60))
+    act.unban(ban("2001:db8:1::/64"))
+    assert "2001:db8:1::5" in act.elements() and "2001:db8:1::/64" not in act.elements()
+    # the address sets are plain hash sets; ranges go to interval sets, one per prefix length
+    listing = subprocess.run(["ip", "netns", "exec", bare_ns, "nft", "list", "table", "inet", "forumpulse"],
+                             capture_output=True, text=True, check=True).stdout
+    for s in ("@ban_v4 drop", "@ban_v6 drop", "@ban_v4_24 drop", "@ban_v6_64 drop"):
+        assert s in listing, listing
+
+
+def test_nftables_nested_ranges_are_independent_too(bare_ns: str) -> None:
+    """A manual /16 and a detected /24 inside it (different prefix lengths) are in different sets, so neither
+    gives way to the other; a repeat ban refreshes an element's timeout."""
     act = NftablesAction(netns=bare_ns)
-    act.ban(ban("10.9.1.5"))
-    act.ban(ban("10.9.1.6", duration=300))
-    act.ban(ban("10.9.2.7"))
-    act.ban(ban("2001:db8:1::5"))
-    # a range over banned addresses: nft refuses overlapping intervals, so the covered addresses give way
     act.ban(ban("10.9.1.0/24", duration=900))
-    act.ban(ban("2001:db8:1::/64", duration=900))
-    assert sorted(act.elements()) == ["10.9.1.0/24", "10.9.2.7", "2001:db8:1::/64"]
+    act.ban(ban("10.9.0.0/16", duration=2))
+    act.ban(ban("10.8.0.0/16", duration=900))
+    act.ban(ban("10.8.1.0/24", duration=900))
+    act.ban(ban("10.8.1.5", duration=900))
+    assert sorted(act.elements()) == ["10.8.0.0/16", "10.8.1.0/24", "10.8.1.5", "10.9.0.0/16", "10.9.1.0/24"]
+    act.unban(ban("10.8.0.0/16"))
+    time.sleep(3)  # 10.9.0.0/16 expires in the kernel
+    assert sorted(act.elements()) == ["10.8.1.0/24", "10.8.1.5", "10.9.1.0/24"]
     assert _expires(bare_ns, "10.9.1.0/24") > 800
-    # an address inside a banned range is already enforced by it: no error, the range stays
-    act.ban(ban("10.9.1.77"))
-    assert sorted(act.elements()) == ["10.9.1.0/24", "10.9.2.7", "2001:db8:1::/64"]
-    # a repeat ban of the range refreshes its timeout
     act.ban(ban("10.9.1.0/24", duration=5000))
     assert _expires(bare_ns, "10.9.1.0/24") > 4000
-    act.unban(ban("10.9.1.0/24"))
-    assert sorted(act.elements()) == ["10.9.2.7", "2001:db8:1::/64"]
+    act.ban(ban("10.8.1.5", duration=5000))
+    assert _expires(bare_ns, "10.8.1.5") > 4000
+    # unbanning a prefix length never banned (its set does not exist) is not an error
+    act.unban(ban("10.7.0.0/20"))
+    act.unban(ban("10.8.1.0/24"))
+    act.unban(ban("10.8.1.5"))
+    assert act.elements() == ["10.9.1.0/24"]
 
 
 def test_nftables_recreates_its_table_after_an_external_flush(bare_ns: str) -> None:
+    """After ``nft flush ruleset`` (a firewall reload) the next ban or unban re-creates the table and puts back
+    every ban it recorded that is still in force, with the time it has left (it used to put back only the ban
+    that noticed, while the manager held the others as active and refused to ban them again)."""
+    t0 = 1_700_000_000_000
     act = NftablesAction(netns=bare_ns)
-    act.ban(ban("10.9.3.1"))
-    subprocess.run(["ip", "netns", "exec", bare_ns, "nft", "flush", "ruleset"], check=True)
-    act.ban(ban("10.9.3.2"))  # the set is gone: recreated (with its drop chain), and the ban retried once
-    assert act.elements() == ["10.9.3.2"]
+    mgr = _manager(act)
+    mgr.submit(_cand("198.51.100.1", t0, 3600))
+    mgr.submit(_cand("198.51.100.2", t0 + 1, 600))
+    mgr.submit(_cand("203.0.113.0/24", t0 + 2, 1800))
+    mgr.submit(_cand("2001:db8:2::/64", t0 + 3, 1800))
+    mgr.submit(_cand("198.51.100.9", t0 + 4, 2))  # ends before the flush is noticed: not put back
+    mgr.unban("198.51.100.2")  # lifted: not put back
+    time.sleep(2.5)
+    flush = ["ip", "netns", "exec", bare_ns, "nft", "flush", "ruleset"]
+    subprocess.run(flush, check=True)
+    mgr.submit(_cand("198.51.100.3", t0 + 5, 600))
+    assert sorted(act.elements()) == ["198.51.100.1", "198.51.100.3", "2001:db8:2::/64", "203.0.113.0/24"]
+    assert 3500 < _expires(bare_ns, "198.51.100.1") <= 3598
+    assert 1700 < _expires(bare_ns, "203.0.113.0/24") <= 1798
     chain = subprocess.run(["ip", "netns", "exec", bare_ns, "nft", "list", "chain", "inet", "forumpulse", "input"],
                            capture_output=True, text=True, check=True).stdout
-    assert "@ban_v4 drop" in chain
+    for s in ("@ban_v4 drop", "@ban_v6 drop", "@ban_v4_24 drop", "@ban_v6_64 drop"):
+        assert s in chain
+    # an unban notices too
+    subprocess.run(flush, check=True)
+    mgr.unban("198.51.100.3")
+    assert sorted(act.elements()) == ["198.51.100.1", "2001:db8:2::/64", "203.0.113.0/24"]
+    assert mgr.action_errors == 0
+
+
+def test_nftables_rebuilds_a_table_of_the_older_layout(bare_ns: str) -> None:
+    """A table left by a version with one interval set per family is rebuilt (one transaction), its elements
+    carried over with their time left."""
+    old = ("table inet forumpulse {\n"
+           "  set ban_v4 { type ipv4_addr; flags interval, timeout; elements = { 10.9.2.7 timeout 900s, "
+           "10.9.1.0/24 timeout 600s } }\n"
+           "  set ban_v6 { type ipv6_addr; flags interval, timeout; }\n"
+           "  chain input { type filter hook input priority -10; policy accept;\n"
+           "    ip saddr @ban_v4 drop\n    ip6 saddr @ban_v6 drop\n  }\n}\n")
+    subprocess.run(["ip", "netns", "exec", bare_ns, "nft", "-f", "-"], input=old, text=True, check=True)
+    act = NftablesAction(netns=bare_ns)
+    act.ban(ban("10.9.1.5", duration=300))
+    assert sorted(act.elements()) == ["10.9.1.0/24", "10.9.1.5", "10.9.2.7"]
+    assert 800 < _expires(bare_ns, "10.9.2.7") <= 900 and 500 < _expires(bare_ns, "10.9.1.0/24") <= 600
+    act.unban(ban("10.9.1.0/24"))
+    assert sorted(act.elements()) == ["10.9.1.5", "10.9.2.7"]
 
 
 def test_nftables_unban_ignores_only_a_missing_element(bare_ns: str) -> None:
     act = NftablesAction(netns=bare_ns)
-    act.unban(ban("10.9.4.1"))  # nothing was ever banned (no table yet): nothing to delete
+    act.unban(ban("10.9.4.1"))  # nothing was ever banned (no table yet): nothing to delete, nothing created
+    assert subprocess.run(["ip", "netns", "exec", bare_ns, "nft", "list", "ruleset"], capture_output=True,
+                          text=True, check=True).stdout.strip() == ""
     act.ban(ban("10.9.4.2"))
     act.unban(ban("10.9.4.1"))  # not in the set
     act.unban(ban("10.9.4.2"))
     act.unban(ban("10.9.4.2"))  # twice
+    act.unban(ban("10.9.0.0/16"))  # no /16 was ever banned: no such set
     assert act.elements() == []
-    # a set that does not exist in an existing table is a configuration error, not a missing element
-    wrong = NftablesAction(set_v4="nosuchset", netns=bare_ns)
-    with pytest.raises(ActionError, match="No such file"):
-        wrong.unban(ban("10.9.4.2"))
+    # anything else is raised, e.g. a namespace that does not exist ("Cannot open network namespace ...: No such
+    # file or directory", which the unban used to take for a missing table)
+    with pytest.raises(ActionError, match="network namespace"):
+        NftablesAction(netns="fpnft-nosuch").unban(ban("10.9.4.2"))
     with pytest.raises(ActionError, match="zone"):
         act.unban(ban("2001:db8::1%eth0"))
