@@ -366,52 +366,108 @@ def _elements(s: dict[str, Any]) -> dict[_Net, int]:
 
 
 class IpsetAction:
-    """``hash:net`` ipsets with default timeout support, plus (optionally) iptables INPUT DROP rules for them."""
+    """``hash:net`` ipsets with default timeout support, plus (optionally) iptables INPUT DROP rules for them.
+
+    ``hash:net`` keeps every prefix length apart (an address and a range over it are two entries, deleting one
+    leaves the other), so the nftables overlap problem does not arise here.  Like :class:`NftablesAction` the
+    action records what it added; when a ban or unban finds a set gone (``ipset destroy`` in a firewall reload)
+    it creates the sets and rules again and puts back every recorded ban still in force with its time left.
+    """
 
     name = "ipset"
     reapply_on_restore = True
 
     def __init__(self, set_v4: str = "forumpulse4", set_v6: str = "forumpulse6", iptables_rule: bool = True,
-                 netns: str | None = None) -> None:
+                 netns: str | None = None, clock: Callable[[], float] = time.time) -> None:
         self.set_v4, self.set_v6 = _name(set_v4), _name(set_v6)
         self.iptables_rule = iptables_rule
         self.pre = _ns_prefix(netns)
+        self.held = _Held(clock)
         self._ready = False
+        self._lock = threading.RLock()
 
     def ensure(self) -> None:
-        _run([*self.pre, "ipset", "create", self.set_v4, "hash:net", "family", "inet", "timeout", "0", "-exist"])
-        _run([*self.pre, "ipset", "create", self.set_v6, "hash:net", "family", "inet6", "timeout", "0", "-exist"])
-        if self.iptables_rule:
-            for tool, s in (("iptables", self.set_v4), ("ip6tables", self.set_v6)):
-                rule = ["INPUT", "-m", "set", "--match-set", s, "src", "-j", "DROP"]
-                check = subprocess.run([*self.pre, tool, "-C", *rule], capture_output=True, check=False)
-                if check.returncode != 0:
-                    _run([*self.pre, tool, "-I", *rule])
-        self._ready = True
+        """Create the sets (and rules) if missing, adopt their members into the record and add every recorded
+        ban still in force that is missing (``ipset restore``, one call)."""
+        with self._lock:
+            _run([*self.pre, "ipset", "create", self.set_v4, "hash:net", "family", "inet", "timeout", "0",
+                  "-exist"])
+            _run([*self.pre, "ipset", "create", self.set_v6, "hash:net", "family", "inet6", "timeout", "0",
+                  "-exist"])
+            if self.iptables_rule:
+                for tool, s in (("iptables", self.set_v4), ("ip6tables", self.set_v6)):
+                    rule = ["INPUT", "-m", "set", "--match-set", s, "src", "-j", "DROP"]
+                    check = subprocess.run([*self.pre, tool, "-C", *rule], capture_output=True, check=False)
+                    if check.returncode != 0:
+                        _run([*self.pre, tool, "-I", *rule])
+            present = self._members()
+            for net, left in present.items():
+                self.held.adopt(net, left)
+            missing = [(net, left) for net, left in self.held.in_force() if net not in present]
+            if missing:
+                _run([*self.pre, "ipset", "-exist", "restore"], stdin="".join(
+                    f"add {self._set(net)} {_element(net)} timeout {left}\n" for net, left in missing))
+            self._ready = True
+
+    def _set(self, net: _Net) -> str:
+        return self.set_v4 if net.version == 4 else self.set_v6
 
     def ban(self, d: Decision) -> None:
         net = ban_target(d.value)
-        if not self._ready:
-            self.ensure()
-        s = self.set_v4 if net.version == 4 else self.set_v6
-        _run([*self.pre, "ipset", "add", s, _element(net), "timeout", str(max(1, int(d.duration_s))), "-exist"])
+        secs = max(1, int(d.duration_s))
+        with self._lock:
+            self.held.put(net, secs)
+            if not self._ready:
+                self.ensure()
+            try:
+                self._add(net, secs)
+            except ActionError as exc:
+                # a set may have gone (ipset destroy in a firewall reload): create it again with every recorded
+                # ban still in force and retry once
+                log.warning("ipset ban of %s failed (%s); re-creating sets with %d recorded ban(s) and retrying "
+                            "once", net, str(exc).splitlines()[0][:200], len(self.held))
+                self._ready = False
+                self.ensure()
+                self._add(net, secs)
+
+    def _add(self, net: _Net, secs: int) -> None:
+        _run([*self.pre, "ipset", "add", self._set(net), _element(net), "timeout", str(secs), "-exist"])
 
     def unban(self, d: Decision) -> None:
+        """Delete the entry (``-exist``: one that is not there is no error).  A set that is gone (ipset 7.17: "The
+        set with the given name does not exist") is created again with the bans recorded, or, with none
+        recorded, left alone (nothing to lift).  Anything else is raised."""
         net = parse_value(d.value)
-        s = self.set_v4 if net.version == 4 else self.set_v6
-        _run([*self.pre, "ipset", "del", s, _element(net), "-exist"])
+        with self._lock:
+            self.held.drop(net)
+            try:
+                _run([*self.pre, "ipset", "del", self._set(net), _element(net), "-exist"])
+            except ActionError as exc:
+                if "does not exist" not in str(exc):
+                    raise
+                self._ready = False
+                if len(self.held):
+                    log.warning("ipset unban of %s: set %s is gone; re-creating the sets with %d recorded ban(s)",
+                                net, self._set(net), len(self.held))
+                    self.ensure()
+
+    def _members(self) -> dict[_Net, int]:
+        """Members of both sets -> seconds left (``ipset save`` lines ``add SET ELEMENT timeout N``)."""
+        out: dict[_Net, int] = {}
+        for s in (self.set_v4, self.set_v6):
+            for line in _run([*self.pre, "ipset", "save", s]).splitlines():
+                parts = line.split()
+                if len(parts) >= 3 and parts[0] == "add":
+                    try:
+                        net = ipaddress.ip_network(parts[2], strict=False)
+                    except ValueError:
+                        continue
+                    left = int(parts[parts.index("timeout") + 1]) if "timeout" in parts[3:] else 2**31
+                    out[net] = left
+        return out
 
     def members(self) -> list[str]:
-        out = _run([*self.pre, "ipset", "list", self.set_v4]) + _run([*self.pre, "ipset", "list", self.set_v6])
-        members, on = [], False
-        for line in out.splitlines():
-            if line.startswith("Members:"):
-                on = True
-            elif on and line.strip():
-                members.append(line.split()[0])
-            elif line.startswith("Name:"):
-                on = False
-        return members
+        return [_element(n) for n in self._members()]
 
 
 def sign(secret: bytes, body: bytes) -> str:

@@ -370,3 +370,59 @@ def test_nftables_unban_ignores_only_a_missing_element(bare_ns: str) -> None:
         NftablesAction(netns="fpnft-nosuch").unban(ban("10.9.4.2"))
     with pytest.raises(ActionError, match="zone"):
         act.unban(ban("2001:db8::1%eth0"))
+
+
+def _ipset_timeout(ns: str, s: str, el: str) -> int:
+    for line in subprocess.run(["ip", "netns", "exec", ns, "ipset", "save", s], capture_output=True, text=True,
+                               check=True).stdout.splitlines():
+        parts = line.split()
+        if parts[:3] == ["add", s, el]:
+            return int(parts[parts.index("timeout") + 1])
+    raise AssertionError(f"{el} not in {s}")
+
+
+def test_ipset_address_and_range_are_separate_entries(bare_ns: str) -> None:
+    """hash:net keeps each prefix length apart: lifting a range leaves the address inside it, and the other way
+    round (the nftables overlap problem does not arise with ipset)."""
+    act = IpsetAction(netns=bare_ns)
+    act.ban(ban("10.9.5.5", duration=3600))
+    act.ban(ban("10.9.5.0/24", duration=600))
+    act.ban(ban("10.9.0.0/16", duration=600))
+    act.unban(ban("10.9.5.0/24"))
+    assert sorted(act.members()) == ["10.9.0.0/16", "10.9.5.5"]
+    act.ban(ban("10.9.6.0/24", duration=600))
+    act.unban(ban("10.9.5.5"))
+    act.unban(ban("10.9.0.0/16"))
+    assert act.members() == ["10.9.6.0/24"]
+
+
+def test_ipset_recreates_its_sets_after_a_firewall_reload(bare_ns: str) -> None:
+    """A reload that deletes the rules and destroys the sets: the next ban (or unban) creates them again and
+    puts back every recorded ban still in force with its time left (a ban used to fail from then on)."""
+    act = IpsetAction(netns=bare_ns)
+    act.ban(ban("198.51.100.1", duration=3600))
+    act.ban(ban("203.0.113.0/24", duration=1800))
+    act.ban(ban("2001:db8:3::/64", duration=1800))
+    act.ban(ban("198.51.100.2", duration=600))
+    act.unban(ban("198.51.100.2"))
+
+    def reload() -> None:
+        for cmd in (["iptables", "-F", "INPUT"], ["ip6tables", "-F", "INPUT"], ["ipset", "destroy"]):
+            subprocess.run(["ip", "netns", "exec", bare_ns, *cmd], check=True)
+
+    reload()
+    act.ban(ban("198.51.100.3", duration=600))
+    assert sorted(act.members()) == ["198.51.100.1", "198.51.100.3", "2001:db8:3::/64", "203.0.113.0/24"]
+    assert 3500 < _ipset_timeout(bare_ns, "forumpulse4", "198.51.100.1") <= 3600
+    for tool, s in (("iptables", "forumpulse4"), ("ip6tables", "forumpulse6")):
+        rules = subprocess.run(["ip", "netns", "exec", bare_ns, tool, "-S", "INPUT"], capture_output=True,
+                               text=True, check=True).stdout
+        assert f"--match-set {s} src -j DROP" in rules
+    reload()
+    act.unban(ban("198.51.100.3"))
+    assert sorted(act.members()) == ["198.51.100.1", "2001:db8:3::/64", "203.0.113.0/24"]
+    # with nothing recorded, an unban of a set that does not exist has nothing to lift
+    subprocess.run(["ip", "netns", "exec", bare_ns, "iptables", "-F", "INPUT"], check=True)
+    subprocess.run(["ip", "netns", "exec", bare_ns, "ip6tables", "-F", "INPUT"], check=True)
+    subprocess.run(["ip", "netns", "exec", bare_ns, "ipset", "destroy"], check=True)
+    IpsetAction(netns=bare_ns).unban(ban("198.51.100.1"))
