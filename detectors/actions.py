@@ -31,6 +31,8 @@ from forumpulse.detectors.dos import Decision, canonical_network, never_ban_reas
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
+#: how many undelivered webhook decisions a give-up at exit names in its log line
+_LOG_DROPPED = 20
 
 
 class ActionError(RuntimeError):
@@ -487,8 +489,10 @@ class WebhookAction:
     :meth:`deliver_in_background`): ``ban``/``unban`` only queue the decision and return; one daemon thread
     delivers them in order, retries included, so a slow or failing receiver never holds up the detector, the
     firewall sets or the decision API.  Failures are then logged and counted in ``failed``; a full queue
-    (``queue_max``) refuses the decision with ActionError.  ``join(timeout)`` waits for the queue; at
-    interpreter exit it is given up to ``exit_wait_s``.  Without it (a one-shot ``forumpulse detect unban``)
+    (``queue_max``) refuses the decision with ActionError (which the manager counts in ``action_errors``).
+    ``join(timeout)`` waits for the queue; at interpreter exit :meth:`close` gives it up to ``exit_wait_s``, and
+    what is still undelivered then (queued, or being retried) is given up: logged (how many, and the first
+    ``_LOG_DROPPED`` of them) and counted in ``failed``.  Without it (a one-shot ``forumpulse detect unban``)
     every call delivers before it returns and raises its error.
     """
 
@@ -510,6 +514,8 @@ class WebhookAction:
         self.attempts = 0
         self.background = background
         self.failed = 0
+        self._current: dict[str, Any] | None = None  # the payload the worker is delivering
+        self._count_lock = threading.Lock()
         self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=queue_max)
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -525,7 +531,7 @@ class WebhookAction:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._drain, name="forumpulse-webhook", daemon=True)
                 self._worker.start()
-                atexit.register(self.join, self.exit_wait_s)
+                atexit.register(self.close, self.exit_wait_s)
         try:
             self._queue.put_nowait(payload)
         except queue.Full:
@@ -534,13 +540,39 @@ class WebhookAction:
     def _drain(self) -> None:
         while True:
             payload = self._queue.get()
+            self._current = payload
             try:
                 self._post(payload)
             except Exception as exc:
-                self.failed += 1
+                with self._count_lock:
+                    self.failed += 1
                 log.error("webhook gave up on %s %s: %s", payload.get("action"), payload.get("value"), exc)
             finally:
+                self._current = None
                 self._queue.task_done()
+
+    def close(self, timeout: float | None = None) -> int:
+        """Wait up to ``timeout`` for the queue (:meth:`join`); then give up what is still undelivered, the
+        decision being delivered (retried) included: log how many and which (the first ``_LOG_DROPPED``) and
+        count them in ``failed``.  Returns that number.  Called at interpreter exit with ``exit_wait_s``."""
+        if self.join(timeout):
+            return 0
+        dropped = [] if self._current is None else [self._current]
+        while True:
+            try:
+                dropped.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+            self._queue.task_done()
+        if not dropped:
+            return 0
+        with self._count_lock:
+            self.failed += len(dropped)
+        shown = ", ".join(f"{p.get('action')} {p.get('value')}" for p in dropped[:_LOG_DROPPED])
+        more = f" and {len(dropped) - _LOG_DROPPED} more" if len(dropped) > _LOG_DROPPED else ""
+        log.error("webhook: gave up %d undelivered decision(s) after waiting %s s for the receiver: %s%s",
+                  len(dropped), timeout, shown, more)
+        return len(dropped)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait until every queued decision was delivered or given up; False on timeout."""

@@ -157,3 +157,34 @@ def test_webhook_retries_do_not_hold_up_bans(receiver: dict[str, Any]) -> None:
     assert receiver["codes"] == [503, 503, 204, 204, 204, 204]
     assert [(p["action"], p["value"]) for ok, p in receiver["got"] if ok] == [
         ("ban", "198.51.100.1"), ("ban", "198.51.100.2"), ("ban", "198.51.100.3"), ("unban", "198.51.100.1")]
+
+
+def test_webhook_gives_up_at_exit_with_a_trace(tmp_path: Any) -> None:
+    """Decisions still undelivered when the exit wait ends (queued, or being retried) are logged with their
+    values and counted in ``failed`` (they used to vanish without a trace)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(
+        "import atexit, logging\n"
+        "logging.basicConfig(level=logging.ERROR, format='%(levelname)s %(message)s')\n"
+        "from forumpulse.detectors.actions import WebhookAction\n"
+        "from forumpulse.detectors.dos import Decision\n"
+        "hook = WebhookAction('http://127.0.0.1:9/', 's', retries=4, backoff_s=0.5, background=True)\n"
+        "hook.exit_wait_s = 0.3\n"
+        "atexit.register(lambda: print('failed', hook.failed, flush=True))  # runs after the webhook's own\n"
+        "def d(v, action='ban'):\n"
+        "    return Decision(id='x', created_at=0, decided_at=0, first_seen=0, expires_at=0, site='f',\n"
+        "                    action=action, value=v, scope='ip', reason='client_flood', duration_s=600,\n"
+        "                    mode='enforce', origin='forumpulse', evidence={})\n"
+        "for i in range(25):\n"
+        "    hook.ban(d(f'198.51.100.{i + 1}'))\n"
+        "hook.unban(d('198.51.100.1', 'unban'))\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30, check=False)
+    assert p.returncode == 0, p.stderr
+    assert "failed 26" in p.stdout
+    line = next(x for x in p.stderr.splitlines() if "undelivered" in x)
+    assert "gave up 26 undelivered decision(s)" in line
+    assert "ban 198.51.100.1, ban 198.51.100.2," in line and "and 6 more" in line
+    assert "ban 198.51.100.21" not in line
