@@ -539,14 +539,20 @@ class _Baseline:
 class _PathRates:
     """Learned requests per minute of each busy target (EWMA over completed minutes; minutes with fewer than
     ``floor`` requests count as 0).  Targets under a swarm watch are not learned from (a swarm never raises
-    its own baseline)."""
+    its own baseline).
 
-    def __init__(self, alpha: float, floor: int = 5, forget_after_min: int = 24 * 60) -> None:
+    ``decay=False`` (prefix baselines): quiet minutes teach nothing and the learned rate is kept as it is
+    until the target has had no minute learned for ``forget_after_min`` (a range that is busy by day and quiet
+    by night keeps its daytime rate overnight)."""
+
+    def __init__(self, alpha: float, floor: int = 5, forget_after_min: int = 24 * 60, decay: bool = True) -> None:
         self.alpha = alpha
         self.floor = floor
         self.forget_after_min = forget_after_min
+        self.decay = decay
         self.rate: dict[str, tuple[float, int]] = {}  # target -> (EWMA requests/min, last learned minute)
         self.pending: dict[tuple[str, int], int] = {}
+        self.pending_minutes: dict[int, int] = {}  # minute -> number of pending keys of that minute
         self.tainted: dict[str, int] = {}  # target -> last tainted second
         self._last_prune = 0
 
@@ -554,8 +560,14 @@ class _PathRates:
         r = self.rate.get(target)
         if r is None:
             return 0.0
+        if not self.decay:
+            return r[0] if minute - r[1] <= self.forget_after_min else 0.0
         gap = max(minute - r[1] - 1, 0)
         return r[0] * (1 - self.alpha) ** gap
+
+    def taint(self, target: str, until_sec: int) -> None:
+        """Learn nothing from ``target`` up to ``until_sec`` (it is banned or under watch)."""
+        self.tainted[target] = max(self.tainted.get(target, 0), until_sec)
 
     def update(self, codes: np.ndarray, uniques: np.ndarray, secs: np.ndarray, watermark_sec: int) -> None:
         """Count a batch's requests per (target, minute); learn the minutes before the watermark's."""
@@ -568,12 +580,20 @@ class _PathRates:
             n = np.bincount(kc, minlength=len(first))
             fm = first % span + m0
             # Python work only for groups that can matter: busy ones, the open minute, and minutes pending
-            open_min = {k[1] for k in self.pending}
-            sel = (n >= self.floor) | (fm >= wm) | np.isin(fm, list(open_min))
+            sel = (n >= self.floor) | (fm >= wm) | np.isin(fm, list(self.pending_minutes))
+            pend, pm = self.pending, self.pending_minutes
             for f, c in zip(first[sel].tolist(), n[sel].tolist(), strict=True):
                 k = (str(uniques[f // span]), int(f % span) + m0)
-                self.pending[k] = self.pending.get(k, 0) + int(c)
-        done = sorted((k for k in self.pending if k[1] < wm), key=lambda k: k[1])
+                was = pend.get(k)
+                if was is None:
+                    pend[k] = int(c)
+                    pm[k[1]] = pm.get(k[1], 0) + 1
+                else:
+                    pend[k] = was + int(c)
+        done = sorted((k for k in self.pending if k[1] < wm), key=lambda k: k[1]) if any(
+            m < wm for m in self.pending_minutes) else []
+        for m in [m for m in self.pending_minutes if m < wm]:
+            del self.pending_minutes[m]
         a = self.alpha
         for k in done:
             c = self.pending.pop(k)
@@ -1145,9 +1165,17 @@ class DosDetector:
                 self.windows[r.name] = (_CountWindow(r.window_s), _DistinctWindow(r.window_s),
                                         _CountWindow(r.window_s))
         self.path_rates = _PathRates(self.rules.baseline.alpha)
+        pb = self.rules.prefix_baseline
+        #: learned non-static requests per minute of each busy prefix (/24, /64), for prefix rules with
+        #: ``scale: baseline``; a banned range teaches nothing while banned
+        self.prefix_rates = _PathRates(pb.alpha, floor=pb.min_requests_per_minute,
+                                       forget_after_min=max(pb.forget_after_s // 60, 1), decay=False)
+        self.has_prefix_scale = any(r.key == "prefix" and r.scale == "baseline" for r in self.rules.rules)
         self.has_swarm_rules = any(r.kind == "swarm" for r in self.rules.rules)
         self.swarms: dict[tuple[str, str], _SwarmWatch] = {}  # (rule, target) -> watch
         self.first_ms: int | None = None
+        #: the baselines (address, prefix) have learned every minute before this second (None: nothing yet)
+        self.learned_to_sec: int | None = None
         self.baseline = _Baseline(self.rules)
         self._prefixes = _PrefixCache()
         self.watermark_ms = 0
@@ -1241,6 +1269,8 @@ class DosDetector:
                 out.append(d)
                 if c.scope == "ip":
                     self.baseline.taint(c.value, (d.expires_at // 1000))
+                else:  # a range: its flood never raises its own threshold
+                    self.prefix_rates.taint(d.value, d.expires_at // 1000)
         # learn after judging: a batch is judged on what earlier batches taught, never on its own future
         nonstatic = self._mask_static(batch, cache)
         self.baseline.update(cache["ip"], batch.codes("user_agent"), nonstatic, secs, wm_sec)
@@ -1248,6 +1278,10 @@ class DosDetector:
             pc, pu = self._codes(batch, "path", cache)
             self.path_rates.update(pc[nonstatic], pu, secs[nonstatic], wm_sec)
             self.swarms = {k: w for k, w in self.swarms.items() if w.until_sec >= wm_sec}
+        if self.has_prefix_scale:
+            fc, fu = self._prefix_codes(batch, cache)
+            self.prefix_rates.update(fc[nonstatic], fu, secs[nonstatic], wm_sec)
+        self.learned_to_sec = wm_sec // 60 * 60
         return out
 
     def _mask_static(self, b: Batch, cache: dict[str, Any]) -> np.ndarray:
@@ -1260,7 +1294,12 @@ class DosDetector:
             return self._codes(b, "path", cache)
         if r.key == "ip":
             return ip_codes, ip_uniq
+        return self._prefix_codes(b, cache)
+
+    def _prefix_codes(self, b: Batch, cache: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """(codes, uniques) of the lines' prefixes (/24, /64; '' for values that are not addresses)."""
         if "prefix" not in cache:
+            ip_codes, ip_uniq = cache["ip"]
             pc, pu = _factorize(self._prefixes(ip_uniq))
             cache["prefix"] = (pc[ip_codes], pu)
         return cache["prefix"]
@@ -1291,6 +1330,13 @@ class DosDetector:
             yield from self._distributed(r, b, idx, kc, kuniq, s, ts, wm_sec, cache)
             return
         hits = res[res["value"] >= r.threshold]
+        if r.min_history_s and len(hits):
+            # warm-up: judged only once earlier batches taught the baselines min_history_s of stream time (a
+            # replay's first large batch is never judged on baselines that batch itself has not taught yet)
+            first_sec = (self.first_ms if self.first_ms is not None else self.watermark_ms) // 1000
+            taught = self.learned_to_sec if self.learned_to_sec is not None else first_sec
+            hits = hits[hits["sec"] >= first_sec + r.min_history_s] if taught - first_sec >= r.min_history_s \
+                else hits.iloc[:0]
         if r.key == "prefix" and r.min_clients > 1 and len(hits):
             ip_codes = cache["ip"][0][idx]
             dwin = self.windows.setdefault(r.name + ":clients", (_DistinctWindow(r.window_s),))[0]
@@ -1307,7 +1353,15 @@ class DosDetector:
             if not value:
                 continue
             thr = r.threshold
-            if r.scale == "baseline":
+            learned: float | None = None
+            if r.scale == "baseline" and r.key == "prefix":
+                # the prefix's learned rate (earlier batches only), whatever its number of addresses
+                learned = self.prefix_rates.per_minute(value, int(grp["sec"].min()) // 60) / 60.0
+                thr = r.threshold * self._prefix_scale(learned, r.threshold / r.window_s)
+                grp = grp[grp["value"] >= thr]
+                if grp.empty:
+                    continue
+            elif r.scale == "baseline":
                 sc = max(self.baseline.scale(value, r.threshold / r.window_s),
                          self._provisional_scale(b, cache, int(key_code), int(grp["sec"].max())))
                 thr = r.threshold * sc
@@ -1315,7 +1369,15 @@ class DosDetector:
                 if grp.empty:
                     continue
             row = grp.sort_values("sec").iloc[0]
-            yield self._candidate(r, b, idx, kc, int(key_code), value, row, thr)
+            c = self._candidate(r, b, idx, kc, int(key_code), value, row, thr)
+            if learned is not None:
+                c.evidence["baseline_per_s"] = round(learned, 2)
+            yield c
+
+    def _prefix_scale(self, learned_per_s: float, base_rate_per_s: float) -> float:
+        """A prefix's threshold factor: headroom x its learned rate over the rule's own rate, 1 to max_scale."""
+        c = self.rules.prefix_baseline
+        return float(min(c.max_scale, max(1.0, c.headroom * learned_per_s / base_rate_per_s)))
 
     def _provisional_scale(self, b: Batch, cache: dict[str, Any], ip_code: int, sec: int) -> float:
         """Users behind an address seen in this batch (the learned baseline only knows earlier batches):
@@ -1446,7 +1508,7 @@ class DosDetector:
                        cache: dict[str, Any]) -> Iterator[Candidate]:
         secs = b.ts // 1000
         rows = np.flatnonzero((secs >= w.start_sec) & (secs <= w.until_sec))
-        self.path_rates.tainted[w.target] = max(self.path_rates.tainted.get(w.target, 0), w.until_sec)
+        self.path_rates.taint(w.target, w.until_sec)
         if not len(rows):
             return
         ip_codes, ip_uniq = cache["ip"]

@@ -78,7 +78,8 @@ class Rule(_Strict):
     # swarm rules (many addresses, each below per-client thresholds, one target): see docs/dos.md
     rise_factor: float = Field(1.0, ge=1, description="swarm: target requests in the window >= this x the "
                                "target's learned requests per window")
-    min_history_s: int = Field(0, ge=0, description="swarm: stream time the detector must have seen first")
+    min_history_s: int = Field(0, ge=0, description="swarm and count rules: stream time the detector must have "
+                               "seen before the rule judges anything (its baselines are learned first)")
     watch_s: int = Field(1800, ge=1, description="swarm: how long a triggered target's clients are followed")
     member_max_static: int = Field(0, ge=0, description="swarm member: at most this many static requests")
     member_min_target_share: float = Field(0.8, gt=0, le=1, description="swarm member: share of its requests "
@@ -109,10 +110,23 @@ class Baseline(_Strict):
     forget_after_s: int = Field(3600, ge=60)
 
 
+class PrefixBaseline(_Strict):
+    """Learned rate of each prefix (IPv4 /24, IPv6 /64) for prefix rules with ``scale: baseline``."""
+
+    alpha: float = Field(0.3, gt=0, le=1, description="EWMA weight of the last completed minute")
+    headroom: float = Field(4.0, ge=1, description="threshold >= headroom x the prefix's learned rate")
+    max_scale: float = Field(10.0, ge=1, description="the threshold is never raised above max_scale x")
+    min_requests_per_minute: int = Field(30, ge=1, description="quieter minutes teach nothing (the rate is "
+                                         "kept, not lowered)")
+    forget_after_s: int = Field(86_400, ge=60, description="a prefix with no minute learned for this long is "
+                                "forgotten (learned rate 0)")
+
+
 class RuleSet(_Strict):
     version: int
     patterns: dict[str, Pattern]
     baseline: Baseline = Field(default_factory=Baseline)
+    prefix_baseline: PrefixBaseline = Field(default_factory=PrefixBaseline)
     rules: list[Rule]
 
     @model_validator(mode="after")
