@@ -103,6 +103,8 @@ class _Held:
 
     def put(self, net: _Net, secs: int) -> None:
         self._d[_element(net)] = (net, self.clock() + secs)
+        if len(self._d) % 4096 == 0:
+            self.in_force()  # drop expired entries now and then, so a long run's record does not only grow
 
     def adopt(self, net: _Net, secs: int) -> None:
         """Record an element found in the kernel (an earlier run's ban) unless it is already recorded."""

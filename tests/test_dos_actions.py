@@ -188,3 +188,24 @@ def test_webhook_gives_up_at_exit_with_a_trace(tmp_path: Any) -> None:
     assert "gave up 26 undelivered decision(s)" in line
     assert "ban 198.51.100.1, ban 198.51.100.2," in line and "and 6 more" in line
     assert "ban 198.51.100.21" not in line
+
+
+def test_firewall_record_keeps_what_is_in_force() -> None:
+    """The record the nftables/ipset actions re-add from: wall-clock expiry, lifted on unban, an adopted kernel
+    element never overrides a recorded ban, and expired entries are dropped (also now and then on put)."""
+    from forumpulse.detectors.actions import _Held
+
+    now = [1000.0]
+    h = _Held(lambda: now[0])
+    h.put(parse_value("198.51.100.1"), 600)
+    h.put(parse_value("203.0.113.0/24"), 60)
+    h.adopt(parse_value("198.51.100.1"), 5)  # already recorded: kept as it is
+    h.adopt(parse_value("198.51.100.2"), 300)
+    h.put(parse_value("198.51.100.3"), 600)
+    h.drop(parse_value("198.51.100.3"))
+    now[0] += 59.5
+    assert sorted((str(n), s) for n, s in h.in_force()) == [("198.51.100.1/32", 540), ("198.51.100.2/32", 240)]
+    for i in range(5000):
+        h.put(parse_value(f"10.0.{i // 256}.{i % 256}"), 1)
+        now[0] += 0.01
+    assert len(h._d) < 5000 and len(h) == 2  # the 1 s bans are gone, the two long ones stay
