@@ -96,3 +96,21 @@ def test_config_sections_validate_and_need_secrets() -> None:
         ActionsConfig.model_validate({"nftables": {"table": "x; flush ruleset"}})
     ok = ActionsConfig.model_validate({"webhook": {"enabled": True, "url": "https://h/x", "secret": "s"}})
     assert ok.webhook.secret is not None and ok.webhook.secret.get_secret_value() == "s"
+
+
+def test_prefix_baseline_section_is_validated(tmp_path: Path) -> None:
+    """Rules version 4: the prefix_baseline section (learned rates of /24 and /64 ranges) is part of the rules
+    data; prefix_surge scales by it and waits for its warm-up."""
+    rules = load_rules()
+    assert rules.version >= 4
+    pb = rules.prefix_baseline
+    assert (pb.headroom, pb.max_scale) == (4.0, 10.0)
+    surge = next(r for r in rules.rules if r.name == "prefix_surge")
+    assert (surge.key, surge.scope, surge.scale, surge.min_history_s) == ("prefix", "range", "baseline", 600)
+    assert next(r for r in rules.rules if r.name == "prefix_flood").scale == "baseline"
+    data = yaml.safe_load((CASES_DIR.parent / "dos.yaml").read_text())
+    for bad, msg in (({"headroom": 0.5}, "greater than or equal to 1"), ({"window": 3}, "Extra inputs")):
+        p = tmp_path / "bad.yaml"
+        p.write_text(yaml.safe_dump({**data, "prefix_baseline": {**data["prefix_baseline"], **bad}}))
+        with pytest.raises(ValueError, match=msg):
+            load_rules(p)
