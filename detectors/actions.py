@@ -143,7 +143,9 @@ class NftablesAction:
     its rule) is rebuilt in one transaction with its elements carried over.  The action records what it added
     (element -> wall-clock expiry, forgotten on unban or expiry); when a ban or unban finds the table gone (``nft
     flush ruleset``, a firewall reload) it is re-created and every recorded ban still in force is added back with
-    the time it has left.  There is no background check: the re-creation happens at the next ban or unban.
+    the time it has left.  The action has no background check of its own: the re-creation happens at the next ban
+    or unban, or when the owner's periodic check (``LiveDos.check_firewall``, ``detectors.live.firewall_check_s``)
+    calls ``ensure()``.
     """
 
     name = "nftables"

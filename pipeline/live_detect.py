@@ -33,6 +33,7 @@ Metrics (the owner's ``GET /metrics``, read at scrape time; :class:`DosCollector
 scope,mode}``, ``forumpulse_dos_refused_total{reason}`` (not decided: allowlist, crawler, already banned,
 loopback, ...), ``forumpulse_dos_action_errors_total``, ``forumpulse_dos_webhook_failures_total`` (background
 deliveries that failed after their retries), ``forumpulse_dos_active_bans``, ``forumpulse_dos_restored_total``,
+``forumpulse_dos_firewall_checks_total`` / ``_firewall_check_errors_total`` (``firewall_check_s``),
 ``forumpulse_dos_feed_errors_total``, ``forumpulse_dos_feed_replayed_total``; ``forumpulse_traffic_runs_total``
 / ``_run_errors_total`` / ``_detections_total``, ``forumpulse_traffic_last_run_timestamp_seconds`` and
 ``forumpulse_traffic_minutes_judged_behind_seconds{site}`` (wall clock minus the end of the last complete minute
@@ -90,6 +91,9 @@ class LiveConfig(BaseModel):
     publish_events: bool = Field(True, description="publish traffic detections on kafka.events_topic")
     traffic_interval_s: float = Field(60.0, ge=1, description="seconds between traffic detector runs")
     traffic_offset_s: float = Field(5.0, ge=0, le=59, description="run this many seconds after the minute")
+    firewall_check_s: float = Field(
+        60.0, ge=0, description="seconds between checks that the nftables/ipset sets still hold every ban in force "
+        "(a firewall reload or flush removes them; the check puts them back); 0: only at the next ban or unban")
 
 
 class _LiveSection(BaseModel):
@@ -279,6 +283,8 @@ class LiveDos:
         self.batches = 0
         self.errors = 0
         self.restored = 0
+        self.firewall_checks = 0
+        self.firewall_check_errors = 0
         if restore:
             self.restore()
 
@@ -380,6 +386,26 @@ class LiveDos:
                 self.manager.dispatch(u)
             self.manager.flush()
         return {"unbanned": v, "held": held, "decision": u.to_json()}
+
+    def check_firewall(self) -> int:
+        """Make every kernel-state action (nftables, ipset: ``ensure()``) hold its table, sets, rules and every
+        ban it recorded still in force -- what a firewall reload or ``nft flush`` took away is put back.  Runs
+        outside the detection lock (the actions lock themselves).  Returns the number of actions that failed
+        (logged, counted in ``firewall_check_errors``)."""
+        failed = 0
+        for a in list(self.manager.actions):
+            ensure = getattr(a, "ensure", None)
+            if not (getattr(a, "reapply_on_restore", False) and callable(ensure)):
+                continue
+            try:
+                ensure()
+            except Exception as exc:
+                failed += 1
+                log.warning("firewall check of %s failed: %s", getattr(a, "name", a),
+                            str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+        self.firewall_checks += 1
+        self.firewall_check_errors += failed
+        return failed
 
     def active(self) -> list[dict[str, Any]]:
         now = self.clock()
@@ -667,6 +693,10 @@ class DosCollector:
                                 value=live.active_count())
         yield CounterMetricFamily("forumpulse_dos_restored", "bans restored from the decisions table at start",
                                   value=live.restored)
+        yield CounterMetricFamily("forumpulse_dos_firewall_checks", "periodic checks that the firewall sets hold "
+                                  "every ban in force", value=live.firewall_checks)
+        yield CounterMetricFamily("forumpulse_dos_firewall_check_errors", "firewall actions whose periodic check "
+                                  "failed", value=live.firewall_check_errors)
         feed = self.handles.feed if self.handles is not None else None
         if feed is not None:
             yield CounterMetricFamily("forumpulse_dos_feed_errors", "DoS feed batches that failed",
@@ -744,6 +774,14 @@ def dos_service(actions: Sequence[Any] | None = None, handles: LiveHandles | Non
             log.info("decision stream (CrowdSec bouncers) on http://%s:%d/v1/decisions/stream", host, h.api.port)
         hook = DosHook(live)
         threads: list[threading.Thread] = []
+        every = live.live.firewall_check_s
+        if every > 0 and any(getattr(a, "reapply_on_restore", False) for a in live.manager.actions):
+
+            def check_firewall() -> None:
+                while not ctx.stop.wait(every):
+                    live.check_firewall()
+
+            threads.append(threading.Thread(target=check_firewall, name="dos-firewall-check", daemon=True))
         if live.live.dos_source == "loader":
             if not getattr(ctx, "consume", True):
                 raise SystemExit("detectors.live.dos_source=loader needs --consume (or use the default feed)")

@@ -426,3 +426,35 @@ def test_ipset_recreates_its_sets_after_a_firewall_reload(bare_ns: str) -> None:
     subprocess.run(["ip", "netns", "exec", bare_ns, "ip6tables", "-F", "INPUT"], check=True)
     subprocess.run(["ip", "netns", "exec", bare_ns, "ipset", "destroy"], check=True)
     IpsetAction(netns=bare_ns).unban(ban("198.51.100.1"))
+
+
+def test_the_owner_puts_flushed_bans_back_without_waiting_for_a_ban(bare_ns: str, tmp_path: Path) -> None:
+    """The owner's periodic firewall check (``detectors.live.firewall_check_s``): after a firewall reload
+    (``nft flush ruleset``) or an emptied set under an intact table -- which no later ban would notice --
+    every ban in force is back in the kernel."""
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.live_detect import LiveDos
+    from forumpulse.pipeline.store import migrate, open_store
+
+    settings = load_settings()
+    store = open_store(f"chdb:{tmp_path / 'db'}")
+    try:
+        migrate(store, {"raw_ttl_days": 0, "rollup_ttl_days": 0, "quarantine_ttl_days": 0, "stats_ttl_days": 0})
+        act = NftablesAction(netns=bare_ns)
+        live = LiveDos(settings, store, actions=[act], publish=False)
+        now = int(time.time() * 1000)
+        with live.lock:
+            for i, v in enumerate(("198.51.100.1", "203.0.113.0/24", "2001:db8::5")):
+                assert live.manager.submit(_cand(v, now + i, 3600)) is not None
+        want = ["198.51.100.1", "2001:db8::5", "203.0.113.0/24"]
+        assert sorted(act.elements()) == want
+        nft = ["ip", "netns", "exec", bare_ns, "nft"]
+        subprocess.run([*nft, "flush", "ruleset"], check=True)
+        assert live.check_firewall() == 0 and sorted(act.elements()) == want
+        subprocess.run([*nft, "flush", "set", "inet", "forumpulse", "ban_v4"], check=True)
+        assert sorted(act.elements()) == ["2001:db8::5", "203.0.113.0/24"]
+        assert live.check_firewall() == 0 and sorted(act.elements()) == want
+        assert (live.firewall_checks, live.firewall_check_errors) == (2, 0)
+        live.close()
+    finally:
+        store.close()
