@@ -1164,6 +1164,17 @@ class DosDetector:
             else:
                 self.windows[r.name] = (_CountWindow(r.window_s), _DistinctWindow(r.window_s),
                                         _CountWindow(r.window_s))
+        # count rules with the same key, filter and window (prefix_flood, prefix_surge) share their windows: one
+        # count and one clients window per batch for the group, each rule reading its own thresholds from them
+        self._group: dict[str, str] = {}  # rule -> the group's first rule
+        self._group_min: dict[str, float] = {}  # group -> lowest threshold in it
+        sigs: dict[tuple[str, str, int], str] = {}
+        for r in self.rules.rules:
+            if r.kind == "count":
+                g = sigs.setdefault((r.key, r.filter.model_dump_json(), r.window_s), r.name)
+                self._group[r.name] = g
+                self._group_min[g] = min(self._group_min.get(g, r.threshold), r.threshold)
+                self.windows[r.name] = self.windows[g]
         self.path_rates = _PathRates(self.rules.baseline.alpha)
         pb = self.rules.prefix_baseline
         #: learned non-static requests per minute of each busy prefix (/24, /64), for prefix rules with
@@ -1311,8 +1322,12 @@ class DosDetector:
         kc, s, ts = kcodes[idx], secs[idx], b.ts[idx]
         win = self.windows[r.name]
         if r.kind == "count":
-            res, table = win[0].update(kc, kuniq, s, ts, wm_sec, min_win=r.threshold)  # scaling only raises it
-            res["value"] = res["win"]
+            g = self._group[r.name]
+            if "count:" + g not in cache:  # once per batch for the rules sharing this window
+                cache["count:" + g] = win[0].update(kc, kuniq, s, ts, wm_sec, min_win=self._group_min[g])
+            res, table = cache["count:" + g]  # scaling only raises thresholds: rows under them cannot fire
+            res = res[res["win"] >= r.threshold]
+            res = res.assign(value=res["win"])
         elif r.kind == "distinct":
             vc, vu = self._codes(b, r.distinct_of or "path", cache)
             cres, _ = win[1].update(kc, kuniq, s, ts, wm_sec, min_win=r.threshold)
@@ -1337,15 +1352,16 @@ class DosDetector:
             taught = self.learned_to_sec if self.learned_to_sec is not None else first_sec
             hits = hits[hits["sec"] >= first_sec + r.min_history_s] if taught - first_sec >= r.min_history_s \
                 else hits.iloc[:0]
-        if r.key == "prefix" and r.min_clients > 1 and len(hits):
-            ip_codes = cache["ip"][0][idx]
-            dwin = self.windows.setdefault(r.name + ":clients", (_DistinctWindow(r.window_s),))[0]
-            dres, _ = dwin.update(kc, kuniq, ip_codes, cache["ip"][1], s, wm_sec, query=_points(hits))
-            hits = hits.merge(dres, on=["key", "sec"], how="left")
-            hits = hits[hits["distinct"] >= r.min_clients]
-        elif r.key == "prefix" and r.min_clients > 1:
-            dwin = self.windows.setdefault(r.name + ":clients", (_DistinctWindow(r.window_s),))[0]
-            dwin.update(kc, kuniq, cache["ip"][0][idx], cache["ip"][1], s, wm_sec, query=_points(hits))
+        if r.key == "prefix" and r.min_clients > 1:
+            g = self._group.get(r.name, r.name)
+            if "clients:" + g not in cache:  # once per batch; distinct clients at every point of the group's rows
+                dwin = self.windows.setdefault(g + ":clients", (_DistinctWindow(r.window_s),))[0]
+                pts = _points(cache["count:" + g][0]) if r.kind == "count" else _points(hits)
+                cache["clients:" + g] = dwin.update(kc, kuniq, cache["ip"][0][idx], cache["ip"][1], s, wm_sec,
+                                                   query=pts)[0]
+            if len(hits):
+                hits = hits.merge(cache["clients:" + g], on=["key", "sec"], how="left")
+                hits = hits[hits["distinct"] >= r.min_clients]
         if hits.empty:
             return
         for key_code, grp in hits.groupby("key", sort=False):
