@@ -565,6 +565,16 @@ class _PathRates:
         gap = max(minute - r[1] - 1, 0)
         return r[0] * (1 - self.alpha) ** gap
 
+    def learn(self, target: str, minute: int, count: int) -> bool:
+        """Learn one completed minute's count of ``target`` (minutes in order); False when it teaches nothing
+        (under ``floor``, or the target tainted then)."""
+        if count < self.floor or self.tainted.get(target, -1) >= minute * 60:
+            return False
+        prev = self.per_minute(target, minute)
+        a = self.alpha
+        self.rate[target] = (a * count + (1 - a) * prev if target in self.rate else float(count), minute)
+        return True
+
     def taint(self, target: str, until_sec: int) -> None:
         """Learn nothing from ``target`` up to ``until_sec`` (it is banned or under watch)."""
         self.tainted[target] = max(self.tainted.get(target, 0), until_sec)
@@ -594,14 +604,9 @@ class _PathRates:
             m < wm for m in self.pending_minutes) else []
         for m in [m for m in self.pending_minutes if m < wm]:
             del self.pending_minutes[m]
-        a = self.alpha
         for k in done:
             c = self.pending.pop(k)
-            target, mi = k
-            if c < self.floor or self.tainted.get(target, -1) >= mi * 60:
-                continue
-            prev = self.per_minute(target, mi)
-            self.rate[target] = (a * c + (1 - a) * prev if target in self.rate else float(c), mi)
+            self.learn(k[0], k[1], c)
         if watermark_sec - self._last_prune > 3600:
             self._last_prune = watermark_sec
             self.rate = {t: r for t, r in self.rate.items() if r[1] >= wm - self.forget_after_min}
@@ -1241,6 +1246,17 @@ class DosDetector:
         if f.pattern:
             m &= self._pattern(b, f.pattern, cache)
         return m
+
+    def warm_prefix_rates(self, rows: Iterable[tuple[str, int, int]]) -> int:
+        """Teach the prefix baselines earlier minutes, e.g. from the store's ``prefix_minute`` rollup when a live
+        detector starts (a restarted owner would otherwise judge every range as never seen: a carrier NAT /24
+        busy since yesterday could be banned as a surge).  ``rows``: (prefix as :func:`prefix_of` writes it,
+        epoch minute, requests), in minute order, all before the lines this detector will judge.  Returns the
+        number of prefixes with a learned rate.  Counts that include static files teach a higher rate than the
+        live path's non-static ones: thresholds err upwards (fewer range bans), never down."""
+        for prefix, minute, n in rows:
+            self.prefix_rates.learn(prefix, int(minute), int(n))
+        return len(self.prefix_rates.rate)
 
     def process(self, batch: Batch) -> list[Decision]:
         n0 = len(batch)

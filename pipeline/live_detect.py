@@ -285,8 +285,47 @@ class LiveDos:
         self.restored = 0
         self.firewall_checks = 0
         self.firewall_check_errors = 0
+        self.warmed_prefixes = 0
         if restore:
             self.restore()
+            self.warm_prefixes()
+
+    def warm_prefixes(self) -> int:
+        """Teach the detector's prefix baselines the last ``prefix_baseline.forget_after_s`` (24 h) of the store's
+        ``prefix_minute`` rollup, so a restarted owner does not judge every range as never seen (a busy carrier
+        NAT /24 would look like a surge once the warm-up ends).  Skipped when no prefix rule scales by the
+        baseline, and when privacy rewrites stored addresses so that their /24 (/64) is not the client's
+        (``pseudonymize``, or ``truncate`` to less than /24 or /64).  The rollup counts static files too: the
+        rates err upwards.  Failures are logged; detection starts unwarmed.  Returns the prefixes learned."""
+        from forumpulse.detectors.dos import prefix_of
+
+        priv = self.settings.privacy
+        if not self.detector.has_prefix_scale or priv.client_ip == "pseudonymize" or (
+                priv.client_ip == "truncate" and (priv.truncate_ipv4_prefix < 24 or priv.truncate_ipv6_prefix < 64)):
+            return 0
+        pb = self.detector.rules.prefix_baseline
+        now_min = int(self.clock()) // 60
+        since = now_min - max(pb.forget_after_s // 60, 1)
+        try:
+            rows = self.store.query_rows(
+                "SELECT IPv6NumToString(prefix), intDiv(toUnixTimestamp(minute), 60) AS m, sum(requests) AS n "
+                f"FROM prefix_minute WHERE minute >= toDateTime({since * 60}, 'UTC') "
+                f"AND minute < toDateTime({now_min * 60}, 'UTC') GROUP BY prefix, prefix_len, minute "
+                f"HAVING n >= {int(pb.min_requests_per_minute)} ORDER BY m")
+        except Exception as exc:
+            log.warning("could not warm the prefix baselines from prefix_minute: %s", str(exc).splitlines()[0][:200])
+            return 0
+
+        def key(p: str) -> str:
+            a = ipaddress.IPv6Address(p)
+            return prefix_of(str(a.ipv4_mapped) if a.ipv4_mapped is not None else str(a))
+
+        with self.lock:
+            self.warmed_prefixes = self.detector.warm_prefix_rates((key(str(p)), int(m), int(n)) for p, m, n in rows)
+        if self.warmed_prefixes:
+            log.info("prefix baselines: %d range(s) learned from the last %d h of prefix_minute",
+                     self.warmed_prefixes, (now_min - since) // 60)
+        return self.warmed_prefixes
 
     # -- state ----------------------------------------------------------------------------------------
     def restore(self) -> int:

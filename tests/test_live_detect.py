@@ -303,6 +303,33 @@ def test_dos_metrics_follow_the_wall_clock_and_count_every_unban(chdb_path: Path
         store.close()
 
 
+def test_a_restarted_owner_learns_prefix_rates_from_the_store(chdb_path: Path, settings: Settings) -> None:
+    """Without it every range is "never seen" after a restart: a carrier NAT /24 busy since yesterday would be
+    judged at prefix_surge's bare threshold once the warm-up ends."""
+    store = open_store(f"chdb:{chdb_path}?database=live_warm")
+    try:
+        migrate(store, NO_TTL)
+        now = 1_760_000_000.0
+        t0 = now // 60 * 60 - 3600  # an hour ago: 5 whole minutes of a busy /24 (20 req/s from 12 addresses), a quiet one
+        busy = [line(f"198.51.100.{i % 12 + 1}", t0 + i / 20, "/showthread.php?t=1") for i in range(6000)]
+        quiet = [line(f"203.0.113.{i % 3 + 1}", t0 + i * 6, "/showthread.php?t=2") for i in range(50)]
+        store.insert("requests", Processor(settings).process(busy + quiet, SourceContext(format="combined")).requests)
+        live = LiveDos(settings, store, actions=[], publish=False, clock=lambda: now)
+        assert live.warmed_prefixes == 1
+        rates = live.detector.prefix_rates
+        assert rates.per_minute("198.51.100.0/24", int(now) // 60) == pytest.approx(1200, rel=0.01)
+        assert rates.per_minute("203.0.113.0/24", int(now) // 60) == 0  # 10 a minute: below the floor (30)
+        live.close()
+        # stored addresses rewritten by privacy say nothing about the client's range: nothing learned
+        pseud = settings.model_copy(deep=True)
+        pseud.privacy.client_ip = "pseudonymize"
+        other = LiveDos(pseud, store, actions=[], publish=False, clock=lambda: now)
+        assert other.warmed_prefixes == 0 and not other.detector.prefix_rates.rate
+        other.close()
+    finally:
+        store.close()
+
+
 class _Recorder:
     """An action that records what it was asked to do."""
 
