@@ -1190,6 +1190,9 @@ class DosDetector:
         self.has_swarm_rules = any(r.kind == "swarm" for r in self.rules.rules)
         self.swarms: dict[tuple[str, str], _SwarmWatch] = {}  # (rule, target) -> watch
         self.first_ms: int | None = None
+        #: the first distinct stream minutes with lines (the warm-ups of rules with min_history_s count these)
+        self._minutes_seen: list[int] = []
+        self._warm_minutes_needed = max((-(-r.min_history_s // 60) for r in self.rules.rules), default=0)
         #: the baselines (address, prefix) have learned every minute before this second (None: nothing yet)
         self.learned_to_sec: int | None = None
         self.baseline = _Baseline(self.rules)
@@ -1258,6 +1261,23 @@ class DosDetector:
             self.prefix_rates.learn(prefix, int(minute), int(n))
         return len(self.prefix_rates.rate)
 
+    def _note_minutes(self, secs: np.ndarray) -> None:
+        """Remember the first distinct stream minutes seen (as many as the longest ``min_history_s`` needs)."""
+        need = self._warm_minutes_needed
+        if need == 0 or len(self._minutes_seen) >= need:
+            return
+        mins = set(np.unique(secs // 60).tolist())
+        self._minutes_seen = sorted(set(self._minutes_seen) | mins)[:need]
+
+    def warm_from_sec(self, min_history_s: int) -> int | None:
+        """Stream second from which a rule with ``min_history_s`` may judge: the end of the
+        ``ceil(min_history_s / 60)``-th distinct minute with lines seen (None: not that many yet).  Minutes, not
+        the oldest line: one line of a source an hour behind adds one minute, not an hour of history."""
+        k = -(-int(min_history_s) // 60)
+        if k == 0:
+            return 0
+        return self._minutes_seen[k - 1] * 60 + 60 if len(self._minutes_seen) >= k else None
+
     def process(self, batch: Batch) -> list[Decision]:
         n0 = len(batch)
         self.stats["lines"] += n0
@@ -1276,6 +1296,7 @@ class DosDetector:
         self.watermark_ms = max(self.watermark_ms, int(batch.ts[-1]))
         if self.first_ms is None:
             self.first_ms = int(batch.ts[0])
+        self._note_minutes(batch.ts // 1000)
         wm_sec = self.watermark_ms // 1000
         secs = batch.ts // 1000
         cache: dict[str, Any] = {}
@@ -1364,9 +1385,9 @@ class DosDetector:
         if r.min_history_s and len(hits):
             # warm-up: judged only once earlier batches taught the baselines min_history_s of stream time (a
             # replay's first large batch is never judged on baselines that batch itself has not taught yet)
-            first_sec = (self.first_ms if self.first_ms is not None else self.watermark_ms) // 1000
-            taught = self.learned_to_sec if self.learned_to_sec is not None else first_sec
-            hits = hits[hits["sec"] >= first_sec + r.min_history_s] if taught - first_sec >= r.min_history_s \
+            warm = self.warm_from_sec(r.min_history_s)
+            taught = self.learned_to_sec
+            hits = hits[hits["sec"] >= warm] if warm is not None and taught is not None and taught >= warm \
                 else hits.iloc[:0]
         if r.key == "prefix" and r.min_clients > 1:
             g = self._group.get(r.name, r.name)
@@ -1504,8 +1525,8 @@ class DosDetector:
         dres, _ = cli_w.update(tc, tuniq, ip_codes[idx], ip_uniq, s, wm_sec, query=_points(hot))
         hot = hot.merge(dres, on=["key", "sec"], how="left")
         hot = hot[hot["distinct"] >= r.min_clients]
-        first_sec = (self.first_ms if self.first_ms is not None else self.watermark_ms) // 1000
-        warm = wm_sec - first_sec >= r.min_history_s
+        warm_sec = self.warm_from_sec(r.min_history_s)
+        warm = warm_sec is not None and wm_sec >= warm_sec
         for key_code, grp in hot.groupby("key", sort=False):
             target = str(table[key_code])
             w = self.swarms.get((r.name, target))
@@ -1517,7 +1538,7 @@ class DosDetector:
             base = np.asarray([self.path_rates.per_minute(target, int(x) // 60) for x in grp["sec"]]) * (
                 r.window_s / 60.0)
             ok = grp[grp["win"].to_numpy() >= r.rise_factor * np.maximum(base, 1e-9)]
-            ok = ok[ok["sec"] >= first_sec + r.min_history_s]
+            ok = ok[ok["sec"] >= (warm_sec or 0)]
             if ok.empty:
                 continue
             row = ok.sort_values("sec").iloc[0]

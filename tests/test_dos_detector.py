@@ -547,3 +547,18 @@ def test_prefix_rates_keep_a_ranges_rate_through_quiet_minutes_and_forget_it_lat
     swarm = _PathRates(0.3)  # the swarm's path rates still decay
     swarm.update(np.zeros(120, dtype=np.int64), pfx, np.full(120, 5, dtype=np.int64), 60)
     assert swarm.per_minute("192.0.2.0/24", 3) == pytest.approx(120 * 0.7 ** 2)
+
+
+def test_one_old_line_in_the_first_batch_does_not_end_the_warm_up() -> None:
+    """The warm-ups (min_history_s) count distinct stream minutes seen, not time since the oldest line: one line
+    of a source an hour behind in the first batch used to count as an hour already learned, and a carrier NAT
+    /24 steady at 25 req/s was banned as a surge 5 s after the start (live feed batches of 20 lines)."""
+    recs = ordered(_steady_range(720, 25.0))
+    for stale in (False, True):
+        lines = ([rec(T0 - 3_600_000, "203.0.113.9", "/t/old")] if stale else []) + recs
+        det = DosDetector(manager=DecisionManager(cfg()))
+        for i in range(0, len(lines), 20):
+            det.process(Batch.from_records(lines[i:i + 20]))
+        assert [(d.value, d.reason) for d in det.manager.decisions] == [], stale
+        # the warm-up ends 10 distinct minutes in (one of them the old line's)
+        assert det.warm_from_sec(600) == (T0 // 60_000 + (8 if stale else 9)) * 60 + 60
