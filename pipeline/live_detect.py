@@ -286,6 +286,7 @@ class LiveDos:
         self.firewall_checks = 0
         self.firewall_check_errors = 0
         self.warmed_prefixes = 0
+        self._unbans_from_ms = self._unbans_seen_ms = int(clock() * 1000)  # sync_store_unbans: rows after this
         if restore:
             self.restore()
             self.warm_prefixes()
@@ -426,11 +427,42 @@ class LiveDos:
             self.manager.flush()
         return {"unbanned": v, "held": held, "decision": u.to_json()}
 
+    def sync_store_unbans(self) -> int:
+        """Lift the bans this process holds that an ``unban`` row written since the last call (or since start)
+        ended -- ``forumpulse detect unban`` without an owner writes only the store and the actions; the
+        periodic firewall check would otherwise put the element back, and the decision API would keep serving
+        it.  The unban goes through the manager (a second unban row and message, reason as stored).  Returns
+        the bans lifted; store errors are logged."""
+        now_ms = int(self.clock() * 1000)
+        since = self._unbans_seen_ms
+        try:
+            rows = self.store.query_rows(
+                "SELECT value, toUnixTimestamp64Milli(max(created_at)), argMax(reason, created_at) FROM decisions "
+                f"WHERE action = 'unban' AND created_at > fromUnixTimestamp64Milli({since}, 'UTC') GROUP BY value")
+        except Exception as exc:
+            log.warning("could not read unbans from the store: %s", str(exc).splitlines()[0][:200])
+            return 0
+        lifted = 0
+        with self.lock:
+            for value, at, reason in rows:
+                held = self.manager.active.get(str(value))
+                if held is not None and held.created_at < int(at):
+                    self.manager.unban(str(value), reason=str(reason) or "manual")
+                    lifted += 1
+            self.manager.flush()
+        # the next call reads from 2 minutes before this one (rows written late, or by a clock behind, are still
+        # seen; one read twice finds its ban already lifted), never from before the start
+        self._unbans_seen_ms = max(self._unbans_from_ms, now_ms - 120_000)
+        if lifted:
+            log.info("lifted %d ban(s) unbanned on the store directly", lifted)
+        return lifted
+
     def check_firewall(self) -> int:
         """Make every kernel-state action (nftables, ipset: ``ensure()``) hold its table, sets, rules and every
         ban it recorded still in force -- what a firewall reload or ``nft flush`` took away is put back.  Runs
         outside the detection lock (the actions lock themselves).  Returns the number of actions that failed
         (logged, counted in ``firewall_check_errors``)."""
+        self.sync_store_unbans()  # a ban lifted on the store directly must not be put back
         failed = 0
         for a in list(self.manager.actions):
             ensure = getattr(a, "ensure", None)
@@ -814,7 +846,7 @@ def dos_service(actions: Sequence[Any] | None = None, handles: LiveHandles | Non
         hook = DosHook(live)
         threads: list[threading.Thread] = []
         every = live.live.firewall_check_s
-        if every > 0 and any(getattr(a, "reapply_on_restore", False) for a in live.manager.actions):
+        if every > 0:  # also picks up unbans written on the store directly (the decision API serves bans too)
 
             def check_firewall() -> None:
                 while not ctx.stop.wait(every):

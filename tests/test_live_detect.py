@@ -330,17 +330,45 @@ def test_a_restarted_owner_learns_prefix_rates_from_the_store(chdb_path: Path, s
         store.close()
 
 
+def test_an_unban_written_on_the_store_directly_reaches_the_running_owner(chdb_path: Path,
+                                                                          settings: Settings) -> None:
+    """``forumpulse detect unban`` without an owner (not reachable at --owner) writes the store and the actions
+    only; the running owner must lift its ban too, or its periodic firewall check would put the element back
+    and the decision API would keep serving it."""
+    store = open_store(f"chdb:{chdb_path}?database=live_sync_unban")
+    try:
+        migrate(store, NO_TTL)
+        firewall = _Recorder("nftables", True)
+        now = time.time()  # the direct unban judges "in force" by the wall clock
+        live = LiveDos(settings, store, actions=[firewall], publish=False, clock=lambda: now)
+        made = live.process_stream(_flood_stream(settings, "198.51.100.9", now - 2))
+        assert [d.value for d in made] == ["198.51.100.9"]
+        assert live.sync_store_unbans() == 0  # nothing unbanned yet
+        assert [d["value"] for d in live.registry.stream("bouncer", True)["new"] or []] == ["198.51.100.9"]
+        out = unban_direct("198.51.100.9", settings, store)
+        assert out["held"] is True
+        assert live.check_firewall() == 0  # the check syncs first
+        assert "198.51.100.9" not in live.manager.active
+        assert not live.registry.stream("other-bouncer", True)["new"]  # no longer served to bouncers
+        assert firewall.unbans == ["198.51.100.9"]
+        assert live.sync_store_unbans() == 0  # read again: already lifted
+        live.close()
+    finally:
+        store.close()
+
+
 class _Recorder:
     """An action that records what it was asked to do."""
 
     def __init__(self, name: str, reapply: bool) -> None:
         self.name, self.reapply_on_restore, self.bans = name, reapply, []
+        self.unbans: list[str] = []
 
     def ban(self, d: Any) -> None:
         self.bans.append((d.value, d.duration_s))
 
     def unban(self, d: Any) -> None:
-        pass
+        self.unbans.append(d.value)
 
 
 def test_restart_reapplies_bans_in_force_to_kernel_state_actions_only(chdb_path: Path, settings: Settings) -> None:
