@@ -567,9 +567,12 @@ class _PathRates:
 
     def learn(self, target: str, minute: int, count: int) -> bool:
         """Learn one completed minute's count of ``target`` (minutes in order); False when it teaches nothing
-        (under ``floor``, or the target tainted then)."""
+        (under ``floor``, the target tainted then, or that minute or a later one already learned)."""
         if count < self.floor or self.tainted.get(target, -1) >= minute * 60:
             return False
+        known = self.rate.get(target)
+        if known is not None and minute <= known[1]:
+            return False  # learned already (a replay, late lines, a warm start's minute): once per minute
         prev = self.per_minute(target, minute)
         a = self.alpha
         self.rate[target] = (a * count + (1 - a) * prev if target in self.rate else float(count), minute)

@@ -296,8 +296,9 @@ class LiveDos:
         ``prefix_minute`` rollup, so a restarted owner does not judge every range as never seen (a busy carrier
         NAT /24 would look like a surge once the warm-up ends).  Skipped when no prefix rule scales by the
         baseline, and when privacy rewrites stored addresses so that their /24 (/64) is not the client's
-        (``pseudonymize``, or ``truncate`` to less than /24 or /64).  The rollup counts static files too: the
-        rates err upwards.  Failures are logged; detection starts unwarmed.  Returns the prefixes learned."""
+        (``pseudonymize``, or ``truncate`` to less than /24 or /64).  A range with a ban decision (any mode) learns
+        nothing up to that ban's end, as on the live path.  The rollup counts static files too: the rates err
+        upwards.  Failures are logged; detection starts unwarmed.  Returns the prefixes learned."""
         from forumpulse.detectors.dos import prefix_of
 
         priv = self.settings.privacy
@@ -321,7 +322,18 @@ class LiveDos:
             a = ipaddress.IPv6Address(p)
             return prefix_of(str(a.ipv4_mapped) if a.ipv4_mapped is not None else str(a))
 
+        # a range decided against (any mode: observe, or enforced at the edge, lets its flood reach the logs)
+        # teaches nothing up to its ban's end, as on the live path
+        try:
+            flagged = self.store.query_rows(
+                "SELECT value, max(toUnixTimestamp64Milli(expires_at)) FROM decisions WHERE action = 'ban' AND "
+                f"scope = 'range' AND expires_at >= toDateTime64({since * 60}, 3, 'UTC') GROUP BY value")
+        except Exception as exc:
+            log.warning("could not read range decisions for the prefix baselines: %s", str(exc).splitlines()[0][:200])
+            return 0
         with self.lock:
+            for value, until_ms in flagged:
+                self.detector.prefix_rates.taint(str(value), int(until_ms) // 1000)
             self.warmed_prefixes = self.detector.warm_prefix_rates((key(str(p)), int(m), int(n)) for p, m, n in rows)
         if self.warmed_prefixes:
             log.info("prefix baselines: %d range(s) learned from the last %d h of prefix_minute",
@@ -553,8 +565,10 @@ class DosFeed:
     restarted :meth:`run` (the owner restarts it after an error, with the same detector) or a rebalance
     re-reads what came after the last commit: messages below the next offset this feed already gave its hook
     are skipped (counted in ``replayed``), so the detector never counts a line twice -- a client just under a
-    threshold would be banned by its own replayed lines.  A partition whose log now ends before that offset
-    (recreated or truncated) starts afresh.  A new ``DosFeed`` (a new process) has a new detector and starts
+    threshold would be banned by its own replayed lines.  A partition whose log ends before that offset when it
+    is assigned (recreated or truncated) starts afresh, and so does one whose offsets go back once new messages
+    came after the assignment (a log reset while assigned).  Limit: a log recreated and refilled past the old
+    offset before the partition is assigned again looks like a replay until it passes that offset.  A new ``DosFeed`` (a new process) has a new detector and starts
     from the committed offsets.
     """
 
@@ -577,10 +591,12 @@ class DosFeed:
         self.replayed = 0  # messages skipped because this feed's hook already had them
         self.assigned = threading.Event()
         self._fed: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset not yet given to the hook
+        self._replaying: set[tuple[str, int]] = set()  # assigned, no new message yet: offsets below _fed are a replay
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         for tp in partitions:
             key = (tp.topic, tp.partition)
+            self._replaying.add(key)  # a replay can only begin at an assignment (restart, rebalance)
             if key in self._fed:
                 try:
                     _low, high = consumer.get_watermark_offsets(tp, timeout=5, cached=False)
@@ -629,17 +645,24 @@ class DosFeed:
                 msgs = c.consume(num_messages=self.opt.feed_batch_lines, timeout=self.opt.feed_max_wait_s)
                 if not msgs:
                     continue
+                for m in msgs:  # a fatal error first, before any offset of the batch counts as judged
+                    err = m.error()
+                    if err is not None and err.fatal():
+                        raise KafkaException(err)
                 fresh = []
                 for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.fatal():
-                            raise KafkaException(err)
+                    if m.error() is not None:
                         continue
                     key, off = (str(m.topic()), int(m.partition() or 0)), int(m.offset() or 0)
                     if off < self._fed.get(key, -1):
-                        self.replayed += 1
-                        continue
+                        if key in self._replaying:
+                            self.replayed += 1
+                            continue
+                        # offsets went back while assigned, past the replay: the log was reset (truncated,
+                        # recreated; librdkafka's offset reset) -- these are new messages
+                        log.warning("dos feed: %s/%d went back from offset %d to %d while assigned: the log was "
+                                    "reset; judging it from there", *key, self._fed[key], off)
+                    self._replaying.discard(key)
                     self._fed[key] = off + 1
                     fresh.append(m)
                 if not fresh:

@@ -562,3 +562,15 @@ def test_one_old_line_in_the_first_batch_does_not_end_the_warm_up() -> None:
         assert [(d.value, d.reason) for d in det.manager.decisions] == [], stale
         # the warm-up ends 10 distinct minutes in (one of them the old line's)
         assert det.warm_from_sec(600) == (T0 // 60_000 + (8 if stale else 9)) * 60 + 60
+
+
+def test_a_minute_is_learned_once() -> None:
+    """A replayed or late minute (or one a warm start already taught) must not be learned again: it would pull
+    the rate towards a partial count and move the last learned minute back."""
+    from forumpulse.detectors.dos import _PathRates
+
+    r = _PathRates(0.3, floor=30, decay=False)
+    assert r.learn("192.0.2.0/24", 10, 1200) and r.learn("192.0.2.0/24", 11, 1200)
+    assert not r.learn("192.0.2.0/24", 11, 40) and not r.learn("192.0.2.0/24", 5, 40)
+    assert r.rate["192.0.2.0/24"] == (1200.0, 11)
+    assert r.learn("192.0.2.0/24", 12, 600) and r.rate["192.0.2.0/24"] == (pytest.approx(1020.0), 12)

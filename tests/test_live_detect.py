@@ -231,6 +231,80 @@ def test_dos_feed_restarted_does_not_judge_a_line_twice(broker: Broker, settings
     assert feed.replayed == len(msgs)
 
 
+class _FakeMsg:
+    def __init__(self, off: int) -> None:
+        self.off = off
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "weblogs.raw"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self.off
+
+    def value(self) -> bytes:
+        return b"x"
+
+
+def test_dos_feed_tells_a_replay_from_a_log_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offsets below those already judged are a replay only right after an assignment (restart, rebalance); once
+    new messages came, offsets going back mean the log was reset while assigned (librdkafka's offset reset after
+    a truncation, no reassignment): those are new lines.  A fake consumer stands in for the broker, which cannot
+    be made to reset a partition on cue."""
+    import threading
+    from types import SimpleNamespace
+
+    import confluent_kafka
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.live_detect import DosFeed
+
+    runs: list[list[list[int]]] = []  # per run: the batches consume() returns after the assignment
+
+    class Consumer:
+        def __init__(self, cfg: dict[str, Any]) -> None:
+            self.batches = runs.pop(0)
+
+        def subscribe(self, topics: list[str], on_assign: Any) -> None:
+            self.on_assign, self.assigned = on_assign, False
+
+        def list_topics(self, topic: str, timeout: float) -> Any:
+            raise RuntimeError("no metadata here")
+
+        def get_watermark_offsets(self, tp: Any, timeout: float, cached: bool) -> tuple[int, int]:
+            return 0, 10_000
+
+        def consume(self, num_messages: int, timeout: float) -> list[_FakeMsg]:
+            if not self.assigned:
+                self.assigned = True
+                self.on_assign(self, [SimpleNamespace(topic="weblogs.raw", partition=0)])
+            if self.batches:
+                return [_FakeMsg(o) for o in self.batches.pop(0)]
+            feed.stop.set()
+            return []
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", Consumer)
+    judged: list[int] = []
+    feed = DosFeed(load_settings(), lambda st, info: None, threading.Event(), bootstrap_servers="x",
+                   topic="weblogs.raw")
+    monkeypatch.setattr(feed, "stream_of", lambda msgs: judged.extend(m.offset() for m in msgs))
+    runs.append([list(range(100)), list(range(100, 120)), list(range(30))])  # then the log reset to 0
+    feed.run()
+    assert judged == [*range(120), *range(30)] and feed.replayed == 0
+    judged.clear()
+    feed.stop = threading.Event()
+    runs.append([list(range(20, 60))])  # restarted: re-reads from an old commit (20..29 already judged)
+    feed.run()
+    assert judged == list(range(30, 60)) and feed.replayed == 10
+
+
 def _flood_stream(settings: Settings, ip: str, t0: float) -> pa.Table:
     lines = [line(ip, t0 + i / 25, "/forumdisplay.php?f=3") for i in range(40)]
     return Processor(settings).process(lines, SourceContext(format="combined")).stream
@@ -326,6 +400,19 @@ def test_a_restarted_owner_learns_prefix_rates_from_the_store(chdb_path: Path, s
         other = LiveDos(pseud, store, actions=[], publish=False, clock=lambda: now)
         assert other.warmed_prefixes == 0 and not other.detector.prefix_rates.rate
         other.close()
+        # a range decided against (here in observe mode: its flood reached the logs) teaches nothing up to its
+        # ban's end, as on the live path
+        from forumpulse.detectors.dos import Decision, StoreSink
+
+        at = int(t0 * 1000) + 60_000
+        sink = StoreSink(store)
+        sink.emit(Decision(id="obs", created_at=at, decided_at=at, first_seen=at, expires_at=at + 900_000,
+                           site="forum", action="ban", value="198.51.100.0/24", scope="range",
+                           reason="prefix_surge", duration_s=900, mode="observe", origin="forumpulse", evidence={}))
+        sink.flush()
+        third = LiveDos(settings, store, actions=[], publish=False, clock=lambda: now)
+        assert third.detector.prefix_rates.per_minute("198.51.100.0/24", int(now) // 60) == 0
+        third.close()
     finally:
         store.close()
 
