@@ -774,11 +774,15 @@ def canonical_network(value: str) -> _Net:
     return net
 
 
+def net_value(net: _Net) -> str:
+    """A network as a decision value: the bare address for a /32 or /128, else the CIDR."""
+    return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+
+
 def canonical_value(value: str) -> str:
     """``value`` as every structure keys it (manager, registry, actions, unban): an address, or a CIDR for a
     range.  Same result as ``forumpulse.pipeline.live_detect.normalize_value``; raises ValueError."""
-    net = canonical_network(value)
-    return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+    return net_value(canonical_network(value))
 
 
 #: Never banned, whatever the configuration (allowlist or not): a ban could cut the host off from itself or
@@ -930,7 +934,7 @@ class DecisionManager:
         except ValueError:
             self.suppressed["invalid"] += 1
             return None
-        value = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+        value = net_value(net)
         if value in self.active:
             self.suppressed["active"] += 1
             return None
@@ -1192,7 +1196,6 @@ class DosDetector:
         self.has_prefix_scale = any(r.key == "prefix" and r.scale == "baseline" for r in self.rules.rules)
         self.has_swarm_rules = any(r.kind == "swarm" for r in self.rules.rules)
         self.swarms: dict[tuple[str, str], _SwarmWatch] = {}  # (rule, target) -> watch
-        self.first_ms: int | None = None
         #: the first distinct stream minutes with lines (the warm-ups of rules with min_history_s count these)
         self._minutes_seen: list[int] = []
         self._warm_minutes_needed = max((-(-r.min_history_s // 60) for r in self.rules.rules), default=0)
@@ -1297,8 +1300,6 @@ class DosDetector:
         if not (order == np.arange(len(order))).all():
             batch = batch.take(order)
         self.watermark_ms = max(self.watermark_ms, int(batch.ts[-1]))
-        if self.first_ms is None:
-            self.first_ms = int(batch.ts[0])
         self._note_minutes(batch.ts // 1000)
         wm_sec = self.watermark_ms // 1000
         secs = batch.ts // 1000

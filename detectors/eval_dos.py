@@ -471,5 +471,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["crowdsec_cases", "fail2ban_jail", "main", "rec", "run_detector", "stand_in", "synth_crawler", "synth_flood", "synth_humans",
-           "synth_nat"]
+__all__ = ["crowdsec_cases", "fail2ban_jail", "main", "rec", "run_detector", "stand_in", "synth_crawler",
+           "synth_flood", "synth_humans", "synth_nat"]

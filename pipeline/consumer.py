@@ -1329,9 +1329,9 @@ class LiveConsumer:
         self._write_progress(lag >= 0, final)
 
     def _write_progress(self, lag_known: bool, final: bool) -> None:
-        """One ``consumer_progress`` row per owned partition (see migration 0007): the newest Kafka timestamp stored and
-        committed (no later than this consumer's clock), the lag and position from the last :meth:`_compute_lag` (-1 when it failed),
-        ``active`` false on the final write of a clean exit (the partition is released; its next owner writes its
+        """One ``consumer_progress`` row per owned partition (see migration 0007): the newest Kafka timestamp
+        stored and committed (no later than this consumer's clock), the lag and position from the last
+        :meth:`_compute_lag` (-1 when it failed), ``active`` false on the final write of a clean exit (the partition is released; its next owner writes its
         own rows).  A partition behind its high watermark with nothing stored yet in this assignment is not
         written: its previous owner's row (older, so the detectors hold back to it) stands.  A side channel like
         liveness: a failed write is retried at the next interval."""

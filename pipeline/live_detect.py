@@ -64,7 +64,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 from forumpulse.pipeline.config import Settings, register_section_validator
-from forumpulse.pipeline.consumer import BatchInfo
+from forumpulse.pipeline.consumer import BatchInfo, _sql_str
 from forumpulse.pipeline.kafka_client import client_config
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -189,10 +189,6 @@ def _by_canonical_value(store: Any, held: list[Any]) -> list[Any]:
     return out
 
 
-def _sql_str(v: str) -> str:
-    return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def decision_view(d: Any, now: float | None = None) -> dict[str, Any]:
     """The JSON object ``GET /fp/decisions`` and ``forumpulse detect decisions`` print for one active ban."""
     now = time.time() if now is None else now
@@ -308,33 +304,25 @@ class LiveDos:
         pb = self.detector.rules.prefix_baseline
         now_min = int(self.clock()) // 60
         since = now_min - max(pb.forget_after_s // 60, 1)
-        try:
-            rows = self.store.query_rows(
-                "SELECT IPv6NumToString(prefix), intDiv(toUnixTimestamp(minute), 60) AS m, sum(requests) AS n "
-                f"FROM prefix_minute WHERE minute >= toDateTime({since * 60}, 'UTC') "
-                f"AND minute < toDateTime({now_min * 60}, 'UTC') GROUP BY prefix, prefix_len, minute "
-                f"HAVING n >= {int(pb.min_requests_per_minute)} ORDER BY m")
-        except Exception as exc:
-            log.warning("could not warm the prefix baselines from prefix_minute: %s", str(exc).splitlines()[0][:200])
-            return 0
-
-        def key(p: str) -> str:
-            a = ipaddress.IPv6Address(p)
-            return prefix_of(str(a.ipv4_mapped) if a.ipv4_mapped is not None else str(a))
-
+        rows = self._query(
+            "SELECT IPv6NumToString(prefix), intDiv(toUnixTimestamp(minute), 60) AS m, sum(requests) AS n "
+            f"FROM prefix_minute WHERE minute >= toDateTime({since * 60}, 'UTC') "
+            f"AND minute < toDateTime({now_min * 60}, 'UTC') GROUP BY prefix, prefix_len, minute "
+            f"HAVING n >= {int(pb.min_requests_per_minute)} ORDER BY m", "warm the prefix baselines from prefix_minute")
         # a range decided against (any mode: observe, or enforced at the edge, lets its flood reach the logs)
         # teaches nothing up to its ban's end, as on the live path
-        try:
-            flagged = self.store.query_rows(
-                "SELECT value, max(toUnixTimestamp64Milli(expires_at)) FROM decisions WHERE action = 'ban' AND "
-                f"scope = 'range' AND expires_at >= toDateTime64({since * 60}, 3, 'UTC') GROUP BY value")
-        except Exception as exc:
-            log.warning("could not read range decisions for the prefix baselines: %s", str(exc).splitlines()[0][:200])
+        flagged = self._query(
+            "SELECT value, max(toUnixTimestamp64Milli(expires_at)) FROM decisions WHERE action = 'ban' AND "
+            f"scope = 'range' AND expires_at >= toDateTime64({since * 60}, 3, 'UTC') GROUP BY value",
+            "read range decisions for the prefix baselines")
+        if rows is None or flagged is None:
             return 0
         with self.lock:
             for value, until_ms in flagged:
                 self.detector.prefix_rates.taint(str(value), int(until_ms) // 1000)
-            self.warmed_prefixes = self.detector.warm_prefix_rates((key(str(p)), int(m), int(n)) for p, m, n in rows)
+            # prefix_of maps the rollup's IPv4-mapped /120 starts (::ffff:a.b.c.0) to a.b.c.0/24, as live lines
+            self.warmed_prefixes = self.detector.warm_prefix_rates(
+                (prefix_of(str(p)), int(m), int(n)) for p, m, n in rows)
         if self.warmed_prefixes:
             log.info("prefix baselines: %d range(s) learned from the last %d h of prefix_minute",
                      self.warmed_prefixes, (now_min - since) // 60)
@@ -356,7 +344,7 @@ class LiveDos:
             return 0
         from dataclasses import replace
 
-        from forumpulse.detectors.dos import canonical_network, never_ban_reason
+        from forumpulse.detectors.dos import canonical_network, net_value, never_ban_reason
 
         with self.lock:
             for d in active:
@@ -373,7 +361,7 @@ class LiveDos:
                     self.manager.suppressed[never] += 1
                     log.warning("not restoring the ban of %s (%s, never banned)", d.value, never)
                     continue
-                value = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+                value = net_value(net)
                 if value in self.manager.active:
                     continue
                 if value != d.value:
@@ -447,12 +435,11 @@ class LiveDos:
         the bans lifted; store errors are logged."""
         now_ms = int(self.clock() * 1000)
         since = self._unbans_seen_ms
-        try:
-            rows = self.store.query_rows(
-                "SELECT value, toUnixTimestamp64Milli(max(created_at)), argMax(reason, created_at) FROM decisions "
-                f"WHERE action = 'unban' AND created_at > fromUnixTimestamp64Milli({since}, 'UTC') GROUP BY value")
-        except Exception as exc:
-            log.warning("could not read unbans from the store: %s", str(exc).splitlines()[0][:200])
+        rows = self._query(
+            "SELECT value, toUnixTimestamp64Milli(max(created_at)), argMax(reason, created_at) FROM decisions "
+            f"WHERE action = 'unban' AND created_at > fromUnixTimestamp64Milli({since}, 'UTC') GROUP BY value",
+            "read unbans from the store")
+        if rows is None:
             return 0
         lifted = 0
         with self.lock:
@@ -490,16 +477,28 @@ class LiveDos:
         self.firewall_check_errors += failed
         return failed
 
+    def _query(self, sql: str, what: str) -> list[Any] | None:
+        """Rows of a side query (warm start, unban sync); None, logged, when the store fails."""
+        try:
+            return list(self.store.query_rows(sql))
+        except Exception as exc:
+            log.warning("could not %s: %s", what, str(exc).splitlines()[0][:200])
+            return None
+
+    def _in_force(self, now: float) -> list[Any]:
+        """Bans the manager holds that are in force by the wall clock (it expires its own only when a candidate
+        arrives)."""
+        return [d for d in list(self.manager.active.values()) if d.created_at / 1000 + d.duration_s > now]
+
     def active(self) -> list[dict[str, Any]]:
         now = self.clock()
         with self.lock:
-            ds = [d for d in self.manager.active.values() if d.created_at / 1000 + d.duration_s > now]
+            ds = self._in_force(now)
         return [decision_view(d, now) for d in sorted(ds, key=lambda d: -d.created_at)]
 
     def active_count(self) -> int:
-        """Bans in force by the wall clock (the manager expires its own only when a candidate arrives)."""
-        now = self.clock()
-        return sum(1 for d in list(self.manager.active.values()) if d.created_at / 1000 + d.duration_s > now)
+        """Bans in force by the wall clock (read without the detection lock: a scrape never waits for a batch)."""
+        return len(self._in_force(self.clock()))
 
     def close(self) -> None:
         with self.lock:
@@ -568,8 +567,8 @@ class DosFeed:
     threshold would be banned by its own replayed lines.  A partition whose log ends before that offset when it
     is assigned (recreated or truncated) starts afresh, and so does one whose offsets go back once new messages
     came after the assignment (a log reset while assigned).  Limit: a log recreated and refilled past the old
-    offset before the partition is assigned again looks like a replay until it passes that offset.  A new ``DosFeed`` (a new process) has a new detector and starts
-    from the committed offsets.
+    offset before the partition is assigned again looks like a replay until it passes that offset.  A new
+    ``DosFeed`` (a new process) has a new detector and starts from the committed offsets.
     """
 
     def __init__(self, settings: Settings, hook: Callable[[pa.Table, BatchInfo], None], stop: threading.Event,
@@ -591,7 +590,8 @@ class DosFeed:
         self.replayed = 0  # messages skipped because this feed's hook already had them
         self.assigned = threading.Event()
         self._fed: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset not yet given to the hook
-        self._replaying: set[tuple[str, int]] = set()  # assigned, no new message yet: offsets below _fed are a replay
+        #: assigned, no new message yet: offsets below _fed are a replay
+        self._replaying: set[tuple[str, int]] = set()
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         for tp in partitions:
