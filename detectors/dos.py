@@ -815,6 +815,9 @@ class Candidate:
     duration_s: int
     evidence: dict[str, Any]
     user_agents: list[str] = field(default_factory=list)
+    #: scope ``range`` only: the range's busiest addresses in the window (up to 3) with their user agents; the
+    #: range is not banned when every one of them is a verified crawler (a search engine's crawl, not a flood)
+    members: list[tuple[str, list[str]]] = field(default_factory=list)
     breaker_group: str = ""  # non-empty: counted against its own per-minute budget (breaker_limit)
     breaker_limit: int | None = None
 
@@ -947,6 +950,11 @@ class DecisionManager:
             self.suppressed["allowlist"] += 1
             return None
         if c.scope == "ip" and self.verifier.verified(value, c.user_agents):
+            self.suppressed["crawler"] += 1
+            return None
+        if c.scope == "range" and c.members and all(self.verifier.verified(ip, uas) for ip, uas in c.members):
+            # a crawler's own range (Googlebot from a dozen addresses of 66.249.66.0/24): its busiest addresses
+            # pass the same check as a single client, so the crawl is not a range flood
             self.suppressed["crawler"] += 1
             return None
         minute = c.decided_at // 60_000
@@ -1426,7 +1434,7 @@ class DosDetector:
                 if grp.empty:
                     continue
             row = grp.sort_values("sec").iloc[0]
-            c = self._candidate(r, b, idx, kc, int(key_code), value, row, thr)
+            c = self._candidate(r, b, idx, kc, int(key_code), value, row, thr, cache)
             if learned is not None:
                 c.evidence["baseline_per_s"] = round(learned, 2)
             yield c
@@ -1451,7 +1459,7 @@ class DosDetector:
         return float(min(c.provisional_max_scale, max(1.0, users / c.users_per_unit)))
 
     def _candidate(self, r: Rule, b: Batch, idx: np.ndarray, kc: np.ndarray, key_code: int, value: str,
-                   row: Any, thr: float) -> Candidate:
+                   row: Any, thr: float, cache: dict[str, Any]) -> Candidate:
         sec = int(row["sec"])
         sel = idx[(kc == key_code) & (b.ts[idx] // 1000 == sec)]
         if r.kind == "count" and len(sel):
@@ -1468,9 +1476,20 @@ class DosDetector:
               "count": int(row["win"]), "samples": samples, "user_agents": uas[:5]}
         if "distinct" in row and not pd.isna(row["distinct"]):
             ev["distinct"] = int(row["distinct"])
+        members: list[tuple[str, list[str]]] = []
+        if r.scope == "range" and len(in_win):
+            ipc, ipu = cache["ip"]
+            codes, counts = np.unique(ipc[in_win], return_counts=True)
+            order = np.argsort(-counts, kind="stable")[:3]
+            top: list[list[Any]] = []
+            for code, n in zip(codes[order].tolist(), counts[order].tolist(), strict=True):
+                rows = in_win[ipc[in_win] == code][:50]
+                members.append((str(ipu[code]), sorted({b.value("user_agent", i) for i in rows})))
+                top.append([str(ipu[code]), int(n)])
+            ev["top_clients"] = top
         return Candidate(rule=r.name, value=value, scope=r.scope, decided_at=int(b.ts[trig]),
                          first_seen=min(first, int(b.ts[trig])), duration_s=r.duration_s, evidence=ev,
-                         user_agents=uas)
+                         user_agents=uas, members=members)
 
     def _distributed(self, r: Rule, b: Batch, idx: np.ndarray, tc: np.ndarray, tuniq: np.ndarray,
                      s: np.ndarray, ts: np.ndarray, wm_sec: int, cache: dict[str, Any]) -> Iterator[Candidate]:

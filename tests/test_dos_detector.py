@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import ipaddress
 import json
 from pathlib import Path
 from typing import Any
@@ -289,10 +290,18 @@ def test_columnar_rewrite_gives_the_recorded_decisions(source: str) -> None:
         want = [{**w, "value": canonical_value(w["value"])} for w in json.loads(json.dumps(want))]
         # a third, of the rules (version 4): prefix rules scale by the range's learned rate, which their
         # evidence now shows (baseline_per_s); the golden ranges had none, so their thresholds are unchanged
+        # a fourth: range decisions name the range's busiest addresses (top_clients), which the range check for
+        # verified crawlers asks about; the count they give is the range's own (non-static, in the window)
         for d in got:
             if d["reason"] == "prefix_flood":
                 assert d["evidence"].pop("baseline_per_s") == 0.0
                 assert d["evidence"]["threshold"] == 800.0
+            if d["scope"] == "range":
+                top = d["evidence"].pop("top_clients")
+                net = ipaddress.ip_network(d["value"])
+                assert 1 <= len(top) <= 3 and all(ipaddress.ip_address(ip) in net for ip, _ in top)
+                assert [n for _, n in top] == sorted((n for _, n in top), reverse=True)
+                assert sum(n for _, n in top) <= d["evidence"]["count"]
         breaker_min = {}
         again = []
         for i, d in enumerate(got):
@@ -574,3 +583,33 @@ def test_a_minute_is_learned_once() -> None:
     assert not r.learn("192.0.2.0/24", 11, 40) and not r.learn("192.0.2.0/24", 5, 40)
     assert r.rate["192.0.2.0/24"] == (1200.0, 11)
     assert r.learn("192.0.2.0/24", 12, 600) and r.rate["192.0.2.0/24"] == (pytest.approx(1020.0), 12)
+
+
+def test_a_verified_crawlers_range_is_not_banned_as_a_range() -> None:
+    """Googlebot crawling a forum from 12 addresses of one /24 at 30 req/s together, a range never seen before:
+    over prefix_surge's bare threshold (20 req/s from >= 10 addresses).  The range's busiest addresses are
+    checked like a single client (forward-confirmed reverse DNS): verified, so the range is not banned
+    (counted as ``crawler``).  The same traffic from addresses whose reverse names do not confirm is banned as
+    a range: the check is what spares it."""
+    from forumpulse.pipeline.enrich import CrawlerNetworks
+
+    rng = np.random.default_rng(7)
+    ips = [f"66.249.66.{k}" for k in range(1, 13)]
+    start = T0 + 900_000 + 113
+    recs = synth_humans(rng, T0, 1020, 30)
+    for ip in ips:
+        recs += synth_crawler(rng, start, 60, ip, rate=2.5, missing_share=0.1)
+    recs = ordered(recs)
+    ptr = {ip: f"crawl-{ip.replace('.', '-')}.googlebot.com" for ip in ips}
+    good = FakeDns(ptr, {name: [ip] for ip, name in ptr.items()})
+    det = run_detector(recs, cfg(), batch_lines=2000,
+                       verifier=CrawlerVerifier("dns", good, networks=CrawlerNetworks()))
+    assert list(det.manager.decisions) == []
+    assert det.manager.suppressed["crawler"] >= 1
+    assert 1 <= good.calls <= 12  # the busiest few addresses are asked, once each (cached)
+
+    bad = FakeDns(ptr, {})  # reverse names that do not resolve back: not verified
+    det = run_detector(recs, cfg(), batch_lines=2000,
+                       verifier=CrawlerVerifier("dns", bad, networks=CrawlerNetworks()))
+    assert [(d.value, d.reason) for d in det.manager.decisions if d.scope == "range"] == [
+        ("66.249.66.0/24", "prefix_surge")]

@@ -60,7 +60,8 @@ def test_every_rule_has_positive_and_negative_cases() -> None:
 @pytest.mark.parametrize(("rule", "case"), all_cases())
 def test_rule_case(rule: str, case: dict[str, Any]) -> None:
     recs = expand(case["traffic"], seed=len(case["name"]))
-    det = run_detector(recs, DosConfig(crawlers={"verify": "off"}), batch_lines=500)  # type: ignore[arg-type]
+    verify = case.get("crawlers_verify", "off")  # off unless the case is about crawler verification
+    det = run_detector(recs, DosConfig(crawlers={"verify": verify}), batch_lines=500)  # type: ignore[arg-type]
     got = {d.value: d for d in det.manager.decisions}
     if not case["expect"]:
         assert got == {}, f"{case['name']}: unexpected {[(d.value, d.reason) for d in got.values()]}"
