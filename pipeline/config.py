@@ -42,10 +42,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class RollupAuditConfig(_Strict):
+    """Follow-up of replayed batches by the loader that owns an embedded (chdb:) store: their hours checked against
+    requests, and rebuilt, once settled (docs/operations.md, consumer crash)."""
+
+    enabled: bool = Field(True, description="the loader owning a chdb: store (forumpulse run --consume, or the "
+                          "standalone consumer) checks the hours of every batch it replayed against requests once "
+                          "they settled, as `db check-rollups` would (not on a ClickHouse server: run that command)")
+    repair: bool = Field(True, description="rebuild from requests the hours that still differ (as `db "
+                         "check-rollups --repair`); false: log and count them only")
+    settle_s: float = Field(3600.0, ge=0, description="an advised hour is audited this long after it ended (and "
+                            "once no partition is behind it): late lines must not land while it is rebuilt")
+    interval_s: float = Field(60.0, gt=0, description="seconds between the owner's audit passes")
+
+
 class StoreConfig(_Strict):
     """Where rows are stored."""
 
     url: str = Field("chdb:./data/chdb", description="chdb:PATH (embedded, default) or clickhouse://user:pass@host:8123/db")
+    rollup_audit: RollupAuditConfig = Field(default_factory=lambda: RollupAuditConfig())
 
     _url = field_validator("url")(lambda cls, v: check_store_url(v))
 

@@ -47,7 +47,9 @@ Guarantees: every message of the topic ends as exactly one row of ``requests`` o
 dead-letter message (bad envelope) or one heartbeat; rollups count each line once, except that a store process
 killed while ClickHouse commits one insert's parts table by table can leave one rollup without that block (the
 replay is deduplicated everywhere): every replayed batch logs the hours to check with ``forumpulse db
-check-rollups`` (:mod:`forumpulse.pipeline.rollup_check`), whose ``--repair`` rebuilds them from ``requests``.
+check-rollups`` (:mod:`forumpulse.pipeline.rollup_check`), whose ``--repair`` rebuilds them from ``requests``, and
+tells ``replay_listeners`` -- the owner of an embedded store audits those hours by itself once settled
+(``RollupAuditor``, ``store.rollup_audit``).
 At-least-once (not exactly-once) for side channels: the dead-letter topic (a replayed batch is dead-lettered again; match on
 ``fp-source``), ``pipeline_stats``, ``source_liveness.lines`` (approximate) and
 detector hooks may see a replayed batch twice.  ``consumer_progress`` (every stats interval, one row per owned
@@ -92,7 +94,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -330,6 +332,8 @@ class LiveConsumer:
         self.opt = options or ConsumerOptions.from_settings(settings)
         self.instance = self.opt.instance_id or f"{socket.gethostname()}-{os.getpid()}"
         self.hooks = list(hooks)
+        #: called with (first ts, last ts, why) of every replayed batch's requests (the owner's RollupAuditor)
+        self.replay_listeners: list[Callable[[datetime, datetime, str], None]] = []
         self.metrics = metrics or PipelineMetrics("consumer", self.instance)
         self.processor = processor or Processor(settings)
         self._stop = threading.Event()
@@ -1144,6 +1148,11 @@ class LiveConsumer:
         if lo is None or hi is None:
             return
         fmt = "%Y-%m-%dT%H:00"
+        for listener in self.replay_listeners:
+            try:
+                listener(lo, hi, f"{b.key[0]}/{b.key[1]} batch {b.first}-{b.last} replayed")
+            except Exception:
+                log.exception("replay listener %r failed", listener)
         log.warning("%s/%d: batch %d-%d was replayed (its earlier insert was not committed: a crash or a revoke). "
                     "If that process was killed mid-insert one rollup can lack the block; check with `forumpulse db "
                     "check-rollups --from %s --to %s` (add --repair to rebuild from requests)", b.key[0], b.key[1],
@@ -1597,6 +1606,13 @@ def consume_command(
     if no_dead_letter:
         opts.dead_letter_topic = None
     consumer = LiveConsumer(settings, st, opts)
+    from forumpulse.pipeline.rollup_check import start_auditor
+
+    # the owner of an embedded store checks (and rebuilds) the hours of the batches it replays once settled
+    audit = start_auditor(settings.store.rollup_audit, st, url, stop)
+    if audit is not None:
+        consumer.replay_listeners.append(audit[0].advise)
+        consumer.metrics.registry.register(audit[0])
     holder["c"] = consumer
     if stop.is_set():
         consumer.stop()
@@ -1605,6 +1621,9 @@ def consume_command(
     try:
         summary = consumer.run(idle_exit_s=idle_exit)
     finally:
+        stop.set()
+        if audit is not None:
+            audit[1].join(60)  # an audit pass under way finishes before the store closes
         st.close()
     print(json.dumps({"consumer": consumer.instance, **summary}), flush=True)
 

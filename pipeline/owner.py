@@ -107,6 +107,7 @@ class Owner:
         self._services_registry: CollectorRegistry | None = None  # the services' collectors (live detectors)
         self._consumer_thread: threading.Thread | None = None
         self.ctx: OwnerContext | None = None
+        self.auditor: Any = None  # RollupAuditor: hours of replayed batches checked once settled (--consume)
 
     # ------------------------------------------------------------------------------------------ routes
 
@@ -149,6 +150,14 @@ class Owner:
                                       consume=self.consume)
         for service in self.services:
             service(ctx)
+        if self.consume:  # the hours of batches its loader replays are checked (and rebuilt) once settled
+            from forumpulse.pipeline.rollup_check import start_auditor
+
+            started = start_auditor(self.settings.store.rollup_audit, self.store, self.store_url, self.stop_event)
+            if started is not None:
+                self.auditor = started[0]
+                ctx.collectors.append(self.auditor)
+                ctx.threads.append(started[1])  # joined at shutdown with the services' threads
         if ctx.collectors:
             self._services_registry = CollectorRegistry()
             for c in ctx.collectors:
@@ -164,6 +173,8 @@ class Owner:
         if self.consume:
             opts = self.consumer_options or ConsumerOptions.from_settings(self.settings)
             self.consumer = LiveConsumer(self.settings, self.store, opts, hooks=ctx.hooks)
+            if self.auditor is not None:
+                self.consumer.replay_listeners.append(self.auditor.advise)
             self._consumer_thread = threading.Thread(target=self._run_consumer, name="owner-consumer", daemon=True)
             self._consumer_thread.start()
 

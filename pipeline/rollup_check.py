@@ -295,3 +295,195 @@ def _delete(store: Any, db: str, table: str, hours: set[str]) -> None:
     for batch in _batches(hours):
         store.command(f"ALTER TABLE {db}.{table} DELETE WHERE {_in_hours(TIME_COLUMN[table], batch)} "
                       "SETTINGS mutations_sync = 2")
+
+
+# ---------------------------------------------------------------------------------------------- audit
+
+
+class RollupAuditor:
+    """Checks (and repairs) by itself the hours a replayed batch touched -- the follow-up the loader's log line
+    asks for -- inside the process that owns the store (``forumpulse run --consume``).
+
+    The loader calls :meth:`advise` for every batch it replays (a batch an earlier owner recorded but did not
+    commit: a crash, a kill or a revoke).  :meth:`run_once` (the owner calls it every ``interval_s``) takes the
+    advised hours that have *settled* -- ended ``settle_s`` ago by the wall clock, and no partition of
+    ``consumer_progress`` reported in the last 10 minutes is still behind them (lag not 0 with its newest loaded
+    Kafka time before the hour's end + ``settle_s``) -- and runs :func:`check_rollups` over each run of
+    consecutive hours.  A difference is checked a second time before it counts (a late line landing between the
+    copy of ``requests`` and the comparison looks like one); with ``repair`` the hours that still differ are
+    rebuilt from ``requests`` and checked again.  Results are logged (a warning for every difference, with the
+    command to run by hand when not repaired) and counted (:meth:`collect`, Prometheus).
+
+    Guarantees and limits: hours whose raw rows are gone are never rebuilt (:func:`check_rollups`).  Advice lives
+    in memory: an owner that restarts before an advised hour settled forgets it, but its next loader replays the
+    batch again (still uncommitted) or the hour stays as the log line named it.  A settled hour is normally no
+    longer written; a line arriving later than ``settle_s`` while its hour is being rebuilt can be missing from
+    (or, never, doubled in) that hour's rollups -- the check after the repair reports it.  One auditor per store:
+    two processes repairing the same hours at once would each rebuild them (run the loader's ``--consume`` in one
+    owner only).  Store errors are logged and the hours retried at the next call."""
+
+    def __init__(self, store: Any, open_scratch: Any, *, settle_s: float = 3600.0, repair: bool = True,
+                 max_hours: int = 24 * 7, clock: Any = None) -> None:
+        import threading
+        import time
+
+        self.store = store
+        self.open_scratch = open_scratch
+        self.settle_s = settle_s
+        self.repair = repair
+        self.max_hours = max_hours
+        self.clock = clock or time.time
+        self._lock = threading.Lock()
+        self.pending: dict[datetime, str] = {}  #: advised hour (UTC) -> why (the first advice)
+        #: hours by result: same, repaired, different (not repaired, or still different after the repair),
+        #: not_compared (raw rows gone, or before what requests holds); errors: check runs that failed
+        self.counts: dict[str, int] = {"same": 0, "repaired": 0, "different": 0, "not_compared": 0}
+        self.errors = 0
+        self.runs = 0
+
+    def advise(self, lo: datetime, hi: datetime, why: str) -> None:
+        """Hours ``[floor(lo), hi]`` (UTC datetimes) may lack a replayed block in one rollup.  Thread-safe."""
+        lo, hi = (x if x.tzinfo else x.replace(tzinfo=UTC) for x in (lo, hi))  # naive: UTC, not local time
+        h, last = _hour_floor(lo), _hour_floor(hi)
+        if last - h > timedelta(hours=self.max_hours):  # a batch spanning weeks (an archive): its last week
+            h = last - timedelta(hours=self.max_hours)
+        with self._lock:
+            while h <= last:
+                self.pending.setdefault(h, why)
+                h += timedelta(hours=1)
+
+    def _settled(self, hours: list[datetime]) -> list[datetime]:
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        ripe = [h for h in hours if h + timedelta(hours=1, seconds=self.settle_s) <= now]
+        if not ripe:
+            return []
+        try:
+            rows = self.store.query_rows(
+                "SELECT toUnixTimestamp64Milli(min(loaded_ts)), count() FROM consumer_progress FINAL "
+                "WHERE active AND lag != 0 AND updated_at >= "
+                f"fromUnixTimestamp64Milli(toInt64({int(self.clock() * 1000) - 600_000}), 'UTC')")
+        except Exception as exc:  # a store hiccup postpones the audit
+            log.warning("rollup audit: could not read consumer_progress (%s); retrying later",
+                        str(exc).splitlines()[0][:200])
+            return []
+        behind_ms, n = rows[0] if rows else (0, 0)
+        if int(n):
+            limit = datetime.fromtimestamp(int(behind_ms) / 1000, UTC) - timedelta(seconds=self.settle_s)
+            ripe = [h for h in ripe if h + timedelta(hours=1) <= limit]
+        return ripe
+
+    def run_once(self) -> int:
+        """Audit the settled advised hours; returns how many hours were audited (0: nothing settled)."""
+        with self._lock:
+            hours = sorted(self.pending)
+        ripe = self._settled(hours)
+        done = 0
+        for start, end in _runs(ripe):
+            try:
+                res = self._audit(start, end)
+            except Exception as exc:  # logged, counted, retried at the next call
+                self.errors += 1
+                log.warning("rollup audit of %s .. %s UTC failed (retrying later): %s", _ts(start), _ts(end),
+                            str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+                continue
+            with self._lock:
+                for h in _hours(start, end):
+                    self.pending.pop(h, None)
+            done += int((end - start) / timedelta(hours=1))
+            self._count(res, start, end)
+        self.runs += 1
+        return done
+
+    def _audit(self, start: datetime, end: datetime) -> tuple[RollupCheck, RollupCheck | None]:
+        first = check_rollups(self.store, start, end, open_scratch=self.open_scratch)
+        if first.ok:
+            return first, None
+        again = check_rollups(self.store, start, end, open_scratch=self.open_scratch, repair=self.repair)
+        after = check_rollups(self.store, start, end, open_scratch=self.open_scratch) if again.repaired else None
+        return again, after
+
+    def _count(self, res: tuple[RollupCheck, RollupCheck | None], start: datetime, end: datetime) -> None:
+        check, after = res
+        all_hours = {_ts(h) for h in _hours(start, end)}
+        # check_rollups starts later where requests may not hold every raw row, and holds none at all when empty
+        compared = {_ts(h) for h in _hours(check.start, check.end)} if check.requests else set()
+        skipped = (all_hours - compared) | set(check.raw_incomplete)
+        differing = set(check.hours)
+        still = set(after.hours) if after is not None else (differing if not check.repaired else set())
+        repaired = differing - still if check.repaired else set()
+        self.counts["not_compared"] += len(skipped)
+        self.counts["repaired"] += len(repaired)
+        self.counts["different"] += len(still)
+        self.counts["same"] += len(all_hours - skipped - repaired - still)
+        span = f"{_ts(start)} .. {_ts(end)} UTC"
+        if repaired:
+            log.warning("rollup audit %s: rebuilt from requests the hour(s) a replayed batch left incomplete in a "
+                        "rollup: %s", span, ", ".join(sorted(repaired)))
+        if still:
+            log.warning("rollup audit %s: rollups differ from requests in hour(s) %s%s; run `forumpulse db "
+                        "check-rollups --from %s --to %s --repair` with the loader stopped", span,
+                        ", ".join(sorted(still)), "" if not check.repaired else " even after a repair",
+                        start.strftime("%Y-%m-%dT%H:00"), end.strftime("%Y-%m-%dT%H:00"))
+        if not repaired and not still:
+            log.info("rollup audit %s: rollups match requests%s", span,
+                     f" ({len(skipped)} hour(s) not compared: {check.note or 'raw rows gone'})" if skipped else "")
+
+    def collect(self) -> Any:
+        """Prometheus metric families (the owner's ``/metrics``)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        c = CounterMetricFamily("forumpulse_rollup_audit_hours", "hours the owner audited after a replayed batch, "
+                                "by result (same, repaired, different, not_compared)", labels=["result"])
+        for k, v in self.counts.items():
+            c.add_metric([k], v)
+        yield c
+        yield CounterMetricFamily("forumpulse_rollup_audit_errors", "audit runs that failed (retried)",
+                                  value=self.errors)
+        with self._lock:
+            n = len(self.pending)
+        yield GaugeMetricFamily("forumpulse_rollup_audit_pending_hours", "advised hours waiting to settle or retry",
+                                value=n)
+
+
+def _hours(start: datetime, end: datetime) -> list[datetime]:
+    out, h = [], start
+    while h < end:
+        out.append(h)
+        h += timedelta(hours=1)
+    return out
+
+
+def _runs(hours: list[datetime]) -> list[tuple[datetime, datetime]]:
+    """Sorted hours as runs of consecutive hours ``[start, end)``."""
+    out: list[tuple[datetime, datetime]] = []
+    for h in sorted(hours):
+        if out and out[-1][1] == h:
+            out[-1] = (out[-1][0], h + timedelta(hours=1))
+        else:
+            out.append((h, h + timedelta(hours=1)))
+    return out
+
+
+def start_auditor(cfg: Any, store: Any, url: str, stop: Any) -> tuple[RollupAuditor, Any] | None:
+    """The auditor of the process that owns ``store`` (``cfg``: ``Settings.store.rollup_audit``) and its thread,
+    started: a pass every ``cfg.interval_s`` until ``stop`` (a threading.Event) is set.  None when disabled, and
+    for a ClickHouse server (``url`` not ``chdb:``): there several loaders may replay batches of the same hours, and
+    two repairs of one hour at once would count it twice -- run ``forumpulse db check-rollups`` there instead."""
+    import threading
+
+    if not cfg.enabled or not url.startswith("chdb:"):
+        return None
+    from forumpulse.pipeline.store import open_store
+
+    aud = RollupAuditor(store, lambda db: open_store(url, database=db), settle_s=cfg.settle_s, repair=cfg.repair)
+
+    def loop() -> None:
+        while not stop.wait(cfg.interval_s):
+            try:
+                aud.run_once()
+            except Exception:  # never stops the process; run_once logs its own store errors
+                log.exception("rollup audit pass failed")
+
+    t = threading.Thread(target=loop, name="rollup-audit", daemon=True)
+    t.start()
+    return aud, t

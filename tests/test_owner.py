@@ -45,3 +45,30 @@ def test_owner_serves_store_routes_and_services(chdb_path: Path, settings: Setti
     finally:
         owner.shutdown()
     assert owner.store is None
+
+
+def test_a_consuming_owner_audits_the_hours_of_replayed_batches(chdb_path: Path, settings: Settings) -> None:
+    """``forumpulse run --consume`` wires its loader's replayed batches to a RollupAuditor (``store.rollup_audit``),
+    whose counters are on the owner's /metrics; ``enabled: false`` turns it off.  (No broker here: the loader
+    waits for one, which does not matter to the wiring.)"""
+    from forumpulse.pipeline.consumer import ConsumerOptions
+
+    opts = ConsumerOptions(bootstrap_servers="127.0.0.1:9", topic="t", dead_letter_topic=None, group_id="g")
+    owner = Owner(settings, store_url=f"chdb:{chdb_path}", port=0, consume=True, consumer_options=opts, services=[])
+    owner.start()
+    try:
+        assert owner.auditor is not None and owner.consumer is not None
+        assert owner.consumer.replay_listeners == [owner.auditor.advise]
+        body = _get(owner.port, "/metrics")[1]
+        assert b"forumpulse_rollup_audit_pending_hours 0.0" in body
+        assert b'forumpulse_rollup_audit_hours_total{result="repaired"} 0.0' in body
+    finally:
+        owner.shutdown()
+    off = settings.model_copy(update={"store": settings.store.model_copy(
+        update={"rollup_audit": settings.store.rollup_audit.model_copy(update={"enabled": False})})})
+    owner = Owner(off, store_url=f"chdb:{chdb_path}", port=0, consume=True, consumer_options=opts, services=[])
+    owner.start()
+    try:
+        assert owner.auditor is None and owner.consumer is not None and owner.consumer.replay_listeners == []
+    finally:
+        owner.shutdown()

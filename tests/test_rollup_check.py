@@ -323,3 +323,64 @@ def test_a_scratch_database_left_by_a_killed_run_is_dropped_by_the_next_run_once
     finally:
         st.close()
     assert left == {names["young"], names["legacy_young"], names["other"]}
+
+
+# ------------------------------------------------------------------ the owner's audit of replayed batches
+
+
+class _Clock:
+    def __init__(self, t: datetime) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t.timestamp()
+
+
+def _progress(st: Any, loaded: datetime, lag: int, updated: datetime) -> None:
+    import pyarrow as pa
+    from forumpulse.pipeline.consumer import PROGRESS_SCHEMA
+
+    st.insert("consumer_progress", pa.Table.from_pylist([{
+        "group_id": "g", "topic": "weblogs.raw", "partition": 0, "loaded_ts": loaded, "next_offset": 10,
+        "lag": lag, "active": True, "instance": "i", "updated_at": updated}], schema=PROGRESS_SCHEMA))
+
+
+@pytest.mark.parametrize("repair", [True, False])
+def test_the_owner_audits_a_replayed_batchs_hours_once_they_settled(loaded: tuple[Path, Path], tmp_path: Path,
+                                                                   repair: bool) -> None:
+    """RollupAuditor (``store.rollup_audit``): the hours of a replayed batch are checked only once they ended
+    ``settle_s`` ago and no partition is behind them; a lost block is then rebuilt (``repair``) or reported and
+    counted, the intact neighbour hour counts as ``same``; nothing is left pending."""
+    from forumpulse.pipeline.rollup_check import RollupAuditor
+
+    st_path = _copy(loaded[0] / "st", tmp_path / "st")
+    hour = _busiest_hour(st_path)
+    minute = hour + timedelta(minutes=17)
+    _damage(st_path, "ALTER TABLE topic_minute DELETE WHERE minute = toDateTime("
+                     f"'{minute:%Y-%m-%d %H:%M:%S}', 'UTC') SETTINGS mutations_sync = 2")
+    url = f"chdb:{st_path}"
+    st = open_store(url)
+    try:
+        clock = _Clock(hour + timedelta(minutes=90))
+        aud = RollupAuditor(st, lambda db: open_store(url, database=db), settle_s=3600, repair=repair, clock=clock)
+        aud.advise(minute, hour + timedelta(minutes=65), "weblogs.raw/0 batch 100-199 replayed")
+        assert sorted(aud.pending) == [hour, hour + timedelta(hours=1)]
+        assert aud.run_once() == 0 and len(aud.pending) == 2  # neither hour ended an hour ago
+        clock.t = hour + timedelta(hours=4)
+        # a partition behind (reported 1 min ago), loaded up to +2:30: less the settle time, +1:30 -- the first
+        # hour (ends +1:00) is ripe, the second (ends +2:00) waits
+        _progress(st, hour + timedelta(hours=2, minutes=30), lag=500, updated=clock.t - timedelta(minutes=1))
+        assert aud.run_once() == 1 and list(aud.pending) == [hour + timedelta(hours=1)]
+        _progress(st, hour + timedelta(hours=3, minutes=1), lag=0, updated=clock.t - timedelta(seconds=5))
+        assert aud.run_once() == 1 and aud.pending == {}
+        want = {"same": 1, "repaired": 1, "different": 0, "not_compared": 0} if repair else \
+            {"same": 1, "repaired": 0, "different": 1, "not_compared": 0}
+        assert aud.counts == want and aud.errors == 0
+        fams = {f.name: f for f in aud.collect()}
+        got = {s.labels["result"]: s.value for s in fams["forumpulse_rollup_audit_hours"].samples
+               if s.name.endswith("_total")}
+        assert got == want and fams["forumpulse_rollup_audit_pending_hours"].samples[0].value == 0
+        assert aud.run_once() == 0  # audited hours are not audited again
+    finally:
+        st.close()
+    assert _check(st_path).ok is repair  # rebuilt, or left as it was (reported)
