@@ -915,7 +915,9 @@ class DecisionManager:
         self.decisions_made = 0
         #: (action, reason, scope, mode) -> decisions dispatched (bans and unbans; the Prometheus counter)
         self.made: dict[tuple[str, str, str, str], int] = {}
-        self.breaker_seen: dict[str, int] = {}  # value -> stream minute of its last breaker decision
+        #: value -> stream minute until which a repeat over budget is not recorded again (its last breaker
+        #: decision's minute + the minutes the ban would have lasted)
+        self.breaker_seen: dict[str, int] = {}
         self._breaker_warned: set[tuple[str, int]] = set()  # (breaker group, stream minute) already logged
         self._prune_offences_at = 1024
         self.suppressed: dict[str, int] = {"allowlist": 0, "crawler": 0, "active": 0, "invalid": 0,
@@ -965,9 +967,10 @@ class DecisionManager:
         mode: str = self.cfg.mode
         if mode == "enforce" and bans.get(minute, 0) + 1 > limit:
             # not enforced, so not held as active either: the offender stays judgeable and is banned for real
-            # once the budget allows.  Recorded once per value and minute (a live detector resubmits it every
-            # batch while the flood goes on).
-            if self.breaker_seen.get(value) == minute:
+            # once the budget allows.  Recorded once for as long as the ban would have lasted (a live detector
+            # resubmits it every batch while the flood goes on; once per minute made a big swarm's rows ~10x
+            # its members).
+            if minute < self.breaker_seen.get(value, minute):
                 self.suppressed["breaker_repeat"] += 1
                 return None
             mode = "breaker"
@@ -997,9 +1000,9 @@ class DecisionManager:
             evidence={**c.evidence, "offence": len(hist) + 1},
         )
         if mode == "breaker":
-            self.breaker_seen[value] = minute
+            self.breaker_seen[value] = minute + max(1, -(-duration // 60))
             if len(self.breaker_seen) > 10_000:
-                self.breaker_seen = {k: m for k, m in self.breaker_seen.items() if m >= minute - 1}
+                self.breaker_seen = {k: m for k, m in self.breaker_seen.items() if m > minute}
         else:
             # a breaker decision is no offence (nothing was enforced) and blocks no later real ban
             hist.append(c.decided_at)
