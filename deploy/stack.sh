@@ -67,7 +67,8 @@ up() {
     local cfg=()
     [ -n "${FP_CONFIG:-}" ] && cfg=(--config "$FP_CONFIG")
     echo "==== start $(date -Is) ====" >>"$OWNER_LOG"
-    setsid "$FP" run "${cfg[@]}" --store "chdb:$DIR/chdb" --port "$HTTP_PORT" --consume \
+    # the live detectors too (DoS: decisions recorded; firewall actions only where the configuration enables them)
+    setsid "$FP" run "${cfg[@]}" --store "chdb:$DIR/chdb" --port "$HTTP_PORT" --consume --dos --traffic \
       --bootstrap "127.0.0.1:$KPORT" >>"$OWNER_LOG" 2>&1 </dev/null &
     echo $! > "$OWNER_PID"
     local i
@@ -117,6 +118,16 @@ status() {
     echo "owner running: pid $(cat "$OWNER_PID"), http://127.0.0.1:$HTTP_PORT"
     if owner_healthy; then
       owner_health | sed 's/^/   health: /'; echo
+      echo "== sources (live: lines; quiet: heartbeats only; silent/dead: look at the collector)"
+      curl -fsS --max-time 5 "http://127.0.0.1:$HTTP_PORT/fp/sources" 2>/dev/null | "$root/.venv/bin/python" -c '
+import json, sys
+rows = json.load(sys.stdin)
+for s in rows:
+    age = ["-" if v is None else "%.0f s ago" % v for v in (s["last_line_s_ago"], s["last_heartbeat_s_ago"])]
+    print("   %-7s %s  %s  %s  last line %s, heartbeat %s" % (s["state"], s["site"], s["origin_host"],
+                                                           s["origin_file"], age[0], age[1]))
+if not rows:
+    print("   (no source has sent anything yet)")' || echo "   /fp/sources did not answer"
     else echo "   /fp/health on port $HTTP_PORT does not answer with pid $(cat "$OWNER_PID")"; rc=1; fi
   else
     echo "owner not running"; rc=1

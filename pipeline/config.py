@@ -249,6 +249,9 @@ class IngestConfig(_Strict):
 
 
 _SECTION_VALIDATORS: dict[str, dict[str, Callable[[Any], Any]]] = {}
+#: the parts of section ``detectors`` (owned by forumpulse.pipeline.live_detect, .detectors.dos_rules and
+#: .detectors.traffic); any other name there is an error whichever modules are loaded
+DETECTOR_SECTIONS = ("dos", "live", "traffic")
 
 
 def register_section_validator(section: str, validator: Callable[[Any], Any]) -> None:
@@ -302,6 +305,17 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _YamlSource(settings_cls, _CURRENT_PATH))
+
+    @field_validator("detectors")
+    @classmethod
+    def _detector_sections(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # each part is validated by its owner (which allows the others' keys), so a misspelt part name would
+        # otherwise pass unseen and leave that detector on its defaults
+        unknown = sorted(set(v) - set(DETECTOR_SECTIONS))
+        if unknown:
+            raise ValueError(f"unknown detector section(s) {', '.join(map(repr, unknown))} (known: "
+                             f"{', '.join(DETECTOR_SECTIONS)})")
+        return v
 
     @model_validator(mode="after")
     def _sites_named(self) -> Settings:

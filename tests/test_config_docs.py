@@ -135,6 +135,8 @@ def test_config_check_accepts_the_example() -> None:
         ("sources:\n  - name: a\n    format: combinedd\n", "sources.0.format", "unknown format spec 'combinedd'"),
         ("topics:\n  groups:\n    - name: g\n      title_pattern: '(['\n", "topics.groups.0.title_pattern",
          "bad regular expression"),
+        # a misspelt detector part: each part's owner allows the others' keys, so this one is checked by name
+        ("detectors:\n  dso:\n    mode: observe\n", "detectors", "unknown detector section(s) 'dso'"),
         ("detectors:\n  traffic:\n    enabled: [site, topicz]\n", "detectors.traffic.enabled.1",
          "Input should be 'site', 'topic' or 'transfer'"),
         ("sites:\n  - name: f\n    country: XX\n", "sites", "no holiday calendar for country 'XX'"),

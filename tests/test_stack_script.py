@@ -81,6 +81,13 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
         assert {r[0] for r in rows if str(r[1]).endswith(".access.log")} == {"forum.example.org"}
         topics = dict(_query(http, "SELECT topic_id, count() FROM requests GROUP BY topic_id"))  # type: ignore[arg-type]
         assert set(map(int, topics)) == {7000, 7001, 7002}
+        # status lists the sources (the vhost file is live: lines just now) and the owner runs the detectors
+        st = _stack("status", env)
+        assert st.returncode == 0, st.stdout + st.stderr
+        src = [ln.split() for ln in st.stdout.split("== sources", 1)[1].splitlines()[1:] if ".access.log" in ln]
+        assert any(x[0] == "live" and x[3].endswith("forum.example.org.access.log") for x in src), st.stdout
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/fp/decisions", timeout=10) as r:  # served by --dos
+            assert r.status == 200 and json.loads(r.read()) == []
     finally:
         down = _stack("down", env)
     assert down.returncode == 0, down.stdout + down.stderr
