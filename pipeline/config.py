@@ -43,8 +43,7 @@ class _Strict(BaseModel):
 
 
 class RollupAuditConfig(_Strict):
-    """Follow-up of replayed batches by the loader that owns an embedded (chdb:) store: their hours checked against
-    requests, and rebuilt, once settled (docs/operations.md, consumer crash)."""
+    """Replayed batches' hours checked against requests, and rebuilt, once settled (embedded store; operations.md)."""
 
     enabled: bool = Field(True, description="the loader owning a chdb: store (forumpulse run --consume, or the "
                           "standalone consumer) checks the hours of every batch it replayed against requests once "
@@ -52,7 +51,7 @@ class RollupAuditConfig(_Strict):
     repair: bool = Field(True, description="rebuild from requests the hours that still differ (as `db "
                          "check-rollups --repair`); false: log and count them only")
     settle_s: float = Field(3600.0, ge=0, description="an advised hour is audited this long after it ended (and "
-                            "once no partition is behind it): late lines must not land while it is rebuilt")
+                            "once no partition is behind it), when its late lines are in")
     interval_s: float = Field(60.0, gt=0, description="seconds between the owner's audit passes")
 
 

@@ -309,21 +309,24 @@ class RollupAuditor:
     advised hours that have *settled* -- ended ``settle_s`` ago by the wall clock, and no partition of
     ``consumer_progress`` reported in the last 10 minutes is still behind them (lag not 0 with its newest loaded
     Kafka time before the hour's end + ``settle_s``) -- and runs :func:`check_rollups` over each run of
-    consecutive hours.  A difference is checked a second time before it counts (a late line landing between the
-    copy of ``requests`` and the comparison looks like one); with ``repair`` the hours that still differ are
-    rebuilt from ``requests`` and checked again.  Results are logged (a warning for every difference, with the
+    consecutive hours (at most :data:`AUDIT_HOURS_PER_PASS` per check).  Each check, its repair and the check after
+    it run inside ``store.exclusive()`` (chDB: the engine lock), so no insert lands between the copy of
+    ``requests``, the comparison and the rebuild (inserts and queries wait meanwhile: about a second for a forum's
+    hour).  A difference is checked a second time before it counts; with ``repair`` the hours that still differ
+    are rebuilt from ``requests`` and checked again.  Results are logged (a warning for every difference, with the
     command to run by hand when not repaired) and counted (:meth:`collect`, Prometheus).
 
     Guarantees and limits: hours whose raw rows are gone are never rebuilt (:func:`check_rollups`).  Advice lives
-    in memory: an owner that restarts before an advised hour settled forgets it, but its next loader replays the
-    batch again (still uncommitted) or the hour stays as the log line named it.  A settled hour is normally no
-    longer written; a line arriving later than ``settle_s`` while its hour is being rebuilt can be missing from
-    (or, never, doubled in) that hour's rollups -- the check after the repair reports it.  One auditor per store:
-    two processes repairing the same hours at once would each rebuild them (run the loader's ``--consume`` in one
-    owner only).  Store errors are logged and the hours retried at the next call."""
+    in memory: an owner that restarts before an advised hour was audited forgets it (the loader's log line still
+    names it).  Only for a store with ``exclusive()`` (chDB, where one process owns the folder): on a server other
+    writers could insert between the copy and the rebuild, and two loaders could repair one hour at once
+    (:func:`start_auditor` does not start one there).  ``stop`` (an Event) ends a pass between checks, never
+    inside one.  Advised hours later than an hour ahead of the clock are ignored (a line stamped in the future must
+    not push real hours out of the bounded list).  Store errors are logged and the hours retried at the next
+    call."""
 
     def __init__(self, store: Any, open_scratch: Any, *, settle_s: float = 3600.0, repair: bool = True,
-                 max_hours: int = 24 * 7, clock: Any = None) -> None:
+                 max_hours: int = 24 * 7, clock: Any = None, stop: Any = None) -> None:
         import threading
         import time
 
@@ -333,6 +336,7 @@ class RollupAuditor:
         self.repair = repair
         self.max_hours = max_hours
         self.clock = clock or time.time
+        self.stop = stop
         self._lock = threading.Lock()
         self.pending: dict[datetime, str] = {}  #: advised hour (UTC) -> why (the first advice)
         #: hours by result: same, repaired, different (not repaired, or still different after the repair),
@@ -344,6 +348,9 @@ class RollupAuditor:
     def advise(self, lo: datetime, hi: datetime, why: str) -> None:
         """Hours ``[floor(lo), hi]`` (UTC datetimes) may lack a replayed block in one rollup.  Thread-safe."""
         lo, hi = (x if x.tzinfo else x.replace(tzinfo=UTC) for x in (lo, hi))  # naive: UTC, not local time
+        hi = min(hi, datetime.fromtimestamp(self.clock(), UTC) + timedelta(hours=1))
+        if hi < lo:
+            return  # the whole batch stamped in the future: nothing an audit could settle
         h, last = _hour_floor(lo), _hour_floor(hi)
         if last - h > timedelta(hours=self.max_hours):  # a batch spanning weeks (an archive): its last week
             h = last - timedelta(hours=self.max_hours)
@@ -374,11 +381,15 @@ class RollupAuditor:
 
     def run_once(self) -> int:
         """Audit the settled advised hours; returns how many hours were audited (0: nothing settled)."""
+        if self.stop is not None and self.stop.is_set():
+            return 0
         with self._lock:
             hours = sorted(self.pending)
         ripe = self._settled(hours)
         done = 0
-        for start, end in _runs(ripe):
+        for start, end in _runs(ripe, AUDIT_HOURS_PER_PASS):
+            if self.stop is not None and self.stop.is_set():
+                break  # shutting down: the rest stays pending (between checks, never inside one)
             try:
                 res = self._audit(start, end)
             except Exception as exc:  # logged, counted, retried at the next call
@@ -395,20 +406,21 @@ class RollupAuditor:
         return done
 
     def _audit(self, start: datetime, end: datetime) -> tuple[RollupCheck, RollupCheck | None]:
-        first = check_rollups(self.store, start, end, open_scratch=self.open_scratch)
-        if first.ok:
-            return first, None
-        again = check_rollups(self.store, start, end, open_scratch=self.open_scratch, repair=self.repair)
-        after = check_rollups(self.store, start, end, open_scratch=self.open_scratch) if again.repaired else None
-        return again, after
+        with self.store.exclusive():  # nothing inserted between the copy, the comparison and the rebuild
+            first = check_rollups(self.store, start, end, open_scratch=self.open_scratch)
+            if first.ok:
+                return first, None
+            again = check_rollups(self.store, start, end, open_scratch=self.open_scratch, repair=self.repair)
+            after = check_rollups(self.store, start, end, open_scratch=self.open_scratch) if again.repaired else None
+            return again, after
 
     def _count(self, res: tuple[RollupCheck, RollupCheck | None], start: datetime, end: datetime) -> None:
         check, after = res
         all_hours = {_ts(h) for h in _hours(start, end)}
         # check_rollups starts later where requests may not hold every raw row, and holds none at all when empty
         compared = {_ts(h) for h in _hours(check.start, check.end)} if check.requests else set()
-        skipped = (all_hours - compared) | set(check.raw_incomplete)
         differing = set(check.hours)
+        skipped = ((all_hours - compared) | set(check.raw_incomplete)) - differing
         still = set(after.hours) if after is not None else (differing if not check.repaired else set())
         repaired = differing - still if check.repaired else set()
         self.counts["not_compared"] += len(skipped)
@@ -453,11 +465,15 @@ def _hours(start: datetime, end: datetime) -> list[datetime]:
     return out
 
 
-def _runs(hours: list[datetime]) -> list[tuple[datetime, datetime]]:
-    """Sorted hours as runs of consecutive hours ``[start, end)``."""
+#: hours per check of an audit pass: each check holds the engine (inserts wait) while it copies and compares
+AUDIT_HOURS_PER_PASS = 3
+
+
+def _runs(hours: list[datetime], most: int) -> list[tuple[datetime, datetime]]:
+    """Sorted hours as runs of consecutive hours ``[start, end)``, each at most ``most`` hours long."""
     out: list[tuple[datetime, datetime]] = []
     for h in sorted(hours):
-        if out and out[-1][1] == h:
+        if out and out[-1][1] == h and out[-1][1] - out[-1][0] < timedelta(hours=most):
             out[-1] = (out[-1][0], h + timedelta(hours=1))
         else:
             out.append((h, h + timedelta(hours=1)))
@@ -471,11 +487,12 @@ def start_auditor(cfg: Any, store: Any, url: str, stop: Any) -> tuple[RollupAudi
     two repairs of one hour at once would count it twice -- run ``forumpulse db check-rollups`` there instead."""
     import threading
 
-    if not cfg.enabled or not url.startswith("chdb:"):
+    if not cfg.enabled or not url.startswith("chdb:") or not hasattr(store, "exclusive"):
         return None
     from forumpulse.pipeline.store import open_store
 
-    aud = RollupAuditor(store, lambda db: open_store(url, database=db), settle_s=cfg.settle_s, repair=cfg.repair)
+    aud = RollupAuditor(store, lambda db: open_store(url, database=db), settle_s=cfg.settle_s, repair=cfg.repair,
+                        stop=stop)
 
     def loop() -> None:
         while not stop.wait(cfg.interval_s):

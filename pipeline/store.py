@@ -138,10 +138,11 @@ class _ChdbEngine:
         self._lockfile.close()
 
     def close(self) -> None:
-        try:
-            self.sess.close()
-        finally:
-            self._release()
+        with self.lock:  # a statement or an exclusive() section under way in another thread finishes first
+            try:
+                self.sess.close()
+            finally:
+                self._release()
 
 
 _ENGINES: dict[str, _ChdbEngine] = {}
@@ -191,6 +192,12 @@ class ChdbStore:
         if self._eng.current_db != self.database:
             self._eng.sess.query(f"USE {self.database}")
             self._eng.current_db = self.database
+
+    def exclusive(self) -> Any:
+        """A context manager holding the engine for a series of statements (every ChdbStore on this folder, in
+        any thread, waits until it is left; re-entrant for the holding thread, also through other databases'
+        ChdbStore objects on the folder).  Keep such sections short: inserts and queries wait."""
+        return self._eng.lock
 
     def _run(self, sql: str, fmt: str = "CSV") -> Any:
         with self._eng.lock:

@@ -384,3 +384,43 @@ def test_the_owner_audits_a_replayed_batchs_hours_once_they_settled(loaded: tupl
     finally:
         st.close()
     assert _check(st_path).ok is repair  # rebuilt, or left as it was (reported)
+
+
+def test_audit_advice_is_bounded_and_passes_are_short(tmp_path: Path) -> None:
+    """Advice stamped in the future is cut at an hour ahead of the clock (it must not push real hours out of
+    the bounded list); a run of hours is audited a few hours per check (each holds the engine); a set stop
+    ends a pass before its next check."""
+    import threading
+
+    from forumpulse.pipeline.rollup_check import AUDIT_HOURS_PER_PASS, RollupAuditor, _runs
+
+    now = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
+    stop = threading.Event()
+    aud = RollupAuditor(None, None, clock=_Clock(now), stop=stop)
+    aud.advise(datetime(2026, 3, 1, 10, 5, tzinfo=UTC), datetime(2099, 1, 1, tzinfo=UTC), "x")
+    assert sorted(aud.pending) == [datetime(2026, 3, 1, h, tzinfo=UTC) for h in (10, 11, 12, 13)]
+    aud.advise(datetime(2098, 1, 1, tzinfo=UTC), datetime(2099, 1, 1, tzinfo=UTC), "all in the future")
+    assert len(aud.pending) == 4
+    hours = [datetime(2026, 3, 1, tzinfo=UTC) + timedelta(hours=h) for h in (0, 1, 2, 3, 4, 6, 7)]
+    runs = _runs(hours, AUDIT_HOURS_PER_PASS)
+    assert [(a.hour, b.hour) for a, b in runs] == [(0, 3), (3, 5), (6, 8)]
+    stop.set()
+    aud.clock = _Clock(now + timedelta(days=1))
+    assert aud.run_once() == 0 and len(aud.pending) == 4  # stopped: nothing audited (store not even touched)
+
+
+def test_a_chdb_stores_exclusive_section_holds_other_threads_statements(store: Any) -> None:
+    """What the audit relies on: while one thread is inside ``exclusive()`` (its own statements run, also
+    nested), another thread's statement waits until it leaves."""
+    import threading
+    import time
+
+    order: list[str] = []
+    with store.exclusive():
+        t = threading.Thread(target=lambda: (store.query_rows("SELECT 1"), order.append("other")))
+        t.start()
+        assert store.query_rows("SELECT 2") == [(2,)]  # re-entrant for the holder
+        time.sleep(0.3)
+        order.append("holder done")
+    t.join(10)
+    assert order == ["holder done", "other"]
