@@ -635,8 +635,10 @@ class _SwarmWatch:
 
 #: Crawlers that publish reverse-DNS verification: UA regex -> accepted host name suffixes.
 CRAWLER_DOMAINS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # not .googleusercontent.com: Google Cloud customers' machines have reverse names there (*.bc.googleusercontent
+    # .com) that resolve back, so any cloud VM sending a Googlebot user agent would pass
     (r"Googlebot|Google-InspectionTool|GoogleOther|AdsBot-Google|Mediapartners-Google|APIs-Google",
-     (".googlebot.com", ".google.com", ".googleusercontent.com")),
+     (".googlebot.com", ".google.com")),
     (r"bingbot|BingPreview|msnbot|adidxbot", (".search.msn.com",)),
     (r"Applebot", (".applebot.apple.com",)),
     (r"YandexBot|YandexImages|YandexMobileBot|Yandex", (".yandex.ru", ".yandex.net", ".yandex.com")),
@@ -815,8 +817,8 @@ class Candidate:
     duration_s: int
     evidence: dict[str, Any]
     user_agents: list[str] = field(default_factory=list)
-    #: scope ``range`` only: the range's busiest addresses in the window (up to 3) with their user agents; the
-    #: range is not banned when every one of them is a verified crawler (a search engine's crawl, not a flood)
+    #: scope ``range`` only: the range's busiest addresses in the window (3 to 10) with their user agents; the
+    #: range is not banned when they are verified crawlers (DecisionManager._crawler_range)
     members: list[tuple[str, list[str]]] = field(default_factory=list)
     breaker_group: str = ""  # non-empty: counted against its own per-minute budget (breaker_limit)
     breaker_limit: int | None = None
@@ -920,6 +922,7 @@ class DecisionManager:
         self.breaker_seen: dict[str, int] = {}
         self._breaker_warned: set[tuple[str, int]] = set()  # (breaker group, stream minute) already logged
         self._prune_offences_at = 1024
+        self._prune_breaker_at = 10_000
         self.suppressed: dict[str, int] = {"allowlist": 0, "crawler": 0, "active": 0, "invalid": 0,
                                            "breaker_repeat": 0, **{r: 0 for r, _ in NEVER_BAN}}
         self.action_errors = 0
@@ -954,9 +957,7 @@ class DecisionManager:
         if c.scope == "ip" and self.verifier.verified(value, c.user_agents):
             self.suppressed["crawler"] += 1
             return None
-        if c.scope == "range" and c.members and all(self.verifier.verified(ip, uas) for ip, uas in c.members):
-            # a crawler's own range (Googlebot from a dozen addresses of 66.249.66.0/24): its busiest addresses
-            # pass the same check as a single client, so the crawl is not a range flood
+        if c.scope == "range" and self._crawler_range(c):
             self.suppressed["crawler"] += 1
             return None
         minute = c.decided_at // 60_000
@@ -1001,8 +1002,9 @@ class DecisionManager:
         )
         if mode == "breaker":
             self.breaker_seen[value] = minute + max(1, -(-duration // 60))
-            if len(self.breaker_seen) > 10_000:
+            if len(self.breaker_seen) > self._prune_breaker_at:  # amortised: when the map has doubled
                 self.breaker_seen = {k: m for k, m in self.breaker_seen.items() if m > minute}
+                self._prune_breaker_at = max(10_000, 2 * len(self.breaker_seen))
         else:
             # a breaker decision is no offence (nothing was enforced) and blocks no later real ban
             hist.append(c.decided_at)
@@ -1011,6 +1013,30 @@ class DecisionManager:
             self._prune_offences(horizon)
         self._dispatch(d)
         return d
+
+    def _crawler_range(self, c: Candidate) -> bool:
+        """A crawler's own range (Googlebot from a dozen addresses of 66.249.66.0/24): its busiest addresses
+        (:attr:`Candidate.members`) each pass the single-client check, and either they hold at least half of the
+        range's requests in the window or the range lies inside one crawler's published network.  Only with
+        ``verify: dns`` (forward-confirmed reverse DNS, or a published network for clients without a user agent):
+        with ``ua`` anyone could spare a whole range by sending a crawler's user agent, and the range rules are
+        what is left against a /24 that does so."""
+        if self.verifier.mode != "dns" or not c.members:
+            return False
+        if float(c.evidence.get("members_share", 0.0)) < 0.5 and not self._in_crawler_network(c.value):
+            return False
+        return all(self.verifier.verified(ip, uas) for ip, uas in c.members)
+
+    def _in_crawler_network(self, value: str) -> bool:
+        nets = self.verifier.networks
+        if nets is None:
+            return False
+        try:
+            net = canonical_network(value)
+        except ValueError:
+            return False
+        first = nets.name_of(str(net.network_address))
+        return first is not None and first == nets.name_of(str(net.broadcast_address))
 
     def _prune_offences(self, horizon_ms: int) -> None:
         """Forget addresses whose newest offence is older than the escalation window (amortised: runs when the
@@ -1483,13 +1509,17 @@ class DosDetector:
         if r.scope == "range" and len(in_win):
             ipc, ipu = cache["ip"]
             codes, counts = np.unique(ipc[in_win], return_counts=True)
-            order = np.argsort(-counts, kind="stable")[:3]
-            top: list[list[Any]] = []
-            for code, n in zip(codes[order].tolist(), counts[order].tolist(), strict=True):
+            order = np.argsort(-counts, kind="stable")
+            # the busiest addresses: at least 3 (when there are), more until they hold half of the range's
+            # requests in the window, at most 10 (each may cost a DNS lookup, cached)
+            cum = np.cumsum(counts[order])
+            k = min(len(order), 10, max(3, int(np.searchsorted(cum, 0.5 * len(in_win))) + 1))
+            for code in codes[order[:k]].tolist():
                 rows = in_win[ipc[in_win] == code][:50]
                 members.append((str(ipu[code]), sorted({b.value("user_agent", i) for i in rows})))
-                top.append([str(ipu[code]), int(n)])
-            ev["top_clients"] = top
+            ev["top_clients"] = [[str(ipu[c]), int(n)] for c, n in zip(codes[order[:3]].tolist(),
+                                                                         counts[order[:3]].tolist(), strict=True)]
+            ev["members_share"] = round(float(cum[k - 1]) / len(in_win), 3)
         return Candidate(rule=r.name, value=value, scope=r.scope, decided_at=int(b.ts[trig]),
                          first_seen=min(first, int(b.ts[trig])), duration_s=r.duration_s, evidence=ev,
                          user_agents=uas, members=members)
