@@ -260,7 +260,9 @@ class ChdbStore:
         return int(rows[0][0]) if rows else 0
 
     def close(self) -> None:
-        with _ENGINES_LOCK:
+        # first the engine lock (a statement or an exclusive() section under way in another thread finishes:
+        # never closed in the middle of a rollup rebuild), then the registry's -- the order every path takes
+        with self._eng.lock, _ENGINES_LOCK:
             if self._closed:
                 return
             self._closed = True

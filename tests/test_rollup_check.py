@@ -424,3 +424,36 @@ def test_a_chdb_stores_exclusive_section_holds_other_threads_statements(store: A
         order.append("holder done")
     t.join(10)
     assert order == ["holder done", "other"]
+
+
+def test_closing_a_chdb_store_waits_for_another_threads_exclusive_section(chdb_path: Path) -> None:
+    """The owner's shutdown closes the store while an audit may be rebuilding a rollup: the close waits until
+    the section is left (a rebuild is never cut between its delete and its insert), also when the section
+    opens a store of its own (the scratch database) -- no deadlock between the two locks."""
+    import threading
+    import time
+
+    from forumpulse.pipeline.store import open_store
+
+    url = f"chdb:{chdb_path}"
+    main = open_store(url, database="fp_close_wait")
+    events: list[str] = []
+    entered = threading.Event()
+
+    def section() -> None:
+        with main.exclusive():
+            entered.set()
+            scratch = open_store(url, database="fp_close_wait_scratch")
+            time.sleep(0.3)
+            scratch.command("DROP DATABASE IF EXISTS fp_close_wait_scratch SYNC")
+            scratch.close()
+            main.command("DROP DATABASE IF EXISTS fp_close_wait SYNC")
+            events.append("section done")
+
+    t = threading.Thread(target=section)
+    t.start()
+    assert entered.wait(10)
+    main.close()
+    events.append("closed")
+    t.join(10)
+    assert events == ["section done", "closed"]
