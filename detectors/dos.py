@@ -1514,8 +1514,9 @@ class DosDetector:
             # requests in the window, at most 10 (each may cost a DNS lookup, cached)
             cum = np.cumsum(counts[order])
             k = min(len(order), 10, max(3, int(np.searchsorted(cum, 0.5 * len(in_win))) + 1))
+            win_ips = ipc[in_win]
             for code in codes[order[:k]].tolist():
-                rows = in_win[ipc[in_win] == code][:50]
+                rows = in_win[win_ips == code][:50]
                 members.append((str(ipu[code]), sorted({b.value("user_agent", i) for i in rows})))
             ev["top_clients"] = [[str(ipu[c]), int(n)] for c, n in zip(codes[order[:3]].tolist(),
                                                                          counts[order[:3]].tolist(), strict=True)]

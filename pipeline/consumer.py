@@ -332,8 +332,8 @@ class LiveConsumer:
         self.opt = options or ConsumerOptions.from_settings(settings)
         self.instance = self.opt.instance_id or f"{socket.gethostname()}-{os.getpid()}"
         self.hooks = list(hooks)
-        #: called with (first ts, last ts, why) of every replayed batch's requests (the owner's RollupAuditor)
-        self.replay_listeners: list[Callable[[datetime, datetime, str], None]] = []
+        #: called with (first ts, last ts) of every replayed batch's requests (the owner's RollupAuditor)
+        self.replay_listeners: list[Callable[[datetime, datetime], None]] = []
         self.metrics = metrics or PipelineMetrics("consumer", self.instance)
         self.processor = processor or Processor(settings)
         self._stop = threading.Event()
@@ -1150,7 +1150,7 @@ class LiveConsumer:
         fmt = "%Y-%m-%dT%H:00"
         for listener in self.replay_listeners:
             try:
-                listener(lo, hi, f"{b.key[0]}/{b.key[1]} batch {b.first}-{b.last} replayed")
+                listener(lo, hi)
             except Exception:
                 log.exception("replay listener %r failed", listener)
         log.warning("%s/%d: batch %d-%d was replayed (its earlier insert was not committed: a crash or a revoke). "

@@ -41,6 +41,8 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -327,9 +329,6 @@ class RollupAuditor:
 
     def __init__(self, store: Any, open_scratch: Any, *, settle_s: float = 3600.0, repair: bool = True,
                  max_hours: int = 24 * 7, clock: Any = None, stop: Any = None) -> None:
-        import threading
-        import time
-
         self.store = store
         self.open_scratch = open_scratch
         self.settle_s = settle_s
@@ -338,26 +337,22 @@ class RollupAuditor:
         self.clock = clock or time.time
         self.stop = stop
         self._lock = threading.Lock()
-        self.pending: dict[datetime, str] = {}  #: advised hour (UTC) -> why (the first advice)
+        self.pending: set[datetime] = set()  #: advised hours (UTC) not audited yet
         #: hours by result: same, repaired, different (not repaired, or still different after the repair),
         #: not_compared (raw rows gone, or before what requests holds); errors: check runs that failed
         self.counts: dict[str, int] = {"same": 0, "repaired": 0, "different": 0, "not_compared": 0}
         self.errors = 0
-        self.runs = 0
 
-    def advise(self, lo: datetime, hi: datetime, why: str) -> None:
+    def advise(self, lo: datetime, hi: datetime) -> None:
         """Hours ``[floor(lo), hi]`` (UTC datetimes) may lack a replayed block in one rollup.  Thread-safe."""
         lo, hi = (x if x.tzinfo else x.replace(tzinfo=UTC) for x in (lo, hi))  # naive: UTC, not local time
         hi = min(hi, datetime.fromtimestamp(self.clock(), UTC) + timedelta(hours=1))
         if hi < lo:
             return  # the whole batch stamped in the future: nothing an audit could settle
-        h, last = _hour_floor(lo), _hour_floor(hi)
-        if last - h > timedelta(hours=self.max_hours):  # a batch spanning weeks (an archive): its last week
-            h = last - timedelta(hours=self.max_hours)
+        first, last = _hour_floor(lo), _hour_floor(hi)
+        first = max(first, last - timedelta(hours=self.max_hours))  # a batch spanning weeks (an archive): its last week
         with self._lock:
-            while h <= last:
-                self.pending.setdefault(h, why)
-                h += timedelta(hours=1)
+            self.pending.update(_hours(first, last + timedelta(hours=1)))
 
     def _settled(self, hours: list[datetime]) -> list[datetime]:
         now = datetime.fromtimestamp(self.clock(), UTC)
@@ -398,11 +393,9 @@ class RollupAuditor:
                             str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
                 continue
             with self._lock:
-                for h in _hours(start, end):
-                    self.pending.pop(h, None)
+                self.pending.difference_update(_hours(start, end))
             done += int((end - start) / timedelta(hours=1))
             self._count(res, start, end)
-        self.runs += 1
         return done
 
     def _audit(self, start: datetime, end: datetime) -> tuple[RollupCheck, RollupCheck | None]:
@@ -421,8 +414,8 @@ class RollupAuditor:
         compared = {_ts(h) for h in _hours(check.start, check.end)} if check.requests else set()
         differing = set(check.hours)
         skipped = ((all_hours - compared) | set(check.raw_incomplete)) - differing
-        still = set(after.hours) if after is not None else (differing if not check.repaired else set())
-        repaired = differing - still if check.repaired else set()
+        still = set(after.hours) if after is not None else differing  # after: the check following a repair
+        repaired = differing - still
         self.counts["not_compared"] += len(skipped)
         self.counts["repaired"] += len(repaired)
         self.counts["different"] += len(still)
@@ -485,8 +478,6 @@ def start_auditor(cfg: Any, store: Any, url: str, stop: Any) -> tuple[RollupAudi
     started: a pass every ``cfg.interval_s`` until ``stop`` (a threading.Event) is set.  None when disabled, and
     for a ClickHouse server (``url`` not ``chdb:``): there several loaders may replay batches of the same hours, and
     two repairs of one hour at once would count it twice -- run ``forumpulse db check-rollups`` there instead."""
-    import threading
-
     if not cfg.enabled or not url.startswith("chdb:") or not hasattr(store, "exclusive"):
         return None
     from forumpulse.pipeline.store import open_store

@@ -137,12 +137,11 @@ class _ChdbEngine:
         fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
         self._lockfile.close()
 
-    def close(self) -> None:
-        with self.lock:  # a statement or an exclusive() section under way in another thread finishes first
-            try:
-                self.sess.close()
-            finally:
-                self._release()
+    def close(self) -> None:  # called by ChdbStore.close, which holds self.lock
+        try:
+            self.sess.close()
+        finally:
+            self._release()
 
 
 _ENGINES: dict[str, _ChdbEngine] = {}

@@ -363,7 +363,7 @@ def test_the_owner_audits_a_replayed_batchs_hours_once_they_settled(loaded: tupl
     try:
         clock = _Clock(hour + timedelta(minutes=90))
         aud = RollupAuditor(st, lambda db: open_store(url, database=db), settle_s=3600, repair=repair, clock=clock)
-        aud.advise(minute, hour + timedelta(minutes=65), "weblogs.raw/0 batch 100-199 replayed")
+        aud.advise(minute, hour + timedelta(minutes=65))
         assert sorted(aud.pending) == [hour, hour + timedelta(hours=1)]
         assert aud.run_once() == 0 and len(aud.pending) == 2  # neither hour ended an hour ago
         clock.t = hour + timedelta(hours=4)
@@ -372,7 +372,7 @@ def test_the_owner_audits_a_replayed_batchs_hours_once_they_settled(loaded: tupl
         _progress(st, hour + timedelta(hours=2, minutes=30), lag=500, updated=clock.t - timedelta(minutes=1))
         assert aud.run_once() == 1 and list(aud.pending) == [hour + timedelta(hours=1)]
         _progress(st, hour + timedelta(hours=3, minutes=1), lag=0, updated=clock.t - timedelta(seconds=5))
-        assert aud.run_once() == 1 and aud.pending == {}
+        assert aud.run_once() == 1 and aud.pending == set()
         want = {"same": 1, "repaired": 1, "different": 0, "not_compared": 0} if repair else \
             {"same": 1, "repaired": 0, "different": 1, "not_compared": 0}
         assert aud.counts == want and aud.errors == 0
@@ -397,9 +397,9 @@ def test_audit_advice_is_bounded_and_passes_are_short(tmp_path: Path) -> None:
     now = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
     stop = threading.Event()
     aud = RollupAuditor(None, None, clock=_Clock(now), stop=stop)
-    aud.advise(datetime(2026, 3, 1, 10, 5, tzinfo=UTC), datetime(2099, 1, 1, tzinfo=UTC), "x")
+    aud.advise(datetime(2026, 3, 1, 10, 5, tzinfo=UTC), datetime(2099, 1, 1, tzinfo=UTC))
     assert sorted(aud.pending) == [datetime(2026, 3, 1, h, tzinfo=UTC) for h in (10, 11, 12, 13)]
-    aud.advise(datetime(2098, 1, 1, tzinfo=UTC), datetime(2099, 1, 1, tzinfo=UTC), "all in the future")
+    aud.advise(datetime(2098, 1, 1, tzinfo=UTC), datetime(2099, 1, 1, tzinfo=UTC))  # all in the future
     assert len(aud.pending) == 4
     hours = [datetime(2026, 3, 1, tzinfo=UTC) + timedelta(hours=h) for h in (0, 1, 2, 3, 4, 6, 7)]
     runs = _runs(hours, AUDIT_HOURS_PER_PASS)
