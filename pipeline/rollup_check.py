@@ -38,6 +38,7 @@ them the new way.  Works on the single-node schema (not on a cluster's Distribut
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -45,6 +46,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("forumpulse.rollup_check")
@@ -84,6 +86,10 @@ class RollupCheck:
 
 def _ts(dt: datetime) -> str:
     return dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ts_iso(dt: datetime) -> str:
+    return dt.astimezone(UTC).isoformat()
 
 
 def _hour_floor(dt: datetime) -> datetime:
@@ -318,17 +324,25 @@ class RollupAuditor:
     are rebuilt from ``requests`` and checked again.  Results are logged (a warning for every difference, with the
     command to run by hand when not repaired) and counted (:meth:`collect`, Prometheus).
 
-    Guarantees and limits: hours whose raw rows are gone are never rebuilt (:func:`check_rollups`).  Advice lives
-    in memory: an owner that restarts before an advised hour was audited forgets it (the loader's log line still
-    names it).  Only for a store with ``exclusive()`` (chDB, where one process owns the folder): on a server other
+    Guarantees and limits: hours whose raw rows are gone are never rebuilt (:func:`check_rollups`).  Advice is
+    kept in ``state_path`` (below); without one it lives in memory and an owner that restarts before an advised
+    hour was audited forgets it (the loader's log line still names it).  Only for a store with ``exclusive()`` (chDB, where one process owns the folder): on a server other
     writers could insert between the copy and the rebuild, and two loaders could repair one hour at once
     (:func:`start_auditor` does not start one there).  ``stop`` (an Event) ends a pass between checks, never
     inside one.  Advised hours later than an hour ahead of the clock are ignored (a line stamped in the future must
     not push real hours out of the bounded list).  Store errors are logged and the hours retried at the next
-    call."""
+    call.
+
+    Advice survives a restart when ``state_path`` is given (:func:`start_auditor`: a JSON file in the chDB folder,
+    one per database): every change of the pending hours is written there (a temporary file renamed over it, so a
+    kill leaves the old list or the new one), and a new auditor starts from it.  An owner killed again before an
+    advised hour was audited -- the replayed batch is committed by then and never replayed again -- still audits
+    it.  A file that cannot be read is moved aside (``.unreadable``) with a warning, and the auditor starts empty;
+    one that cannot be written is logged and counted as an error (the hours stay pending in memory)."""
 
     def __init__(self, store: Any, open_scratch: Any, *, settle_s: float = 3600.0, repair: bool = True,
-                 max_hours: int = 24 * 7, clock: Any = None, stop: Any = None) -> None:
+                 max_hours: int = 24 * 7, clock: Any = None, stop: Any = None,
+                 state_path: str | os.PathLike[str] | None = None) -> None:
         self.store = store
         self.open_scratch = open_scratch
         self.settle_s = settle_s
@@ -342,6 +356,53 @@ class RollupAuditor:
         #: not_compared (raw rows gone, or before what requests holds); errors: check runs that failed
         self.counts: dict[str, int] = {"same": 0, "repaired": 0, "different": 0, "not_compared": 0}
         self.errors = 0
+        self.state_path = Path(state_path) if state_path is not None else None
+        self._saved: frozenset[datetime] = frozenset()
+        if self.state_path is not None:
+            self.pending = self._load(self.state_path)
+            self._saved = frozenset(self.pending)
+            if self.pending:
+                log.info("rollup audit: %d advised hour(s) from before the restart still to audit (%s .. %s UTC)",
+                         len(self.pending), _ts(min(self.pending)), _ts(max(self.pending)))
+
+    @staticmethod
+    def _load(path: Path) -> set[datetime]:
+        try:
+            raw = path.read_text()
+        except FileNotFoundError:
+            return set()
+        try:
+            doc = json.loads(raw)
+            return {datetime.fromisoformat(h).astimezone(UTC) for h in doc["pending_hours"]}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            aside = path.with_name(path.name + ".unreadable")
+            os.replace(path, aside)
+            log.warning("rollup audit: advised hours in %s could not be read (%s); moved to %s, starting with "
+                        "none (check the hours it names with `forumpulse db check-rollups`)", path, exc, aside)
+            return set()
+
+    def _save(self) -> None:
+        """Write the pending hours to ``state_path`` when they changed (atomic: temporary file, fsync, rename)."""
+        if self.state_path is None:
+            return
+        with self._lock:
+            now = frozenset(self.pending)
+            if now == self._saved:
+                return
+            doc = {"version": 1, "pending_hours": [_ts_iso(h) for h in sorted(now)]}
+            tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(doc, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.state_path)
+            except OSError as exc:
+                self.errors += 1
+                log.warning("rollup audit: could not save the advised hours to %s (%s); they stay pending in "
+                            "memory", self.state_path, exc)
+                return
+            self._saved = now
 
     def advise(self, lo: datetime, hi: datetime) -> None:
         """Hours ``[floor(lo), hi]`` (UTC datetimes) may lack a replayed block in one rollup.  Thread-safe."""
@@ -353,6 +414,7 @@ class RollupAuditor:
         first = max(first, last - timedelta(hours=self.max_hours))  # a batch spanning weeks (an archive): its last week
         with self._lock:
             self.pending.update(_hours(first, last + timedelta(hours=1)))
+        self._save()
 
     def _settled(self, hours: list[datetime]) -> list[datetime]:
         now = datetime.fromtimestamp(self.clock(), UTC)
@@ -394,6 +456,7 @@ class RollupAuditor:
                 continue
             with self._lock:
                 self.pending.difference_update(_hours(start, end))
+            self._save()
             done += int((end - start) / timedelta(hours=1))
             self._count(res, start, end)
         return done
@@ -477,13 +540,15 @@ def start_auditor(cfg: Any, store: Any, url: str, stop: Any) -> tuple[RollupAudi
     """The auditor of the process that owns ``store`` (``cfg``: ``Settings.store.rollup_audit``) and its thread,
     started: a pass every ``cfg.interval_s`` until ``stop`` (a threading.Event) is set.  None when disabled, and
     for a ClickHouse server (``url`` not ``chdb:``): there several loaders may replay batches of the same hours, and
-    two repairs of one hour at once would count it twice -- run ``forumpulse db check-rollups`` there instead."""
+    two repairs of one hour at once would count it twice -- run ``forumpulse db check-rollups`` there instead.
+    Advised hours are kept in ``forumpulse_rollup_audit.<database>.json`` in the chDB folder (survive a restart)."""
     if not cfg.enabled or not url.startswith("chdb:") or not hasattr(store, "exclusive"):
         return None
     from forumpulse.pipeline.store import open_store
 
+    state = Path(store.path) / f"forumpulse_rollup_audit.{store.database}.json"
     aud = RollupAuditor(store, lambda db: open_store(url, database=db), settle_s=cfg.settle_s, repair=cfg.repair,
-                        stop=stop)
+                        stop=stop, state_path=state)
 
     def loop() -> None:
         while not stop.wait(cfg.interval_s):

@@ -49,7 +49,8 @@ def test_owner_serves_store_routes_and_services(chdb_path: Path, settings: Setti
 
 def test_a_consuming_owner_audits_the_hours_of_replayed_batches(chdb_path: Path, settings: Settings) -> None:
     """``forumpulse run --consume`` wires its loader's replayed batches to a RollupAuditor (``store.rollup_audit``),
-    whose counters are on the owner's /metrics; ``enabled: false`` turns it off.  (No broker here: the loader
+    whose counters are on the owner's /metrics and whose advice is kept in the chDB folder; ``enabled: false``
+    turns it off.  (No broker here: the loader
     waits for one, which does not matter to the wiring.)"""
     from forumpulse.pipeline.consumer import ConsumerOptions
 
@@ -59,6 +60,7 @@ def test_a_consuming_owner_audits_the_hours_of_replayed_batches(chdb_path: Path,
     try:
         assert owner.auditor is not None and owner.consumer is not None
         assert owner.consumer.replay_listeners == [owner.auditor.advise]
+        assert owner.auditor.state_path is not None and owner.auditor.state_path.parent == chdb_path.resolve()
         body = _get(owner.port, "/metrics")[1]
         assert b"forumpulse_rollup_audit_pending_hours 0.0" in body
         assert b'forumpulse_rollup_audit_hours_total{result="repaired"} 0.0' in body

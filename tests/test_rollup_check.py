@@ -409,6 +409,49 @@ def test_audit_advice_is_bounded_and_passes_are_short(tmp_path: Path) -> None:
     assert aud.run_once() == 0 and len(aud.pending) == 4  # stopped: nothing audited (store not even touched)
 
 
+def test_advised_hours_survive_a_restart_of_the_owner(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With ``state_path`` (the owner's: a file in the chDB folder) an auditor killed before an advised hour
+    settled leaves it to the next one -- the replayed batch is committed by then and never advised again; an
+    audited hour leaves the file; a file that cannot be read is moved aside with a warning, never silently
+    dropped, and the auditor starts empty."""
+    import json
+    import logging
+    import threading
+
+    from forumpulse.pipeline.rollup_check import RollupAuditor
+
+    now = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
+    state = tmp_path / "forumpulse_rollup_audit.forumpulse.json"
+    first = RollupAuditor(None, None, clock=_Clock(now), state_path=state)
+    assert first.pending == set() and not state.exists()
+    first.advise(datetime(2026, 3, 1, 10, 5, tzinfo=UTC), datetime(2026, 3, 1, 11, 40, tzinfo=UTC))
+    assert json.loads(state.read_text())["pending_hours"] == ["2026-03-01T10:00:00+00:00",
+                                                              "2026-03-01T11:00:00+00:00"]
+    del first  # killed: nothing else written
+    second = RollupAuditor(None, None, clock=_Clock(now), state_path=state)
+    assert sorted(second.pending) == [datetime(2026, 3, 1, h, tzinfo=UTC) for h in (10, 11)]
+
+    audited: list[tuple[datetime, datetime]] = []
+    second._settled = lambda hours: [h for h in hours if h.hour == 10]  # type: ignore[method-assign]
+    second._audit = lambda s, e: audited.append((s, e)) or (_Result(), None)  # type: ignore[method-assign,assignment,func-returns-value]
+    second._count = lambda res, s, e: None  # type: ignore[method-assign]
+    assert second.run_once() == 1 and audited == [(datetime(2026, 3, 1, 10, tzinfo=UTC),
+                                                   datetime(2026, 3, 1, 11, tzinfo=UTC))]
+    third = RollupAuditor(None, None, clock=_Clock(now), stop=threading.Event(), state_path=state)
+    assert sorted(third.pending) == [datetime(2026, 3, 1, 11, tzinfo=UTC)]
+
+    state.write_text('{"pending_hours": ["not a time"]}')
+    with caplog.at_level(logging.WARNING, logger="forumpulse.rollup_check"):
+        fourth = RollupAuditor(None, None, clock=_Clock(now), state_path=state)
+    assert fourth.pending == set() and not state.exists()
+    assert (tmp_path / (state.name + ".unreadable")).read_text() == '{"pending_hours": ["not a time"]}'
+    assert "could not be read" in caplog.text
+
+
+class _Result:
+    ok = True
+
+
 def test_a_chdb_stores_exclusive_section_holds_other_threads_statements(store: Any) -> None:
     """What the audit relies on: while one thread is inside ``exclusive()`` (its own statements run, also
     nested), another thread's statement waits until it leaves."""
