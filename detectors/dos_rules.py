@@ -120,6 +120,11 @@ class PrefixBaseline(_Strict):
                                          "kept, not lowered)")
     forget_after_s: int = Field(86_400, ge=60, description="a prefix with no minute learned for this long is "
                                 "forgotten (learned rate 0)")
+    crowd_min_ranges: int = Field(10, ge=0, description="a flash crowd raises every range's threshold: the "
+                                  "median rise of the other busy ranges multiplies their learned rates, counted "
+                                  "when at least this many ranges are busy (0: off)")
+    crowd_recent_s: int = Field(300, ge=60, description="a range is busy (counts in the crowd) when a minute of it "
+                                "was learned this recently")
 
 
 class RuleSet(_Strict):
