@@ -174,7 +174,9 @@ class Processor:
             r = parse(text)
             if isinstance(r, Drop):
                 rawb = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogateescape")
-                bad.append((i, rawb.rstrip(b"\r\n"), r, ctx.format))
+                if rawb.endswith(b"\n"):  # the line end is one "\n" or "\r\n" (as decode_line), nothing more
+                    rawb = rawb[:-2] if rawb.endswith(b"\r\n") else rawb[:-1]
+                bad.append((i, rawb, r, ctx.format))
                 continue
             (ts, cip, chost, ident, user, method, url, path, query, proto, status, nbytes, ref, ua, elapsed,
              cache_result, hierarchy, upstream, ctype, vhost) = r

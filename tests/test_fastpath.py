@@ -240,3 +240,25 @@ def test_block_chunks_cut_at_newlines_into_fixed_line_counts():
     assert counts[:-1] == [64] * (len(chunks) - 1)
     assert all(c.endswith(b"\n") for c in chunks[:-1])
     assert chunks[-1].endswith(b"last without newline")
+
+
+@pytest.mark.parametrize("fmt", ["combined", "auto"])
+def test_quarantined_raw_loses_exactly_one_line_end(pair, fmt):
+    """A quarantined line's ``raw`` is the line without one trailing ``\\n`` or ``\\r\\n`` -- the documented line
+    end (``decode_line``, ``split_raw``) -- and nothing more: a lone ``\\r``, a second ``\\r`` or ``\\n`` are the
+    line's own bytes; the same on the fast path (a list and a block) and on the reference path."""
+    fast_p, ref_p = pair
+    ok = b'1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET /x HTTP/1.1" 200 12 "-" "curl/8"\n'
+    cases = [(b"garbage line\r", b"garbage line\r"), (b"another bad one\r\r", b"another bad one\r\r"),
+             (b"x\r\r\n", b"x\r"), (b"y\n\n", b"y\n"), (b"z\r\n", b"z"), (b"w\n", b"w"), (b"\r", b"\r"),
+             (b"v", b"v"), (b"u\n\r\n", b"u\n")]
+    lines = [ok] + [c[0] for c in cases]
+    ctx = SourceContext(format=fmt)
+    fast, ref = run_both(fast_p, ref_p, lines, ctx)
+    if fmt == "combined":  # the fast path ran (auto may leave so few good lines to the reference path)
+        assert fast_p._fast is not None and fast_p._fast.last_fast_rows >= 1
+    assert fast.quarantine.column("raw").to_pylist() == [c[1] for c in cases]
+    # a block (lines split after every "\n", the file readers' input) keeps the same rule
+    block_lines = [b"bad\r\n", b"bad\r\r\n", b"bad\r"]
+    block = fast_p.process_block(b"".join([ok, *block_lines]), ctx)
+    assert block.quarantine.column("raw").to_pylist() == [b"bad", b"bad\r", b"bad\r"]
