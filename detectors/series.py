@@ -704,9 +704,16 @@ class SeasonalDetector:
             start = self._down_run[0]
             obs, _ = self._observed(local, len(self._down_run))
             e, _ = self.expected(local, len(self._down_run))
-            # what was open (a dip, a spike) is superseded by the outage
+            # what was open (a dip, a spike) is superseded by the outage: it closes where the outage begins (its
+            # closing state is emitted, same id, so the store and the events topic get its end)
             for k in ("dip", "spike"):
-                self.open.pop(k, None)
+                prev = self.open.pop(k, None)
+                if prev is not None:
+                    prev.detail.pop("_last", None)
+                    prev.end, prev.state = max(prev.start, start), "closed"
+                    prev.detail["closed_by"] = "outage"
+                    self.closed.append(prev)
+                    yield prev
             det = Detection("outage", self.scope, start, None, start, obs, e, 1.0, "outage",
                             {"down_minutes": len(self._down_run)}, site=self.site)
             self._down_run = []

@@ -1,0 +1,48 @@
+"""SeasonalDetector event lifecycle (from a review of the live traffic detection): an event superseded by an
+outage is closed, not dropped; per-day state is pruned once no reference can read it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+from forumpulse.detectors.series import Detection, SeasonalDetector
+from forumpulse.detectors.traffic import load_rules, seasonal_params
+
+T0 = datetime(2026, 3, 2, tzinfo=UTC)  # a Monday
+DAY = 1440
+
+
+def _run(det: SeasonalDetector, values: list[float] | np.ndarray, t0: datetime = T0) -> list[Detection]:
+    out: list[Detection] = []
+    for i, v in enumerate(values):
+        out += [Detection(**{**d.__dict__, "detail": dict(d.detail)}) for d in det.update(t0 + timedelta(minutes=i),
+                                                                                           float(v))]
+    return out
+
+
+def _spike_then_outage(days: int = 8) -> np.ndarray:
+    x = np.full(days * DAY, 100.0)
+    s = (days - 1) * DAY + 12 * 60
+    x[s:s + 40] = 500.0   # a spike (the site overloaded) ...
+    x[s + 40:s + 120] = 0.0  # ... then it falls over: outage
+    return x
+
+
+def test_a_spike_superseded_by_an_outage_is_closed_where_the_outage_begins() -> None:
+    """Before the fix the open spike was popped from ``open`` without a closing state: its last emitted (stored,
+    published) state stayed ``open`` with no end for good."""
+    det = SeasonalDetector("UTC", None, seasonal_params(load_rules(), rollup=True), scope="site", site="forum")
+    out = _run(det, _spike_then_outage())
+    last = {d.id: d for d in out}
+    spikes = [d for d in last.values() if d.kind == "spike"]
+    outages = [d for d in last.values() if d.kind == "outage"]
+    assert len(spikes) == 1 and len(outages) == 1, [d.to_json() for d in out]
+    spike, outage = spikes[0], outages[0]
+    assert spike.state == "closed" and spike.end == outage.start, spike.to_json()
+    assert spike.detail.get("closed_by") == "outage"
+    assert spike.start < outage.start
+    # the closing state is emitted before the outage opens, with the spike's id
+    kinds = [(d.kind, d.state) for d in out if d.id in (spike.id, outage.id)]
+    assert kinds.index(("spike", "closed")) < kinds.index(("outage", "open"))
+    assert not det.open and all(d.state == "closed" for d in last.values())
