@@ -254,7 +254,7 @@ def test_quarantined_raw_loses_exactly_one_line_end(pair, fmt):
              (b"v", b"v"), (b"u\n\r\n", b"u\n")]
     lines = [ok] + [c[0] for c in cases]
     ctx = SourceContext(format=fmt)
-    fast, ref = run_both(fast_p, ref_p, lines, ctx)
+    fast, _ref = run_both(fast_p, ref_p, lines, ctx)
     if fmt == "combined":  # the fast path ran (auto may leave so few good lines to the reference path)
         assert fast_p._fast is not None and fast_p._fast.last_fast_rows >= 1
     assert fast.quarantine.column("raw").to_pylist() == [c[1] for c in cases]
