@@ -34,6 +34,10 @@ The subset (everything else is answered with a ClickHouse-style error, never sil
 * Inserts with data: ``INSERT INTO t [(cols)] [SETTINGS …] FORMAT <fmt>`` in any input format the engine reads
   (``Native`` as clickhouse-connect's ``insert`` sends, ``Arrow`` as its ``insert_arrow`` sends, TSV/CSV/JSON…).
   Settings such as ``insert_deduplication_token`` apply (block deduplication works exactly as in the store).
+* A request body must arrive whole: one shorter than its ``Content-Length``, or a chunked body that ends before
+  its last (0-size) chunk or holds a malformed chunk, is refused (HTTP 400, ``Code: 33 … CANNOT_READ_ALL_DATA``,
+  ``Code: 3 … UNEXPECTED_END_OF_FILE`` or ``Code: 246 … CORRUPTED_DATA``, as ClickHouse names them) and nothing
+  runs — never the part that arrived, which an insert would store under the request's deduplication token.
 * Request bodies may be compressed with ``Content-Encoding`` ``gzip``, ``deflate``, ``lz4`` (LZ4 frame, as
   clickhouse-connect sends) or ``zstd``; responses are compressed only when the client asks with
   ``enable_http_compression=1`` and an ``Accept-Encoding`` we support (``zstd``, ``lz4``, ``gzip``, ``deflate``).
@@ -69,7 +73,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 from urllib.parse import parse_qsl, urlsplit
 
 #: parameters that are transport options, not settings (accepted, ignored unless used below)
@@ -84,6 +88,7 @@ _INSERT_FORMAT = re.compile(
 )
 _SETTINGS_TAIL = re.compile(r"^(?P<head>.*?)\s+SETTINGS\s+(?P<settings>.+)$", re.IGNORECASE | re.DOTALL)
 _SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _CODE = re.compile(r"Code:\s*(\d+)")
 _CODE_62 = re.compile(r"Code:\s*62\b")
 _MAX_BODY = 1 << 31
@@ -177,12 +182,13 @@ class EngineGateway:
         return data or b"", summary
 
     def insert(self, target: str, fmt: str, data: bytes, database: str | None, settings: dict[str, str]) -> dict[str, Any]:
-        """``INSERT INTO target FORMAT fmt`` with ``data``; settings inside ``target`` (``… SETTINGS k=v``) are merged."""
+        """``INSERT INTO target FORMAT fmt`` with ``data``; settings inside ``target`` (``… SETTINGS k=v``) are merged
+        with ``settings`` (the request's), the query's own winning as in ClickHouse."""
         _check_single_target(target)
         m = _SETTINGS_TAIL.match(target)
         if m:
             target = m.group("head")
-            settings = {**_parse_settings_clause(m.group("settings")), **settings}
+            settings = {**settings, **_parse_settings_clause(m.group("settings"))}  # the query's own win
         fd, path = tempfile.mkstemp(dir=self.tmpdir, suffix="." + fmt.lower())
         try:
             with os.fdopen(fd, "wb") as f:
@@ -693,25 +699,57 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _read_body(self) -> bytes:
+        """The whole request body, or a ClickHouse-style error: a body shorter than its ``Content-Length``, a
+        chunked body that ends before its last (0-size) chunk or has a malformed chunk are refused, as ClickHouse
+        refuses them -- never run as the part that arrived (an insert would store it, under the request's
+        ``insert_deduplication_token``, and drop the client's retry of the whole body as a duplicate)."""
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             chunks = []
             total = 0
             while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                line = self.rfile.readline(1024)
+                if not line.endswith(b"\n"):
+                    self._bad_body(3, "Unexpected end of file while reading chunk header of HTTP chunked data "
+                                   "(UNEXPECTED_END_OF_FILE)" if len(line) < 1024 else
+                                   "Chunk header of HTTP chunked data too long (CORRUPTED_DATA)")
+                size_text = line.split(b";")[0].strip()
+                if not _CHUNK_SIZE.fullmatch(size_text):
+                    self._bad_body(246, "Unexpected data instead of HTTP chunk header (CORRUPTED_DATA)")
+                size = int(size_text, 16)
                 if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):  # trailers
                         pass
                     break
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
                 total += size
                 if total > _MAX_BODY:
                     raise ChError(1002, "Code: 1002. DB::Exception: request body too large", 413)
+                data = self.rfile.read(size)
+                if len(data) != size:
+                    self._bad_body(3, f"Unexpected end of file while reading HTTP chunked data: got {len(data)} "
+                                   f"of {size} bytes of a chunk (UNEXPECTED_END_OF_FILE)")
+                chunks.append(data)
+                if self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                    self._bad_body(246, "Unexpected data after an HTTP chunk: expected CRLF (CORRUPTED_DATA)")
             return b"".join(chunks)
-        n = int(self.headers.get("Content-Length") or 0)
+        length = (self.headers.get("Content-Length") or "").strip()
+        if not length:
+            return b""
+        if not length.isdigit():
+            self._bad_body(27, f"Cannot parse Content-Length {length[:40]!r} (CANNOT_PARSE_INPUT_ASSERTION_FAILED)")
+        n = int(length)
         if n > _MAX_BODY:
             raise ChError(1002, "Code: 1002. DB::Exception: request body too large", 413)
-        return self.rfile.read(n) if n else b""
+        data = self.rfile.read(n) if n else b""
+        if len(data) != n:
+            self._bad_body(33, f"Unexpected EOF, got {len(data)} of {n} bytes: the HTTP request body ended "
+                           "before its Content-Length (CANNOT_READ_ALL_DATA)")
+        return data
+
+    def _bad_body(self, code: int, message: str) -> NoReturn:
+        """Refuse a request whose body did not arrive whole (nothing runs) and close the connection: where the
+        body ended is unknown, so the rest of the stream cannot be read as a next request."""
+        self.close_connection = True
+        raise ChError(code, f"Code: {code}. DB::Exception: {message}", 400)
 
     def _handle(self, read_body: bool) -> None:
         query_id = ""
@@ -736,8 +774,9 @@ class _Handler(BaseHTTPRequestHandler):
             msg = str(exc)
             if not msg.startswith("Code:"):
                 msg = f"Code: {exc.code}. DB::Exception: {msg}"
-            self._send(exc.status, "text/plain; charset=UTF-8", (msg + "\n").encode(),
-                       {"X-ClickHouse-Exception-Code": str(exc.code), "X-ClickHouse-Query-Id": query_id})
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a client gone mid-upload
+                self._send(exc.status, "text/plain; charset=UTF-8", (msg + "\n").encode(),
+                           {"X-ClickHouse-Exception-Code": str(exc.code), "X-ClickHouse-Query-Id": query_id})
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as exc:  # a bug here must still answer the client, not hang it

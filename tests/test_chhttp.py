@@ -309,3 +309,81 @@ def test_settings_reach_every_statement_kind_for_that_query_only(server: ClickHo
     assert "max_threads" not in create and "max_block_size" not in create and "`b` UInt8" in create
     assert store.query_rows("SELECT count() FROM kv WHERE k = 4322") == [(0,)]
     assert _engine_readonly(store) == [(0, store.database)]
+
+
+def _raw(srv: ClickHouseHTTPServer, request: bytes) -> tuple[int, bytes]:
+    """Send ``request`` as is and end the upload (the client's half of the connection closes: a client that died
+    mid-upload); the status and the response body."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+        s.sendall(request)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def _chunked(*chunks: bytes, last: bool = True) -> bytes:
+    return b"".join(b"%x\r\n" % len(c) + c + b"\r\n" for c in chunks) + (b"0\r\n\r\n" if last else b"")
+
+
+def test_a_body_that_did_not_arrive_whole_is_refused_and_inserts_nothing(server: ClickHouseHTTPServer,
+                                                                         store: Store) -> None:
+    """A body shorter than its Content-Length, or a chunked body ending before its 0-chunk (or with a short or
+    malformed chunk), is an error as in ClickHouse -- nothing stored: were the part that arrived stored under the
+    request's insert_deduplication_token, the client's retry of the whole body would be dropped as a duplicate."""
+    store.command("CREATE TABLE n (x UInt32) ENGINE = MergeTree ORDER BY x "
+                  "SETTINGS non_replicated_deduplication_window = 100")
+    full = b"".join(b"%d\n" % i for i in range(1000))
+    part = full[:2000]  # cut at a line boundary: the part alone is a valid TSV body
+
+    def post(token: str, head: bytes, body: bytes) -> tuple[int, bytes]:
+        return _raw(server, b"POST /?query=INSERT%20INTO%20n%20FORMAT%20TSV&insert_deduplication_token=" +
+                    token.encode() + b" HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n" + body)
+
+    def count() -> int:
+        return int(store.query_rows("SELECT count() FROM n")[0][0])
+
+    status, out = post("a", b"Content-Length: %d\r\n" % len(full), part)
+    assert status == 400 and out.startswith(b"Code: 33. DB::Exception: Unexpected EOF, got 2000 of 3890 bytes")
+    assert count() == 0
+    assert post("a", b"Content-Length: %d\r\n" % len(full), full)[0] == 200  # the retry is stored in full
+    assert count() == 1000
+    for token, body, code in (
+        ("b", _chunked(part, last=False), b"Code: 3."),  # the connection dropped before the 0-chunk
+        ("c", _chunked(part, last=False)[:-1], b"Code: 246."),  # ... inside a chunk's CRLF
+        ("d", b"%x\r\n" % len(full) + part, b"Code: 3."),  # ... inside a chunk
+        ("e", b"%x\r\n" % len(part) + part[:10], b"Code: 3."),
+        ("f", _chunked(part)[:7], b"Code: 3."),  # inside the first chunk-size line
+        ("g", b"zz\r\n" + part + b"\r\n0\r\n\r\n", b"Code: 246."),  # malformed chunk sizes: not a 500
+        ("h", b"+7d0\r\n" + part + b"\r\n0\r\n\r\n", b"Code: 246."),
+        ("i", b"\r\n" + _chunked(part), b"Code: 246."),
+    ):
+        status, out = post(token, b"Transfer-Encoding: chunked\r\n", body)
+        assert status == 400 and out.startswith(code), (token, out)
+        assert count() == 1000, token
+    # a whole chunked body (extensions, trailers) is read as before; the full retry of "b" is not a duplicate
+    body = b"7d0;ext=1\r\n" + part + b"\r\n" + _chunked(full[2000:])[:-2] + b"X-Trailer: 1\r\n\r\n"
+    assert post("b", b"Transfer-Encoding: chunked\r\n", body)[0] == 200
+    assert count() == 2000
+    assert post("j", b"Content-Length: x1\r\n", full)[0] == 400 and count() == 2000
+
+
+def test_the_querys_own_settings_win_over_the_requests(server: ClickHouseHTTPServer, store: Store) -> None:
+    """As in ClickHouse (URL parameters are the request's settings; the query's SETTINGS clause is applied after
+    them): for an INSERT with data and for a query."""
+    store.command("CREATE TABLE s (x UInt32) ENGINE = MergeTree ORDER BY x "
+                  "SETTINGS non_replicated_deduplication_window = 100")
+    for url_token in ("u1", "u2"):  # the same token in the query, different ones in the URL: stored once
+        q = "INSERT INTO s SETTINGS insert_deduplication_token = '{}' FORMAT TSV"
+        assert _http(server, {"query": q.format("q1"), "insert_deduplication_token": url_token},
+                     body=b"1\n")[0] == 200  # the query in the URL, the data in the body
+        assert _http(server, {"insert_deduplication_token": url_token},
+                     body=f"{q.format('q2')}\n2\n".encode())[0] == 200  # query and data in the body
+    assert store.query_rows("SELECT x, count() FROM s GROUP BY x ORDER BY x") == [(1, 1), (2, 1)]
+    _, out, _ = _http(server, {"query": "SELECT getSetting('max_block_size') SETTINGS max_block_size = 111",
+                               "max_block_size": "222"})
+    assert out == b"111\n"
