@@ -1,5 +1,6 @@
 """The live loader: Kafka ``weblogs.raw`` → process → store, with an exactly-once *effect* on every table (see
-Guarantees for the one case a rollup needs ``db check-rollups --repair``).
+Guarantees for the one case a rollup needs ``db check-rollups --repair``, and for the deduplication window that
+bounds it).
 
 ``forumpulse consume`` runs one :class:`LiveConsumer` (a confluent-kafka group member); the owner process
 (``forumpulse run --consume``) hosts one next to the engine.  Several consumers scale out in one group, each
@@ -33,7 +34,9 @@ commits keep batch order, and a failed insert is retried by the consumer thread 
 
 After a crash (kill -9 at any point), a rebalance or a store outage, the next owner of the partition reads the
 recorded ranges of the same topic ID at or after its committed offset and cuts its first batches at exactly
-those offsets: same blocks, same tokens, stored once.  The topic ID (Kafka's UUID of the topic, new whenever a
+those offsets: same blocks, same tokens, stored once (a recorded range whose first messages retention deleted
+meanwhile is replayed with the messages left, under the recorded range's offsets and tokens: dropped as the
+duplicate it is).  The topic ID (Kafka's UUID of the topic, new whenever a
 topic is deleted and created again or the broker's data is wiped) keeps a recreated log, whose offsets restart
 at 0, from replaying the old log's ranges and tokens (its blocks would be dropped as duplicates).  Ranges of the
 same topic ID that lie beyond the partition's high watermark (a truncated log: unclean leader election, lost
@@ -43,13 +46,22 @@ broker data) are refused: the partition is not loaded, an error is logged and
 rows take ``ingested_at`` from the newest Kafka timestamp of the batch (not the wall clock), so a replayed block
 is identical.
 
-Guarantees: every message of the topic ends as exactly one row of ``requests`` or ``quarantine`` or one
+Guarantees (within the deduplication window, below): every message of the topic ends as exactly one row of ``requests`` or ``quarantine`` or one
 dead-letter message (bad envelope) or one heartbeat; rollups count each line once, except that a store process
 killed while ClickHouse commits one insert's parts table by table can leave one rollup without that block (the
 replay is deduplicated everywhere): every replayed batch logs the hours to check with ``forumpulse db
 check-rollups`` (:mod:`forumpulse.pipeline.rollup_check`), whose ``--repair`` rebuilds them from ``requests``, and
 tells ``replay_listeners`` -- the owner of an embedded store audits those hours by itself once settled
 (``RollupAuditor``, ``store.rollup_audit``).
+Limit of the deduplication itself: ClickHouse recognises a replayed block only while the stored one is among
+the table's last ``non_replicated_deduplication_window`` (1000) blocks -- parts: an insert into ``requests`` makes
+one per day it spans -- inserted by any writer; each table (and each rollup) counts its own.  A replay soon after
+a crash or rebalance is well inside it.  A replay after a long gap while other partitions, consumers or ingests
+keep inserting into the same tables, or a backlog of batches that span many days each (a 30-day batch is 30
+parts), can push the uncommitted batch's blocks out of the window: the replay is then stored a second time (its
+lines counted twice in ``requests`` and the rollups), and no check reports it.  A larger window (``ALTER TABLE …
+MODIFY SETTING non_replicated_deduplication_window = N``) widens the margin at the cost of more block hashes
+kept and checked per insert.
 At-least-once (not exactly-once) for side channels: the dead-letter topic (a replayed batch is dead-lettered again; match on
 ``fp-source``), ``pipeline_stats``, ``source_liveness.lines`` (approximate) and
 detector hooks may see a replayed batch twice.  ``consumer_progress`` (every stats interval, one row per owned
@@ -913,8 +925,9 @@ class LiveConsumer:
                 batch = p.msgs[:n]
                 assert p.plan is not None
                 tid = p.plan[0][2] if replay else p.topic_id
+                recorded = (p.plan[0][0], p.plan[0][1]) if replay else None
                 try:
-                    self._flush(key, batch, replay, tid)
+                    self._flush(key, batch, replay, tid, recorded)
                 except _Revoked:
                     log.info("partition %s/%s revoked during its batch: left for the next owner", *key)
                     continue
@@ -963,7 +976,8 @@ class LiveConsumer:
             if paused_here:
                 self._resume_all()
 
-    def _flush(self, key: tuple[str, int], msgs: list[Any], replay: bool, topic_id: str) -> None:
+    def _flush(self, key: tuple[str, int], msgs: list[Any], replay: bool, topic_id: str,
+               recorded: tuple[int, int] | None = None) -> None:
         """Load one batch: process it here, then store it (in the insert thread, one batch in flight) and commit.
 
         The previous in-flight batch is finished (stored, dead letters flushed, committed) before this one is
@@ -971,7 +985,7 @@ class LiveConsumer:
         in that order (intent first).  Processing batch k+1 overlaps the insert of batch k."""
         t0 = time.perf_counter()
         part = self._parts.get(key)
-        b = self._prepare(key, msgs, replay, t0, topic_id)
+        b = self._prepare(key, msgs, replay, t0, topic_id, recorded)
         self._finish_inflight()  # may poll (store retries): the partition may be revoked meanwhile
         if self._parts.get(key) is not part or key in self._abandoned or key in self._refused:
             raise _Revoked()
@@ -982,12 +996,16 @@ class LiveConsumer:
         b.future = self._pool.submit(self._store_batch, b)
 
     def _prepare(self, key: tuple[str, int], msgs: list[Any], replay: bool, t0: float,
-                 topic_id: str = "") -> _Batch:
-        """The pure part of a batch: split envelopes by source, process each source's lines (no store I/O)."""
+                 topic_id: str = "", recorded: tuple[int, int] | None = None) -> _Batch:
+        """The pure part of a batch: split envelopes by source, process each source's lines (no store I/O).
+
+        ``recorded`` is a replay's recorded range ``(first, last)``: the batch's range, token and intent are that
+        range's even when retention deleted its first messages meanwhile (``msgs`` then starts later), so the
+        replay's blocks carry the stored blocks' tokens."""
         from forumpulse.pipeline.process import SourceContext
 
         topic, partition = key
-        first, last = msgs[0].offset(), msgs[-1].offset()
+        first, last = recorded if recorded is not None else (msgs[0].offset(), msgs[-1].offset())
         token = batch_token(topic, topic_id, partition, first, last)
         b = _Batch(key, msgs, replay, first, last, topic_id, token, t0)
         values = [m.value() for m in msgs]

@@ -524,3 +524,59 @@ def test_offsets_going_back_are_a_log_restart(settings: Settings, caplog: pytest
     assert sum("offsets went back" in r.getMessage() for r in caplog.records) == restarts
     assert [m.offset() for m in c._parts[("t", 0)].msgs] == kept and c._buffered == len(kept)
     assert c._consumer.seeks == ([] if seek is None else [("t", 0, seek)])
+
+
+class _TokenStore:
+    """Records each insert's table, rows and deduplication token (no engine)."""
+
+    def __init__(self) -> None:
+        self.inserts: list[tuple[str, int, str | None]] = []
+
+    def insert(self, table: str, data: Any, dedup_token: str | None = None) -> None:
+        self.inserts.append((table, data.num_rows, dedup_token))
+
+
+class _LineMessage:
+    """What ``_prepare`` reads of a confluent-kafka message."""
+
+    def __init__(self, offset: int) -> None:
+        self._o = offset
+
+    def offset(self) -> int:
+        return self._o
+
+    def value(self) -> bytes:
+        return build_envelope("s", "h", "/f", "combined",
+                              b'1.2.3.4 - - [10/Oct/2023:13:55:36 +0000] "GET /%d HTTP/1.1" 200 1 "-" "x"' % self._o)
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, 1_700_000_000_000 + self._o
+
+
+def test_a_replay_whose_first_messages_are_gone_stores_under_the_recorded_token(settings: Settings) -> None:
+    """Retention deleted offsets 100-149 of the recorded, uncommitted range 100-199 (the consumer starts at 150):
+    the replay is cut at the recorded end and its intent and blocks carry the recorded range's tokens (the
+    stored blocks' tokens, so ClickHouse drops them as duplicates), and ``last+1`` is committed -- not tokens of
+    150-199, under which the 50 surviving lines would be stored a second time."""
+    from collections import deque
+
+    from forumpulse.pipeline.consumer import _Part, batch_token
+
+    store = _TokenStore()
+    c = LiveConsumer(settings, store=store, options=ConsumerOptions(  # type: ignore[arg-type]
+        topic="t", dead_letter_topic=None, batch_lines=1000))
+    finished: list[Any] = []
+    c._finish = lambda b, exc: finished.append((b, exc))  # type: ignore[method-assign]  # no Kafka commit here
+    p = _Part()
+    p.msgs = [_LineMessage(o) for o in range(150, 260)]
+    p.plan = deque([(100, 199, "TID")])
+    p.topic_id = "TID"
+    p.first_seen = time.monotonic()
+    c._parts[("t", 0)] = p
+    c._buffered = len(p.msgs)
+    c._flush_ready(force=False)
+    ((b, exc),) = finished
+    assert exc is None and b.replay and (b.first, b.last) == (100, 199) and len(b.msgs) == 50
+    token = batch_token("t", "TID", 0, 100, 199)
+    assert store.inserts == [("consumer_batches", 1, token + ":batch"), ("requests", 50, token + ":requests")]
+    assert [m.offset() for m in p.msgs] == list(range(200, 260)) and not p.plan  # the rest waits: a new batch
