@@ -1,99 +1,250 @@
 """CrowdSec-compatible decision stream, so stock CrowdSec bouncers enforce forumpulse decisions.
 
-Endpoints (CrowdSec LAPI subset used by bouncers), all require header ``X-Api-Key`` (constant-time compare):
+Endpoints (CrowdSec LAPI subset used by bouncers), all require header ``X-Api-Key`` (constant-time compare
+against every configured bouncer key):
 
-* ``GET /v1/decisions/stream?startup=true|false`` -> ``{"new": [...], "deleted": [...]}``; ``startup=true``
-  returns every active decision and resets the caller's cursor; later calls return what changed since that
-  caller's previous call (callers are told apart by API key + User-Agent + peer address).  ``null`` lists are
-  sent as ``null`` like LAPI does when empty.
-* ``GET /v1/decisions?ip=A`` -> the active decisions covering A (exact address or a containing range), or ``null``.
+* ``GET /v1/decisions/stream?startup=true|false`` -> ``{"new": [...], "deleted": [...]}``.  ``startup=true``
+  returns every active decision plus the decisions deleted (lifted or expired) within ``keep_deleted_s`` that the
+  registry knows of, and resets the caller's cursor; later calls return what changed since that caller's
+  previous call.  A caller without a cursor (first poll, a cursor forgotten, one older than the change log, or a
+  cursor of a previous forumpulse process) gets the startup answer.  ``null`` lists are sent as ``null`` like
+  LAPI does when empty.
+* ``GET /v1/decisions?ip=A`` -> the active decisions covering A (exact address or a containing range), or ``null``;
+  an IPv4-mapped IPv6 address (``::ffff:192.0.2.9``) is looked up as the IPv4 address.
 
-Decision objects: ``{"id","origin","type":"ban","scope":"Ip"|"Range","value","duration":"123s","scenario",
-"until"}``; durations count down in wall time from when the decision was registered.
+Bouncers: like CrowdSec, a key is a bouncer.  Give every bouncer its own key (``actions.decision_api.bouncers``);
+each key has its own cursor.  Callers are told apart by key name, and within one key by peer address,
+``X-Forwarded-For`` and ``User-Agent`` -- so bouncers that share one key still get their own cursors when they
+reach the API from different addresses, but not behind one proxy or NAT without ``X-Forwarded-For``: a key
+seen from more than one caller is logged (warning, once per key) and counted in ``shared_keys``.
+
+Decision objects: ``{"id","origin","type":"ban","scope":"Ip"|"Range","value","duration":"123s","scenario"}``;
+durations count down in wall time.  ``id`` is derived from the forumpulse decision id and value (a positive
+integer below 2**53), so it is the same after a restart: bouncers that forget a decision by id (cs-firewall-bouncer's
+``pkg/state``) can still be told to delete one they were given by the previous process.
 
 :class:`DecisionRegistry` is an :class:`~forumpulse.detectors.dos.Action` (``ban``/``unban``), so the decision
-manager feeds it like any firewall.  Misuse: an empty API key is refused at construction.
+manager feeds it like any firewall.  :meth:`DecisionRegistry.load_store` rebuilds it after a restart from the
+``decisions`` table (bans still in force, and the deletions of the last ``keep_deleted_s``).  Expiry and trimming
+run on every ban, unban, poll and lookup, so the registry stays bounded when no bouncer polls.
+
+The server closes a connection idle for ``timeout_s`` (10 s) and serves at most ``max_connections`` (64) at a
+time (more are closed at once).  Misuse: an empty API key is refused at construction.
 """
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import hmac
 import ipaddress
 import json
+import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from forumpulse.detectors.dos import Decision
+from forumpulse.detectors.dos import Decision, canonical_network, net_value, never_ban_reason
+
+log = logging.getLogger(__name__)
+
+#: decision ids stay below this (JSON numbers every bouncer language reads exactly)
+MAX_ID = 2**53 - 1
+
+
+def decision_number(decision_id: str, value: str) -> int:
+    """The CrowdSec decision id of a forumpulse decision: a positive integer derived from its id and canonical
+    value, the same in every process (a restart does not renumber what bouncers hold)."""
+    h = hashlib.sha256(f"{decision_id}|{value}".encode()).digest()
+    return int.from_bytes(h[:8], "big") & MAX_ID or 1
 
 
 class DecisionRegistry:
-    """Active decisions with wall-clock expiry and a change log for per-bouncer stream cursors."""
+    """Active decisions with wall-clock expiry, recent deletions, and a change log for per-bouncer cursors.
+
+    ``keep_deleted_s``: how long a deletion is still sent in startup answers (default 7 days, the default
+    ``escalation.max_duration_s``: a bouncer whose set survived may hold a ban that long).  ``max_log``,
+    ``max_deleted``, ``max_cursors`` bound the change log, the deletions kept and the cursors (least recently
+    used go first; a cursor idle for ``cursor_idle_s`` is forgotten -- its bouncer gets a startup answer).
+    """
 
     name = "decision_api"
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, keep_deleted_s: float = 7 * 86_400,
+                 max_log: int = 100_000, max_deleted: int = 50_000, max_cursors: int = 10_000,
+                 cursor_idle_s: float = 86_400) -> None:
         self.clock = clock
+        self.keep_deleted_s = keep_deleted_s
+        self.max_log, self.max_deleted, self.max_cursors = max_log, max_deleted, max_cursors
+        self.cursor_idle_s = cursor_idle_s
         self.lock = threading.Lock()
         self.active: dict[str, dict[str, Any]] = {}  # value -> decision record
-        self.log: list[tuple[int, str, dict[str, Any]]] = []  # (seq, "new"|"deleted", record)
+        self.deleted: OrderedDict[int, dict[str, Any]] = OrderedDict()  # id -> record ("gone": when), oldest first
+        self.log: deque[tuple[int, str, dict[str, Any]]] = deque()  # (seq, "new"|"deleted", record)
         self.seq = 0
-        self.cursors: dict[str, int] = {}
-        self._next_id = 1
+        self.trimmed = 0  # change-log entries up to this seq are gone
+        self.cursors: OrderedDict[str, tuple[int, float]] = OrderedDict()  # caller -> (seq, last poll)
+        self._expiry: list[tuple[float, int, str]] = []  # heap of (until, id, value)
 
-    def _record(self, d: Decision) -> dict[str, Any]:
-        net = ipaddress.ip_network(d.value, strict=False)
+    # -- records --------------------------------------------------------------------------------------
+    def _record(self, decision_id: str, value: str, reason: str, until: float) -> dict[str, Any]:
+        net = canonical_network(value)
         single = net.prefixlen == net.max_prefixlen
-        rid, self._next_id = self._next_id, self._next_id + 1
-        return {"id": rid, "origin": "forumpulse", "type": "ban", "scope": "Ip" if single else "Range",
-                "value": str(net.network_address) if single else str(net), "scenario": f"forumpulse/{d.reason}",
-                "until": self.clock() + max(1, d.duration_s), "net": net}
+        v = net_value(net)
+        return {"id": decision_number(decision_id, v), "origin": "forumpulse", "type": "ban",
+                "scope": "Ip" if single else "Range", "value": v, "scenario": f"forumpulse/{reason}",
+                "until": until, "net": net}
 
-    def ban(self, d: Decision) -> None:
-        rec = self._record(d)
-        with self.lock:
-            old = self.active.get(rec["value"])
-            if old is not None:
-                self._append("deleted", old)
-            self.active[rec["value"]] = rec
-            self._append("new", rec)
+    def _add(self, rec: dict[str, Any], now: float) -> None:
+        old = self.active.get(rec["value"])
+        if old is not None and old["id"] == rec["id"]:
+            old["until"] = rec["until"]  # the same decision again (restored after load_store): nothing changed
+            heapq.heappush(self._expiry, (old["until"], old["id"], old["value"]))
+            return
+        if old is not None:
+            self._delete(old, now)
+        self.deleted.pop(rec["id"], None)
+        self.active[rec["value"]] = rec
+        self._append("new", rec)
+        heapq.heappush(self._expiry, (rec["until"], rec["id"], rec["value"]))
 
-    def unban(self, d: Decision) -> None:
-        net = ipaddress.ip_network(d.value, strict=False)
-        key = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
-        with self.lock:
-            rec = self.active.pop(key, None)
-            if rec is not None:
-                self._append("deleted", rec)
+    def _delete(self, rec: dict[str, Any], when: float) -> None:
+        rec["gone"] = when
+        self._append("deleted", rec)
+        self.deleted[rec["id"]] = rec
+        self.deleted.move_to_end(rec["id"])
 
     def _append(self, kind: str, rec: dict[str, Any]) -> None:
         self.seq += 1
         self.log.append((self.seq, kind, rec))
 
-    def _expire(self) -> None:
-        now = self.clock()
-        for k in [k for k, r in self.active.items() if r["until"] <= now]:
-            self._append("deleted", self.active.pop(k))
-        if len(self.log) > 100_000:  # keep the change log bounded; cursors older than it get a startup
-            cut = self.log[-50_000][0]
-            self.log = [e for e in self.log if e[0] >= cut]
+    def ban(self, d: Decision) -> None:
+        with self.lock:
+            now = self.clock()
+            self._expire(now)
+            self._add(self._record(d.id, d.value, d.reason, now + max(1, d.duration_s)), now)
+            self._trim(now)
 
-    def _public(self, rec: dict[str, Any]) -> dict[str, Any]:
-        left = max(0.0, rec["until"] - self.clock())
-        out = {k: v for k, v in rec.items() if k not in ("until", "net")}
+    def unban(self, d: Decision) -> None:
+        key = net_value(canonical_network(d.value))
+        with self.lock:
+            now = self.clock()
+            self._expire(now)
+            rec = self.active.pop(key, None)
+            if rec is not None:
+                self._delete(rec, now)
+            self._trim(now)
+
+    # -- rebuild after a restart ----------------------------------------------------------------------
+    def load(self, rows: Iterable[Any]) -> int:
+        """Rebuild from ``decisions`` rows (objects with ``id``, ``created_at`` (ms), ``action``, ``value``,
+        ``duration_s``, ``reason``, ``mode``; any order): per value the latest enforced ban is active unless a
+        later unban or its end lifted it; bans lifted, replaced or expired within ``keep_deleted_s`` become
+        deletions (sent in startup answers, so a bouncer that held them drops them).  Values that are not
+        addresses or must never be banned are skipped.  Meant for an empty registry (at start, before the
+        restore bans again, which are then no change).  Returns the active decisions loaded."""
+        by_value: dict[str, list[Any]] = {}
+        for r in rows:
+            if str(r.mode) != "enforce" or str(r.action) not in ("ban", "unban"):
+                continue
+            try:
+                net = canonical_network(str(r.value))
+            except ValueError:
+                continue
+            if never_ban_reason(net) is None:
+                by_value.setdefault(net_value(net), []).append(r)
+        with self.lock:
+            now = self.clock()
+            for value, rs in by_value.items():
+                cur: dict[str, Any] | None = None
+                for r in sorted(rs, key=lambda r: (int(r.created_at), r.action == "ban")):
+                    at = int(r.created_at) / 1000
+                    if cur is not None:
+                        end = min(at, cur["until"])
+                        if end > now - self.keep_deleted_s:
+                            cur["gone"] = end
+                            self.deleted[cur["id"]] = cur
+                        cur = None
+                    if r.action == "ban":
+                        cur = self._record(str(r.id), value, str(r.reason), at + max(1, int(r.duration_s)))
+                if cur is not None and cur["until"] > now:
+                    self.deleted.pop(cur["id"], None)
+                    self._add(cur, now)
+                elif cur is not None and cur["until"] > now - self.keep_deleted_s:
+                    cur["gone"] = cur["until"]
+                    self.deleted[cur["id"]] = cur
+            self.deleted = OrderedDict(sorted(self.deleted.items(), key=lambda kv: kv[1]["gone"]))
+            for rid in [rid for rid, r in self.deleted.items() if self.active.get(r["value"]) is r]:
+                del self.deleted[rid]
+            self._trim(now)
+            return len(self.active)
+
+    def load_store(self, store: Any) -> int:
+        """:meth:`load` from the store's ``decisions`` table: bans that ended within ``keep_deleted_s`` or
+        later, and the unbans since the oldest of them.  Store errors are raised."""
+        since_ms = int((self.clock() - self.keep_deleted_s) * 1000)
+        cols = ("id, toUnixTimestamp64Milli(created_at), action, value, duration_s, reason, mode")
+        bans = list(store.query_rows(
+            f"SELECT {cols} FROM decisions WHERE action = 'ban' AND mode = 'enforce' AND "
+            f"toUnixTimestamp64Milli(created_at) + toInt64(duration_s) * 1000 > {since_ms}"))
+        if not bans:
+            return self.load([])
+        first = min(int(r[1]) for r in bans)
+        unbans = list(store.query_rows(
+            f"SELECT {cols} FROM decisions WHERE action = 'unban' AND "
+            f"toUnixTimestamp64Milli(created_at) >= {first}"))
+        return self.load(_Row(*r) for r in [*bans, *unbans])
+
+    # -- upkeep ---------------------------------------------------------------------------------------
+    def _expire(self, now: float) -> None:
+        while self._expiry and self._expiry[0][0] <= now:
+            _, rid, value = heapq.heappop(self._expiry)
+            rec = self.active.get(value)
+            if rec is not None and rec["id"] == rid and rec["until"] <= now:
+                del self.active[value]
+                self._delete(rec, rec["until"])
+        if len(self._expiry) > 2 * len(self.active) + 1024:  # entries of lifted or replaced bans
+            self._expiry = [(r["until"], r["id"], v) for v, r in self.active.items()]
+            heapq.heapify(self._expiry)
+
+    def _trim(self, now: float) -> None:
+        while self.deleted:
+            rid, rec = next(iter(self.deleted.items()))
+            if rec["gone"] > now - self.keep_deleted_s and len(self.deleted) <= self.max_deleted:
+                break
+            del self.deleted[rid]
+        while self.cursors:
+            caller, (_, seen) = next(iter(self.cursors.items()))
+            if seen > now - self.cursor_idle_s and len(self.cursors) <= self.max_cursors:
+                break
+            del self.cursors[caller]
+        # the log holds only what some cursor has not seen yet (a caller without a cursor gets a startup answer)
+        keep_from = min((s for s, _ in self.cursors.values()), default=self.seq)
+        while self.log and (self.log[0][0] <= keep_from or len(self.log) > self.max_log):
+            self.trimmed = self.log.popleft()[0]
+        if not self.log:
+            self.trimmed = self.seq
+
+    def _public(self, rec: dict[str, Any], now: float) -> dict[str, Any]:
+        left = max(0.0, rec["until"] - now)
+        out = {k: v for k, v in rec.items() if k not in ("until", "net", "gone")}
         out["duration"] = f"{left:.0f}s" if left >= 1 else "1s"
         return out
 
+    # -- bouncer API ----------------------------------------------------------------------------------
     def stream(self, caller: str, startup: bool) -> dict[str, Any]:
         with self.lock:
-            self._expire()
-            since = self.cursors.get(caller)
-            if startup or since is None or (self.log and since < self.log[0][0] - 1):
-                new = [self._public(r) for r in self.active.values()]
-                deleted: list[dict[str, Any]] = []
+            now = self.clock()
+            self._expire(now)
+            self._trim(now)
+            since = self.cursors[caller][0] if caller in self.cursors else None
+            if startup or since is None or since < self.trimmed:
+                new = [self._public(r, now) for r in self.active.values()]
+                deleted = [self._public(r, now) for r in self.deleted.values()]
             else:
                 new_recs: dict[str, dict[str, Any]] = {}
                 deleted = []
@@ -102,38 +253,98 @@ class DecisionRegistry:
                         continue
                     if kind == "new":
                         new_recs[rec["value"]] = rec
+                    elif new_recs.get(rec["value"]) is rec:
+                        del new_recs[rec["value"]]
                     else:
-                        if new_recs.get(rec["value"]) is rec:
-                            del new_recs[rec["value"]]
-                        else:
-                            deleted.append(self._public(rec))
-                new = [self._public(r) for r in new_recs.values() if self.active.get(r["value"]) is r]
-            self.cursors[caller] = self.seq
+                        deleted.append(self._public(rec, now))
+                new = [self._public(r, now) for r in new_recs.values() if self.active.get(r["value"]) is r]
+            self.cursors[caller] = (self.seq, now)
+            self.cursors.move_to_end(caller)
+            self._trim(now)
             return {"new": new or None, "deleted": deleted or None}
 
     def lookup(self, ip: str) -> list[dict[str, Any]] | None:
         try:
-            addr = ipaddress.ip_address(ip)
+            addr = ipaddress.ip_address(ip.strip())
         except ValueError:
             raise ValueError(f"invalid ip {ip!r}") from None
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped  # ::ffff:a.b.c.d is a.b.c.d, as decisions are keyed
         with self.lock:
-            self._expire()
-            hits = [self._public(r) for r in self.active.values() if r["net"].version == addr.version
+            now = self.clock()
+            self._expire(now)
+            self._trim(now)
+            hits = [self._public(r, now) for r in self.active.values() if r["net"].version == addr.version
                     and addr in r["net"]]
         return hits or None
 
 
-class DecisionApiServer:
-    """Threaded HTTP server for :class:`DecisionRegistry`; ``start()`` runs it in a daemon thread."""
+class _Row:
+    __slots__ = ("action", "created_at", "duration_s", "id", "mode", "reason", "value")
 
-    def __init__(self, registry: DecisionRegistry, api_key: str, host: str = "127.0.0.1", port: int = 8090) -> None:
-        if not api_key:
-            raise ValueError("the decision API needs a non-empty api_key (config actions.decision_api.api_key)")
+    def __init__(self, id: Any, created_at: Any, action: Any, value: Any, duration_s: Any, reason: Any,
+                 mode: Any) -> None:
+        self.id, self.created_at, self.action, self.value = str(id), int(created_at), str(action), str(value)
+        self.duration_s, self.reason, self.mode = int(duration_s), str(reason), str(mode)
+
+
+def bouncer_keys(api_key: str | Mapping[str, str] | None) -> dict[str, str]:
+    """Bouncer name -> key: one key (``api_key``) is the bouncer ``default``."""
+    if api_key is None:
+        return {}
+    return {"default": api_key} if isinstance(api_key, str) else dict(api_key)
+
+
+class _Server(ThreadingHTTPServer):
+    """At most ``max_connections`` connections served at a time; one over it is closed at once."""
+
+    daemon_threads = True
+
+    def __init__(self, addr: tuple[str, int], handler: Any, max_connections: int) -> None:
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.refused = 0
+        super().__init__(addr, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+class DecisionApiServer:
+    """Threaded HTTP server for :class:`DecisionRegistry`; ``start()`` runs it in a daemon thread.
+
+    ``api_key``: one key (the bouncer ``default``) or a mapping bouncer name -> key (each its own cursor)."""
+
+    def __init__(self, registry: DecisionRegistry, api_key: str | Mapping[str, str], host: str = "127.0.0.1",
+                 port: int = 8090, timeout_s: float = 10.0, max_connections: int = 64) -> None:
+        keys = bouncer_keys(api_key)
+        if not keys or not all(keys.values()):
+            raise ValueError("the decision API needs a non-empty api_key (config actions.decision_api.api_key "
+                             "or actions.decision_api.bouncers)")
+        if len(set(keys.values())) != len(keys):
+            raise ValueError("two bouncers of the decision API have the same key: give each its own")
         self.registry = registry
-        key = api_key.encode()
+        encoded = [(name, k.encode()) for name, k in keys.items()]
+        self.callers: dict[str, set[str]] = {}  # bouncer name -> callers seen
+        self.shared_keys: set[str] = set()
+        server = self
 
         class Handler(BaseHTTPRequestHandler):
             server_version = "forumpulse-lapi/1"
+            timeout = timeout_s  # socket timeout: an idle or trickling connection is closed
 
             def log_message(self, format: str, *args: Any) -> None:  # quiet
                 pass
@@ -148,15 +359,19 @@ class DecisionApiServer:
 
             def do_GET(self) -> None:
                 given = (self.headers.get("X-Api-Key") or "").encode()
-                if not hmac.compare_digest(given, key):
+                name = None
+                for n, k in encoded:  # compare with every key (constant time each), whichever matches
+                    if hmac.compare_digest(given, k):
+                        name = n
+                if name is None:
                     self._send(403, {"message": "access forbidden"})
                     return
                 u = urlparse(self.path)
                 q = parse_qs(u.query)
                 if u.path.rstrip("/") == "/v1/decisions/stream":
                     startup = q.get("startup", ["false"])[0].lower() == "true"
-                    caller = f"{given.decode(errors='replace')}|{self.headers.get('User-Agent', '')}|" \
-                             f"{self.client_address[0]}"
+                    caller = server._caller(name, self.client_address[0], self.headers.get("X-Forwarded-For", ""),
+                                            self.headers.get("User-Agent", ""))
                     self._send(200, registry.stream(caller, startup))
                 elif u.path.rstrip("/") == "/v1/decisions":
                     ip = q.get("ip", [""])[0]
@@ -167,13 +382,32 @@ class DecisionApiServer:
                 else:
                     self._send(404, {"message": "not found"})
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), Handler, max_connections)
         self.thread: threading.Thread | None = None
+
+    def _caller(self, name: str, peer: str, forwarded: str, agent: str) -> str:
+        """The cursor key of a poll: the bouncer (key) name, and who polls with it."""
+        who = f"{peer}|{forwarded.strip()}|{agent}"
+        with self.registry.lock:
+            seen = self.callers.setdefault(name, set())
+            if who not in seen and len(seen) < 64:
+                seen.add(who)
+                if len(seen) == 2 and name not in self.shared_keys:
+                    self.shared_keys.add(name)
+                    log.warning("decision API: bouncer key %r is used by more than one client (%s); a key is one "
+                                "bouncer: give each bouncer its own key (actions.decision_api.bouncers), or two "
+                                "behind one proxy or NAT share a cursor and miss each other's changes",
+                                name, " and ".join(sorted(seen)))
+        return f"{name}|{who}"
 
     @property
     def port(self) -> int:
         return int(self.httpd.server_address[1])
+
+    @property
+    def refused(self) -> int:
+        """Connections closed at once because ``max_connections`` were being served."""
+        return self.httpd.refused
 
     def start(self) -> DecisionApiServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="fp-decision-api", daemon=True)
@@ -183,3 +417,4 @@ class DecisionApiServer:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+

@@ -262,16 +262,47 @@ class WebhookConfig(_Strict):
         return self
 
 
+class BouncerKey(_Strict):
+    """One bouncer of the decision API: its own key, so its own stream cursor (a key is a bouncer, as in CrowdSec)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description="bouncer name (logs, cursors)")
+    api_key: SecretStr = Field(description="this bouncer's X-Api-Key; no default")
+
+    @field_validator("api_key")
+    @classmethod
+    def _not_empty(cls, v: SecretStr) -> SecretStr:
+        if not v.get_secret_value():
+            raise ValueError("a bouncer key must not be empty")
+        return v
+
+
 class DecisionApiConfig(_Strict):
     enabled: bool = False
     listen: str = Field("127.0.0.1:8090", description="HOST:PORT of the CrowdSec-compatible decision stream")
-    api_key: SecretStr | None = Field(None, description="bouncer API key (X-Api-Key); no default")
+    api_key: SecretStr | None = Field(None, description="key of a single bouncer (X-Api-Key, the bouncer named "
+                                      "`default`); no default.  Several bouncers: `bouncers`")
+    bouncers: list[BouncerKey] = Field(default_factory=list, description="one entry (name, api_key) per bouncer: "
+                                       "each key has its own stream cursor, so bouncers behind one proxy or NAT "
+                                       "each get every change")
 
     @model_validator(mode="after")
     def _needs(self) -> DecisionApiConfig:
-        if self.enabled and self.api_key is None:
-            raise ValueError("an enabled decision API needs api_key")
+        keys = self.keys()
+        if self.enabled and not keys:
+            raise ValueError("an enabled decision API needs api_key (one bouncer) or bouncers (one key each)")
+        names = [b.name for b in self.bouncers] + (["default"] if self.api_key is not None else [])
+        if len(set(names)) != len(names):
+            raise ValueError("bouncer names must be unique (api_key is the bouncer named `default`)")
+        if len(set(keys.values())) != len(keys):
+            raise ValueError("two bouncers have the same api_key: a key is one bouncer, give each its own")
         return self
+
+    def keys(self) -> dict[str, str]:
+        """Bouncer name -> key (``api_key`` is the bouncer ``default``), for ``DecisionApiServer``."""
+        out = {b.name: b.api_key.get_secret_value() for b in self.bouncers}
+        if self.api_key is not None:
+            out["default"] = self.api_key.get_secret_value()
+        return out
 
 
 class ActionsConfig(_Strict):
