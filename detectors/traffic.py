@@ -34,14 +34,15 @@ Every detection has a stable ``id`` (site, kind, scope, start) so the ``detectio
 latest state; it is printed as a JSON line, inserted, and handed to an optional ``producer`` hook
 (``callable(topic, key, value)``, the live path wires Kafka ``weblogs.events``).
 
-Guarantees: only complete minutes (``< now`` truncated to the minute, minus ``lag_minutes``; live, also before
-the site's watermark, :meth:`TrafficDetector._watermark`: the loader's progress by the sources' lines and
-heartbeats and by the consumers' per-partition reports) are read; running
+Guarantees: only complete minutes (``< now`` truncated to the minute, minus ``lag_minutes``; live -- and history
+without an explicit end -- also before the site's watermark, :meth:`TrafficDetector._watermark`: the loader's
+progress by the sources' lines and heartbeats and by the consumers' per-partition reports) are read; running
 ``run_once`` twice for the same ``now`` adds nothing new; history and live use the same code path.  Live, a store
 error loses nothing and feeds nothing twice: a site's detectors are fed only after every read for its new minutes
 succeeded, detections stay in an outbox until stored and published, and one site's error does not stop the others
 (:meth:`TrafficDetector.run_once`).  History (:func:`detect_history`) reports every event overlapping the range,
-including one that started before it.
+including one that started before it; it knows heartbeats only at the end of its range, so a silence that ended
+before is a ``pipeline_gap`` of unknown liveness (``detail.liveness``), not written over a live ``outage``.
 Misuse: one ``TrafficDetector`` per store and process (it keeps per-site state in memory).
 """
 
@@ -919,7 +920,9 @@ class SourceGapDetector:
     """Per log source (origin_host/origin_file): a silence of at least ``gap_min_minutes`` when the source's rate
     over the hour before predicts at least ``gap_min_expected`` lines is a ``pipeline_gap`` (scope
     ``source:<host>/<file>``).  Live: a source silent up to now whose heartbeat is fresh is *not* a gap (it is
-    alive; the site-level detectors judge the traffic)."""
+    alive; the site-level detectors judge the traffic) -- neither while it lasts nor when its lines come back: a
+    silence through which the source was seen heartbeating at an evaluated time (:meth:`alive`) is not reported
+    when it ends."""
 
     def __init__(self, rules: dict[str, Any], site: str) -> None:
         self.h = rules["health"]
@@ -930,6 +933,8 @@ class SourceGapDetector:
         # earliest of them: a history run calls ``tail`` every minute, and must not rescan every source each time
         self._due: dict[str, datetime] = {}
         self.next_due = datetime.min.replace(tzinfo=UTC)
+        # the latest evaluated time at which each silent source was seen heartbeating (:meth:`alive`)
+        self._alive: dict[str, datetime] = {}
 
     def _expected(self, src: str, last: datetime, silent: int) -> float:
         hist = [n for m, n in self.recent.get(src, ()) if m > last - timedelta(minutes=60)]
@@ -946,20 +951,35 @@ class SourceGapDetector:
             last = q[-1][0]
             silent = int((minute - last).total_seconds() // 60) - 1
             exp = self._expected(src, last, silent)
-            if exp >= float(self.h["gap_min_expected"]):
+            # heartbeats seen during the silence: the source was alive (an outage is the site detectors' call)
+            seen_alive = self._alive.get(src, last) > last + timedelta(minutes=1)
+            if exp >= float(self.h["gap_min_expected"]) and not seen_alive:
                 yield Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1),
                                 minute - timedelta(minutes=1), last + timedelta(minutes=1), 0.0, exp, 1.0,
-                                "pipeline_gap", {"reason": "source silent", "minutes": silent}, site=self.site,
-                                state="closed")
+                                "pipeline_gap", {"reason": "source silent", "minutes": silent,
+                                                 "liveness": "unknown"}, site=self.site, state="closed")
         q.append((minute, n))
+        self._alive.pop(src, None)  # lines again: a later silence needs heartbeats of its own
         while q and q[0][0] <= minute - timedelta(minutes=60):
             q.popleft()
         due = minute + timedelta(minutes=gap_min + 1)
         self._due[src] = due
         self.next_due = min(self.next_due, due)
 
-    def tail(self, until: datetime, fresh: set[str]) -> Iterator[Detection]:
+    def alive(self, until: datetime, fresh: set[str]) -> None:
+        """Note the sources silent at ``until`` (no line in the minute before it) that heartbeat then (``fresh``:
+        their own heartbeat or their host's, evidence of liveness at ``until``): their silence is not a gap when
+        their lines come back.  Called at the evaluated time only (the end of a live run's window, where the
+        heartbeats were read), never for earlier minutes of a window (a heartbeat now says nothing about them)."""
+        for src, q in self.recent.items():
+            if q and q[-1][0] < until - timedelta(minutes=1) and (
+                    src in fresh or src.split("/", 1)[0] + "/" in fresh):
+                self._alive[src] = until
+
+    def tail(self, until: datetime, fresh: set[str], judged: bool = True) -> Iterator[Detection]:
         """Sources silent from their last line up to ``until`` (exclusive) and without a fresh heartbeat.
+        ``judged``: ``fresh`` was read at ``until`` (else -- an earlier minute of a history run or of a live
+        catch-up -- the heartbeats of that time are not known: the gap's ``detail.liveness`` is ``unknown``).
 
         Cheap to call every minute: nothing is scanned before :attr:`next_due`, and a quiet source whose silence
         does not yet amount to ``gap_min_expected`` lines is skipped until the minute it would."""
@@ -982,7 +1002,8 @@ class SourceGapDetector:
             if exp >= threshold:
                 det = Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1), None,
                                 last + timedelta(minutes=1), 0.0, exp, 1.0, "pipeline_gap",
-                                {"reason": "source silent, no heartbeat"}, site=self.site)
+                                {"reason": "source silent, no heartbeat"} if judged
+                                else {"reason": "source silent", "liveness": "unknown"}, site=self.site)
                 self.open[src] = det
                 yield det
                 continue
@@ -1032,6 +1053,7 @@ class _Window:
     transfer: list[tuple[datetime, list[tuple[str, list[TransferRow]]]]]  # complete windows (end, rows), in order
     groups: dict[str, set[int]] | None = None  # live: topic groups re-read because their tables changed
     groups_mark: tuple[Any, ...] | None = None
+    live: bool = False  # read by a live run (``fresh`` is the wall clock's, just after ``until``)
 
 
 @dataclass
@@ -1271,7 +1293,7 @@ class TrafficDetector:
                 "GROUP BY src, m ORDER BY m, src")]
             fresh = self._fresh_sources(store, rt.name, now, live)
         transfer = self._read_transfer(store, rt, start, until) if "transfer" in enabled else []
-        win = _Window(start, until, site_rows, topic_rows, source_rows, fresh, transfer)
+        win = _Window(start, until, site_rows, topic_rows, source_rows, fresh, transfer, live=live)
         if live and "topic" in enabled:
             mark = self._groups_mark(store, rt.name)
             if mark != rt.groups_mark:
@@ -1407,9 +1429,11 @@ class TrafficDetector:
             # it (a silence that ended earlier is still a gap, found when its lines came back).
             src_rows = sorted(win.source_rows, key=lambda r: r[1])
             i, m = 0, win.start
+            # the heartbeats read tell about the window's end (live: its last minute, as in a run per minute)
+            judged_from = win.until - timedelta(minutes=1) if win.live else win.until
             while m < win.until:
                 if rt.sources.recent:
-                    out.extend(_reported(rt.sources.tail(m, win.fresh), m - timedelta(minutes=1)))
+                    out.extend(_reported(rt.sources.tail(m, win.fresh, m >= judged_from), m - timedelta(minutes=1)))
                 while i < len(src_rows) and src_rows[i][1] <= m:
                     src, sm, n = src_rows[i]
                     out.extend(_reported(rt.sources.update(src, sm, n), sm))
@@ -1418,6 +1442,7 @@ class TrafficDetector:
             for src, sm, n in src_rows[i:]:
                 out.extend(_reported(rt.sources.update(src, sm, n), sm))
             out.extend(_reported(rt.sources.tail(win.until, win.fresh), win.until - timedelta(minutes=1)))
+            rt.sources.alive(win.until, win.fresh)
             last = win.until - timedelta(minutes=1)
             blocked = [(d.start, d.end or last) for d in out if d.kind == "pipeline_gap"]
             blocked += [(d.start, last) for d in rt.sources.open.values()]
@@ -1514,14 +1539,16 @@ class TrafficDetector:
             g = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1),
                           minute - timedelta(minutes=1), rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0,
                           "pipeline_gap", {"reason": "no lines", "minutes": silent,
-                                            "expected_requests": None if not n else round(exp, 1)},
+                                            "expected_requests": None if not n else round(exp, 1),
+                                            "liveness": "unknown"},
                           site=rt.name, state="closed")
             yield g
 
     def _advance(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime,
-                 now: datetime) -> list[Detection]:
-        """History: read ``[start, until)``, feed it and add the visitor figures (an error propagates)."""
-        dets, visits = self._feed(rt, self._read(store, rt, start, until, now, live=False))
+                 now: datetime, live: bool = False) -> list[Detection]:
+        """History: read ``[start, until)``, feed it and add the visitor figures (an error propagates).  Heartbeats
+        are judged at ``now`` (with the live clock-skew allowance when ``live``)."""
+        dets, visits = self._feed(rt, self._read(store, rt, start, until, now, live=live))
         for q in {q.det.id: q for q in visits}.values():  # the last peak of each surge decides, as live
             self._add_visitors(store, q)
         return dets
@@ -1561,18 +1588,41 @@ class TrafficDetector:
                 self.producer(self.events_topic, d.id.encode(), line.encode())
 
 
-def detect_history(store: Any, start: datetime, end: datetime, settings: Any = None, echo: bool = False,
-                   out: Any = None, sites: Iterable[str] | None = None) -> list[Detection]:
+def detect_history(store: Any, start: datetime, end: datetime | None, settings: Any = None, echo: bool = False,
+                   out: Any = None, sites: Iterable[str] | None = None,
+                   now: datetime | None = None) -> list[Detection]:
     """Run every traffic detector over ``[start, end)`` (baselines warmed with ``history_days`` before ``start``);
     returns the final state of each detection overlapping the range — started in it, or started before and still
-    open at ``start`` or ended at/after it.  Liveness is judged at ``end`` from heartbeats not later than ``end``."""
+    open at ``start`` or ended at/after it.  Liveness is judged at ``end`` from heartbeats not later than ``end``.
+
+    ``end=None``: up to now as a live run reads it -- per site, the last complete minute before ``now`` (default:
+    the wall clock) minus ``lag_minutes``, and not past the site's watermark (:meth:`TrafficDetector._watermark`),
+    with heartbeats judged at ``now`` (live clock-skew allowance): the partly loaded current minute is never read.
+
+    History knows heartbeats only at the evaluated time, so a silence that ended before it is a ``pipeline_gap``
+    with ``detail.liveness = "unknown"``; such a gap is returned (and printed) but not written to ``detections``
+    when the store holds an ``outage`` of the site overlapping it: a live run saw the sources heartbeating
+    through that silence, and its outage stands."""
     det = TrafficDetector(settings, echo=False, out=out, sites=sites)
     warm = _utc(start) - timedelta(days=det.cfg.history_days)
+    lag = det.cfg.lag_minutes
     det.cfg = det.cfg.model_copy(update={"lag_minutes": 0})
+    clock = _utc(now or datetime.now(UTC))
     latest: dict[str, Detection] = {}
+    ends: dict[str, datetime] = {}
     for name in det._site_names(store):
         rt = det._site(store, name)
-        for d in det._advance(store, rt, warm, _utc(end), _utc(end)):
+        if end is None:
+            until = clock.replace(second=0, microsecond=0) - timedelta(minutes=lag)
+            mark = det._watermark(store, name, clock)
+            if mark is not None:
+                until = min(until, mark.replace(second=0, microsecond=0))
+            ends[name] = until
+            dets = det._advance(store, rt, warm, until, clock, live=True) if warm < until else []
+        else:
+            ends[name] = _utc(end)
+            dets = det._advance(store, rt, warm, _utc(end), _utc(end))
+        for d in dets:
             latest[d.id] = _first_report(latest.get(d.id), d)
         for d in rt.seasonal.finish():
             latest[d.id] = _first_report(latest.get(d.id), d)
@@ -1581,12 +1631,13 @@ def detect_history(store: Any, start: datetime, end: datetime, settings: Any = N
     # An event still open at this run's end that the store already has closed at or after that end was seen
     # to its end by a run over more data (live, or history with a later --to): keep that state, do not write
     # this run's truncated view over it (it is still printed: it is what this range shows).
-    still_open = [d for d in out_list if d.state == "open"]
     later: set[str] = set()
-    if still_open:
-        later = {str(r[0]) for r in store.query_rows(
+    for name in {d.site for d in out_list if d.state == "open"}:
+        still_open = [d for d in out_list if d.state == "open" and d.site == name]
+        later |= {str(r[0]) for r in store.query_rows(
             f"SELECT id FROM detections FINAL WHERE id IN ({', '.join(_q(d.id) for d in still_open)}) "
-            f"AND state = 'closed' AND end_ts >= {_sql_ts(_utc(end) - timedelta(minutes=1))}")}
+            f"AND state = 'closed' AND end_ts >= {_sql_ts(ends[name] - timedelta(minutes=1))}")}
+    later |= _gaps_under_stored_outages(store, out_list)
     if out_list:
         det._emit(store, [d for d in out_list if d.id not in later], datetime.now(UTC))
     if echo:
@@ -1595,9 +1646,29 @@ def detect_history(store: Any, start: datetime, end: datetime, settings: Any = N
     return out_list
 
 
+def _gaps_under_stored_outages(store: Any, dets: list[Detection]) -> set[str]:
+    """Ids of the ``pipeline_gap`` detections of unknown liveness (history: a silence that ended before the
+    evaluated time) overlapping an ``outage`` of their site already in ``detections``: a live run judged those
+    minutes with the heartbeats of the time (sources alive, the site answering nothing)."""
+    gaps = [d for d in dets if d.kind == "pipeline_gap" and d.detail.get("liveness") == "unknown"]
+    if not gaps:
+        return set()
+    lo = min(d.start for d in gaps)
+    hi = max(d.end or d.start for d in gaps)
+    rows = store.query_rows(
+        "SELECT site, start_ts, end_ts FROM detections FINAL WHERE kind = 'outage' "
+        f"AND site IN ({', '.join(sorted({_q(d.site) for d in gaps}))}) AND start_ts <= {_sql_ts(hi)} "
+        f"AND (end_ts IS NULL OR end_ts >= {_sql_ts(lo)})")
+    outages = [(str(site), _utc(a), _utc(b) if b is not None else None) for site, a, b in rows]
+    return {d.id for d in gaps
+            if any(site == d.site and a <= (d.end or d.start) and (b is None or b >= d.start)
+                   for site, a, b in outages)}
+
+
 def detect_history_command(
     from_: Annotated[str, typer.Option("--from", help="start (ISO date/time, UTC unless an offset is given)")] = "",
-    to: Annotated[str, typer.Option("--to", help="end, exclusive (default: now)")] = "",
+    to: Annotated[str, typer.Option("--to", help="end, exclusive (default: now -- the last complete minute before now minus lag_minutes, not past the "
+                                                             "watermark, as live)")] = "",
     config: Annotated[str | None, typer.Option("--config", "-c", help="forumpulse.yaml")] = None,
     store_url: Annotated[str | None, typer.Option("--store", help="chdb:PATH or clickhouse://...")] = None,
 ) -> None:
@@ -1617,12 +1688,14 @@ def _history_cli(from_: str, to: str, config: str | None, store_url: str | None)
         except ValueError:
             raise typer.BadParameter(f"{text!r} is not an ISO 8601 date or time", param_hint=name) from None
 
-    start = when(from_, "--from") if from_ else datetime.now(UTC) - timedelta(days=1)
-    end = when(to, "--to") if to else datetime.now(UTC)
-    if end <= start:
+    now = datetime.now(UTC)
+    start = when(from_, "--from") if from_ else now - timedelta(days=1)
+    # without --to: up to now as live reads it (whole minutes, lag_minutes and the watermark; detect_history)
+    end = when(to, "--to") if to else None
+    if (end or now) <= start:
         raise typer.BadParameter(f"--to ({to or 'now'}) is not after --from ({from_ or 'a day ago'})")
     store = open_store(store_url or settings.store.url, existing=True)
     try:
-        detect_history(store, start, end, settings, echo=True)
+        detect_history(store, start, end, settings, echo=True, now=now)
     finally:
         store.close()

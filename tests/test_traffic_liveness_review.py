@@ -1,0 +1,120 @@
+"""Live traffic detection, from a review: an event superseded by an outage reaches the store closed; an outage
+(sources heartbeating, no lines) is not also reported as a pipeline gap, neither by live runs when the lines come
+back nor by a history run written next to the live outage; history without an end reads as live does."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+from forumpulse.detectors.traffic import TrafficDetector, detect_history
+from test_traffic_cases import _local, _settings, build_requests
+
+
+def _beat(store: Any, name: str, line: datetime, hb: datetime) -> None:
+    ts = pa.timestamp("ms", tz="UTC")
+    store.insert("source_liveness", pa.table({
+        "site": [name], "origin_host": ["origin"], "origin_file": ["access.log"],
+        "last_line_ts": pa.array([line], ts), "last_heartbeat_ts": pa.array([hb], ts),
+        "lines": pa.array([1], pa.uint64()), "updated_at": pa.array([hb], ts)}))
+
+
+OVERLOAD = {"site": {"name": "case-overload", "timezone": "UTC"}, "start": "2026-03-01", "days": 11,
+            "per_minute": 20, "weekend_factor": 1.0,
+            "events": [{"kind": "factor", "from": "2026-03-11T10:00", "to": "2026-03-11T10:40", "factor": 5},
+                       {"kind": "status", "from": "2026-03-11T10:40", "to": "2026-03-11T11:30", "status": 503}]}
+
+
+def test_a_spike_superseded_by_an_outage_is_stored_closed(store: Any) -> None:
+    """The site spikes, then falls over (503s).  Before the fix the spike stayed ``open`` (no end) in
+    ``detections`` for good."""
+    name = OVERLOAD["site"]["name"]
+    store.insert("requests", build_requests(OVERLOAD))
+    det = TrafficDetector(_settings([OVERLOAD]), sites=[name])
+    t = _local(OVERLOAD, "2026-03-11T09:55:30")
+    while t <= _local(OVERLOAD, "2026-03-11T13:30:30"):
+        det.run_once(store, t)
+        t += timedelta(minutes=1)
+    rows = store.query_rows(f"SELECT kind, state, start_ts, end_ts FROM detections FINAL WHERE site = '{name}' "
+                            "AND start_ts >= toDateTime('2026-03-11 09:00:00', 'UTC') ORDER BY start_ts")
+    kinds = {str(r[0]): r for r in rows}
+    assert set(kinds) == {"spike", "outage"}, rows
+    assert all(str(r[1]) == "closed" for r in rows), rows
+    assert kinds["spike"][3] == kinds["outage"][2], rows  # the spike ends where the outage begins
+
+
+DOWN = {"site": {"name": "case-down", "timezone": "UTC"}, "start": "2026-03-01", "days": 11, "per_minute": 20,
+        "weekend_factor": 1.0, "events": [{"kind": "gap", "from": "2026-03-11T10:00", "to": "2026-03-11T10:40"}]}
+
+
+def test_an_outage_with_heartbeating_sources_is_no_pipeline_gap_live_or_in_history(store: Any) -> None:
+    """No access-log lines 10:00-10:40 while the shipper heartbeats: an outage.  Before the fix, live runs also
+    reported a closed ``pipeline_gap`` of the source when the lines came back, and a later history run over the
+    range wrote site and source ``pipeline_gap`` rows next to the live outage."""
+    name = DOWN["site"]["name"]
+    store.insert("requests", build_requests(DOWN))
+    det = TrafficDetector(_settings([DOWN]), sites=[name])
+    seen: dict[str, tuple[str, str, str]] = {}
+    t = _local(DOWN, "2026-03-11T09:50:30")
+    last_line = _local(DOWN, "2026-03-11T09:59:59")
+    while t <= _local(DOWN, "2026-03-11T11:00:30"):
+        line = last_line if t < _local(DOWN, "2026-03-11T10:40:30") else t - timedelta(seconds=2)
+        _beat(store, name, line, t - timedelta(seconds=5))  # the shipper heartbeats all along
+        for d in det.run_once(store, t):
+            if d.start >= _local(DOWN, "2026-03-11T09:00"):
+                seen[d.id] = (d.kind, d.scope, d.state)
+        t += timedelta(minutes=1)
+    kinds = {(k, s) for k, s, _ in seen.values()}
+    assert ("outage", "site") in kinds, seen
+    assert not [v for v in seen.values() if v[0] == "pipeline_gap"], seen
+
+    hist = detect_history(store, _local(DOWN, "2026-03-11T09:00"), _local(DOWN, "2026-03-11T11:00"),
+                          _settings([DOWN]), sites=[name])
+    # history cannot know the heartbeats of 10:00-10:40: the silence is a gap of unknown liveness ...
+    gaps = [d for d in hist if d.kind == "pipeline_gap"]
+    assert gaps and all(d.detail.get("liveness") == "unknown" for d in gaps), [d.to_json() for d in hist]
+    # ... which is not written next to the live outage of those minutes
+    rows = store.query_rows(f"SELECT kind, scope, state FROM detections FINAL WHERE site = '{name}' "
+                            "AND start_ts >= toDateTime('2026-03-11 09:00:00', 'UTC')")
+    assert ("outage", "site", "closed") in {tuple(map(str, r)) for r in rows}, rows
+    assert not [r for r in rows if str(r[0]) == "pipeline_gap"], rows
+
+
+def test_a_past_gap_without_a_live_outage_is_still_stored(store: Any) -> None:
+    """The other side: a silence nobody judged live (no outage stored) is still written as a pipeline_gap."""
+    case = {**DOWN, "site": {"name": "case-pastgap", "timezone": "UTC"}}
+    name = case["site"]["name"]
+    store.insert("requests", build_requests(case))
+    hist = detect_history(store, _local(case, "2026-03-11T09:00"), _local(case, "2026-03-11T11:00"),
+                          _settings([case]), sites=[name])
+    assert ("pipeline_gap", "pipeline") in {(d.kind, d.scope) for d in hist}
+    rows = store.query_rows(f"SELECT kind, scope FROM detections FINAL WHERE site = '{name}'")
+    assert ("pipeline_gap", "pipeline") in {tuple(map(str, r)) for r in rows}, rows
+
+
+BEHIND = {"site": {"name": "case-behind", "timezone": "UTC"}, "start": "2026-03-01", "days": 11, "per_minute": 20,
+          "weekend_factor": 1.0,
+          "events": [{"kind": "status", "from": "2026-03-11T10:25", "to": "2026-03-11T11:30", "status": 503}]}
+
+
+def test_history_without_an_end_reads_whole_minutes_behind_the_watermark_as_live(store: Any) -> None:
+    """The loader has reported up to 10:26 (the source's last line and heartbeat) while the clock says 10:34:30.
+    Live judges nothing after 10:26; ``detect history`` without ``--to`` used to read up to the wall clock
+    (lag 0, no watermark, the current minute half loaded) and report an outage from minutes live had not judged."""
+    name = BEHIND["site"]["name"]
+    store.insert("requests", build_requests(BEHIND))
+    mark = _local(BEHIND, "2026-03-11T10:26")
+    _beat(store, name, mark, mark)
+    now = _local(BEHIND, "2026-03-11T10:34:30")
+    start = _local(BEHIND, "2026-03-11T09:00")
+    hist = detect_history(store, start, None, _settings([BEHIND]), sites=[name], now=now)
+    assert not [d for d in hist if d.kind == "outage"], [d.to_json() for d in hist]
+    live = TrafficDetector(_settings([BEHIND]), sites=[name])
+    live_dets = [d for d in live.run_once(store, now) if d.end is None or d.end >= start]
+    assert live.sites[name].cursor == mark
+    assert sorted((d.id, d.state) for d in hist) == sorted((d.id, d.state) for d in live_dets)
+    # with an explicit end, history reads what it is asked to: the outage of 10:25 is there
+    full = detect_history(store, start, _local(BEHIND, "2026-03-11T10:40"), _settings([BEHIND]), sites=[name])
+    assert [d for d in full if d.kind == "outage"]
+    assert datetime(2026, 1, 1, tzinfo=UTC) < now
