@@ -1071,6 +1071,7 @@ class _VisitorQuery:
 class _Outgoing:
     det: Detection
     stored: bool = False  # inserted into ``detections`` in its current state (only the producer is left)
+    shown: bool = False   # printed (echo) in its current state: a retried publication is not printed again
 
 
 class TrafficRunError(RuntimeError):
@@ -1221,7 +1222,8 @@ class TrafficDetector:
         * detections wait in an outbox until they are inserted into ``detections`` and handed to ``producer``
           (and printed): a failing insert, producer or visitor query keeps them, in their latest state, for the
           next call.  A detection is inserted again only after its state changed, and handed to the producer
-          once per emitted state;
+          once per emitted state -- again at the next calls while a producer with ``confirm()`` does not confirm
+          its delivery (at least once: a message Kafka delivered late can arrive twice, with the same key);
         * an error on one site does not stop the others: they advance and their detections are emitted, then
           :class:`TrafficRunError` is raised naming the failed sites (they retry at the next call).
 
@@ -1556,8 +1558,9 @@ class TrafficDetector:
     # -- output -----------------------------------------------------------------------------------------
     def _flush(self, store: Any, now: datetime) -> list[Detection]:
         """Emit the outbox (except detections still waiting for visitor figures): insert what is not stored in
-        its current state, then hand each to the producer / print it and drop it from the outbox.  On an error
-        the rest stays for the next call."""
+        its current state, then hand each to the producer / print it, and drop from the outbox what the producer
+        confirms delivered (:meth:`_confirmed`).  What is not confirmed stays (stored: only the producer is left)
+        and is handed again at the next call; on an error the rest stays too."""
         ready = sorted((o for k, o in self._outbox.items() if k not in self._visits),
                        key=lambda o: (o.det.start, o.det.kind, o.det.scope))
         unstored = [o for o in ready if not o.stored]
@@ -1565,16 +1568,33 @@ class TrafficDetector:
             store.insert("detections", detections_table([o.det for o in unstored], now))
             for o in unstored:
                 o.stored = True
+        handed: list[_Outgoing] = []
+        try:
+            for o in ready:
+                line = o.det.to_json()
+                if self.producer is not None:
+                    self.producer(self.events_topic, o.det.id.encode(), line.encode())
+                if self.echo and not o.shown:
+                    print(line, file=self.out, flush=True)
+                    o.shown = True
+                handed.append(o)
+        finally:
+            done = self._confirmed([o.det.id.encode() for o in handed])
         sent = []
-        for o in ready:
-            line = o.det.to_json()
-            if self.producer is not None:
-                self.producer(self.events_topic, o.det.id.encode(), line.encode())
-            if self.echo:
-                print(line, file=self.out, flush=True)
-            del self._outbox[o.det.id]
-            sent.append(o.det)
+        for o in handed:
+            if o.det.id.encode() in done and self._outbox.get(o.det.id) is o:
+                del self._outbox[o.det.id]
+                sent.append(o.det)
         return sent
+
+    def _confirmed(self, keys: list[bytes]) -> set[bytes]:
+        """The keys among ``keys`` (handed to the producer by this flush) whose delivery is confirmed.  A producer
+        with a ``confirm()`` method (live: :class:`forumpulse.pipeline.live_detect.EventsPublisher`, which waits
+        for Kafka's delivery reports) says which; for a plain callable, or none, handing over is delivery."""
+        confirm = getattr(self.producer, "confirm", None)
+        if confirm is None or not keys:
+            return set(keys)
+        return set(confirm()) & set(keys)
 
     def _emit(self, store: Any, dets: list[Detection], now: datetime) -> None:
         if not dets:
@@ -1586,6 +1606,11 @@ class TrafficDetector:
                 print(line, file=self.out, flush=True)
             if self.producer is not None:
                 self.producer(self.events_topic, d.id.encode(), line.encode())
+        keys = [d.id.encode() for d in dets] if self.producer is not None else []
+        missing = len(set(keys) - self._confirmed(keys))
+        if missing:
+            raise RuntimeError(f"{missing} detection(s) stored but their delivery to {self.events_topic} was not "
+                               "confirmed")
 
 
 def detect_history(store: Any, start: datetime, end: datetime | None, settings: Any = None, echo: bool = False,

@@ -26,7 +26,9 @@ Owner services (``forumpulse run --dos --traffic``, see :func:`live_services`):
 
 * **Traffic** (:class:`TrafficService`): :meth:`TrafficDetector.run_once` right away (it warms its baselines
   from the rollups) and then every ``traffic_interval_s`` a few seconds after the minute; detections go to the
-  ``detections`` table and, when Kafka is in use, to ``weblogs.events``.
+  ``detections`` table and, when Kafka is in use, to ``weblogs.events`` (:class:`EventsPublisher`: a detection
+  leaves the detector's outbox only once Kafka confirmed its delivery; otherwise it is logged, counted and sent
+  again at the next run).
 
 Metrics (the owner's ``GET /metrics``, read at scrape time; :class:`DosCollector`, :class:`TrafficCollector`):
 ``forumpulse_dos_lines_total`` / ``_batches_total`` (judged), ``forumpulse_dos_decisions_total{action,reason,
@@ -35,7 +37,8 @@ loopback, ...), ``forumpulse_dos_action_errors_total``, ``forumpulse_dos_webhook
 deliveries that failed after their retries), ``forumpulse_dos_active_bans``, ``forumpulse_dos_restored_total``,
 ``forumpulse_dos_firewall_checks_total`` / ``_firewall_check_errors_total`` (``firewall_check_s``),
 ``forumpulse_dos_feed_errors_total``, ``forumpulse_dos_feed_replayed_total``; ``forumpulse_traffic_runs_total``
-/ ``_run_errors_total`` / ``_detections_total``, ``forumpulse_traffic_last_run_timestamp_seconds`` and
+/ ``_run_errors_total`` / ``_detections_total`` / ``_publish_failures_total`` (events not confirmed by Kafka,
+retried), ``forumpulse_traffic_last_run_timestamp_seconds`` and
 ``forumpulse_traffic_minutes_judged_behind_seconds{site}`` (wall clock minus the end of the last complete minute
 the detectors judged: the live watermark holding them back for a source or partition behind shows here).
 
@@ -710,11 +713,23 @@ class TrafficService:
         self.emitted = 0
         self.last_run = 0.0  # wall time of the last run (epoch s)
 
+    @property
+    def publish_failures(self) -> int:
+        """Detections whose ``weblogs.events`` delivery was not confirmed (kept and retried), 0 without Kafka."""
+        return int(getattr(self.detector.producer, "failures", 0))
+
     def tick(self) -> list[Any]:
-        """One run at ``clock()``; returns the detections it emitted (errors are logged, counted, re-raised)."""
+        """One run at ``clock()``; returns the detections it emitted (errors are logged, counted, re-raised; what
+        a run that failed for some sites did emit is counted too)."""
+        from forumpulse.detectors.traffic import TrafficRunError
+
         now = datetime.fromtimestamp(self.clock(), UTC)
         try:
             dets = self.detector.run_once(self.store, now)
+        except TrafficRunError as exc:
+            self.errors += 1
+            self.emitted += len(exc.emitted)
+            raise
         except Exception:
             self.errors += 1
             raise
@@ -816,6 +831,9 @@ class TrafficCollector:
                                   value=svc.errors)
         yield CounterMetricFamily("forumpulse_traffic_detections", "detections emitted (every state change)",
                                   value=svc.emitted)
+        yield CounterMetricFamily("forumpulse_traffic_publish_failures", "detections whose delivery to the events "
+                                  "topic was not confirmed (kept and retried at the next run)",
+                                  value=svc.publish_failures)
         yield GaugeMetricFamily("forumpulse_traffic_last_run_timestamp_seconds", "wall time of the last run",
                                 value=svc.last_run)
         behind = GaugeMetricFamily("forumpulse_traffic_minutes_judged_behind_seconds",
@@ -829,6 +847,63 @@ class TrafficCollector:
 
 
 # ---------------------------------------------------------------------------------------------- owner services
+
+
+_PENDING = object()
+
+
+class EventsPublisher:
+    """The ``producer`` hook of :class:`~forumpulse.detectors.traffic.TrafficDetector` for ``weblogs.events``,
+    with delivery confirmation: each call queues one message with a delivery callback; :meth:`confirm` (called
+    by the detector after handing over a flush's detections) flushes for up to ``timeout_s`` and returns the keys
+    whose every message of that flush Kafka acknowledged.  The detector keeps the others in its outbox and hands
+    them again at the next run (at least once: one still queued may be delivered late, a duplicate with the same
+    key and state).  Messages not confirmed are counted in :attr:`failures` and logged."""
+
+    def __init__(self, producer: Any, timeout_s: float = 10.0) -> None:
+        self.producer = producer
+        self.timeout_s = timeout_s
+        self._batch: list[tuple[bytes, list[Any]]] = []  # key, [delivery error, None (delivered) or _PENDING]
+        self.delivered = 0
+        self.failures = 0
+
+    def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+        box: list[Any] = [_PENDING]
+
+        def done(err: Any, _msg: Any) -> None:
+            box[0] = err
+
+        self._batch.append((key, box))
+        self.producer.produce(topic, key=key, value=value, on_delivery=done)
+        self.producer.poll(0)
+
+    def confirm(self) -> set[bytes]:
+        batch, self._batch = self._batch, []
+        if not batch:
+            return set()
+        left: Any = None
+        try:
+            left = self.producer.flush(self.timeout_s)
+        except Exception as exc:  # an unconfirmed delivery is retried, whatever went wrong
+            left = f"flush failed: {type(exc).__name__}: {exc}"
+        ok: set[bytes] = set()
+        bad: set[bytes] = set()
+        reasons: dict[str, int] = {}
+        for key, box in batch:
+            if box[0] is None:
+                ok.add(key)
+                continue
+            bad.add(key)
+            why = "no delivery report" if box[0] is _PENDING else str(box[0])
+            reasons[why] = reasons.get(why, 0) + 1
+        failed = sum(reasons.values())
+        self.delivered += len(batch) - failed
+        if failed:
+            self.failures += failed
+            log.warning("traffic events: %d of %d message(s) not confirmed by Kafka (%s; still queued: %s); the "
+                        "detections stay in the outbox and are sent again at the next run", failed, len(batch),
+                        "; ".join(f"{n} x {w}" for w, n in sorted(reasons.items())), left)
+        return ok - bad
 
 
 def _kafka_producer(bootstrap: str) -> Any:
@@ -922,15 +997,9 @@ def traffic_service(publish: bool | None = None, handles: LiveHandles | None = N
     def service(ctx: Any) -> None:
         live = live_config(ctx.settings)
         pub = live.publish_events if publish is None else publish
-        producer = _kafka_producer(ctx.settings.kafka.bootstrap_servers) if pub else None
-
-        def produce(topic: str, key: bytes, value: bytes) -> None:
-            assert producer is not None
-            producer.produce(topic, key=key, value=value)
-            producer.poll(0)
-
-        svc = TrafficService(ctx.settings, ctx.store, produce if producer is not None else None, clock=clock,
-                             flush=(lambda: producer.flush(10)) if producer is not None else None)
+        # a detection leaves the detector's outbox only once Kafka confirmed its delivery (EventsPublisher)
+        publisher = EventsPublisher(_kafka_producer(ctx.settings.kafka.bootstrap_servers)) if pub else None
+        svc = TrafficService(ctx.settings, ctx.store, publisher, clock=clock)
         if handles is not None:
             handles.traffic = svc
         if hasattr(ctx, "collectors"):
@@ -978,7 +1047,7 @@ def owner_request(owner_url: str, method: str, path: str, params: dict[str, str]
             return int(exc.code), {"error": body.decode("utf-8", "replace")[:500]}
 
 
-__all__ = ["DosCollector", "DosFeed", "DosHook", "LiveConfig", "LiveDos", "LiveHandles", "TrafficCollector",
+__all__ = ["DosCollector", "DosFeed", "DosHook", "EventsPublisher", "LiveConfig", "LiveDos", "LiveHandles", "TrafficCollector",
            "TrafficService", "active_from_store",
            "decision_view", "dos_service", "live_config", "live_services", "normalize_value", "owner_request",
            "traffic_service"]

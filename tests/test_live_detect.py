@@ -599,3 +599,92 @@ def test_traffic_runs_follow_intervals_longer_than_a_minute(interval: float, now
 
     svc = TrafficService(load_settings(), store=None, interval_s=interval, offset_s=5.0, clock=lambda: now)
     assert svc._next_delay() == pytest.approx(delay)
+
+
+class _FakeKafka:
+    """A confluent-kafka Producer stand-in: messages wait in a queue; ``up`` decides whether a flush delivers
+    them (delivery callback without error) or leaves them queued (a broker away: no report, flush returns the
+    count left).  ``fail`` delivers them with an error report instead."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.fail: str | None = None
+        self.queue: list[tuple[str, bytes, bytes, Any]] = []
+        self.delivered: list[tuple[bytes, bytes]] = []
+
+    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any = None) -> None:
+        self.queue.append((topic, key, value, on_delivery))
+
+    def poll(self, _timeout: float) -> int:
+        return 0
+
+    def flush(self, _timeout: float) -> int:
+        if self.fail is not None:
+            for _, _, _, cb in self.queue:
+                cb(self.fail, None)
+            self.queue = []
+        elif self.up:
+            for _, key, value, cb in self.queue:
+                self.delivered.append((key, value))
+                cb(None, None)
+            self.queue = []
+        return len(self.queue)
+
+
+class _NullStore:
+    def __init__(self) -> None:
+        self.inserts = 0
+
+    def insert(self, _table: str, _rows: Any) -> None:
+        self.inserts += 1
+
+
+def test_events_leave_the_outbox_only_once_kafka_confirms_delivery() -> None:
+    """Before the fix a detection left the outbox as soon as produce() had queued it: with the broker away the
+    message was dropped after message.timeout.ms and nobody noticed.  Now it stays (stored once) until Kafka
+    confirms it; failures are counted in forumpulse_traffic_publish_failures_total."""
+    from forumpulse.detectors.series import Detection
+    from forumpulse.detectors.traffic import _Outgoing
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.live_detect import EventsPublisher, TrafficCollector
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    kafka = _FakeKafka()
+    svc = TrafficService(load_settings(), store=None, producer=EventsPublisher(kafka, timeout_s=0.01))
+    det = svc.detector
+    t = datetime(2026, 3, 11, 10, 0, tzinfo=UTC)
+    d = Detection("outage", "site", t, None, t, 0.0, 100.0, 1.0, "outage", site="s1")
+    det._outbox[d.id] = _Outgoing(d)
+    store = _NullStore()
+    assert det._flush(store, t) == []                   # broker away: not confirmed ...
+    assert d.id in det._outbox and det._outbox[d.id].stored and store.inserts == 1  # ... kept, stored once
+    kafka.fail = "KafkaError{code=_MSG_TIMED_OUT}"
+    assert det._flush(store, t) == [] and d.id in det._outbox  # an error report: kept too
+    kafka.fail, kafka.up = None, True
+    assert det._flush(store, t) == [d]                  # delivered: leaves the outbox
+    assert d.id not in det._outbox and store.inserts == 1
+    assert [k for k, _ in kafka.delivered] == [d.id.encode()]
+    reg = CollectorRegistry()
+    reg.register(TrafficCollector(svc))
+    m = _samples(generate_latest(reg).decode())
+    assert m[("forumpulse_traffic_publish_failures_total", ())] == 2
+
+
+def test_a_partly_failed_run_counts_what_it_emitted() -> None:
+    """run_once raising TrafficRunError after emitting detections: they count in
+    forumpulse_traffic_detections_total (before the fix the counter missed them)."""
+    from forumpulse.detectors.series import Detection
+    from forumpulse.detectors.traffic import TrafficRunError
+    from forumpulse.pipeline.config import load_settings
+
+    svc = TrafficService(load_settings(), store=None, clock=lambda: 1_773_223_230.0)
+    t = datetime(2026, 3, 11, 10, 0, tzinfo=UTC)
+    emitted = [Detection("spike", "site", t, None, t, 1.0, 1.0, 1.0, "spike", site=s) for s in ("a", "b")]
+
+    def run_once(_store: Any, _now: datetime) -> list[Detection]:
+        raise TrafficRunError({"c": RuntimeError("store away")}, emitted)
+
+    svc.detector.run_once = run_once  # type: ignore[method-assign]
+    with pytest.raises(TrafficRunError):
+        svc.tick()
+    assert svc.emitted == 2 and svc.errors == 1 and svc.runs == 1
