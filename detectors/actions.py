@@ -11,14 +11,17 @@ the namespace tests, ``None`` in production.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import hmac
+import http.client
 import ipaddress
 import json
 import logging
 import queue
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -371,6 +374,11 @@ def _elements(s: dict[str, Any]) -> dict[_Net, int]:
     return out
 
 
+#: the longest element timeout ipset accepts (seconds, about 24.8 days); a longer ban is added with this and put
+#: back by a later ``ensure()`` (the periodic firewall check) once the kernel has dropped it while still in force
+IPSET_MAX_TIMEOUT = 2_147_483
+
+
 class IpsetAction:
     """``hash:net`` ipsets with default timeout support, plus (optionally) iptables INPUT DROP rules for them.
 
@@ -378,6 +386,10 @@ class IpsetAction:
     leaves the other), so the nftables overlap problem does not arise here.  Like :class:`NftablesAction` the
     action records what it added; when a ban or unban finds a set gone (``ipset destroy`` in a firewall reload)
     it creates the sets and rules again and puts back every recorded ban still in force with its time left.
+
+    ipset refuses element timeouts over ``IPSET_MAX_TIMEOUT`` (2147483 s, about 24.8 days): a longer ban is added
+    with that timeout, and the record keeps its real end, so the next ``ensure()`` after the kernel dropped it
+    (the owner's periodic firewall check) adds it again for the time it has left.
     """
 
     name = "ipset"
@@ -411,9 +423,33 @@ class IpsetAction:
                 self.held.adopt(net, left)
             missing = [(net, left) for net, left in self.held.in_force() if net not in present]
             if missing:
-                _run([*self.pre, "ipset", "-exist", "restore"], stdin="".join(
-                    f"add {self._set(net)} {_element(net)} timeout {left}\n" for net, left in missing))
+                self._restore(missing)
             self._ready = True
+
+    def _restore(self, missing: list[tuple[_Net, int]]) -> None:
+        """Add ``missing`` in one ``ipset restore``; when that fails (it stops at the first bad line), add them
+        one by one, so one bad element never keeps the others out.  When some are added and some refused, the
+        refused ones are dropped from the record (they would fail every later check the same way); when all are
+        refused (sets gone, no permission) the record is kept.  Refusals are raised together."""
+        lines = [f"add {self._set(net)} {_element(net)} timeout {_ipset_timeout(left)}\n" for net, left in missing]
+        try:
+            _run([*self.pre, "ipset", "-exist", "restore"], stdin="".join(lines))
+            return
+        except ActionError as exc:
+            log.warning("ipset restore of %d element(s) failed (%s); adding them one by one", len(lines),
+                        str(exc).splitlines()[-1][:200])
+        refused: list[tuple[_Net, str]] = []
+        for net, left in missing:
+            try:
+                self._add(net, left)
+            except ActionError as exc:
+                refused.append((net, f"{_element(net)}: {str(exc).splitlines()[-1][:200]}"))
+        if len(refused) < len(missing):
+            for net, _ in refused:
+                self.held.drop(net)
+        if refused:
+            raise ActionError(f"ipset refused {len(refused)} of {len(missing)} element(s): "
+                              + "; ".join(why for _, why in refused[:5]))
 
     def _set(self, net: _Net) -> str:
         return self.set_v4 if net.version == 4 else self.set_v6
@@ -437,7 +473,8 @@ class IpsetAction:
                 self._add(net, secs)
 
     def _add(self, net: _Net, secs: int) -> None:
-        _run([*self.pre, "ipset", "add", self._set(net), _element(net), "timeout", str(secs), "-exist"])
+        _run([*self.pre, "ipset", "add", self._set(net), _element(net), "timeout", str(_ipset_timeout(secs)),
+              "-exist"])
 
     def unban(self, d: Decision) -> None:
         """Delete the entry (``-exist``: one that is not there is no error).  A set that is gone (ipset 7.17: "The
@@ -476,6 +513,10 @@ class IpsetAction:
         return [_element(n) for n in self._members()]
 
 
+def _ipset_timeout(secs: int) -> int:
+    return max(1, min(int(secs), IPSET_MAX_TIMEOUT))
+
+
 def sign(secret: bytes, body: bytes) -> str:
     """Value of the ``X-Forumpulse-Signature`` header: ``sha256=<hex HMAC-SHA256(secret, body)>``."""
     return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
@@ -486,8 +527,10 @@ def verify_signature(secret: bytes, body: bytes, header: str | None) -> bool:
 
 
 class WebhookAction:
-    """POSTs each decision as JSON with an HMAC-SHA256 signature header; retries 5xx/network errors with
-    exponential backoff (``backoff_s * 2**attempt``); 4xx are not retried.  Raises ActionError when it gives up.
+    """POSTs each decision as JSON with an HMAC-SHA256 signature header; retries 5xx, 408, 429 and network errors
+    with exponential backoff (``backoff_s * 2**attempt``, or the receiver's ``Retry-After`` seconds when longer, at
+    most 60 s); other 4xx are not retried.  Raises ActionError when it gives up.  ``timeout_s`` bounds each attempt
+    as a whole (connect, send, response), not each socket read: a receiver trickling its answer is cut off.
 
     ``background=True`` (set by :class:`~forumpulse.detectors.dos.DecisionManager` through
     :meth:`deliver_in_background`): ``ban``/``unban`` only queue the decision and return; one daemon thread
@@ -594,19 +637,46 @@ class WebhookAction:
         last = ""
         for attempt in range(self.retries + 1):
             self.attempts += 1
+            wait = self.backoff_s * 2**attempt
             try:
-                req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    return int(resp.status)
+                return self._attempt(body, headers)
             except urllib.error.HTTPError as exc:
-                if exc.code < 500:
+                if exc.code < 500 and exc.code not in (408, 429):
                     raise ActionError(f"webhook refused the decision: HTTP {exc.code}") from None
                 last = f"HTTP {exc.code}"
+                after = (exc.headers.get("Retry-After") or "").strip() if exc.headers is not None else ""
+                if after.isdigit():
+                    wait = max(wait, min(float(after), 60.0))
             except (urllib.error.URLError, OSError) as exc:
                 last = str(exc)
             if attempt < self.retries:
-                self.sleep(self.backoff_s * 2**attempt)
+                self.sleep(wait)
         raise ActionError(f"webhook failed after {self.retries + 1} attempts: {last}")
+
+    def _attempt(self, body: bytes, headers: dict[str, str]) -> int:
+        """One POST, cut off ``timeout_s`` after it began: a timer shuts the connection's socket down (urllib's
+        timeout applies to each socket operation, so a receiver sending a byte now and then never trips it)."""
+        socks: list[socket.socket] = []
+        done = threading.Event()
+
+        def cut() -> None:
+            if not done.is_set():
+                for s in socks:
+                    with contextlib.suppress(OSError):
+                        s.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(self.timeout_s, cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+            with _opener(socks).open(req, timeout=self.timeout_s) as resp:
+                return int(resp.status)
+        except (http.client.HTTPException, ValueError) as exc:  # a cut-off answer: a network error
+            raise OSError(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            done.set()
+            timer.cancel()
 
     def ban(self, d: Decision) -> None:
         ban_target(d.value)
@@ -615,6 +685,41 @@ class WebhookAction:
     def unban(self, d: Decision) -> None:
         parse_value(d.value)
         self._send(d.to_json())
+
+
+def _opener(socks: list[socket.socket]) -> urllib.request.OpenerDirector:
+    """A urllib opener (proxies from the environment as usual) whose connections put their sockets in
+    ``socks``, so that a deadline can shut them down."""
+
+    def track(conn: http.client.HTTPConnection) -> None:
+        make = conn._create_connection  # type: ignore[attr-defined]
+
+        def create(*a: Any, **k: Any) -> socket.socket:
+            s = make(*a, **k)
+            socks.append(s)
+            return s
+
+        conn._create_connection = create  # type: ignore[attr-defined]
+
+    class Conn(http.client.HTTPConnection):
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            track(self)
+
+    class TlsConn(http.client.HTTPSConnection):
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            track(self)
+
+    class Http(urllib.request.HTTPHandler):
+        def http_open(self, req: Any) -> Any:
+            return self.do_open(Conn, req)
+
+    class Https(urllib.request.HTTPSHandler):
+        def https_open(self, req: Any) -> Any:
+            return self.do_open(TlsConn, req, context=self._context)  # type: ignore[attr-defined]
+
+    return urllib.request.build_opener(Http, Https)
 
 
 def build_actions(cfg: Any, registry: Any = None) -> list[Any]:

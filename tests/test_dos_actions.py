@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -130,8 +133,6 @@ def test_empty_api_key_refused() -> None:
 def test_webhook_retries_do_not_hold_up_bans(receiver: dict[str, Any]) -> None:
     """A failing receiver (503 twice, backoff 0.4 s then 0.8 s) delays neither the manager nor the decision API:
     the webhook built from the config delivers in the background, in order, and still retries."""
-    import time
-
     from forumpulse.detectors.actions import build_actions
     from forumpulse.detectors.dos import Candidate, DecisionManager
     from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig
@@ -209,3 +210,134 @@ def test_firewall_record_keeps_what_is_in_force() -> None:
         h.put(parse_value(f"10.0.{i // 256}.{i % 256}"), 1)
         now[0] += 0.01
     assert len(h._d) < 5000 and len(h) == 2  # the 1 s bans are gone, the two long ones stay
+
+
+class _FakeIpset:
+    """``_run`` for IpsetAction without root: sets of element -> timeout, refusing what ipset 7 refuses (a timeout
+    over 2147483 s) plus the elements in ``bad``; ``restore`` stops at the first refused line, as ipset does."""
+
+    def __init__(self, bad: tuple[str, ...] = ()) -> None:
+        self.sets: dict[str, dict[str, int]] = {}
+        self.bad = bad
+        self.calls: list[list[str]] = []
+
+    def _add(self, name: str, el: str, timeout: int) -> None:
+        if timeout > 2_147_483 or el in self.bad:
+            raise ActionError(f"ipset add {name} {el} failed (1): ipset v7.17: Syntax error: bad element")
+        self.sets[name][el] = timeout
+
+    def __call__(self, argv: Any, stdin: str | None = None) -> str:
+        argv = list(argv)
+        self.calls.append(argv)
+        if argv[:2] == ["ipset", "create"]:
+            self.sets.setdefault(argv[2], {})
+        elif argv[:2] == ["ipset", "save"]:
+            return "".join(f"add {argv[2]} {e} timeout {t}\n" for e, t in self.sets.get(argv[2], {}).items())
+        elif argv[:2] == ["ipset", "add"]:
+            self._add(argv[2], argv[3], int(argv[argv.index("timeout") + 1]))
+        elif argv[:3] == ["ipset", "-exist", "restore"]:
+            for line in (stdin or "").splitlines():
+                p = line.split()
+                self._add(p[1], p[2], int(p[4]))
+        return ""
+
+
+def test_ipset_long_ban_is_clamped_and_one_bad_element_blocks_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ban longer than ipset's maximum timeout used to be recorded, fail, and then fail every later ``ipset
+    restore`` batch (so later bans were not applied either).  Now it is added with 2147483 s and added again for
+    what it has left when the kernel dropped it; an element ipset refuses is added one by one, dropped from the
+    record, and the others go in."""
+    from forumpulse.detectors import actions
+    from forumpulse.detectors.actions import IPSET_MAX_TIMEOUT, IpsetAction
+
+    fake = _FakeIpset(bad=("198.51.100.66",))
+    monkeypatch.setattr(actions, "_run", fake)
+    now = [1000.0]
+    a = IpsetAction(iptables_rule=False, clock=lambda: now[0])
+    a.ban(decision("198.51.100.1", duration=30 * 86_400))
+    a.ban(decision("198.51.100.2"))
+    assert fake.sets["forumpulse4"] == {"198.51.100.1": IPSET_MAX_TIMEOUT, "198.51.100.2": 600}
+    # the kernel drops the clamped element after 24.8 days; the periodic check puts it back for the rest
+    now[0] += IPSET_MAX_TIMEOUT + 10
+    fake.sets["forumpulse4"].clear()
+    a.ensure()
+    assert fake.sets["forumpulse4"] == {"198.51.100.1": 30 * 86_400 - IPSET_MAX_TIMEOUT - 10}
+    # one element ipset refuses (put in the record as an earlier run could have) keeps no other out
+    fake.sets["forumpulse4"].clear()
+    a.held.put(parse_value("198.51.100.66"), 600)
+    a.held.put(parse_value("198.51.100.3"), 600)
+    with pytest.raises(ActionError, match=r"refused 1 of 3 element\(s\): 198.51.100.66"):
+        a.ensure()
+    assert sorted(fake.sets["forumpulse4"]) == ["198.51.100.1", "198.51.100.3"]
+    a.ban(decision("198.51.100.4"))
+    fake.sets["forumpulse4"].clear()
+    a.ensure()  # the refused element left the record: the check no longer fails
+    assert sorted(fake.sets["forumpulse4"]) == ["198.51.100.1", "198.51.100.3", "198.51.100.4"]
+
+
+def _raw_receiver(answer: Callable[[socket.socket], None]) -> tuple[str, Callable[[], None]]:
+    """A TCP server reading one request per connection and answering with ``answer(conn)``."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = int(next(x.split(b":")[1] for x in head.split(b"\r\n") if x.lower().startswith(
+                    b"content-length")))
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                with contextlib.suppress(OSError):
+                    answer(conn)
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def close() -> None:
+        stop.set()
+        srv.close()
+
+    return f"http://127.0.0.1:{srv.getsockname()[1]}/hook", close
+
+
+def test_webhook_retries_408_and_429_after_retry_after() -> None:
+    codes = [b"429 Too Many Requests\r\nRetry-After: 3", b"408 Request Timeout", b"204 No Content"]
+
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 " + codes.pop(0) + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    url, close = _raw_receiver(answer)
+    sleeps: list[float] = []
+    try:
+        assert WebhookAction(url, SECRET, retries=3, backoff_s=0.01, sleep=sleeps.append)._post({"a": 1}) == 204
+    finally:
+        close()
+    assert sleeps == [3.0, 0.02] and codes == []
+
+
+def test_webhook_timeout_bounds_the_whole_attempt() -> None:
+    """A receiver trickling its answer (a byte every 0.3 s, under the 1 s socket timeout) is cut off after
+    timeout_s; it used to hold the delivery worker for as long as it kept trickling."""
+
+    def answer(conn: socket.socket) -> None:
+        for b in b"HTTP/1.1 204 No Content\r\nX-Slow: " + b"a" * 40 + b"\r\n\r\n":
+            conn.sendall(bytes([b]))
+            time.sleep(0.3)
+
+    url, close = _raw_receiver(answer)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ActionError, match="after 1 attempts"):
+            WebhookAction(url, SECRET, retries=0, timeout_s=1.0, sleep=lambda s: None).ban(decision("198.51.100.7"))
+    finally:
+        close()
+    assert time.monotonic() - t0 < 3

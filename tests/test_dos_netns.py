@@ -396,6 +396,18 @@ def test_ipset_address_and_range_are_separate_entries(bare_ns: str) -> None:
     assert act.members() == ["10.9.6.0/24"]
 
 
+def test_ipset_ban_longer_than_ipsets_maximum_timeout(bare_ns: str) -> None:
+    """ipset refuses timeouts over 2147483 s: a 30-day ban used to fail, stay in the action's record and make
+    every later ``ipset restore`` (a firewall reload, the periodic check) fail, so later bans were lost too."""
+    act = IpsetAction(iptables_rule=False, netns=bare_ns)
+    act.ban(ban("198.51.100.1", duration=30 * 86_400))
+    assert 2_147_000 < _ipset_timeout(bare_ns, "forumpulse4", "198.51.100.1") <= 2_147_483
+    subprocess.run(["ip", "netns", "exec", bare_ns, "ipset", "destroy"], check=True)
+    act.ban(ban("198.51.100.2", duration=600))  # the sets are re-created with the long ban in one restore
+    act.ensure()
+    assert sorted(act.members()) == ["198.51.100.1", "198.51.100.2"]
+
+
 def test_ipset_recreates_its_sets_after_a_firewall_reload(bare_ns: str) -> None:
     """A reload that deletes the rules and destroys the sets: the next ban (or unban) creates them again and
     puts back every recorded ban still in force with its time left (a ban used to fail from then on)."""
