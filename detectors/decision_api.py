@@ -40,6 +40,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -315,6 +316,13 @@ class _Server(ThreadingHTTPServer):
         except BaseException:
             self.slots.release()
             raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):  # a client gone or timed out: no traceback on stderr
+            log.debug("decision API: connection from %s: %s", client_address, exc)
+            return
+        log.exception("decision API: request from %s failed", client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
