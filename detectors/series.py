@@ -448,13 +448,24 @@ DayKind = str  # "workday" | "offday"
 PEAK_STEP = 1.25
 
 
+#: reference days are searched at most this many days back (:meth:`SeasonalDetector._find_reference_days`)
+REFERENCE_DAYS_BACK = 42
+
+
 class SeasonalDetector:
     """Streaming events on a per-minute count series (see module docstring).
 
     Feed minutes in time order with :meth:`update` (absent minutes are simply not fed: no data).  ``calendar``
     answers ``is_holiday(date)`` / ``holiday_name(date)`` / ``is_offday(date)`` in the site's time zone.
     Detections are yielded when opened, when their peak grows, and when closed (same ``id`` each time).
+
+    Memory is bounded: when a new local day starts, the per-day arrays (``days``, ``clean``, ``ref``,
+    ``excluded``) and caches of days older than :attr:`keep_days` (what a reference lookup, the day before a
+    reference and the windows over midnight can still read) are dropped, with the closed events that ended before
+    them.  Nothing the detector reads is dropped, so its output does not depend on it.
     """
+
+    keep_days = REFERENCE_DAYS_BACK + 3
 
     def __init__(self, tz: str = "UTC", calendar: Any = None, params: SeasonalParams | None = None,
                  scope: str = "site", site: str = "") -> None:
@@ -499,7 +510,7 @@ class SeasonalDetector:
 
     def _find_reference_days(self, d: date, kind: DayKind) -> list[date]:
         out = []
-        for back in range(1, 43):
+        for back in range(1, REFERENCE_DAYS_BACK + 1):
             c = d - timedelta(days=back)
             if c in self.days and self._day_kind(c) == kind and not self.cal.is_holiday(c):
                 out.append(c)
@@ -621,6 +632,7 @@ class SeasonalDetector:
         local = ts.astimezone(self.tz)
         d = local.date()
         if d not in self.days:
+            self._prune(d)
             self.days[d] = np.full(1440, np.nan)
             self.excluded[d] = np.zeros(1440, dtype=bool)
             self.clean[d] = np.full(1440, np.nan)
@@ -652,6 +664,25 @@ class SeasonalDetector:
             dip = self.open.get("dip")
             if dip is not None and dip.label == "unexplained":
                 self._unref(dip, ts, self.p.dip_bucket_minutes)
+
+    def _prune(self, today: date) -> None:
+        """Drop what no lookup from ``today`` on can read: per-day arrays and caches of days before
+        ``today - keep_days`` (references reach :data:`REFERENCE_DAYS_BACK` days back, plus the day before a
+        reference for a window over midnight), closed events that ended before them, and the ``ref`` marks of
+        events that are neither open nor able to continue (the latest closed of each kind)."""
+        cutoff = today - timedelta(days=self.keep_days)
+        for per_day in (self.days, self.excluded, self.clean, self.ref, self._kinds, self._gaps):
+            for k in [k for k in per_day if k < cutoff]:
+                del per_day[k]
+        for rkey in [k for k in self._refs if k[0] < cutoff]:
+            del self._refs[rkey]
+        for tkey in [k for k in self._day_totals if k[0] < cutoff]:
+            del self._day_totals[tkey]
+        edge = datetime.combine(cutoff, datetime.min.time()).replace(tzinfo=self.tz)
+        self.closed = [c for c in self.closed if c.end is None or c.end >= edge
+                       or c in self._recent_closed.values()]
+        live = {d.id for d in self.open.values()} | {d.id for d in self._recent_closed.values()}
+        self._unref_done = {k: v for k, v in self._unref_done.items() if k in live}
 
     def _unref(self, det: Detection, ts: datetime, window: int) -> None:
         """Mark the minutes of ``det`` -- from the first minute of the trailing ``window`` that opened it (the

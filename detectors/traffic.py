@@ -489,6 +489,7 @@ class TopicSurgeDetector:
             f"group:{g}": SurgeCusum(float(self.r["cusum_ratio"]), float(self.r["cusum_h"])) for g in groups}
         self._closed: dict[str, Detection] = {}
         self._bases: dict[str, dict[str, float]] = {}  # scope -> measure -> baseline share frozen when it passed
+        self._pruned: datetime | None = None  # last :meth:`_prune`
 
     def update(self, minute: datetime, topic_counts: Mapping[int, tuple[int, ...]],
                total_views: int) -> Iterator[Detection]:
@@ -496,6 +497,8 @@ class TopicSurgeDetector:
         = distinct human visitors of the topic in the minute; 0 when absent); ``total_views``: the forum's human
         topic views of the minute (the view share's denominator).  The reply and visitor shares' denominators
         are the sums over ``topic_counts``."""
+        if self._pruned is None or minute - self._pruned >= timedelta(hours=1):
+            self._prune(minute)
         counts: dict[str, _Counts] = {}
         rep_total = vis_total = 0
         for t, c in topic_counts.items():
@@ -643,6 +646,15 @@ class TopicSurgeDetector:
             else:
                 self.cusum.pop(scope, None)
         self.groups = {g: set(m) for g, m in groups.items()}
+
+    def _prune(self, minute: datetime) -> None:
+        """Forget closed surges that can no longer reopen (ended more than ``merge_minutes`` before ``minute``) and
+        the frozen baselines of scopes neither open nor able to reopen: one entry per topic that ever surged
+        would otherwise be kept for good."""
+        merge = timedelta(minutes=int(self.r["merge_minutes"]))
+        self._closed = {k: d for k, d in self._closed.items() if d.end is None or minute - d.end <= merge}
+        self._bases = {k: b for k, b in self._bases.items() if k in self.open or k in self._closed}
+        self._pruned = minute
 
     def _reopen(self, scope: str, minute: datetime) -> Detection | None:
         """The event of ``scope`` that closed at most ``merge_minutes`` ago, reopened (same id): a surge whose

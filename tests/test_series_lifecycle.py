@@ -46,3 +46,31 @@ def test_a_spike_superseded_by_an_outage_is_closed_where_the_outage_begins() -> 
     kinds = [(d.kind, d.state) for d in out if d.id in (spike.id, outage.id)]
     assert kinds.index(("spike", "closed")) < kinds.index(("outage", "open"))
     assert not det.open and all(d.state == "closed" for d in last.values())
+
+
+def test_per_day_state_is_pruned_without_changing_what_is_detected() -> None:
+    """Before the fix every local day's arrays (days, clean, ref, excluded) were kept for good (~13 MB per
+    site-year).  Days no reference lookup can reach are dropped; the detections are the same as unpruned."""
+    days = 60
+    t = np.arange(days * DAY)
+    rng = np.random.default_rng(5)
+    x = rng.poisson(60 + 40 * np.sin(2 * np.pi * (t % DAY) / DAY)).astype(float)
+    for day, factor in ((5, 4.0), (50, 4.0)):  # spikes (kept out of later baselines)
+        s = day * DAY + 14 * 60
+        x[s:s + 60] *= factor
+    x[55 * DAY + 600:55 * DAY + 700] = 0.0  # an outage
+    params = seasonal_params(load_rules(), rollup=True)
+
+    pruned = SeasonalDetector("UTC", None, params, scope="site", site="forum")
+    kept = SeasonalDetector("UTC", None, params, scope="site", site="forum")
+    kept.keep_days = 10_000
+    a = [d.to_json() for d in _run(pruned, x)]
+    b = [d.to_json() for d in _run(kept, x)]
+    assert a == b and any('"outage"' in j for j in a) and any('"spike"' in j for j in a)
+    assert len(kept.days) == days
+    for per_day in (pruned.days, pruned.clean, pruned.ref, pruned.excluded):
+        assert len(per_day) == pruned.keep_days + 1, len(per_day)
+    assert min(pruned.days) == (T0 + timedelta(days=days - 1 - pruned.keep_days)).date()
+    edge = T0 + timedelta(days=days - 1 - pruned.keep_days)
+    assert all(c.end is not None and c.end >= edge for c in pruned.closed)
+    assert len(pruned._unref_done) <= 2
