@@ -1204,9 +1204,15 @@ class FastPath:
         else:
             m = pc.match_substring_regex(chunk.arr, plan.regex).to_numpy(zero_copy_only=False)
         m &= chunk.valid
-        if plan.squid and chunk.n > 1:  # tokens are found across the buffer: the line before must end a line
+        if plan.squid and chunk.n > 1:
+            # Tokens are found across the whole buffer (convert_squid), so a line's first token must not be the
+            # tail of one that began earlier: the byte just before the line's start must be a "\n".  That byte
+            # belongs to the last non-empty line before (empty / blanked lines add no bytes); a line starting
+            # at offset 0 has nothing before it (only empty lines precede it) and needs no check -- reading
+            # ``buf[-1]`` there raised IndexError on an empty buffer and otherwise read the buffer's last byte
             starts = chunk.offs[1:-1]
-            m[1:] &= chunk.buf[starts - 1] == 10
+            inner = np.flatnonzero(starts > 0)
+            m[inner + 1] &= chunk.buf[starts[inner] - 1] == 10
         if auto:  # AutoParser takes a line's current preset only while len(line) * 4 <= max_line_bytes
             m &= np.diff(chunk.offs) * 4 <= self.p.max_line_bytes
         return m

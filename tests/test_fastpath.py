@@ -262,3 +262,34 @@ def test_quarantined_raw_loses_exactly_one_line_end(pair, fmt):
     block_lines = [b"bad\r\n", b"bad\r\r\n", b"bad\r"]
     block = fast_p.process_block(b"".join([ok, *block_lines]), ctx)
     assert block.quarantine.column("raw").to_pylist() == [b"bad", b"bad\r", b"bad\r"]
+
+
+SQUID_LINE = (b"1677971735.123  567 192.168.1.100 TCP_MISS/200 5432 GET http://example.com/index.html user1"
+              b" HIER_DIRECT/93.184.216.34 text/html")
+
+
+@pytest.mark.parametrize("fmt", ["squid", "auto"])
+def test_chunks_of_only_empty_lines_in_squid_format(pair, fmt):
+    """Squid tokens are found across the whole buffer, so a squid line is taken only when the byte before its
+    start is a ``\\n``.  A line at offset 0 behind empty lines has no byte before it: the check read
+    ``buf[-1]`` -- an IndexError when every line is empty (a consumer batch of such lines failed), else the
+    buffer's last byte, which sent a good line to the reference path when the chunk did not end in ``\\n``."""
+    fast_p, ref_p = pair
+    for lines in ([b"", b""], [b"", b"", b""], [b"", b"\n"]):
+        run_both(fast_p, ref_p, lines, SourceContext(format=fmt))
+
+
+def test_squid_line_after_empty_lines_takes_the_fast_path(pair):
+    """The same line at offset 0 in a chunk that does not end in ``\\n``: the fast path takes it (it read the
+    chunk's last byte and left the line to the reference -- same values, but a silent fall-back).  Format
+    ``squid`` only: under ``auto`` the first line's path depends on the parser state left by earlier calls."""
+    fast_p, ref_p = pair
+    fmt = "squid"
+    for lines in ([b"", SQUID_LINE], [b"", b"", SQUID_LINE + b"\n", b"trailing junk"]):
+        fast, _ = run_both(fast_p, ref_p, lines, SourceContext(format=fmt))
+        assert fast.loaded == 1
+        assert fast_p._fast is not None and fast_p._fast.last_fast_rows == 1, lines
+    # still refused when an earlier line left an unfinished token, also across empty and blanked lines
+    for lines in ([b"1677971734.079", b"", SQUID_LINE], [b"junk", b"bad \xff utf-8\n", b"", SQUID_LINE + b"\n"]):
+        run_both(fast_p, ref_p, lines, SourceContext(format=fmt))
+        assert fast_p._fast is not None and fast_p._fast.last_fast_rows == 0, lines
