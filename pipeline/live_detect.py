@@ -266,7 +266,10 @@ class LiveDos:
         self.cfg = DosConfig.model_validate(settings.detectors.get("dos", {}) or {})
         self.actions_cfg = ActionsConfig.model_validate(settings.actions or {})
         self.live = live_config(settings)
-        self.registry = DecisionRegistry(clock=clock)
+        rules = load_rules(self.cfg.rules_file, self.cfg.rule_overrides)
+        # deletions are kept as long as a ban can last: a bouncer that missed one still gets it at its next poll
+        longest = max([self.cfg.escalation.max_duration_s, *(r.duration_s for r in rules.rules)])
+        self.registry = DecisionRegistry(clock=clock, keep_deleted_s=longest)
         acts = [self.registry, *(build_actions(self.actions_cfg) if actions is None else actions)]  # in memory: first
         self.sinks: list[_GuardedSink] = [_GuardedSink(StoreSink(store, flush_every=1_000_000), "store")]
         if publish is None:
@@ -278,7 +281,7 @@ class LiveDos:
             self.sinks.append(_GuardedSink(JsonLinesSink(self.actions_cfg.jsonl_path), "jsonl"))
         self.manager = DecisionManager(self.cfg, sinks=self.sinks, actions=acts, wall_clock=clock,
                                        networks_file=settings.bots.networks_file)
-        self.detector = DosDetector(load_rules(self.cfg.rules_file, self.cfg.rule_overrides), self.manager)
+        self.detector = DosDetector(rules, self.manager)
         self.lock = threading.RLock()
         self.batches = 0
         self.errors = 0
@@ -346,6 +349,10 @@ class LiveDos:
         except Exception as exc:
             log.warning("could not restore active decisions: %s", str(exc).splitlines()[0][:200])
             return 0
+        try:  # the registry first: bans in force and the deletions a bouncer's cursor from before may lack
+            self.registry.load_store(self.store)
+        except Exception as exc:
+            log.warning("could not rebuild the decision stream from the store: %s", str(exc).splitlines()[0][:200])
         from dataclasses import replace
 
         from forumpulse.detectors.dos import canonical_network, net_value, never_ban_reason
@@ -937,10 +944,8 @@ def dos_service(actions: Sequence[Any] | None = None, handles: LiveHandles | Non
             ctx.collectors.append(DosCollector(live, h))
         api_cfg = live.actions_cfg.decision_api
         if api_cfg.enabled:
-            assert api_cfg.api_key is not None  # the config model refuses an enabled API without a key
-            host, _, port = api_cfg.listen.rpartition(":")
-            h.api = DecisionApiServer(live.registry, api_cfg.api_key.get_secret_value(), host.strip("[]"),
-                                      int(port)).start()
+            host, _, port = api_cfg.listen.rpartition(":")  # the config refuses an enabled API without a key
+            h.api = DecisionApiServer(live.registry, api_cfg.keys(), host.strip("[]"), int(port)).start()
             log.info("decision stream (CrowdSec bouncers) on http://%s:%d/v1/decisions/stream", host, h.api.port)
         hook = DosHook(live)
         threads: list[threading.Thread] = []
