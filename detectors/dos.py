@@ -545,11 +545,17 @@ class _PathRates:
     until the target has had no minute learned for ``forget_after_min`` (a range that is busy by day and quiet
     by night keeps its daytime rate overnight)."""
 
-    def __init__(self, alpha: float, floor: int = 5, forget_after_min: int = 24 * 60, decay: bool = True) -> None:
+    def __init__(self, alpha: float, floor: int = 5, forget_after_min: int = 24 * 60, decay: bool = True,
+                 keep_last: bool = False) -> None:
         self.alpha = alpha
         self.floor = floor
         self.forget_after_min = forget_after_min
         self.decay = decay
+        #: with ``keep_last``: the counts of every target in the latest minute learned (``last_minute``), also
+        #: those under ``floor`` -- what the crowd guard compares with the minute under way
+        self.keep_last = keep_last
+        self.last_minute = -1
+        self.last_counts: dict[str, int] = {}
         self.rate: dict[str, tuple[float, int]] = {}  # target -> (EWMA requests/min, last learned minute)
         self.pending: dict[tuple[str, int], int] = {}
         self.pending_minutes: dict[int, int] = {}  # minute -> number of pending keys of that minute
@@ -607,9 +613,14 @@ class _PathRates:
             m < wm for m in self.pending_minutes) else []
         for m in [m for m in self.pending_minutes if m < wm]:
             del self.pending_minutes[m]
+        if self.keep_last and done:
+            self.last_minute = done[-1][1]
+            self.last_counts = {}
         for k in done:
             c = self.pending.pop(k)
             self.learn(k[0], k[1], c)
+            if k[1] == self.last_minute and self.keep_last:
+                self.last_counts[k[0]] = c
         if watermark_sec - self._last_prune > 3600:
             self._last_prune = watermark_sec
             self.rate = {t: r for t, r in self.rate.items() if r[1] >= wm - self.forget_after_min}
@@ -1229,7 +1240,8 @@ class DosDetector:
         #: learned non-static requests per minute of each busy prefix (/24, /64), for prefix rules with
         #: ``scale: baseline``; a banned range teaches nothing while banned
         self.prefix_rates = _PathRates(pb.alpha, floor=pb.min_requests_per_minute,
-                                       forget_after_min=max(pb.forget_after_s // 60, 1), decay=False)
+                                       forget_after_min=max(pb.forget_after_s // 60, 1), decay=False,
+                                       keep_last=pb.crowd_min_ranges > 0)
         self.has_prefix_scale = any(r.key == "prefix" and r.scale == "baseline" for r in self.rules.rules)
         self.has_swarm_rules = any(r.kind == "swarm" for r in self.rules.rules)
         self.swarms: dict[tuple[str, str], _SwarmWatch] = {}  # (rule, target) -> watch
@@ -1448,10 +1460,14 @@ class DosDetector:
                 continue
             thr = r.threshold
             learned: float | None = None
+            crowd = 1.0
             if r.scale == "baseline" and r.key == "prefix":
                 # the prefix's learned rate (earlier batches only), whatever its number of addresses
-                learned = self.prefix_rates.per_minute(value, int(grp["sec"].min()) // 60) / 60.0
-                thr = r.threshold * self._prefix_scale(learned, r.threshold / r.window_s)
+                minute = int(grp["sec"].min()) // 60
+                learned = self.prefix_rates.per_minute(value, minute) / 60.0
+                if learned > 0:
+                    crowd = self._crowd(b, cache, minute, value, wm_sec)
+                thr = r.threshold * self._prefix_scale(learned * crowd, r.threshold / r.window_s)
                 grp = grp[grp["value"] >= thr]
                 if grp.empty:
                     continue
@@ -1466,7 +1482,66 @@ class DosDetector:
             c = self._candidate(r, b, idx, kc, int(key_code), value, row, thr, cache)
             if learned is not None:
                 c.evidence["baseline_per_s"] = round(learned, 2)
+                if crowd > 1.0:
+                    c.evidence["crowd_rise"] = round(crowd, 2)
             yield c
+
+    def _crowd(self, b: Batch, cache: dict[str, Any], minute: int, exclude: str, wm_sec: int) -> float:
+        """How much the *other* busy ranges rose in ``minute`` against their learned rates (the median of their
+        rises, at least 1): a flash crowd -- breaking news, a push notification -- raises the traffic of every
+        range with readers in it at once, and a range rising with it is not a surge of its own.  1.0 when fewer
+        than ``crowd_min_ranges`` ranges are busy (a minute of them learned in the last ``crowd_recent_s``).
+
+        A range rising alone (a flood from one subnet, or a few) is judged as before: the median ignores the
+        few.  Only an attack from more than half of the busy ranges at once raises it, and that is a site-wide
+        flood the per-address and distributed rules see.  The minute under way counts for the seconds elapsed;
+        in its first half the minute before is added, so a few seconds of counts are not taken as a rate."""
+        pb = self.rules.prefix_baseline
+        if pb.crowd_min_ranges <= 0:
+            return 1.0
+        key = f"crowd:{minute}"
+        if key not in cache:
+            cache[key] = self._crowd_rises(b, cache, minute, wm_sec)
+        rises = cache[key]
+        if len(rises) - (exclude in rises) < pb.crowd_min_ranges:
+            return 1.0
+        vals = sorted(v for p, v in rises.items() if p != exclude)
+        n = len(vals)
+        med = vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
+        return float(min(self.rules.prefix_baseline.max_scale, max(1.0, med)))
+
+    def _crowd_rises(self, b: Batch, cache: dict[str, Any], minute: int, wm_sec: int) -> dict[str, float]:
+        """Each busy range's non-static requests in ``minute`` (so far) over its learned rate."""
+        pr = self.prefix_rates
+        recent = minute - max(self.rules.prefix_baseline.crowd_recent_s // 60, 1)
+        busy = {p: r for p, (r, last) in pr.rate.items() if recent <= last < minute and r > 0}
+        if len(busy) < self.rules.prefix_baseline.crowd_min_ranges:
+            return {}
+        elapsed = min(60, max(1, wm_sec - minute * 60 + 1))
+        with_prev = elapsed < 30
+        fc, fu = self._prefix_codes(b, cache)
+        secs = b.ts // 1000
+        ns = self._mask_static(b, cache)
+        counts: dict[str, int] = {}
+        for m in ((minute - 1, minute) if with_prev else (minute,)):
+            sel = ns & (secs // 60 == m)
+            if sel.any():
+                n = np.bincount(fc[sel], minlength=len(fu))
+                for i in np.flatnonzero(n):
+                    p = str(fu[i])
+                    if p in busy:
+                        counts[p] = counts.get(p, 0) + int(n[i])
+            if m == pr.last_minute:
+                for p, c in pr.last_counts.items():
+                    if p in busy:
+                        counts[p] = counts.get(p, 0) + c
+            else:
+                for p in busy:
+                    pc = pr.pending.get((p, m))
+                    if pc:
+                        counts[p] = counts.get(p, 0) + pc
+        span = (60 + elapsed if with_prev else elapsed) / 60.0
+        return {p: counts.get(p, 0) / (r * span) for p, r in busy.items()}
 
     def _prefix_scale(self, learned_per_s: float, base_rate_per_s: float) -> float:
         """A prefix's threshold factor: headroom x its learned rate over the rule's own rate, 1 to max_scale."""
