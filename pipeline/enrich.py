@@ -247,9 +247,14 @@ def _digits(value: str | None) -> int | None:
     return n if 0 < n <= MAX_TOPIC_ID else None
 
 
+def _routable(path: str) -> bool:
+    """Whether ``path`` is an ``index.php`` whose query may be a route (so its answer depends on the query)."""
+    return path.endswith("index.php") and (len(path) == 9 or path[-10] == "/")
+
+
 def _route(path: str, query: str) -> tuple[str, str] | None:
     """``/x/index.php?threads/slug.1/&a=b`` -> (``/x/threads/slug.1/``, ``a=b``); None when not a route."""
-    if not query or not path.endswith("index.php") or not (len(path) == 9 or path[-10] == "/"):
+    if not query or not _routable(path):
         return None
     m = _QSEP.search(query)
     first = query if m is None else query[:m.start()]
@@ -279,10 +284,12 @@ class TopicRules:
                  query: str) -> tuple[int | None, str, Rule | None, bool]:
         """-> ``(topic_id, page_kind, rule or None, query_used)``; ``query_used`` says whether the answer may
         depend on ``query`` (False allows caching by path only).  No match -> ``(None, "other", None, ...)``."""
+        # An index.php answers by its query whenever the query *could* be a route: a bare /index.php (or
+        # /index.php?foo=1) must not be cached by path, or a later /index.php?threads/x.1/ would get its answer.
+        query_used = _routable(path)
         routed = _route(path, query)
         if routed is not None:
             path, query = routed
-        query_used = routed is not None
         params: dict[str, str] | None = None
         for r in rules:
             if r.methods is not None and method not in r.methods:

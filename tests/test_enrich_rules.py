@@ -127,6 +127,18 @@ def test_index_php_routes() -> None:
     assert rules.classify(sel, "GET", "/myindex.php", "threads/x.12/")[:2] == (None, "other")
 
 
+@pytest.mark.parametrize("first", ["", "foo=1"])
+def test_a_bare_index_php_is_not_cached_for_its_routes(first: str) -> None:
+    """``/index.php`` without a route must not be cached by path: its ``other`` would answer every later
+    ``/index.php?threads/x.123/`` (XenForo/Invision without friendly URLs)."""
+    for engines, route in ((["xenforo"], "threads/hello.123/"), (["invision"], "/topic/123-hello/")):
+        e = Enricher(Settings(sites=[{"name": "f", "engines": engines}]))
+        assert e.derive("f", "GET", "/index.php", first, None, None)[:2] == (None, "other")
+        assert e.derive("f", "GET", "/index.php", route, None, None)[:2] == (123, "topic_view"), engines
+        assert e.derive("f", "GET", "/forum/index.php", first, None, None)[:2] == (None, "other")
+        assert e.derive("f", "GET", "/forum/index.php", route, None, None)[:2] == (123, "topic_view"), engines
+
+
 def test_engine_selection_per_site() -> None:
     s = Settings(sites=[{"name": "xf", "engines": ["xenforo"]}, {"name": "bb", "engines": ["phpbb", "mybb"]}])
     e = Enricher(s)

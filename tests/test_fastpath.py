@@ -293,3 +293,28 @@ def test_squid_line_after_empty_lines_takes_the_fast_path(pair):
     for lines in ([b"1677971734.079", b"", SQUID_LINE], [b"junk", b"bad \xff utf-8\n", b"", SQUID_LINE + b"\n"]):
         run_both(fast_p, ref_p, lines, SourceContext(format=fmt))
         assert fast_p._fast is not None and fast_p._fast.last_fast_rows == 0, lines
+
+
+@pytest.mark.parametrize("engines", [["xenforo"], ["invision"]])
+def test_index_php_routes_after_a_bare_index_php_on_both_paths(engines):
+    """A bare ``/index.php`` (or ``/index.php?foo=1``) before ``/index.php?<route>``: the enricher cached the bare
+    page's ``other`` by path and gave it to every later route on the reference path, while the fast path (cached
+    per request line) classified the route -- the paths differed and the topic views were lost."""
+    s = _settings()
+    s.sites = Settings(sites=[{"name": "f", "engines": engines}]).sites
+    route = "threads/hello.123/" if engines == ["xenforo"] else "/topic/123-hello/"
+
+    def line(req: str) -> bytes:
+        return (f'203.0.113.5 - - [14/Nov/2023:22:13:27 +0000] "GET {req} HTTP/1.1" 200 512 "-" '
+                f'"Mozilla/5.0 (X11; Linux x86_64; rv:125.0) Gecko/20100101 Firefox/125.0"\n').encode()
+
+    lines = [line(f"/index.php?{route}"), line("/index.php"), line("/index.php?foo=1"), line(f"/index.php?{route}"),
+             line(f"/forum/index.php?{route}&s=1")]
+    fast_p, ref_p = Processor(s), Processor(s)
+    ctx = SourceContext(site="f", format="combined")
+    for _ in range(2):  # second batch: warm caches on both paths
+        _, ref = run_both(fast_p, ref_p, lines, ctx)
+        assert fast_p._fast is not None and fast_p._fast.last_fast_rows == len(lines)
+        assert ref.requests.column("topic_id").to_pylist() == [123, 0, 0, 123, 123]
+        assert ref.requests.column("page_kind").to_pylist() == ["topic_view", "other", "other", "topic_view",
+                                                               "topic_view"]
