@@ -11,7 +11,10 @@ Rules live in versioned YAML files next to this module (``rules/topics.yaml``, `
 Guarantees
 ----------
 * Pure: after construction no I/O, no clock; same input, same output.  Never raises for any ``str`` input.
-* Classification uses method + path + query only (status does not matter here; the caller filters).
+* Classification uses method + path + query only.  The response status is *not* considered and no caller filters
+  by it: a 404 or a 301 of a topic URL is a ``topic_view`` here and in the rollups.
+* Only ``GET`` and ``POST`` requests can be ``topic_view`` or ``reply``: any other method (``HEAD``, ``OPTIONS``,
+  ``PUT``...) turns such an answer into ``other`` (topic kept), whichever rule (built-in or user) matched.
   ``path`` is the percent-encoded path (no scheme/host), ``query`` is without ``?`` (``""`` when none).
 * ``topic_id`` is an int in ``1 .. 2**63-1`` or ``None``; ``page_kind`` is one of
   :data:`forumpulse.pipeline.record.PAGE_KINDS`.
@@ -75,6 +78,9 @@ BUILTIN_ENGINES = ("vbulletin", "phpbb", "xenforo", "discourse", "smf", "mybb", 
 MAX_TOPIC_ID = 2**63 - 1
 _LEADING_DIGITS = re.compile(r"\d{1,19}")
 _QSEP = re.compile(r"[&;]")
+#: page kinds only a GET or POST can be (see the module docstring); other methods get ``other``
+_READ_KINDS = frozenset(("topic_view", "reply"))
+_READ_METHODS = frozenset(("GET", "POST"))
 
 
 class RulesError(ValueError):
@@ -339,7 +345,10 @@ class TopicRules:
                     topic = n
                 if topic is not None:
                     break
-            return topic, r.page_kind, r, query_used
+            kind = r.page_kind
+            if kind in _READ_KINDS and method not in _READ_METHODS:
+                kind = "other"  # a HEAD (link checker, monitor), OPTIONS, PUT... reads or posts nothing
+            return topic, kind, r, query_used
         return None, "other", None, query_used
 
 

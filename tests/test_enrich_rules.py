@@ -293,3 +293,47 @@ def test_single_page_app_replies_take_the_topic_of_their_referer_on_both_paths()
     ref = Processor(s).process_reference(lines, ctx).requests.to_pydict()
     assert fast["topic_id"] == ref["topic_id"] == [555, 555, 0, 0, 56, 555, 777]
     assert fast["page_kind"] == ref["page_kind"] == ["reply"] * 5 + ["topic_view", "reply"]
+
+
+REPLY_FLOWS = [  # (engine, GET of the reply form, POST that submits it, topic)
+    ("vbulletin", "/newreply.php?do=newreply&noquote=1&t=77", "/newreply.php?do=postreply&t=77", 77),
+    ("vbulletin", "/newreply.php?t=77", "/newreply.php?t=77", 77),
+    ("phpbb", "/posting.php?mode=reply&f=2&t=123", "/posting.php?mode=reply&f=2&t=123", 123),
+    ("phpbb", "/posting.php?mode=quote&f=2&t=123&p=456", "/posting.php?mode=quote&f=2&t=123&p=456", 123),
+    ("smf", "/index.php?action=post;topic=123.0", "/index.php?action=post2;topic=123.0", 123),
+    ("mybb", "/newreply.php?tid=123", "/newreply.php?tid=123&processed=1", 123),
+    ("invision", "/topic/123-hello/?do=reply", "/topic/123-hello/?do=reply", 123),
+]
+
+
+@pytest.mark.parametrize("engine,form,submit,topic", REPLY_FLOWS)
+@pytest.mark.parametrize("engines", ["one", "all"])
+def test_a_reply_is_its_submission_not_the_form(engine: str, form: str, submit: str, topic: int,
+                                                 engines: str) -> None:
+    """Opening the reply form (a GET) and sending it (a POST) is one reply: the form is ``other`` with its topic
+    (neither a reply nor a topic view), the POST a reply."""
+    e = Enricher(Settings(sites=[{"name": "f", "engines": [engine] if engines == "one" else []}]))
+    fp, _, fq = form.partition("?")
+    sp, _, sq = submit.partition("?")
+    assert e.derive("f", "GET", fp, fq, None, None)[:2] == (topic, "other")
+    assert e.derive("f", "POST", sp, sq, None, None)[:2] == (topic, "reply")
+
+
+@pytest.mark.parametrize("method", ["HEAD", "OPTIONS", "PUT", "DELETE"])
+def test_only_get_and_post_are_topic_views_or_replies(method: str, tmp_path: Path) -> None:
+    """A HEAD (uptime monitors, link checkers) or any method but GET/POST reads or posts nothing: ``other`` with
+    the topic kept, for built-in and user rules alike; other kinds are unchanged."""
+    user = tmp_path / "rules.yaml"
+    user.write_text("version: 1\nrules:\n  - {id: my.view, engine: custom, path: '^/story/(?P<topic>\\d+)$', "
+                    "topic: [path], page_kind: topic_view}\n")
+    s = Settings(sites=[{"name": "f", "engines": []}])
+    s.topics.rules_file = str(user)
+    e = Enricher(s)
+    for path, query, want in (("/threads/a.9/", "", (9, "topic_view")), ("/viewtopic.php", "t=5", (5, "topic_view")),
+                              ("/t/slug/55", "", (55, "topic_view")), ("/story/12", "", (12, "topic_view"))):
+        assert e.derive("f", "GET", path, query, None, None)[:2] == want
+        assert e.derive("f", method, path, query, None, None)[:2] == (want[0], "other"), (method, path)
+    assert e.derive("f", "POST", "/threads/a.9/add-reply", "", None, None)[:2] == (9, "reply")
+    assert e.derive("f", method, "/threads/a.9/add-reply", "", None, None)[:2] == (9, "other")
+    assert e.derive("f", method, "/forums/", "", None, None)[:2] == (None, "forum")
+    assert e.derive("f", method, "/styles/x.css", "", None, None)[:2] == (None, "static")

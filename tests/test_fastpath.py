@@ -318,3 +318,23 @@ def test_index_php_routes_after_a_bare_index_php_on_both_paths(engines):
         assert ref.requests.column("topic_id").to_pylist() == [123, 0, 0, 123, 123]
         assert ref.requests.column("page_kind").to_pylist() == ["topic_view", "other", "other", "topic_view",
                                                                "topic_view"]
+
+
+def test_reply_forms_and_head_requests_are_classified_alike_on_both_paths():
+    """Reply forms (GET) are ``other``, their submissions (POST) replies, and a HEAD or OPTIONS of a topic is not a
+    view -- on the fast path as on the reference path (the method is part of the request line both cache by)."""
+    s = _settings()
+
+    def line(req: str) -> bytes:
+        return (f'203.0.113.5 - - [14/Nov/2023:22:13:27 +0000] "{req} HTTP/1.1" 200 512 "-" '
+                f'"Mozilla/5.0 (X11; Linux x86_64; rv:125.0) Gecko/20100101 Firefox/125.0"\n').encode()
+
+    reqs = ["GET /posting.php?mode=reply&f=2&t=123", "POST /posting.php?mode=reply&f=2&t=123",
+            "GET /index.php?action=post;topic=7.0", "POST /index.php?action=post2;topic=7.0",
+            "HEAD /threads/a.9/", "GET /threads/a.9/", "OPTIONS /threads/a.9/", "HEAD /viewtopic.php?t=5"]
+    fast_p, ref_p = Processor(s), Processor(s)
+    _, ref = run_both(fast_p, ref_p, [line(r) for r in reqs], SourceContext(format="combined"))
+    assert fast_p._fast is not None and fast_p._fast.last_fast_rows == len(reqs)
+    assert ref.requests.column("page_kind").to_pylist() == ["other", "reply", "other", "reply", "other", "topic_view",
+                                                            "other", "other"]
+    assert ref.requests.column("topic_id").to_pylist() == [123, 123, 7, 7, 9, 9, 9, 5]
