@@ -71,19 +71,22 @@ def _panel(spec: PanelSpec, pid: int, pos: dashboard.GridPos) -> Any:
 
 
 def _variables(uid: str) -> list[Any]:
+    """The dashboard variables.  Only the topic takes custom values (a link may open a topic that has no title row
+    yet); the others offer their options only.  That is not what keeps the SQL safe (a URL or an API call can still
+    carry any value): the panels read every variable percent-encoded (panels.SITE_VALUE)."""
     sqls = sql_variables()
     out: list[Any] = [
         db.QueryVariable("site").label("Site").datasource(DS).query(sqls["site"])
-        .refresh(dashboard.VariableRefresh.ON_DASHBOARD_LOAD)
+        .refresh(dashboard.VariableRefresh.ON_DASHBOARD_LOAD).allow_custom_value(False)
     ]
     if uid == "forumpulse-topics":
         out += [
             db.CustomVariable("metric").label("Metric").values(",".join(METRICS))
-            .current(dashboard.VariableOption(selected=True, text="views", value="views")),
+            .current(dashboard.VariableOption(selected=True, text="views", value="views")).allow_custom_value(False),
             db.QueryVariable("group").label("Topic groups").datasource(DS).query(sqls["group"]).multi(True)
-            .include_all(True).refresh(dashboard.VariableRefresh.ON_DASHBOARD_LOAD),
+            .include_all(True).refresh(dashboard.VariableRefresh.ON_DASHBOARD_LOAD).allow_custom_value(False),
             db.QueryVariable("topic").label("Topic").datasource(DS).query(sqls["topic"])
-            .refresh(dashboard.VariableRefresh.ON_DASHBOARD_LOAD),
+            .refresh(dashboard.VariableRefresh.ON_DASHBOARD_LOAD).allow_custom_value(True),
         ]
     return out
 

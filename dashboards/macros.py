@@ -6,7 +6,8 @@ Two stages, in Grafana's order:
    ``$name``, ``${name}``, ``${name:fmt}``, ``[[name]]``.  Without an explicit format the plugin's formatter is
    used: a multi-value (list) selection becomes ``'a','b'`` (values are *not* escaped), a single value is inserted
    raw.  Explicit formats implemented: ``singlequote`` (``'v'``, ``'`` escaped as ``\\'``, joined by ``,``),
-   ``doublequote``, ``sqlstring`` (``'`` doubled), ``csv``, ``raw``, ``text``, ``pipe``.  "All" with a custom
+   ``doublequote``, ``sqlstring`` (``'`` doubled), ``csv``, ``raw``, ``text``, ``pipe``, ``percentencode``
+   (JavaScript ``encodeURIComponent`` plus ``!'()*``, UTF-8; a list is encoded as ``{a,b}``).  "All" with a custom
    ``allValue`` inserts that value unformatted (Grafana skips formatting for custom all values).  Unknown names are
    left untouched, as Grafana does; ``$__…`` names are never template variables here (they are macros).
 2. :func:`expand_macros` — the plugin backend (``pkg/macros/macros.go`` on top of grafana-plugin-sdk-go
@@ -46,6 +47,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from urllib.parse import quote
 
 __all__ = [
     "MacroError",
@@ -53,6 +55,7 @@ __all__ = [
     "TemplateVar",
     "expand_macros",
     "interpolate_variables",
+    "percent_encode",
     "render_query",
 ]
 
@@ -115,6 +118,13 @@ _FORMATS: dict[str, Callable[[list[str]], str]] = {
 }
 
 
+def percent_encode(value: str | Sequence[str]) -> str:
+    """Grafana's ``percentencode`` format (grafana-scenes formatRegistry: ``encodeURIComponentStrict``, a list as
+    ``{a,b}``): every byte but ``A-Z a-z 0-9 - _ . ~`` becomes ``%XX`` (UTF-8, upper-case hex)."""
+    text = value if isinstance(value, str) else "{" + ",".join(value) + "}"
+    return quote(text, safe="")
+
+
 def interpolate_variables(sql: str, variables: Mapping[str, TemplateVar]) -> str:
     """Replace template variable references as Grafana's templateSrv does with the ClickHouse plugin formatter."""
 
@@ -128,9 +138,13 @@ def interpolate_variables(sql: str, variables: Mapping[str, TemplateVar]) -> str
         if var.is_all:
             if var.all_value is not None and fmt not in ("text", "percentencode"):
                 return var.all_value
+            if var.all_value is not None and fmt == "percentencode":
+                return percent_encode(var.all_value)
             value = list(var.all_options)
         if fmt is None:
             return _plugin_default_format(value)
+        if fmt == "percentencode":  # a single value and a one-element list differ ('a' vs '{a}')
+            return percent_encode(value)
         if fmt not in _FORMATS:
             raise MacroError(f"variable format {fmt!r} is not implemented by this renderer")
         return _FORMATS[fmt](_listify(value))

@@ -26,7 +26,10 @@ they keep per-minute data.  ``$metric`` aggregates only the
 chosen metric (``-If`` combinators with the constant condition): ``uniqMerge`` of visitor states is the costly one.
 
 Variables used: ``site`` (single), ``metric`` (views | replies | visitors), ``group`` (multi, All),
-``topic`` (single topic id).  Detections that concern one topic are expected to carry ``scope = 'topic:<id>'``
+``topic`` (single topic id).  Every one is inserted percent-encoded and decoded in SQL (:data:`SITE_VALUE`): no
+value, whatever its quotes or backslashes, can leave its string literal.  Hourly rollups hold UTC hours, and the
+SQL computes hours in UTC whatever the server's time zone.  Rate panels divide each interval by the seconds it
+covers inside the range (:data:`BUCKET_MINUTE_SECONDS`).  Detections that concern one topic are expected to carry ``scope = 'topic:<id>'``
 (group surges ``group:<name>``); the event list links topic events to the topic drill-down.
 """
 
@@ -90,9 +93,20 @@ class ClickHouseQuery(cogbuilder.Builder[cogvariants.Dataquery]):
 
 # ------------------------------------------------------------------------------------------------ SQL pieces
 
-SITE = "site = ${site:singlequote}"
-TOPIC = "toUInt64(${topic:singlequote})"
-METRIC = "${metric:singlequote}"
+# Variables reach the SQL only percent-encoded (Grafana's ``${var:percentencode}``: encodeURIComponent plus
+# ``!'()*``, so the text between the quotes is [A-Za-z0-9._~%-] only) and are decoded by ClickHouse: whatever a
+# viewer puts in the URL (``?var-site=...``) or a custom value, it stays one string literal.  ``singlequote`` was
+# not safe: it escapes ' as \' but leaves backslashes, which ClickHouse reads as escapes (``\' OR 1=1 --``).
+#: the selected site, as a string expression
+SITE_VALUE = "decodeURLComponent('${site:percentencode}')"
+SITE = f"site = {SITE_VALUE}"
+#: the selected topic id; NULL (no rows, no error) when it is empty or not a number
+TOPIC = "toUInt64OrNull(decodeURLComponent('${topic:percentencode}'))"
+#: the selected metric; anything but 'replies' / 'visitors' is read as views (:func:`metric_expr`)
+METRIC = "decodeURLComponent('${metric:percentencode}')"
+#: the selected topic groups (multi-value: percentencode of a list is ``{a,b}``): an Array(String).  A group
+#: name containing a comma cannot be told apart from two names (it selects nothing; never more than asked).
+GROUP_VALUES = "splitByChar(',', replaceRegexpAll(decodeURLComponent('${group:percentencode}'), '^[{]|[}]$', ''))"
 
 
 def metric_expr(prefix: str = "") -> str:
@@ -118,8 +132,29 @@ SITE_METRIC = (
 
 #: First and end (exclusive) of the whole hours inside the range ``$__timeFilter`` selects (minute >= from AND
 #: minute <= to): hour h is whole when h >= from and its last minute h + 59 min <= to.  Empty when from >= to.
-HOUR_FROM = "toStartOfHour($__fromTime + INTERVAL 3599 SECOND)"
-HOUR_TO = "toStartOfHour($__toTime + INTERVAL 60 SECOND)"
+#: Hours are UTC hours (``topic_hour.hour`` is ``toStartOfHour(minute)`` of a DateTime('UTC') column): ``$__fromTime``
+#: is a DateTime in the server's (session's) time zone, whose hours start at :30 in Asia/Kolkata.
+HOUR_FROM = "toStartOfHour($__fromTime + INTERVAL 3599 SECOND, 'UTC')"
+HOUR_TO = "toStartOfHour($__toTime + INTERVAL 60 SECOND, 'UTC')"
+#: Rates of the minute rollups (per second) count only the minutes wholly inside the range, and divide each bucket
+#: of ``$__timeInterval`` by the seconds of those minutes it holds: the first bucket of a range that starts
+#: mid-bucket and the last one of a range ending now (the minute under way is not whole: it is left out until it
+#: ends) are drawn at their rate, not as a drop.  An ingest delay is not corrected (a minute loaded late reads low
+#: until it is complete in the store; see the Freshness panel).
+WHOLE_MINUTES = "$__timeFilter(minute) AND minute <= $__toTime - INTERVAL 60 SECOND"
+#: The seconds of bucket ``time`` (``$__timeInterval``) covered by the minutes :data:`WHOLE_MINUTES` selects:
+#: 60 x the minute starts in [max(bucket start, first minute start >= from), min(bucket end, to rounded down to
+#: a minute)).  At least 60 for a bucket that has a row.
+BUCKET_MINUTE_SECONDS = (
+    "(60 * (intDiv(least(toUnixTimestamp(time) + $__interval_s, intDiv(toUnixTimestamp($__toTime), 60) * 60) + 59, 60)"
+    " - intDiv(greatest(toUnixTimestamp(time), intDiv(toUnixTimestamp($__fromTime) + 59, 60) * 60) + 59, 60)))"
+)
+#: The same for rows with their own timestamps (``$__timeFilter(c)``: from <= c <= to): the bucket clamped to the
+#: range, in seconds (at least 1).
+BUCKET_RANGE_SECONDS = (
+    "greatest(least(toUnixTimestamp(time) + $__interval_s, toUnixTimestamp($__toTime))"
+    " - greatest(toUnixTimestamp(time), toUnixTimestamp($__fromTime)), 1)"
+)
 #: When :func:`rollup_rows` reads whole hours from an hourly rollup: always (range totals), or when the buckets of
 #: ``$__timeInterval`` are whole hours (toStartOfInterval is aligned to the epoch).
 HOURS_ALWAYS = "(3600 > 0)"
@@ -161,7 +196,7 @@ TITLES = (
     "SELECT topic_id, argMax(title, updated_at) AS title, argMax(forum, updated_at) AS forum "
     f"FROM topic_titles WHERE {SITE} GROUP BY topic_id"
 )
-GROUPS = f"SELECT topic_id, group_name FROM topic_groups FINAL WHERE {SITE} AND group_name IN (${{group:singlequote}})"
+GROUPS = f"SELECT topic_id, group_name FROM topic_groups FINAL WHERE {SITE} AND has({GROUP_VALUES}, group_name)"
 TOP_TOPICS = f"SELECT topic_id FROM ({topic_rows(bucketed=False)}) GROUP BY topic_id ORDER BY {metric_expr()} DESC, topic_id LIMIT 10"
 #: The 25 topics of the "Top topics" table (most human views in the range); visitor states are merged for these
 #: only, and their peak minute (earliest on ties) comes from topic_minute.
@@ -297,17 +332,21 @@ class PanelSpec:
         return FORMAT_TIME_SERIES if self.kind == "timeseries" else FORMAT_TABLE
 
 
+RATE_NOTE = ("Per second over the whole minutes inside the range: each interval is divided by the seconds it "
+             "covers, so a first or last interval cut by the range is not drawn as a drop; the minute under way "
+             "is shown once it ends.")
+
 OPS_PANELS: list[PanelSpec] = [
     PanelSpec("timeseries", "Requests per second", f"""
-SELECT $__timeInterval(minute) AS time, sum(requests) / $__interval_s AS requests_per_s
+SELECT $__timeInterval(minute) AS time, sum(requests) / {BUCKET_MINUTE_SECONDS} AS requests_per_s
 FROM site_minute
-WHERE {SITE} AND $__timeFilter(minute)
-GROUP BY time ORDER BY time""", unit="reqps"),
+WHERE {SITE} AND {WHOLE_MINUTES}
+GROUP BY time ORDER BY time""", unit="reqps", description=RATE_NOTE),
     PanelSpec("timeseries", "Bytes per second", f"""
-SELECT $__timeInterval(minute) AS time, sum(bytes) / $__interval_s AS bytes_per_s
+SELECT $__timeInterval(minute) AS time, sum(bytes) / {BUCKET_MINUTE_SECONDS} AS bytes_per_s
 FROM site_minute
-WHERE {SITE} AND $__timeFilter(minute)
-GROUP BY time ORDER BY time""", unit="Bps"),
+WHERE {SITE} AND {WHOLE_MINUTES}
+GROUP BY time ORDER BY time""", unit="Bps", description=RATE_NOTE),
     PanelSpec("timeseries", "Status mix (requests per interval)", f"""
 SELECT $__timeInterval(minute) AS time,
        sum(status_1xx) AS s1xx, sum(status_2xx) AS s2xx, sum(status_3xx) AS s3xx,
@@ -349,10 +388,11 @@ FROM decisions
 WHERE {SITE} AND $__timeFilter(decided_at)
 ORDER BY decided_at DESC, value LIMIT 50"""),
     PanelSpec("timeseries", "Quarantined lines per second", f"""
-SELECT $__timeInterval(ingested_at) AS time, reason, count() / $__interval_s AS lines_per_s
+SELECT $__timeInterval(ingested_at) AS time, reason, count() / {BUCKET_RANGE_SECONDS} AS lines_per_s
 FROM quarantine
 WHERE {SITE} AND $__timeFilter(ingested_at)
-GROUP BY time, reason ORDER BY time, reason""", stacked=True),
+GROUP BY time, reason ORDER BY time, reason""", stacked=True, description=(
+        "Per second: an interval cut by the range (its start, or now) is divided by the seconds inside it.")),
     PanelSpec("timeseries", "Pipeline lag (messages)", """
 SELECT $__timeInterval(ts) AS time, concat(component, '/', instance) AS consumer, max(lag) AS lag
 FROM pipeline_stats

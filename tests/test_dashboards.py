@@ -726,3 +726,154 @@ def test_hourly_path_gives_the_minute_paths_numbers(world: Any) -> None:
         minutely = store.query_rows(f"SELECT {cols.format(h='toStartOfHour(minute) AS h')} FROM {kind}_minute "
                                     f"GROUP BY {key}, h ORDER BY {key}, h")
         assert hourly == minutely and len(hourly) > 3, kind
+
+
+# --------------------------------------------------------------------------- variables cannot leave their literal
+
+#: values a viewer can put in the URL (?var-site=...) or an API call: Grafana's singlequote escapes ' as \' and
+#: leaves backslashes, which ClickHouse reads as escapes
+HOSTILE = [
+    "\\' OR 1=1 --",
+    "\\' AND 0 GROUP BY time UNION ALL SELECT toDateTime(0) AS time, toFloat64(count()) FROM system.tables --",
+    "' OR '1'='1",
+    "forum\\",
+    "\\",
+    "forum' OR site != '",
+    "%27) OR (1=1",
+    "$$ OR 1=1 $$",
+    "forum\n-- x",
+    "{forum}",
+]
+
+
+def _run_vars(store: Any, sql: str, vs: dict[str, TemplateVar]) -> list[str]:
+    rendered = render_query(sql, QueryContext(T0, T1, 60_000), vs)
+    return sorted(repr(r) for r in store.query_rows(rendered))
+
+
+def _all_queries() -> list[tuple[str, str]]:
+    out = []
+    for name, d in load_dashboards().items():
+        out += [(f"{name}: {p['title']}", p["targets"][0]["rawSql"]) for p in d["panels"]]
+        out += [(f"{name}: variable {v['name']}", v["query"]) for v in d["templating"]["list"] if v["type"] == "query"]
+        out += [(f"{name}: annotation", a["target"]["rawSql"]) for a in d["annotations"]["list"] if "target" in a]
+    return out
+
+
+def _uses(sql: str, var: str) -> bool:
+    return f"${{{var}" in sql or f"${var}" in sql or f"[[{var}" in sql
+
+
+@pytest.mark.parametrize("var", ["site", "topic", "metric", "group"])
+def test_hostile_variable_values_stay_inside_their_literal(world: Any, var: str) -> None:
+    """Every query of both dashboards, with each hostile value in one variable: it runs (no syntax error from a
+    broken literal) and gives exactly the rows of a harmless value that matches nothing -- no other site's rows,
+    no system table, no widened filter."""
+    store = world[0]
+    harmless: str | list[str] = ["nosuch"] if var == "group" else "nosuch"
+    checked = 0
+    for title, sql in _all_queries():
+        if not _uses(sql, var):
+            continue
+        base = variables()
+        want = _run_vars(store, sql, {**base, var: TemplateVar(var, harmless)})
+        for evil in HOSTILE:
+            value: str | list[str] = ["nosuch", evil] if var == "group" else evil
+            got = _run_vars(store, sql, {**base, var: TemplateVar(var, value)})
+            assert got == want, (title, evil)
+        checked += 1
+    assert checked >= {"site": 25, "topic": 2, "metric": 4, "group": 2}[var], checked
+    # and a hostile value is not merely "no rows": the queries did return data for the real value
+    if var == "site":
+        assert _run_vars(store, panels_mod.OPS_PANELS[0].sql, variables())
+
+
+@pytest.mark.parametrize("value", ["forum", "it's \"quoted\" \\ back\\'slash", "50% + café ✓", "", "a\n-- b",
+                                   "$$x$$", "%41"])
+def test_variable_values_arrive_exactly(world: Any, value: str) -> None:
+    """Percent-encoded by Grafana, decoded by ClickHouse: the SQL sees the very string selected."""
+    store = world[0]
+    vs = {"site": TemplateVar("site", value), "metric": TemplateVar("metric", value),
+          "group": TemplateVar("group", [value, "sports"]), "topic": TemplateVar("topic", value)}
+    sql = (f"SELECT {panels_mod.SITE_VALUE} AS s, {panels_mod.METRIC} AS m, {panels_mod.GROUP_VALUES} AS g, "
+           f"{panels_mod.TOPIC} AS t")
+    ((s, m, g, t),) = store.query_rows(render_query(sql, QueryContext(T0, T1), vs))
+    assert (s, m, list(g), t) == (value, value, [value, "sports"], None)
+    ((t,),) = store.query_rows(render_query(f"SELECT {panels_mod.TOPIC}", QueryContext(T0, T1),
+                                            {"topic": TemplateVar("topic", "101")}))
+    assert t == 101
+
+
+def test_only_the_topic_variable_takes_custom_values() -> None:
+    for d in load_dashboards().values():
+        for v in d["templating"]["list"]:
+            assert v["allowCustomValue"] is (v["name"] == "topic"), (d["uid"], v["name"])
+
+
+@pytest.mark.parametrize("topic", ["", "not-a-number"])
+def test_selected_topic_panels_without_a_topic_show_no_data(world: Any, topic: str) -> None:
+    """No topic selected (no topic_titles rows: the variable is empty): no data, not a parse error."""
+    sqls = [s.sql for s in panels_mod.TOPIC_PANELS if s.title.startswith("Selected topic")]
+    assert len(sqls) == 2
+    for sql in sqls:
+        assert run(world[0], sql, topic=topic) == []
+
+
+# ---------------------------------------------------------------------------- hourly rollups on a :30 server
+
+@pytest.mark.parametrize("tz", ["Asia/Kolkata", "Asia/Kathmandu"])
+def test_hourly_path_in_a_half_hour_time_zone(world: Any, tz: str) -> None:
+    """A ClickHouse server (session) in a :30 / :45 zone: the hourly+minute stitching of the topic and prefix panels
+    gives the numbers a UTC server gives from the minute rollup alone (hours are UTC hours in the rollups)."""
+    store = world[0]
+    panels = {p["title"]: p["targets"][0]["rawSql"] for d in load_dashboards().values() for p in d["panels"]
+              if "_hour " in p["targets"][0]["rawSql"]}
+    assert set(panels) == HOURLY_PANELS
+    ranges = [(T0 + timedelta(minutes=10), T0 + timedelta(minutes=170)),
+              (T0 + timedelta(minutes=30, seconds=17), T0 + timedelta(minutes=150, seconds=41))]
+    for title, sql in sorted(panels.items()):
+        for f, t in ranges:
+            for interval_s in (60, 3600):
+                ctx = QueryContext(f, t, interval_s * 1000)
+                vs = variables()
+                zoned = sorted(store.query_rows(render_query(sql, ctx, vs) + f" SETTINGS session_timezone = '{tz}'"),
+                               key=repr)
+                assert zoned == _sorted_rows(store, panels_mod.minute_path(sql), ctx, vs), (title, f, t, interval_s)
+
+
+# -------------------------------------------------------------------------------- partial buckets of rate panels
+
+def test_rate_panels_divide_a_cut_interval_by_the_seconds_it_covers(world: Any) -> None:
+    """A range that starts and ends inside 10-minute intervals (ending "now", mid-minute): each interval's rate is
+    its requests over the seconds of the whole minutes it holds inside the range -- not over 600 s, which drew
+    the first and last intervals as drops."""
+    store, tr = world[0], world[1]
+    f, t = T0 + timedelta(minutes=3, seconds=20), T0 + timedelta(minutes=122, seconds=40)
+    minutes = range(4, 122)  # whole minutes inside [f, t]: 00:04 .. 02:01 (02:02 is under way at t)
+    ctx = QueryContext(f, t, 600_000)
+    sqls = {s.title: s.sql for s in panels_mod.OPS_PANELS}
+    for title, col, value in (("Requests per second", "requests_per_s", lambda r: 1),
+                              ("Bytes per second", "bytes_per_s", lambda r: r["bytes"])):
+        num: Counter[int] = Counter()
+        secs: Counter[int] = Counter()
+        for m in minutes:
+            secs[m // 10 * 10] += 60
+        for r in tr.rows:
+            m = minute_of(r["ts"])
+            if m in minutes:
+                num[m // 10 * 10] += value(r)
+        res = store.query_arrow(render_query(sqls[title], ctx, variables()))
+        got = dict(zip((minute_of(x) for x in res.column("time").to_pylist()), res.column(col).to_pylist(), strict=True))
+        approx_dict(got, {b: num[b] / secs[b] for b in num})
+        assert secs[0] == 360 and secs[120] == 120  # the cut intervals
+    # quarantined lines carry their own timestamps: an interval is clamped to the range in seconds
+    f2, t2 = T0 + timedelta(minutes=12, seconds=30), T0 + timedelta(minutes=17, seconds=50)
+    res = run_ctx(store, sqls["Quarantined lines per second"], QueryContext(f2, t2, 600_000))
+    lines = [q for q in world[2] if f2 <= q["ingested_at"] <= t2]
+    assert {(minute_of(r["time"]), r["reason"]): r["lines_per_s"] for r in res} == {
+        (10, "truncated"): pytest.approx(len(lines) / (t2 - f2).total_seconds())}
+
+
+def run_ctx(store: Any, sql: str, ctx: QueryContext) -> list[dict[str, Any]]:
+    t = store.query_arrow(render_query(sql, ctx, variables()))
+    return [dict(zip(t.column_names, r, strict=True)) for r in zip(*[c.to_pylist() for c in t.columns], strict=True)]

@@ -122,6 +122,11 @@ VARS = {
         ("g IN ($all)", "g IN ('x','y')"),
         ("g = ${allc:singlequote}", "g = *"),
         ("$unknown $__interval_s ${site:doublequote}", '$unknown $__interval_s "forum"'),
+        # percentencode (grafana-scenes encodeURIComponentStrict; a list as {a,b}): nothing can close a literal
+        ("'${site:percentencode}'", "'forum'"),
+        ("'${multi:percentencode}'", "'%7Ba%2Cb%27s%7D'"),
+        ("'${all:percentencode}'", "'%7Bx%2Cy%7D'"),
+        ("'${allc:percentencode}'", "'%2A'"),  # Grafana formats a custom all value for percentencode
     ],
 )
 def test_variable_formatting(sql: str, want: str) -> None:
@@ -136,3 +141,20 @@ def test_render_query_order_and_leftovers() -> None:
         render_query("SELECT $nosuchvar", CTX, VARS)
     # a dollar inside a string literal (a regex) is not a leftover reference
     assert render_query("SELECT match(s, '^a$') FROM t", CTX) == "SELECT match(s, '^a$') FROM t"
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [  # encodeURIComponent(v).replace(/[!'()*]/g, c => '%' + hex(c).toUpperCase()), as in a browser
+        ("a-b_c.d~e", "a-b_c.d~e"),
+        ("\\' OR 1=1 --", "%5C%27%20OR%201%3D1%20--"),
+        ("!'()*", "%21%27%28%29%2A"),
+        ("café ✓ $x", "caf%C3%A9%20%E2%9C%93%20%24x"),
+        ("a+b/c?d&e=f%", "a%2Bb%2Fc%3Fd%26e%3Df%25"),
+    ],
+)
+def test_percent_encode_is_encode_uri_component_strict(value: str, want: str) -> None:
+    from forumpulse.dashboards.macros import percent_encode
+
+    assert percent_encode(value) == want
+    assert set(want) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.~%")
