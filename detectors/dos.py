@@ -16,6 +16,7 @@ every partition) -- see docs/dos.md for scaling beyond one process.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import ipaddress
 import json
@@ -613,14 +614,14 @@ class _PathRates:
             m < wm for m in self.pending_minutes) else []
         for m in [m for m in self.pending_minutes if m < wm]:
             del self.pending_minutes[m]
-        if self.keep_last and done:
+        if self.keep_last and done and done[-1][1] > self.last_minute:
             self.last_minute = done[-1][1]
             self.last_counts = {}
         for k in done:
             c = self.pending.pop(k)
             self.learn(k[0], k[1], c)
-            if k[1] == self.last_minute and self.keep_last:
-                self.last_counts[k[0]] = c
+            if k[1] == self.last_minute and self.keep_last:  # late lines of that minute add to it
+                self.last_counts[k[0]] = self.last_counts.get(k[0], 0) + c
         if watermark_sec - self._last_prune > 3600:
             self._last_prune = watermark_sec
             self.rate = {t: r for t, r in self.rate.items() if r[1] >= wm - self.forget_after_min}
@@ -1500,14 +1501,21 @@ class DosDetector:
         if pb.crowd_min_ranges <= 0:
             return 1.0
         key = f"crowd:{minute}"
-        if key not in cache:
-            cache[key] = self._crowd_rises(b, cache, minute, wm_sec)
-        rises = cache[key]
-        if len(rises) - (exclude in rises) < pb.crowd_min_ranges:
+        if key not in cache:  # once per batch and minute: every candidate reads the same sorted rises
+            rises = self._crowd_rises(b, cache, minute, wm_sec)
+            cache[key] = (rises, sorted(rises.values()))
+        rises, ordered = cache[key]
+        gone = -1  # the candidate's own rise is left out (by position: no copy per candidate)
+        if exclude in rises:
+            gone = bisect.bisect_left(ordered, rises[exclude])
+        n = len(ordered) - (gone >= 0)
+        if n < pb.crowd_min_ranges or n == 0:
             return 1.0
-        vals = sorted(v for p, v in rises.items() if p != exclude)
-        n = len(vals)
-        med = vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
+
+        def at(i: int) -> float:
+            return float(ordered[i + 1] if 0 <= gone <= i else ordered[i])
+
+        med = at(n // 2) if n % 2 else 0.5 * (at(n // 2 - 1) + at(n // 2))
         return float(min(self.rules.prefix_baseline.max_scale, max(1.0, med)))
 
     def _crowd_rises(self, b: Batch, cache: dict[str, Any], minute: int, wm_sec: int) -> dict[str, float]:

@@ -639,3 +639,45 @@ def test_a_verified_crawlers_range_is_not_banned_as_a_range() -> None:
                        verifier=CrawlerVerifier("dns", dns_for(ips), networks=CrawlerNetworks()))
     assert ranges(det) == [("198.51.100.0/24", "prefix_surge")]
     assert det.manager.decisions[0].evidence["members_share"] < 0.5
+
+
+def test_crowd_rise_is_the_median_of_the_other_busy_ranges() -> None:
+    """The flash-crowd guard's rise: the median of every busy range's rise but the candidate's own (computed
+    from one sorted list per batch and minute, whatever the number of candidates), at least 1, capped at
+    max_scale, 1.0 below crowd_min_ranges; a range rising alone never raises its own threshold."""
+    import random
+
+    det = DosDetector(load_rules())
+    minute = 28_333_333
+    rnd = random.Random(7)
+    for n in (9, 10, 11, 12, 57):
+        rises = {f"10.0.{i}.0/24": rnd.choice([0.5, 1.0, 1.0, 2.5, 3.0, rnd.uniform(0, 20)]) for i in range(n)}
+        cache: dict[str, Any] = {f"crowd:{minute}": (rises, sorted(rises.values()))}
+        for p in [*rises, "192.0.2.0/24"]:
+            others = sorted(v for q, v in rises.items() if q != p)
+            k = len(others)
+            want = 1.0 if k < 10 else min(10.0, max(1.0, others[k // 2] if k % 2 else
+                                                    0.5 * (others[k // 2 - 1] + others[k // 2])))
+            assert det._crowd(None, cache, minute, p, minute * 60 + 30) == pytest.approx(want), (n, p)  # type: ignore[arg-type]
+    # one range at 50x among 20 steady ones: its own threshold is not raised by itself
+    rises = {f"10.0.{i}.0/24": 1.0 for i in range(20)} | {"10.9.9.0/24": 50.0}
+    cache = {f"crowd:{minute}": (rises, sorted(rises.values()))}
+    assert det._crowd(None, cache, minute, "10.9.9.0/24", minute * 60 + 30) == 1.0  # type: ignore[arg-type]
+
+
+def test_late_lines_add_to_the_minute_before_instead_of_replacing_it() -> None:
+    """The crowd guard reads the last learned minute's counts of every range: lines of that minute arriving
+    after it was learned (another partition a few seconds behind) add to them, never replace them."""
+    from forumpulse.detectors.dos import _PathRates
+
+    pr = _PathRates(0.3, floor=30, decay=False, keep_last=True)
+    m = 28_333_333
+    keys = np.array(["100.64.1.0/24", "100.64.2.0/24"], dtype=object)
+    codes = np.repeat([0, 1], 600)
+    pr.update(codes, keys, np.full(len(codes), m * 60 + 10), m * 60 + 59)
+    pr.update(np.zeros(0, dtype=np.int64), keys, np.zeros(0, dtype=np.int64), (m + 1) * 60 + 1)
+    assert pr.last_minute == m and pr.last_counts == {"100.64.1.0/24": 600, "100.64.2.0/24": 600}
+    pr.update(np.zeros(40, dtype=np.int64), keys, np.full(40, m * 60 + 50), (m + 1) * 60 + 2)  # late lines
+    assert pr.last_minute == m and pr.last_counts == {"100.64.1.0/24": 640, "100.64.2.0/24": 600}
+    pr.update(np.ones(35, dtype=np.int64), keys, np.full(35, (m + 1) * 60 + 5), (m + 2) * 60 + 1)  # next minute
+    assert pr.last_minute == m + 1 and pr.last_counts == {"100.64.2.0/24": 35}
