@@ -722,7 +722,7 @@ class _Handler(BaseHTTPRequestHandler):
                     break
                 total += size
                 if total > _MAX_BODY:
-                    raise ChError(1002, "Code: 1002. DB::Exception: request body too large", 413)
+                    self._too_large()
                 data = self.rfile.read(size)
                 if len(data) != size:
                     self._bad_body(3, f"Unexpected end of file while reading HTTP chunked data: got {len(data)} "
@@ -738,12 +738,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._bad_body(27, f"Cannot parse Content-Length {length[:40]!r} (CANNOT_PARSE_INPUT_ASSERTION_FAILED)")
         n = int(length)
         if n > _MAX_BODY:
-            raise ChError(1002, "Code: 1002. DB::Exception: request body too large", 413)
+            self._too_large()
         data = self.rfile.read(n) if n else b""
         if len(data) != n:
             self._bad_body(33, f"Unexpected EOF, got {len(data)} of {n} bytes: the HTTP request body ended "
                            "before its Content-Length (CANNOT_READ_ALL_DATA)")
         return data
+
+    def _too_large(self) -> NoReturn:
+        """Refuse a body over the limit without reading it, and close the connection (its unread rest must not
+        be parsed as a next request)."""
+        self.close_connection = True
+        raise ChError(1002, "Code: 1002. DB::Exception: request body too large", 413)
 
     def _bad_body(self, code: int, message: str) -> NoReturn:
         """Refuse a request whose body did not arrive whole (nothing runs) and close the connection: where the

@@ -880,8 +880,8 @@ class EventsPublisher:
         def done(err: Any, _msg: Any) -> None:
             box[0] = err
 
-        self._batch.append((key, box))
         self.producer.produce(topic, key=key, value=value, on_delivery=done)
+        self._batch.append((key, box))  # only once handed over: a produce() that raised leaves nothing pending
         self.producer.poll(0)
 
     def confirm(self) -> set[bytes]:

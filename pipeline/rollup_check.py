@@ -371,12 +371,19 @@ class RollupAuditor:
             raw = path.read_text()
         except FileNotFoundError:
             return set()
+        except OSError as exc:  # unreadable (permissions, I/O): the owner still starts, the file is left alone
+            log.warning("rollup audit: advised hours in %s could not be read (%s); starting with none (check "
+                        "the hours it names with `forumpulse db check-rollups`)", path, exc)
+            return set()
         try:
             doc = json.loads(raw)
             return {datetime.fromisoformat(h).astimezone(UTC) for h in doc["pending_hours"]}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             aside = path.with_name(path.name + ".unreadable")
-            os.replace(path, aside)
+            try:
+                os.replace(path, aside)
+            except OSError as mv:
+                aside = Path(f"{path} (not moved: {mv.strerror})")
             log.warning("rollup audit: advised hours in %s could not be read (%s); moved to %s, starting with "
                         "none (check the hours it names with `forumpulse db check-rollups`)", path, exc, aside)
             return set()

@@ -372,6 +372,24 @@ def test_a_body_that_did_not_arrive_whole_is_refused_and_inserts_nothing(server:
     assert post("j", b"Content-Length: x1\r\n", full)[0] == 400 and count() == 2000
 
 
+def test_a_body_over_the_limit_closes_the_connection(server: ClickHouseHTTPServer) -> None:
+    """A body over the limit is refused unread (413) and the connection closed: its bytes are never parsed as a
+    next request on a keep-alive connection (here they spell one, which must not be answered)."""
+    import socket
+
+    sneaked = b"GET /?query=SELECT%20424242 HTTP/1.1\r\nHost: x\r\n\r\n"
+    for head in (b"Content-Length: %d\r\n" % ((1 << 31) + 1),
+                 b"Transfer-Encoding: chunked\r\n"):
+        body = sneaked if head.startswith(b"Content") else b"%x\r\n" % ((1 << 31) + 1) + sneaked
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(b"POST /?query=INSERT%20INTO%20x%20FORMAT%20TSV HTTP/1.1\r\nHost: x\r\n" + head +
+                      b"\r\n" + body)
+            out = b""
+            while chunk := s.recv(65536):  # the server closes: no timeout waiting for a second answer
+                out += chunk
+        assert out.startswith(b"HTTP/1.1 413") and out.count(b"HTTP/1.1 ") == 1 and b"424242" not in out, head
+
+
 def test_the_querys_own_settings_win_over_the_requests(server: ClickHouseHTTPServer, store: Store) -> None:
     """As in ClickHouse (URL parameters are the request's settings; the query's SETTINGS clause is applied after
     them): for an INSERT with data and for a query."""

@@ -673,6 +673,27 @@ def test_events_leave_the_outbox_only_once_kafka_confirms_delivery() -> None:
     assert m[("forumpulse_traffic_publish_failures_total", ())] == 2
 
 
+def test_a_produce_that_raised_leaves_nothing_pending() -> None:
+    """produce() raising (BufferError: the local queue full) hands nothing over: no pending entry may outlive
+    it, or the next flush would count a failure and refuse the re-sent detection Kafka did confirm."""
+    from forumpulse.pipeline.live_detect import EventsPublisher
+
+    class _Full(_FakeKafka):
+        def produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any = None) -> None:
+            if key == b"full":
+                raise BufferError("Local: Queue full")
+            super().produce(topic, key, value, on_delivery)
+
+    kafka = _Full()
+    kafka.up = True
+    pub = EventsPublisher(kafka, timeout_s=0.01)
+    with pytest.raises(BufferError):
+        pub("weblogs.events", b"full", b"{}")
+    assert pub.confirm() == set() and pub.failures == 0
+    pub("weblogs.events", b"k1", b"{}")
+    assert pub.confirm() == {b"k1"} and pub.failures == 0
+
+
 def test_a_partly_failed_run_counts_what_it_emitted() -> None:
     """run_once raising TrafficRunError after emitting detections: they count in
     forumpulse_traffic_detections_total (before the fix the counter missed them)."""

@@ -446,6 +446,9 @@ def test_advised_hours_survive_a_restart_of_the_owner(tmp_path: Path, caplog: py
     assert fourth.pending == set() and not state.exists()
     assert (tmp_path / (state.name + ".unreadable")).read_text() == '{"pending_hours": ["not a time"]}'
     assert "could not be read" in caplog.text
+    # a file the owner cannot read (permissions, I/O) never stops it: warned, left where it is, none advised
+    state.mkdir()  # reading a directory raises IsADirectoryError, an OSError like EACCES
+    assert RollupAuditor(None, None, clock=_Clock(now), state_path=state).pending == set() and state.is_dir()
 
 
 class _Result:
