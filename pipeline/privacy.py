@@ -14,7 +14,11 @@ Guarantees
 
   ``keep``          the text as given (not even validated).
   ``truncate``      the network address of the ``truncate_ipv4_prefix`` (default /24) or ``truncate_ipv6_prefix``
-                    (default /48) network, in text form; IPv4-mapped IPv6 (``::ffff:a.b.c.d``) is treated as IPv4.
+                    (default /48) network, in text form; IPv4-mapped IPv6 (``::ffff:a.b.c.d``) is treated as IPv4,
+                    and so are the IPv6 addresses that carry the client's IPv4 address: 6to4 (``2002::/16``, whose
+                    /48 *is* the whole IPv4 address) and Teredo (``2001::/32``, client address in the last 32 bits,
+                    obfuscated) are stored as the truncated IPv4 network of that embedded address
+                    (``2002:cb00:7105::1`` -> ``203.0.113.0``).  ``pseudonymize`` is unchanged (HMAC hides them).
   ``pseudonymize``  a keyed HMAC-SHA256 pseudonym, **always an IPv6 address inside fd00::/8** (unique-local, never
                     routed on the Internet, so a pseudonym can never be mistaken for a real client):
 
@@ -207,6 +211,10 @@ class Privacy:
         addr = self._parse(ip)
         if addr is None:
             return None
+        if isinstance(addr, ipaddress.IPv6Address):  # 6to4 / Teredo: truncate the client's embedded IPv4
+            embedded = addr.sixtofour or (addr.teredo[1] if addr.teredo is not None else None)
+            if embedded is not None:
+                addr = embedded
         prefix = self._v4_prefix if addr.version == 4 else self._v6_prefix
         return str(ipaddress.ip_network(f"{addr}/{prefix}", strict=False).network_address)
 

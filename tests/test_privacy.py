@@ -99,6 +99,22 @@ def test_store_ip_keep_and_truncate() -> None:
     assert t16.store_ip("2001:db8:1:2:3:4:5:6") == "2001:db8:1:2::"
 
 
+@pytest.mark.parametrize("v6_prefix", [48, 64, 128])
+def test_truncate_6to4_and_teredo_by_their_embedded_ipv4(v6_prefix: int) -> None:
+    """A 6to4 address's /48 is 2002: + the whole IPv4 address, and Teredo carries the client's IPv4 (obfuscated) in
+    its last 32 bits: both are truncated as that IPv4 address is, never stored with more than its /24."""
+    t = Privacy(PrivacyConfig(client_ip="truncate", truncate_ipv6_prefix=v6_prefix))
+    assert t.store_ip("2002:cb00:7105::1") == "203.0.113.0"  # 6to4 of 203.0.113.5
+    assert t.store_ip("2002:cb00:714d:12:34::5") == "203.0.113.0"
+    # RFC 4380's example: server 65.54.227.120, client 192.0.2.45 behind NAT port 40000
+    assert t.store_ip("2001:0:4136:e378:8000:63bf:3fff:fdd2") == "192.0.2.0"
+    t16 = Privacy(PrivacyConfig(client_ip="truncate", truncate_ipv4_prefix=16, truncate_ipv6_prefix=v6_prefix))
+    assert t16.store_ip("2002:cb00:7105::1") == "203.0.0.0"
+    # other IPv6 addresses keep the IPv6 prefix (2001:db8::/32 is not Teredo: 2001:0::/32 is)
+    assert t.store_ip("2001:db8:1:2:3:4:5:6") == str(ipaddress.ip_network(f"2001:db8:1:2:3:4:5:6/{v6_prefix}",
+                                                                           strict=False).network_address)
+
+
 def _pseudo(key: str) -> Privacy:
     return Privacy(PrivacyConfig(client_ip="pseudonymize", pseudonym_key=key))
 
