@@ -7,7 +7,8 @@ Public API:
   time_to=None, out_dir, site="forum", baseline_days=7) -> Path`` — exactly one of topic_id / group / event_id.
   With ``event_id`` the scope and range come from ``detections`` (latest state, FINAL); the range is padded by a
   quarter of the event's duration (at least one hour) on both sides.  Without a range the last 48 hours of data
-  are used.  Writes ``index.html``, ``views_replies.png``, ``share.png``, ``visitors.png``,
+  are used.  The range is widened to whole chart intervals; a last interval the site's data ends inside (an
+  open event, a range ending now) is counted in the totals but not drawn, and the page and charts say so.  Writes ``index.html``, ``views_replies.png``, ``share.png``, ``visitors.png``,
   ``humans_bots.png`` into ``out_dir`` and returns the HTML path.  The detector may call it for topic surges.
 * :func:`generate_daily_report` ``(store, day, out_dir, site="forum") -> Path`` — the day's detections and top
   topics.
@@ -16,7 +17,9 @@ Public API:
 
 What is in an event report: views and replies over time (absolute), their share of all topic views / replies
 (the rest of the forum is "all other topics"), unique visitors (human), peak time and peak share, a baseline
-comparison (the scope's share and hourly views over the ``baseline_days`` before the range), top referrer
+comparison (the scope's share and hourly views over the ``baseline_days`` before the range; views per hour, in
+the range and the baseline alike, are over the wall time from the site's first to its last minute of data), top
+referrer
 domains (referrers are privacy-scrubbed at ingest), humans vs bots, and a plain-language summary.  Everything is
 read from ClickHouse: the rollups for series, ``requests`` only for referrers.
 
@@ -105,7 +108,7 @@ def _event(store: Store, site: str, event_id: str) -> tuple[int | None, str | No
     scope, start, end, kind, label, score, observed, expected, peak = rows[0]
     still_open = end is None
     if still_open:  # an event still going on: the report runs to the end of the data, not to its peak
-        last = store.query_rows(f"SELECT max(minute) FROM site_minute WHERE site = {_q(site)}")
+        last = store.query_rows(f"SELECT maxOrNull(minute) FROM site_minute WHERE site = {_q(site)}")
         end = _utc(last[0][0]) + timedelta(minutes=1) if last and last[0][0] is not None else peak
     start, end = _utc(start), _utc(end)
     pad = max(timedelta(hours=1), (end - start) / 4)
@@ -152,12 +155,40 @@ class EventData:
     base_share: float | None
     base_views_per_hour: float | None
     referrers: list[tuple[str, int]]
-    data_hours: float  # hours of the range in which the site has data (views per hour are over these)
+    data_hours: float  # wall time from the site's first to its last minute of data in the range (views per hour)
+    t0: datetime  # the range, aligned to bucket boundaries (what the charts and totals cover)
+    t1: datetime
+    cut_from: datetime | None = None  # start of a trailing interval left out of the charts (data ends inside it)
+    cut_minutes: int = 0  # minutes of data in that interval (counted in the totals)
+
+
+def _align(t: datetime, b: int, up: bool) -> datetime:
+    """``t`` on a boundary of ``b``-second buckets (epoch-aligned, as ``toStartOfInterval(minute, INTERVAL b
+    second)``), rounded down or up."""
+    s = int(t.timestamp())
+    s = (s + (b - 1 if up else 0)) // b * b
+    return datetime.fromtimestamp(s, UTC)
+
+
+def _data_span_hours(store: Store, site_f: str, rng: str) -> float | None:
+    """Wall time from the site's first to its last minute with data in ``rng`` (both included), in hours; None
+    without data.  The range's and the baseline's views per hour both divide by this: minutes without any
+    request (a sparse site) are not rows, so a count of minutes would overstate the rate."""
+    first, last = store.query_rows(f"SELECT minOrNull(minute), maxOrNull(minute) FROM site_minute "
+                                   f"WHERE {site_f} AND {rng}")[0]
+    if first is None or last is None:
+        return None
+    return (_utc(last) - _utc(first)).total_seconds() / 3600 + 1 / 60
 
 
 def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, baseline_days: int,
              own_hosts: Sequence[str] = ()) -> EventData:
+    """The report's numbers for [t0, t1), widened to whole chart intervals (``bucket_s``): every interval drawn
+    is a whole one.  A trailing interval the site's data ends inside (an open event, a range ending now) is
+    counted in the totals but left out of the charts (``cut_from``): drawn as a whole interval it would show a
+    drop that did not happen."""
     b = _bucket_seconds(t1 - t0)
+    t0, t1 = _align(t0, b, up=False), _align(t1, b, up=True)
     rng = f"minute >= {_ts(t0)} AND minute < {_ts(t1)}"
     site_f = f"site = {_q(site)}"
     # every interval in which the site has data; the scope's figures are 0 where it had none (a chart line must
@@ -181,12 +212,11 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
     b0 = t0 - timedelta(days=baseline_days)
     brng = f"minute >= {_ts(b0)} AND minute < {_ts(t0)}"
     bv = store.query_rows(f"SELECT sum(views), count() FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {brng}")[0]
-    bs = store.query_rows(f"SELECT sum(topic_views), min(minute), max(minute) FROM site_minute WHERE {site_f} AND {brng}")[0]
+    bs = store.query_rows(f"SELECT sum(topic_views) FROM site_minute WHERE {site_f} AND {brng}")[0]
     base_share = base_vph = None
     if bs[0]:
         base_share = 100.0 * (bv[0] or 0) / bs[0]
-        hours = max((_utc(bs[2]) - _utc(bs[1])).total_seconds() / 3600 + 1 / 60, 1 / 60)
-        base_vph = (bv[0] or 0) / hours
+        base_vph = (bv[0] or 0) / (_data_span_hours(store, site_f, brng) or 1 / 60)
     # external referrers: not the site's own host names (sites[].hosts) nor the request's virtual host (a click
     # from one forum page to another is navigation, not an arrival); counted in human topic views
     own = ", ".join(_q(h.lower().removeprefix("www.")) for h in own_hosts) or "''"
@@ -196,7 +226,15 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
           AND page_kind = 'topic_view' AND lower(domainWithoutWWW(referer)) NOT IN ({own})
           AND lower(domainWithoutWWW(referer)) != lower(replaceRegexpOne(vhost, '^www\\.', ''))
         GROUP BY d HAVING d != '' ORDER BY n DESC, d LIMIT 10""")
-    data_minutes = store.query_rows(f"SELECT count(DISTINCT minute) FROM site_minute WHERE {site_f} AND {rng}")[0][0]
+    (data_end,), = store.query_rows(f"SELECT maxOrNull(minute) FROM site_minute WHERE {site_f}")
+    cut_from, cut_minutes = None, 0
+    if data_end is not None and len(rows) > 1:
+        end = _utc(data_end) + timedelta(minutes=1)  # the site's data (any range) ends here
+        last = _utc(rows[-1][0])
+        if last + timedelta(seconds=b) > end:
+            cut_from, rows = last, rows[:-1]
+            cut_minutes = store.query_rows(f"SELECT count(DISTINCT minute) FROM site_minute WHERE {site_f} "
+                                           f"AND minute >= {_ts(last)} AND minute < {_ts(t1)}")[0][0]
     return EventData(
         times=[_utc(r[0]) for r in rows], views=[float(r[1]) for r in rows], replies=[float(r[2]) for r in rows],
         visitors=[float(r[3]) for r in rows], bot_views=[float(r[4]) for r in rows],
@@ -204,7 +242,8 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
         total_views=int(tot[0] or 0), total_replies=int(tot[1] or 0), total_visitors=int(tot[2] or 0),
         total_bot_views=int(tot[3] or 0), site_total_views=int(site_tot[0] or 0),
         site_total_replies=int(site_tot[1] or 0), base_share=base_share, base_views_per_hour=base_vph,
-        referrers=[(str(r[0]), int(r[1])) for r in refs], data_hours=int(data_minutes or 0) / 60,
+        referrers=[(str(r[0]), int(r[1])) for r in refs], data_hours=_data_span_hours(store, site_f, rng) or 0.0,
+        t0=t0, t1=t1, cut_from=cut_from, cut_minutes=int(cut_minutes),
     )
 
 
@@ -247,14 +286,32 @@ def _share(a: list[float], b: list[float]) -> list[float]:
     return [100.0 * x / y if y else 0.0 for x, y in zip(a, b, strict=True)]
 
 
+def _cut_text(d: EventData) -> str:
+    """The note on a trailing interval left out of the charts ('' when none)."""
+    if d.cut_from is None:
+        return ""
+    return (f"The interval from {_fmt_t(d.cut_from)} is not drawn: the data ends inside it ({d.cut_minutes} of "
+            f"{d.bucket_s // 60} minutes), and drawn as a whole interval it would look like a drop. Its traffic is "
+            "counted in the totals.")
+
+
 def _charts(d: EventData, out: Path, label: str) -> dict[str, bytes]:
     per = "per minute" if d.bucket_s == 60 else f"per {d.bucket_s // 60} min"
     charts = {}
+    cut = (f"not drawn: the interval from {d.cut_from.astimezone(UTC):%d %b %H:%M} UTC (the data ends inside it)"
+           if d.cut_from is not None else "")
+
+    def note(ax: Any) -> None:  # the PNGs travel alone: each says what is left out
+        if cut:
+            ax.annotate(cut, xy=(1, 1), xycoords="axes fraction", xytext=(-4, -4), textcoords="offset points",
+                        ha="right", va="top", fontsize=8, color="#666666")
+
     plt, fig, ax = _fig()
     ax.plot(d.times, d.views, label="views", color="#1f77b4", linewidth=1.6)
     ax.plot(d.times, d.replies, label="replies", color="#ff7f0e", linewidth=1.6)
     ax.set_title(_plain(f"{label}: views and replies {per}"))
     ax.legend(loc="upper left")
+    note(ax)
     charts["views_replies.png"] = _save(plt, fig, out / "views_replies.png")
 
     plt, fig, ax = _fig()
@@ -267,17 +324,20 @@ def _charts(d: EventData, out: Path, label: str) -> dict[str, bytes]:
     ax.set_ylabel("%")
     ax.set_title("Share of all topic views and replies on the forum")
     ax.legend(loc="upper left")
+    note(ax)
     charts["share.png"] = _save(plt, fig, out / "share.png")
 
     plt, fig, ax = _fig()
     ax.bar(d.times, d.visitors, width=d.bucket_s / 86400 * 0.9, color="#2ca02c", label="unique visitors")
     ax.set_title(f"Unique (human) visitors {per}")
+    note(ax)
     charts["visitors.png"] = _save(plt, fig, out / "visitors.png")
 
     plt, fig, ax = _fig()
     ax.stackplot(d.times, d.views, d.bot_views, labels=["humans", "bots"], colors=["#1f77b4", "#d62728"], alpha=0.8)
     ax.set_title("Topic views: humans vs bots")
     ax.legend(loc="upper left")
+    note(ax)
     charts["humans_bots.png"] = _save(plt, fig, out / "humans_bots.png")
     return charts
 
@@ -334,7 +394,7 @@ def generate_event_report(
         t0, t1 = time_from or t0, time_to or t1
     else:
         if time_to is None:
-            last = store.query_rows(f"SELECT max(minute) FROM site_minute WHERE site = {_q(site)}")
+            last = store.query_rows(f"SELECT maxOrNull(minute) FROM site_minute WHERE site = {_q(site)}")
             if not last or last[0][0] is None:
                 raise ReportError(f"no data for site {site!r}")
             time_to = _utc(last[0][0]) + timedelta(minutes=1)
@@ -344,6 +404,7 @@ def generate_event_report(
         raise ReportError("the range is empty (to <= from)")
     sc = _scope(store, site, topic_id, group)
     d = _collect(store, site, sc, t0, t1, baseline_days, own_hosts)
+    t0, t1 = d.t0, d.t1  # aligned to whole chart intervals
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -400,7 +461,8 @@ def generate_event_report(
         f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(summary)}</p>"
         f"<div class=\"figures\">{fig_html}</div>"
         f"<h2>Views and replies</h2>{_img('views_replies.png', charts['views_replies.png'], 'views and replies')}"
-        f"<h2>Share of forum traffic</h2>{_img('share.png', charts['share.png'], 'share of all topic views')}"
+        + (f"<p class=\"meta\" id=\"cut-note\">{html.escape(_cut_text(d))}</p>" if d.cut_from else "")
+        + f"<h2>Share of forum traffic</h2>{_img('share.png', charts['share.png'], 'share of all topic views')}"
         f"<h2>Unique visitors</h2>{_img('visitors.png', charts['visitors.png'], 'unique visitors')}"
         f"<h2>Humans and bots</h2>{_img('humans_bots.png', charts['humans_bots.png'], 'humans vs bots')}"
         f"<p>Bots (known crawlers) made {_n(d.total_bot_views)} views ({bot_share:.1f}% of all views of this scope)."

@@ -203,3 +203,68 @@ def test_daily_report_is_a_day_in_the_site_time_zone(world: Any, tmp_path: Path)
     topics = text_of(page, "topics")
     assert str(top) in topics and f"{n:,}" in topics  # the local day's top topic and its views
     assert "Asia/Kuala_Lumpur day" in page and t0.strftime("%Y-%m-%d %H:%M UTC") in page
+
+
+def _steady(site: str, minutes: range, per_minute: dict[int, int]) -> list[dict[str, Any]]:
+    """Human topic views at a constant rate: ``per_minute`` topic -> views in each minute of ``minutes``."""
+    return [dict(fx.REQ_DEFAULTS, site=site, ts=T0 + timedelta(minutes=m, seconds=1 + 7 * k), client_ip="::ffff:10.0.0.1",
+                 topic_id=t, page_kind="topic_view", url=f"/t/{t}", path=f"/t/{t}")
+            for m in minutes for t, n in per_minute.items() for k in range(n)]
+
+
+def test_views_per_hour_of_range_and_baseline_have_the_same_denominator(world: Any, tmp_path: Path) -> None:
+    """A sparse site (one view every 10 minutes, for 8 days): the range and the baseline both run at 6 views per
+    hour.  The range used to divide by the minutes that had traffic (60 per hour) and the baseline by wall time."""
+    store, _ = world
+    store.insert("requests", fx.requests_table(_steady("sparse", range(0, 8 * 1440, 10), {7: 1})), dedup_token="sparse")
+    page = generate_event_report(store, topic_id=7, site="sparse", time_from=T0 + timedelta(days=7),
+                                 time_to=T0 + timedelta(days=8), out_dir=tmp_path).read_text()
+    summary = text_of(page, "summary")
+    assert "1.0× its usual share" in summary
+    assert "(6.0 views per hour against 6.0 usually)" in summary, summary
+
+
+def test_open_event_range_is_aligned_and_its_unfinished_last_interval_not_drawn(world: Any, tmp_path: Path) -> None:
+    """Steady traffic whose data ends at 23:53 (live: the newest minute is now), an open event: the range starts
+    and ends on interval boundaries, every drawn interval is whole (steady: all equal, no false drop at the end),
+    the 23:50 interval (3 of 5 minutes) is counted in the totals, left out of the charts, and the page says so."""
+    from forumpulse.dashboards.report import _collect, _event, _scope
+
+    store, _ = world
+    end_m = 30 * 60 - 7  # data: minutes 0 .. 29:52, i.e. it ends at 29:53 (05:53 the second day)
+    store.insert("requests", fx.requests_table(_steady("live", range(end_m), {7: 3, 8: 2})), dedup_token="live")
+    det = [{"id": "ev-live", "kind": "topic_surge", "site": "live", "scope": "topic:7",
+            "start_ts": T0 + timedelta(hours=10, minutes=2, seconds=13), "end_ts": None,
+            "peak_ts": T0 + timedelta(hours=12), "observed": 0.6, "expected": 0.6, "score": 3.0, "label": "surge",
+            "state": "open", "detail": "{}", "updated_at": T0}]
+    store.insert("detections", fx.ts_table(det, ("start_ts", "end_ts", "peak_ts", "updated_at")))
+    tid, grp, t0, t1, _meta = _event(store, "live", "ev-live")
+    assert t1 == T0 + timedelta(minutes=end_m)
+    d = _collect(store, "live", _scope(store, "live", tid, grp), t0, t1, 7)
+    b = d.bucket_s
+    assert b == 300 and d.t0.timestamp() % b == 0 and d.t1.timestamp() % b == 0 and d.t0 <= t0 and d.t1 >= t1
+    assert all(t.timestamp() % b == 0 for t in d.times)
+    assert d.times[-1] + timedelta(seconds=b) <= t1  # no interval past the data is drawn as a whole one
+    assert set(d.views) == {15.0} and set(d.site_views) == {25.0}, "steady traffic: every drawn interval equal"
+    assert d.cut_from == T0 + timedelta(minutes=end_m - 3) and d.cut_minutes == 3
+    assert d.total_views == 3 * (end_m - int((d.t0 - T0).total_seconds() // 60))  # the cut interval is counted
+    page = generate_event_report(store, event_id="ev-live", site="live", out_dir=tmp_path).read_text()
+    note = text_of(page, "cut-note")
+    assert "not drawn" in note and "3 of 5 minutes" in note and "counted in the totals" in note
+    assert f"{d.total_views:,}" in text_of(page, "total-views")
+
+
+def test_a_site_without_data(world: Any, tmp_path: Path) -> None:
+    """max(minute) of no rows is 1970-01-01, not NULL: the empty-site branches now fire."""
+    from forumpulse.dashboards.report import _event
+
+    store, _ = world
+    with pytest.raises(ReportError, match="no data for site 'nosuch'"):
+        generate_event_report(store, topic_id=101, site="nosuch", out_dir=tmp_path)
+    peak = T0 + timedelta(hours=5)
+    det = [{"id": "ev-empty", "kind": "topic_surge", "site": "nodata", "scope": "topic:1", "start_ts": peak - timedelta(hours=1),
+            "end_ts": None, "peak_ts": peak, "observed": 0.5, "expected": 0.1, "score": 5.0, "label": "surge",
+            "state": "open", "detail": "{}", "updated_at": peak}]
+    store.insert("detections", fx.ts_table(det, ("start_ts", "end_ts", "peak_ts", "updated_at")))
+    _tid, _grp, t0, t1, meta = _event(store, "nodata", "ev-empty")
+    assert meta["end"] == peak and t1 == peak and t0 < t1  # an open event without site_minute rows: up to its peak
