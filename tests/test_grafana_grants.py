@@ -41,9 +41,39 @@ def tables_read(sql: str) -> set[str]:
     return {n.removeprefix("forumpulse.") for n in names if n not in ctes}
 
 
+_GRANT = re.compile(r"^GRANT SELECT(?:\(([\w,\s]+)\))?\s+ON forumpulse\.(\w+) TO forumpulse_grafana_reader;", re.M)
+
+
 def granted() -> set[str]:
-    return set(re.findall(r"^GRANT SELECT ON forumpulse\.(\w+) TO forumpulse_grafana_reader;", GRANTS.read_text(),
-                          re.M))
+    return {m.group(2) for m in _GRANT.finditer(GRANTS.read_text())}
+
+
+def granted_columns() -> dict[str, set[str]]:
+    """Tables granted column by column, with their columns."""
+    return {m.group(2): {c.strip() for c in m.group(1).split(",")} for m in _GRANT.finditer(GRANTS.read_text())
+            if m.group(1)}
+
+
+def test_raw_lines_and_evidence_are_not_granted_and_no_panel_needs_them(tmp_path: Path) -> None:
+    """Quarantined raw lines (addresses, session tokens) and a decision's evidence (other clients' addresses,
+    sample requests) are not readable through grafana_ro; every column a panel names of those tables is."""
+    cols = granted_columns()
+    assert {"quarantine", "decisions"} <= set(cols)
+    assert not cols["quarantine"] & {"raw", "detail", "source_ref"} and "evidence" not in cols["decisions"]
+    st = open_store(f"chdb:{tmp_path / 'chdb'}")
+    try:
+        migrate(st)
+        schema = {t: {r[0] for r in st.query_rows(
+            f"SELECT name FROM system.columns WHERE database = currentDatabase() AND table = '{t}'")} for t in cols}
+    finally:
+        st.close()
+    for t, have in cols.items():
+        assert have <= schema[t], (t, sorted(have - schema[t]))  # a typo would grant nothing
+    for path in DASHBOARDS:
+        for sql in _queries(json.loads(path.read_text())):
+            for t in tables_read(sql) & set(cols):
+                named = {c for c in schema[t] if re.search(rf"\b{c}\b", sql)}
+                assert named <= cols[t], (path.name, t, sorted(named - cols[t]))
 
 
 def test_table_extraction_sees_ctes_and_joins() -> None:
