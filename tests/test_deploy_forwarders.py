@@ -168,3 +168,90 @@ def test_squid_example_uses_the_native_format() -> None:
     assert re.search(r"^#access_log udp://\S+:5140 squid$", text, re.M)
     assert os.path.basename("/var/log/squid/access.log") == "access.log"  # matches fpfwd_squid_pattern default
     assert '@define fpfwd_squid_pattern "access.log"' in SNIPPET.read_text()
+
+
+def _collector_source(name: str, **overrides: str) -> str:
+    """A source block of the collector (syslog-ng/forumpulse.conf) verbatim, its `define` references replaced by
+    the template's @define values (or ``overrides``)."""
+    central = (ROOT / "syslog-ng" / "forumpulse.conf").read_text()
+    defines = dict(re.findall(r'^@define (\w+) "([^"]*)"$', central, re.M)) | overrides
+    m = re.search(rf"^source {name} \{{\n.*?^\}};\n", central, re.M | re.S)
+    assert m, f"source {name} not found in syslog-ng/forumpulse.conf"
+    return re.sub(r"`(\w+)`", lambda r: defines[r.group(1)], m.group(0))
+
+
+@pytest.mark.syslogng
+def test_a_line_of_the_forwarders_maximum_size_does_not_cut_the_connection(tmp_path: Path) -> None:
+    """A line of ``fpfwd_log_msg_size`` bytes becomes a frame of that size plus the RFC5424 header.  The collector's
+    RFC5424 source (verbatim from syslog-ng/forumpulse.conf) must take it: with log-msg-size() equal to the
+    forwarder's, 3.38 logged 'Incoming frame larger than log_msg_size()', closed the connection, and the long
+    line and the line after it were lost while the forwarder counted them written."""
+    web, squid, state = tmp_path / "web", tmp_path / "squid", tmp_path / "state"
+    for d in (web, squid, state):
+        d.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "received.txt"
+    receiver = tmp_path / "receiver.conf"
+    receiver.write_text(
+        '@version: 3.38\noptions { stats-freq(0); keep-hostname(yes); chain-hostnames(no); use-dns(no); };\n'
+        + _collector_source("s_fp_syslog5424", fp_listen_ip="127.0.0.1", fp_syslog5424_port=str(port))
+        + f'destination d {{ file("{out}" template("${{MSG}}\\n")); }};\n'
+        "log { source(s_fp_syslog5424); destination(d); flags(flow-control); };\n")
+    main = _render(tmp_path, fpfwd_collector="127.0.0.1", fpfwd_port=str(port), fpfwd_state_dir=str(state),
+                   fpfwd_web_dir=str(web), fpfwd_squid_dir=str(squid),
+                   fpfwd_origin_host="a-rather-long-host-name-of-a-web-server.example.org")
+    size = int(re.search(r'^@define fpfwd_log_msg_size "(\d+)"$', SNIPPET.read_text(), re.M).group(1))  # type: ignore[union-attr]
+    before = '203.0.113.9 - - [22/Nov/2026:03:00:00 +0000] "GET /before HTTP/1.1" 200 512 "-" "x" 1'
+    long_line = '203.0.113.9 - - [22/Nov/2026:03:00:01 +0000] "GET /' + "a" * size
+    long_line = long_line[:size]  # exactly the forwarder's maximum: one message, not split
+    after = '203.0.113.9 - - [22/Nov/2026:03:00:02 +0000] "GET /after HTTP/1.1" 200 512 "-" "x" 1'
+    (web / "forum.example.org.access.log").write_text("")
+    rx = _start(receiver, tmp_path, "receiver")
+    logs = ""
+    try:
+        time.sleep(0.5)
+        fwd = _start(main, tmp_path, "forwarder")
+        try:
+            time.sleep(1.5)  # the poll monitor has seen the empty file: lines appended now are new data
+            with open(web / "forum.example.org.access.log", "a") as fh:
+                fh.write(f"{before}\n{long_line}\n{after}\n")
+            got = _wait_lines(out, 3, timeout=20)
+        finally:
+            logs += _stop(fwd)
+    finally:
+        logs += _stop(rx)
+    assert "larger than log_msg_size" not in logs, logs[-2000:]
+    assert got == [before, long_line, after], ([len(g) for g in got], logs[-2000:])
+
+
+@pytest.mark.syslogng
+def test_an_oversized_rfc5424_frame_is_trimmed_and_the_next_frame_arrives(tmp_path: Path) -> None:
+    """A frame over the collector's limit (another sender, a bigger fpfwd_log_msg_size) is trimmed
+    (trim-large-messages), and the connection stays up for the frames after it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "received.txt"
+    receiver = tmp_path / "receiver.conf"
+    receiver.write_text(
+        '@version: 3.38\noptions { stats-freq(0); keep-hostname(yes); chain-hostnames(no); use-dns(no); };\n'
+        + _collector_source("s_fp_syslog5424", fp_listen_ip="127.0.0.1", fp_syslog5424_port=str(port))
+        + f'destination d {{ file("{out}" template("${{MSG}}\\n")); }};\n'
+        "log { source(s_fp_syslog5424); destination(d); flags(flow-control); };\n")
+
+    def frame(msg: str) -> bytes:
+        b = f"<14>1 2026-11-29T00:00:00Z web7 forum.example.org/combined - - - {msg}".encode()
+        return str(len(b)).encode() + b" " + b
+
+    rx = _start(receiver, tmp_path, "receiver")
+    try:
+        time.sleep(0.5)
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            c.sendall(frame("x" * 400_000) + frame("after"))
+            got = _wait_lines(out, 2, timeout=20)
+    finally:
+        logs = _stop(rx)
+    assert len(got) == 2 and got[1] == "after", ([len(g) for g in got], logs[-2000:])
+    assert 262_144 <= len(got[0]) < 400_000 and set(got[0]) == {"x"}
