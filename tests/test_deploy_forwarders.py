@@ -255,3 +255,47 @@ def test_an_oversized_rfc5424_frame_is_trimmed_and_the_next_frame_arrives(tmp_pa
         logs = _stop(rx)
     assert len(got) == 2 and got[1] == "after", ([len(g) for g in got], logs[-2000:])
     assert 262_144 <= len(got[0]) < 400_000 and set(got[0]) == {"x"}
+
+
+def test_apache_piped_logger_sends_a_long_line_as_one_message(tmp_path: Path) -> None:
+    """The example's piped logger, run as written (collector replaced by a local listener): util-linux logger
+    splits lines over --size bytes (1024 by default) into separate messages; a 5,000-byte line must arrive whole."""
+    import shlex
+    import threading
+
+    logger = shutil.which("logger")
+    if not logger:
+        pytest.skip("util-linux logger not installed")
+    text = (FWD / "apache-forumpulse.conf").read_text()
+    m = re.search(r'^#CustomLog "\|(/usr/bin/logger [^"]+)" forumpulse_combined_d$', text, re.M)
+    assert m, "piped logger example not found"
+    argv = shlex.split(m.group(1))
+    size = int(argv[argv.index("--size") + 1])
+    central = (ROOT / "syslog-ng" / "forumpulse.conf").read_text()
+    assert size == int(re.search(r'^@define fp_log_msg_size "(\d+)"$', central, re.M).group(1))  # type: ignore[union-attr]
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(20)
+    port = srv.getsockname()[1]
+    argv[0] = logger
+    argv[argv.index("-n") + 1] = "127.0.0.1"
+    argv[argv.index("-P") + 1] = str(port)
+    received = bytearray()
+
+    def accept() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            while chunk := conn.recv(65536):
+                received.extend(chunk)
+
+    t = threading.Thread(target=accept)
+    t.start()
+    try:
+        line = "203.0.113.9 - - [22/Nov/2026:03:00:00 +0000] \"GET /" + "a" * 5000 + " HTTP/1.1\" 200 1 \"-\" \"x\" 7"
+        subprocess.run(argv, input=line + "\n", text=True, check=True, timeout=20)
+        t.join(timeout=20)
+    finally:
+        srv.close()
+    frames = [f for f in bytes(received).split(b"\n") if f]
+    assert len(frames) == 1 and frames[0].endswith(line.encode()), [len(f) for f in frames]
