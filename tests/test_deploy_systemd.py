@@ -90,7 +90,7 @@ def test_services_structure() -> None:
         if path.name != "forumpulse-syslog-ng.service":
             assert svc.get("User") == "forumpulse" and svc.get("Group") == "forumpulse", path.name
             assert svc.get("NoNewPrivileges") == "yes" and svc.get("ProtectSystem") == "strict", path.name
-            assert svc.get("Environment") == "FORUMPULSE_CONFIG=/etc/forumpulse/forumpulse.yaml", path.name
+            assert "FORUMPULSE_CONFIG=/etc/forumpulse/forumpulse.yaml" in cp.all("Service", "Environment"), path.name
             assert INSTALLED in svc["ExecStart"], path.name
             if not oneshot:  # a bad configuration fails the unit's start, with `key: reason` in the journal
                 assert f"{INSTALLED} config check" in " ".join(cp.all("Service", "ExecStartPre")), path.name
@@ -182,3 +182,23 @@ def test_forumpulse_commands_and_options_exist() -> None:
             assert r.returncode == 0, f"{path.name}: forumpulse {' '.join(sub)}: {r.stderr[-300:]}"
             for opt in opts:
                 assert opt in r.stdout, f"{path.name}: forumpulse {' '.join(sub)} has no {opt}"
+
+
+def test_collector_file_limit_and_writable_native_cache() -> None:
+    """The collector follows up to fp_max_files files (plus sockets): systemd's default soft limit of 1024 open
+    files is too few.  Units with ProtectSystem=strict and a read-only home get a writable cache directory for the
+    native scanner (pipeline/native: $XDG_CACHE_HOME/forumpulse)."""
+    collector = _parse(UNITS / "forumpulse-syslog-ng.service")
+    conf = (ROOT / "syslog-ng" / "forumpulse.conf").read_text()
+    max_files = int(re.search(r'^@define fp_max_files "(\d+)"$', conf, re.M).group(1))  # type: ignore[union-attr]
+    assert int(collector.get("Service", "LimitNOFILE") or 0) >= 4 * max_files
+    for path in sorted(UNITS.glob("*.service")):
+        unit = _parse(path)
+        if unit.get("Service", "ProtectSystem") != "strict":
+            continue
+        writable = unit.all("Service", "ReadWritePaths")
+        if any(w.split() and w.split()[0] == "/var/lib/forumpulse" for w in writable):
+            continue  # the home (~/.cache) is writable
+        assert unit.get("Service", "CacheDirectory") == "forumpulse", path.name
+        env = dict(e.split("=", 1) for v in unit.all("Service", "Environment") for e in shlex.split(v))
+        assert env.get("XDG_CACHE_HOME") == "/var/cache/forumpulse", path.name
