@@ -11,8 +11,13 @@ Rules live in versioned YAML files next to this module (``rules/topics.yaml``, `
 Guarantees
 ----------
 * Pure: after construction no I/O, no clock; same input, same output.  Never raises for any ``str`` input.
-* Classification uses method + path + query only.  The response status is *not* considered and no caller filters
-  by it: a 404 or a 301 of a topic URL is a ``topic_view`` here and in the rollups.
+* Classification uses method + path + query only; :meth:`Enricher.derive` does not see the response status.  The
+  callers then apply :func:`status_page_kind` (the reference path, per line) or :func:`status_page_kinds` (the
+  fast path, vectorised over the assembled rows, as the per-request-line cache holds no status): a
+  ``topic_view`` stays one only for a 2xx or 304 answer, a ``reply`` only below 400 (a POST-redirect-GET 302/303
+  is still a reply); otherwise the page is ``other``, its topic kept.  An unknown status (``0``: ``-``/``000``,
+  or ``None``) keeps the kind.  So a 404, a 403, a 5xx or a 301/302 redirect of a topic URL (XenForo redirects
+  /threads/123 to /threads/slug.123/: one visit, two lines) is not a topic view, and a failed POST is not a reply.
 * Only ``GET`` and ``POST`` requests can be ``topic_view`` or ``reply``: any other method (``HEAD``, ``OPTIONS``,
   ``PUT``...) turns such an answer into ``other`` (topic kept), whichever rule (built-in or user) matched.
   ``path`` is the percent-encoded path (no scheme/host), ``query`` is without ``?`` (``""`` when none).
@@ -48,6 +53,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 import yaml
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.privacy import BoundedCache
@@ -81,6 +87,34 @@ _QSEP = re.compile(r"[&;]")
 #: page kinds only a GET or POST can be (see the module docstring); other methods get ``other``
 _READ_KINDS = frozenset(("topic_view", "reply"))
 _READ_METHODS = frozenset(("GET", "POST"))
+
+
+def status_page_kind(kind: str, status: int | None) -> str:
+    """``kind`` (from :meth:`Enricher.derive`) given the response ``status`` (see the module docstring): a
+    ``topic_view`` answered with neither 2xx nor 304, or a ``reply`` answered with 400 or more, is ``other``;
+    an unknown status (``0`` or ``None``) and every other kind are kept."""
+    if not status:
+        return kind
+    if kind == "topic_view":
+        return kind if 200 <= status < 300 or status == 304 else "other"
+    if kind == "reply":
+        return kind if status < 400 else "other"
+    return kind
+
+
+def status_page_kinds(kinds: pa.Array, statuses: pa.Array) -> pa.Array:
+    """:func:`status_page_kind` for columns of page kinds (strings) and statuses (integers, nulls are unknown);
+    returns ``kinds`` itself when no row changes."""
+    st = np.asarray(statuses.fill_null(0).to_numpy(zero_copy_only=False))
+    view_bad = (st != 0) & ((st < 200) | (st >= 300)) & (st != 304)
+    reply_bad = st >= 400
+    if not (view_bad.any() or reply_bad.any()):
+        return kinds
+    demote = view_bad & np.asarray(pc.equal(kinds, "topic_view").to_numpy(zero_copy_only=False))
+    demote |= reply_bad & np.asarray(pc.equal(kinds, "reply").to_numpy(zero_copy_only=False))
+    if not demote.any():
+        return kinds
+    return pc.if_else(pa.array(demote), pa.scalar("other", pa.string()), kinds)
 
 
 class RulesError(ValueError):

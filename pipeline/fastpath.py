@@ -27,7 +27,9 @@ How a chunk is processed (:meth:`FastPath.run`):
 Guarantee: :meth:`FastPath.run` returns tables equal to :meth:`Processor.process_reference` on the same input
 (same schema, values and Arrow IPC bytes; ``quarantine.ingested_at`` is the wall clock in both); tests/test_fastpath*.py check this on every fixture
 log and on generated lines.  It relies on ``Enricher.derive`` being the composition of a page part (method,
-path, query, content type) and a bot part (``BotDetector.detect`` of the user agent), as documented there.
+path, query, content type) and a bot part (``BotDetector.detect`` of the user agent), as documented there; the
+response status's rule for ``topic_view``/``reply`` (``enrich.status_page_kind``) is applied afterwards on the
+assembled rows (``enrich.status_page_kinds`` in :meth:`FastPath._merge`), never in the per-request-line cache.
 
 Formats: every preset (native ``squid`` lines without header columns and with only spaces between columns:
 :meth:`FastPath.convert_squid`), ``auto`` (the preset state machine of ``AutoParser`` is replayed: runs of lines
@@ -53,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from forumpulse.pipeline import native
-from forumpulse.pipeline.enrich import REFERER_TOPIC
+from forumpulse.pipeline.enrich import REFERER_TOPIC, status_page_kinds
 from forumpulse.pipeline.formats import PRESETS, compile_spec
 from forumpulse.pipeline.formats import _values as V
 from forumpulse.pipeline.formats.compiler import (
@@ -1169,7 +1171,9 @@ class FastPath:
             m = len(pos)
             zeros = pa.array(np.zeros(m, dtype=np.int32))
             fmt = pa.array([name], pa.string()).take(zeros)
-            tables.append(build_table(m, ctx_cols, fmt, cols.cols, zeros))
+            # the status rule of the page kind, on the assembled rows (the per-request-line cache has no status)
+            kinds = status_page_kinds(cols.cols["page_kind"], cols.cols["status"])
+            tables.append(build_table(m, ctx_cols, fmt, {**cols.cols, "page_kind": kinds}, zeros))
             ips.append(cols.real_ip)
             positions.append(pos)
             ua = cols.cols["user_agent"]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from forumpulse.pipeline.config import Settings
-from forumpulse.pipeline.enrich import REFERER_TOPIC, Enricher
+from forumpulse.pipeline.enrich import REFERER_TOPIC, Enricher, status_page_kind
 from forumpulse.pipeline.formats import get_parser
 from forumpulse.pipeline.privacy import Privacy
 from forumpulse.pipeline.record import RECORD_FIELDS, Drop
@@ -185,6 +185,7 @@ class Processor:
             topic_id, page_kind, is_static, is_bot, bot_name = derive(site, method, path, query, ctype, ua, cip)
             if topic_id == REFERER_TOPIC:
                 topic_id = topic_from_referer(site, ref)
+            page_kind = status_page_kind(page_kind, status)  # derive does not see the status
             if newest is None or ts > newest:
                 newest = ts
             real_ips.append(cip)

@@ -35,7 +35,10 @@ changing a meaning is a major one and needs a new Kafka contract version as well
 ``vhost``         virtual host (Apache ``%v``/``%V``, nginx ``$host``/``$server_name``), ``None`` when not logged.
 
 Derived by :mod:`forumpulse.pipeline.enrich` (rules as data): ``topic_id`` (int or ``None``), ``page_kind``
-(one of :data:`PAGE_KINDS`), ``is_static``, ``is_bot``, ``bot_name``.
+(one of :data:`PAGE_KINDS`), ``is_static``, ``is_bot``, ``bot_name``.  ``page_kind`` depends on the ``status``
+too: a ``topic_view`` answered with neither 2xx nor 304 (a 301/302 redirect, 403, 404, 5xx) and a ``reply``
+answered with 400 or more are ``other`` (``topic_id`` kept); a ``reply`` answered 302/303 (POST-redirect-GET)
+stays a reply, and an unknown status (``0``) keeps the kind (``enrich.status_page_kind``).
 
 Guarantees: a parser never raises on any input (``str`` of any content); it returns a :class:`Drop` instead.
 Parsing is a pure function of (line, format): same input, same output, no I/O.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.enrich import (
@@ -21,6 +22,8 @@ from forumpulse.pipeline.enrich import (
     builtin_rules_path,
     load_post_map,
     load_topic_rules,
+    status_page_kind,
+    status_page_kinds,
     synthetic_requests,
 )
 from forumpulse.pipeline.record import PAGE_KINDS
@@ -337,3 +340,20 @@ def test_only_get_and_post_are_topic_views_or_replies(method: str, tmp_path: Pat
     assert e.derive("f", method, "/threads/a.9/add-reply", "", None, None)[:2] == (9, "other")
     assert e.derive("f", method, "/forums/", "", None, None)[:2] == (None, "forum")
     assert e.derive("f", method, "/styles/x.css", "", None, None)[:2] == (None, "static")
+
+
+def test_status_rule_scalar_and_vectorised_agree_on_every_kind_and_status():
+    """The status rule of the page kind (reference path: ``status_page_kind`` per line; fast path:
+    ``status_page_kinds`` on columns): views only for 2xx/304, replies below 400, unknown status keeps the kind."""
+    statuses = [None, *range(1000)]
+    for kind in PAGE_KINDS:
+        want = [status_page_kind(kind, s) for s in statuses]
+        got = status_page_kinds(pa.array([kind] * len(statuses), pa.string()), pa.array(statuses, pa.uint16()))
+        assert got.to_pylist() == want, kind
+        if kind not in ("topic_view", "reply"):
+            assert set(want) == {kind}
+    view = {s: status_page_kind("topic_view", s) for s in statuses}
+    assert [s for s, k in view.items() if k == "topic_view"] == [None, 0, *range(200, 300), 304]
+    reply = {s: status_page_kind("reply", s) for s in statuses}
+    assert [s for s, k in reply.items() if k == "reply"] == [None, *range(400)]
+    assert set(view.values()) | set(reply.values()) == {"topic_view", "reply", "other"}

@@ -338,3 +338,47 @@ def test_reply_forms_and_head_requests_are_classified_alike_on_both_paths():
     assert ref.requests.column("page_kind").to_pylist() == ["other", "reply", "other", "reply", "other", "topic_view",
                                                             "other", "other"]
     assert ref.requests.column("topic_id").to_pylist() == [123, 123, 7, 7, 9, 9, 9, 5]
+
+
+#: (method, request target, status, expected page_kind): topic views count only for 2xx / 304 (a redirect, a 404 or
+#: a 5xx of a topic URL is ``other``), replies below 400 (POST-redirect-GET 302/303 stay replies); an unknown
+#: status (``-``: 0) keeps the kind; the topic is kept in every case
+_STATUS_CASES = [
+    ("GET", "/threads/a.9/", "200", "topic_view"), ("GET", "/threads/a.9/", "304", "topic_view"),
+    ("GET", "/threads/a.9/", "301", "other"), ("GET", "/threads/a.9/", "302", "other"),
+    ("GET", "/threads/a.9/", "404", "other"), ("GET", "/threads/a.9/", "500", "other"),
+    ("GET", "/threads/a.9/", "206", "topic_view"), ("GET", "/threads/a.9/", "-", "topic_view"),
+    ("GET", "/viewtopic.php?t=5", "404", "other"), ("GET", "/viewtopic.php?t=5", "200", "topic_view"),
+    ("POST", "/threads/a.9/add-reply", "200", "reply"), ("POST", "/threads/a.9/add-reply", "302", "reply"),
+    ("POST", "/threads/a.9/add-reply", "303", "reply"), ("POST", "/threads/a.9/add-reply", "403", "other"),
+    ("POST", "/threads/a.9/add-reply", "500", "other"), ("POST", "/threads/a.9/add-reply", "-", "reply"),
+    ("POST", "/posting.php?mode=reply&f=2&t=5", "403", "other"),
+    ("POST", "/posting.php?mode=reply&f=2&t=5", "302", "reply"),
+    ("GET", "/forums/news.2/", "404", "forum"), ("GET", "/threads/a.9/", "200", "topic_view"),
+]
+
+
+@pytest.mark.parametrize("fmt", ["combined", "auto", "squid"])
+def test_topic_views_and_replies_depend_on_the_status_alike_on_both_paths(fmt):
+    """A redirect (XenForo /threads/123 -> /threads/slug.123/), 404 or 5xx of a topic URL is not a topic view and a
+    failed POST is not a reply -- on the fast path (cached per request line, status applied on the rows) exactly as
+    on the reference path; the same request line with several statuses in one batch, warm caches on a second."""
+
+    def line(method: str, target: str, status: str) -> bytes:
+        if fmt == "squid":
+            st = "0" if status == "-" else status
+            return (f"1700000000.123    120 203.0.113.5 TCP_MISS/{st} 512 {method} http://forum.example{target} - "
+                    f"HIER_DIRECT/198.51.100.7 text/html\n").encode()
+        return (f'203.0.113.5 - - [14/Nov/2023:22:13:27 +0000] "{method} {target} HTTP/1.1" {status} 512 "-" '
+                f'"Mozilla/5.0 (X11; Linux x86_64; rv:125.0) Gecko/20100101 Firefox/125.0"\n').encode()
+
+    lines = [line(m, t, st) for m, t, st, _ in _STATUS_CASES]
+    fast_p, ref_p = Processor(_settings()), Processor(_settings())
+    ctx = SourceContext(format=fmt)
+    for _ in range(2):
+        _, ref = run_both(fast_p, ref_p, lines, ctx)
+        # (auto: the first line of the first batch picks the preset on the reference path)
+        assert fast_p._fast is not None and fast_p._fast.last_fast_rows >= len(lines) - (fmt == "auto")
+        assert ref.requests.column("page_kind").to_pylist() == [k for *_, k in _STATUS_CASES]
+        topics = ref.requests.column("topic_id").to_pylist()
+        assert topics == [9 if "a.9" in t else 5 if "t=5" in t else 0 for _, t, _, _ in _STATUS_CASES]
