@@ -27,7 +27,14 @@ FP="$root/.venv/bin/forumpulse"
 OWNER_PID="$DIR/owner.pid" OWNER_LOG="$DIR/owner.log"
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-owner_alive() { [ -f "$OWNER_PID" ] && kill -0 "$(cat "$OWNER_PID")" 2>/dev/null; }
+# alive AND our owner (its command line names this stack's store): a pid recorded before a reboot may now be an
+# unrelated process, which `down` must not kill and `up` must not take for the owner
+owner_ours() {
+  local args
+  [ -n "$1" ] && kill -0 "$1" 2>/dev/null && args=$(tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null) \
+    && grep -Fxq -- "chdb:$DIR/chdb" <<<"$args"
+}
+owner_alive() { [ -f "$OWNER_PID" ] && owner_ours "$(cat "$OWNER_PID")"; }
 # the owner answers /fp/health with its own pid: another server on the port (a developer's ClickHouse on 8123) is
 # not mistaken for it
 owner_health() { curl -fsS --max-time 2 "http://127.0.0.1:$HTTP_PORT/fp/health" 2>/dev/null; }
@@ -93,8 +100,8 @@ down() {
     local pid; pid=$(cat "$OWNER_PID")
     kill -TERM "$pid" 2>/dev/null || true
     local i
-    for i in $(seq 1 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then echo "stack.sh: owner ignored SIGTERM for 60 s, SIGKILL" >&2; kill -KILL "$pid" || true; fi
+    for i in $(seq 1 600); do owner_ours "$pid" || break; sleep 0.1; done
+    if owner_ours "$pid"; then echo "stack.sh: owner ignored SIGTERM for 60 s, SIGKILL" >&2; kill -KILL "$pid" || true; fi
     echo "owner stopped (pid $pid)"
   else
     echo "owner not running"

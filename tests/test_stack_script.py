@@ -4,6 +4,7 @@ exactly those rows, `status` reads the owner's own /fp/health, and `down` stops 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -94,3 +95,57 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
     assert "owner stopped" in down.stdout
     after = _stack("status", env)
     assert after.returncode != 0 and "owner not running" in after.stdout
+
+
+def test_pid_files_naming_an_unrelated_process_are_neither_trusted_nor_killed(tmp_path: Path) -> None:
+    """After a reboot a recorded pid may belong to another process: `status` must not report it as ours, `down`
+    (kafka.sh stop, syslogng.sh stop, the owner) must not kill it; a real instance is still recognised and stopped."""
+    from live_stack import ensure_syslogng_installed, forumpulse_defines
+
+    run = tmp_path / "run"
+    (run / "kafka").mkdir(parents=True)
+    (run / "syslog-ng").mkdir()
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        for pidf in (run / "kafka" / "kafka.pid", run / "syslog-ng" / "syslog-ng.pid", run / "owner.pid"):
+            pidf.write_text(f"{other.pid}\n")
+        env = {**os.environ, "FP_STACK_DIR": str(run)}
+        kafka = subprocess.run(["bash", str(ROOT / "deploy" / "kafka" / "kafka.sh"), "status", "--dir",
+                                str(run / "kafka")], capture_output=True, text=True, timeout=60)
+        assert kafka.returncode != 0, kafka.stdout
+        sng_sh = ["bash", str(ROOT / "deploy" / "syslog-ng" / "syslogng.sh")]
+        sng = subprocess.run([*sng_sh, "status", "--dir", str(run / "syslog-ng")], capture_output=True, text=True,
+                             timeout=60)
+        assert sng.returncode != 0, sng.stdout
+        down = _stack("down", env, timeout=120)
+        time.sleep(0.3)
+        assert other.poll() is None, f"an unrelated process was killed: {down.stdout}{down.stderr}"
+        assert "not running" in down.stdout, down.stdout
+    finally:
+        other.kill()
+        other.wait()
+
+    # a real syslog-ng of this dir is recognised (status 0) and stopped
+    ensure_syslogng_installed()
+    (nokafka,) = free_ports(1)  # nothing listens there: no message leaves this test
+    defines = forumpulse_defines(tmp_path / "logs", fp_kafka_bootstrap=f"127.0.0.1:{nokafka}",
+                                 fp_state_dir=str(tmp_path / "state"))
+    d = run / "syslog-ng"
+    args = [a for k, v in defines.items() for a in ("--define", f"{k}={v}")]
+    start = subprocess.run([*sng_sh, "start", "--dir", str(d), "--config", str(ROOT / "syslog-ng" / "forumpulse.conf"),
+                            *args], capture_output=True, text=True, timeout=60)
+    pid = int((d / "syslog-ng.pid").read_text()) if (d / "syslog-ng.pid").exists() else 0
+    try:
+        assert start.returncode == 0, start.stdout + start.stderr
+        assert "started" in start.stdout, start.stdout  # the unrelated pid recorded before did not block the start
+        st = subprocess.run([*sng_sh, "status", "--dir", str(d)], capture_output=True, text=True, timeout=60)
+        assert st.returncode == 0, st.stdout + st.stderr
+        # --timeout 5: without a broker syslog-ng would wait 60 s (flush-timeout-on-shutdown) before exiting
+        stop = subprocess.run([*sng_sh, "stop", "--dir", str(d), "--timeout", "5"], capture_output=True, text=True,
+                              timeout=120)
+        assert f"syslog-ng stopped (pid {pid})" in stop.stdout, stop.stdout + stop.stderr
+    finally:
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 0)
+                os.kill(pid, 9)

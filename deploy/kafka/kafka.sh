@@ -49,7 +49,15 @@ if [ -f "$ENVF" ]; then
 fi
 PORT=${PORT:-9092}; CPORT=${CPORT:-9093}
 
-pid_alive() { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
+# alive AND this instance: after a reboot the recorded pid may belong to an unrelated process, which must be neither
+# taken for the broker (start would be skipped) nor killed by stop.  The broker's command line names this DIR's
+# server.properties.
+pid_ours() {
+  local args
+  [ -n "$1" ] && kill -0 "$1" 2>/dev/null && args=$(tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null) \
+    && grep -Fxq -- "$DIR/server.properties" <<<"$args"
+}
+pid_alive() { [ -f "$PIDF" ] && pid_ours "$(cat "$PIDF")"; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 log_tail() { echo "---- last lines of $LOG ----" >&2; tail -n "${1:-40}" "$LOG" >&2 2>/dev/null || true; }
 
@@ -150,7 +158,7 @@ do_stop() {
   local pid t=${TIMEOUT:-30} waited=0
   pid=$(cat "$PIDF")
   if [ "$KILL" = 1 ]; then kill -KILL "$pid" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
-  while kill -0 "$pid" 2>/dev/null; do
+  while pid_ours "$pid"; do
     if [ "$waited" -ge $((t * 10)) ]; then
       echo "kafka.sh: pid $pid ignored SIGTERM for ${t}s, sending SIGKILL" >&2
       kill -KILL "$pid" 2>/dev/null || true

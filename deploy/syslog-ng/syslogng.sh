@@ -42,7 +42,14 @@ mkdir -p "$DIR"; DIR=$(cd "$DIR" && pwd)
 CONF="$DIR/syslog-ng.conf" PERSIST="$DIR/syslog-ng.persist" PIDF="$DIR/syslog-ng.pid"
 CTL="$DIR/syslog-ng.ctl" LOG="$DIR/syslog-ng.log"
 
-pid_alive() { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
+# alive AND this instance: after a reboot the recorded pid may belong to an unrelated process, which must be neither
+# taken for this syslog-ng (start would be skipped) nor killed by stop.  Its command line names this DIR's config.
+pid_ours() {
+  local args
+  [ -n "$1" ] && kill -0 "$1" 2>/dev/null && args=$(tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null) \
+    && grep -Fxq -- "$CONF" <<<"$args"
+}
+pid_alive() { [ -f "$PIDF" ] && pid_ours "$(cat "$PIDF")"; }
 log_tail() { echo "---- last lines of $LOG ----" >&2; tail -n "${1:-30}" "$LOG" >&2 2>/dev/null || true; }
 
 render() {
@@ -111,7 +118,7 @@ do_stop() {
   local pid t=${TIMEOUT:-60} waited=0
   pid=$(cat "$PIDF")
   if [ "$KILL" = 1 ]; then kill -KILL "$pid" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
-  while kill -0 "$pid" 2>/dev/null; do
+  while pid_ours "$pid"; do
     if [ "$waited" -ge $((t * 10)) ]; then
       echo "syslogng.sh: pid $pid ignored SIGTERM for ${t}s, sending SIGKILL" >&2
       kill -KILL "$pid" 2>/dev/null || true
