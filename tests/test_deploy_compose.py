@@ -453,3 +453,15 @@ def test_syslog_ng_entrypoint_renders_a_valid_config(tmp_path: Path) -> None:
 def test_syslog_ng_entrypoint_rejects_unknown_defines(tmp_path: Path) -> None:
     r = _entrypoint(tmp_path, FP_SYSLOGNG_DEFINES="fp_no_such_define=1")
     assert r.returncode != 0 and "fp_no_such_define" in r.stderr
+
+
+def test_syslog_ng_publishes_every_listener_of_the_collector() -> None:
+    """docs list raw TCP/UDP, RFC3164 TCP/UDP and RFC5424 TCP/UDP: the compose service publishes each one."""
+    text = (ROOT / "deploy" / "compose" / "docker-compose.yml").read_text()
+    published = set(re.findall(r':(\d+)/(tcp|udp)"', text))
+    for port in ("5140", "5514", "5515"):
+        for proto in ("tcp", "udp"):
+            assert (port, proto) in published, f"{port}/{proto} not published"
+    expose = (ROOT / "deploy" / "compose" / "syslog-ng.Dockerfile").read_text()
+    for port in ("5140", "5514", "5515"):
+        assert f"{port}/tcp" in expose and f"{port}/udp" in expose

@@ -13,5 +13,5 @@ COPY deploy/compose/syslog-ng-entrypoint.sh /usr/local/bin/forumpulse-syslog-ng
 RUN chmod 0755 /usr/share/forumpulse/syslog-ng/heartbeat.sh /usr/local/bin/forumpulse-syslog-ng \
  && mkdir -p /var/lib/forumpulse/syslog-ng
 
-EXPOSE 5140/tcp 5140/udp 5514/tcp 5514/udp 5515/tcp
+EXPOSE 5140/tcp 5140/udp 5514/tcp 5514/udp 5515/tcp 5515/udp
 ENTRYPOINT ["/usr/local/bin/forumpulse-syslog-ng"]
