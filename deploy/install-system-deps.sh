@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages and Maven jars the test suite and the local stack need.  Idempotent and cached:
 # a package already installed is not touched; Kafka jars are fetched once into deploy/kafka/libs.
+# syslog-ng-core conflicts with every other system-log-daemon (Debian: Conflicts: system-log-daemon): installing
+# it REMOVES rsyslog (or any other system logger) and makes syslog-ng the system's logger.  So when syslog-ng-core
+# is missing and another system logger is installed, this script stops unless FP_REPLACE_SYSTEM_LOGGER=1.
+# forumpulse itself runs syslog-ng as a separate process (its own config, persist file and control socket).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(syslog-ng-core syslog-ng-mod-rdkafka goaccess nftables python3-nftables ipset iptables iproute2 chromium
@@ -8,6 +12,16 @@ PKGS=(syslog-ng-core syslog-ng-mod-rdkafka goaccess nftables python3-nftables ip
       gcc libc6-dev)  # gcc: the fast path's native scanner (pipeline/native), built on first use
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
+if [[ " ${missing[*]} " == *" syslog-ng-core "* ]] && [ "${FP_REPLACE_SYSTEM_LOGGER:-0}" != 1 ]; then
+  other=$(dpkg-query -W -f='${Package} ${Status} ${Provides}\n' 2>/dev/null \
+          | awk '/install ok installed/ && /system-log-daemon/ {print $1}' | grep -vx syslog-ng-core || true)
+  if [ -n "$other" ]; then
+    echo "install-system-deps.sh: installing syslog-ng-core would remove the system logger ($other):" \
+         "Debian's syslog-ng-core conflicts with system-log-daemon.  Re-run with FP_REPLACE_SYSTEM_LOGGER=1" \
+         "to accept that, or install syslog-ng-core yourself." >&2
+    exit 1
+  fi
+fi
 if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   echo "installing Debian packages: ${missing[*]}"
