@@ -100,8 +100,9 @@ down() {
     local pid; pid=$(cat "$OWNER_PID")
     kill -TERM "$pid" 2>/dev/null || true
     local i
-    for i in $(seq 1 600); do owner_ours "$pid" || break; sleep 0.1; done
-    if owner_ours "$pid"; then echo "stack.sh: owner ignored SIGTERM for 60 s, SIGKILL" >&2; kill -KILL "$pid" || true; fi
+    # wait for the process itself (checked ours above; an exiting one has an empty cmdline, still holding the store)
+    for i in $(seq 1 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then echo "stack.sh: owner ignored SIGTERM for 60 s, SIGKILL" >&2; kill -KILL "$pid" || true; fi
     echo "owner stopped (pid $pid)"
   else
     echo "owner not running"

@@ -158,7 +158,9 @@ do_stop() {
   local pid t=${TIMEOUT:-30} waited=0
   pid=$(cat "$PIDF")
   if [ "$KILL" = 1 ]; then kill -KILL "$pid" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
-  while pid_ours "$pid"; do
+  # wait for the process itself to go (checked ours above): an exiting process has an empty cmdline while it
+  # still holds its ports, so pid_ours would stop waiting too early
+  while kill -0 "$pid" 2>/dev/null; do
     if [ "$waited" -ge $((t * 10)) ]; then
       echo "kafka.sh: pid $pid ignored SIGTERM for ${t}s, sending SIGKILL" >&2
       kill -KILL "$pid" 2>/dev/null || true
