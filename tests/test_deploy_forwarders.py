@@ -180,6 +180,22 @@ def _collector_source(name: str, **overrides: str) -> str:
     return re.sub(r"`(\w+)`", lambda r: defines[r.group(1)], m.group(0))
 
 
+def _collector_5424_receiver(tmp_path: Path) -> tuple[int, Path, Path]:
+    """A receiver config holding the collector's RFC5424 source verbatim, on a free port, writing each message
+    to ``received.txt``: (port, output file, config file)."""
+    from live_stack import free_ports
+
+    port = free_ports(1)[0]
+    out = tmp_path / "received.txt"
+    receiver = tmp_path / "receiver.conf"
+    receiver.write_text(
+        '@version: 3.38\noptions { stats-freq(0); keep-hostname(yes); chain-hostnames(no); use-dns(no); };\n'
+        + _collector_source("s_fp_syslog5424", fp_listen_ip="127.0.0.1", fp_syslog5424_port=str(port))
+        + f'destination d {{ file("{out}" template("${{MSG}}\\n")); }};\n'
+        "log { source(s_fp_syslog5424); destination(d); flags(flow-control); };\n")
+    return port, out, receiver
+
+
 @pytest.mark.syslogng
 def test_a_line_of_the_forwarders_maximum_size_does_not_cut_the_connection(tmp_path: Path) -> None:
     """A line of ``fpfwd_log_msg_size`` bytes becomes a frame of that size plus the RFC5424 header.  The collector's
@@ -189,16 +205,7 @@ def test_a_line_of_the_forwarders_maximum_size_does_not_cut_the_connection(tmp_p
     web, squid, state = tmp_path / "web", tmp_path / "squid", tmp_path / "state"
     for d in (web, squid, state):
         d.mkdir()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / "received.txt"
-    receiver = tmp_path / "receiver.conf"
-    receiver.write_text(
-        '@version: 3.38\noptions { stats-freq(0); keep-hostname(yes); chain-hostnames(no); use-dns(no); };\n'
-        + _collector_source("s_fp_syslog5424", fp_listen_ip="127.0.0.1", fp_syslog5424_port=str(port))
-        + f'destination d {{ file("{out}" template("${{MSG}}\\n")); }};\n'
-        "log { source(s_fp_syslog5424); destination(d); flags(flow-control); };\n")
+    port, out, receiver = _collector_5424_receiver(tmp_path)
     main = _render(tmp_path, fpfwd_collector="127.0.0.1", fpfwd_port=str(port), fpfwd_state_dir=str(state),
                    fpfwd_web_dir=str(web), fpfwd_squid_dir=str(squid),
                    fpfwd_origin_host="a-rather-long-host-name-of-a-web-server.example.org")
@@ -230,16 +237,7 @@ def test_a_line_of_the_forwarders_maximum_size_does_not_cut_the_connection(tmp_p
 def test_an_oversized_rfc5424_frame_is_trimmed_and_the_next_frame_arrives(tmp_path: Path) -> None:
     """A frame over the collector's limit (another sender, a bigger fpfwd_log_msg_size) is trimmed
     (trim-large-messages), and the connection stays up for the frames after it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / "received.txt"
-    receiver = tmp_path / "receiver.conf"
-    receiver.write_text(
-        '@version: 3.38\noptions { stats-freq(0); keep-hostname(yes); chain-hostnames(no); use-dns(no); };\n'
-        + _collector_source("s_fp_syslog5424", fp_listen_ip="127.0.0.1", fp_syslog5424_port=str(port))
-        + f'destination d {{ file("{out}" template("${{MSG}}\\n")); }};\n'
-        "log { source(s_fp_syslog5424); destination(d); flags(flow-control); };\n")
+    port, out, receiver = _collector_5424_receiver(tmp_path)
 
     def frame(msg: str) -> bytes:
         b = f"<14>1 2026-11-29T00:00:00Z web7 forum.example.org/combined - - - {msg}".encode()
