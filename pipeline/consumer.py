@@ -66,7 +66,9 @@ At-least-once (not exactly-once) for side channels: the dead-letter topic (a rep
 ``fp-source``), ``pipeline_stats``, ``source_liveness.lines`` (approximate) and
 detector hooks may see a replayed batch twice.  ``consumer_progress`` (every stats interval, one row per owned
 partition: the newest Kafka time stored and committed, the lag) is what the live detectors wait on; a failed write
-is retried at the next interval.
+is retried at the next interval.  ``source_heartbeat_minute`` (migration 0008; every stats interval, one row per
+source and minute with heartbeats, their earliest and latest ``ts=``) lets history runs judge past silences as
+live runs did; idempotent (min/max), a failed write is kept for the next interval.
 
 Backpressure: a store error (server down, owner restarting, insert refused) pauses every assigned partition and
 retries the same batch with exponential backoff (``backoff_max_s``), forever, while still polling Kafka so the
@@ -137,6 +139,11 @@ PROGRESS_SCHEMA = pa.schema([  # migration 0007
     ("group_id", pa.string()), ("topic", pa.string()), ("partition", pa.uint32()),
     ("loaded_ts", pa.timestamp("ms", tz="UTC")), ("next_offset", pa.uint64()), ("lag", pa.int64()),
     ("active", pa.bool_()), ("instance", pa.string()), ("updated_at", pa.timestamp("ms", tz="UTC")),
+])
+HEARTBEAT_LOG_SCHEMA = pa.schema([  # migration 0008
+    ("site", pa.string()), ("origin_host", pa.string()), ("origin_file", pa.string()),
+    ("minute", pa.timestamp("s", tz="UTC")), ("first_ts", pa.timestamp("ms", tz="UTC")),
+    ("last_ts", pa.timestamp("ms", tz="UTC")),
 ])
 
 
@@ -243,6 +250,8 @@ class _Batch:
     line_ts: dict[tuple[bytes, bytes, bytes], int] = field(default_factory=dict)
     line_n: dict[tuple[bytes, bytes, bytes], int] = field(default_factory=dict)
     heartbeats: dict[tuple[bytes, bytes, bytes], int] = field(default_factory=dict)
+    #: (source, minute in ms) -> [earliest, latest] heartbeat time in that minute (``source_heartbeat_minute``)
+    hb_minutes: dict[tuple[tuple[bytes, bytes, bytes], int], list[int]] = field(default_factory=dict)
     hb_n: int = 0
     bad_n: int = 0
     read: int = 0
@@ -364,6 +373,8 @@ class LiveConsumer:
         self._liveness: dict[tuple[str, str, str], list[int]] = {}  # key -> [last_line_ms, last_hb_ms, lines]
         self._liveness_dirty: set[tuple[str, str, str]] = set()
         self._liveness_loaded = False
+        #: (source, minute ms) -> [earliest, latest heartbeat ms] not yet written to ``source_heartbeat_minute``
+        self._hb_log: dict[tuple[tuple[bytes, bytes, bytes], int], list[int]] = {}
         self._last_message = time.monotonic()
         self._consumer: Any = None
         self._producer: Any = None
@@ -438,6 +449,7 @@ class LiveConsumer:
                     self._write_liveness()
                     next_live = now + self.opt.liveness_interval_s
                 if now >= next_stats:
+                    self._write_heartbeat_log()
                     self._write_stats()
                     next_stats = now + self.opt.stats_interval_s
                 if idle_exit_s is not None and self._idle_and_caught_up(idle_exit_s):
@@ -447,6 +459,7 @@ class LiveConsumer:
             self._flush_ready(force=True)
             self._finish_inflight()
             self._write_liveness()
+            self._write_heartbeat_log()
             self._write_stats(final=True)
         finally:
             if self._pool is not None:  # a batch still in flight (an error above): let its insert end, uncommitted
@@ -1021,6 +1034,8 @@ class LiveConsumer:
             hts = heartbeat_time_ms(hline, int(tss[i]))
             if hts > b.heartbeats.get(src, 0):
                 b.heartbeats[src] = hts
+            span = b.hb_minutes.setdefault((src, hts - hts % 60_000), [hts, hts])
+            span[0], span[1] = min(span[0], hts), max(span[1], hts)
         for (site_b, host_b, file_b, _fmt), (pos, _lines) in sb.groups.items():
             src = (site_b, host_b, file_b)
             b.line_n[src] = b.line_n.get(src, 0) + len(pos)
@@ -1139,6 +1154,9 @@ class LiveConsumer:
             self._touch_liveness(src, line_ms=ts, n=b.line_n[src])
         for src, ts in b.heartbeats.items():
             self._touch_liveness(src, hb_ms=ts)
+        for (src, minute), (lo, hi) in b.hb_minutes.items():
+            span = self._hb_log.setdefault((src, minute), [lo, hi])
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
         if b.hb_n:
             self.metrics.record_heartbeats(b.hb_n)
         self.metrics.record_batch(b.read + b.bad_n, b.loaded, b.quarantined, b.by_reason,
@@ -1316,6 +1334,29 @@ class LiveConsumer:
             st[1] = hb_ms
         st[2] += n
         self._liveness_dirty.add(key)  # type: ignore[arg-type]
+
+    def _write_heartbeat_log(self) -> None:
+        """Append the heartbeat minutes seen since the last write to ``source_heartbeat_minute`` (migration 0008:
+        what lets a history run judge a past silence as a live run did).  At-least-once and idempotent: a failed
+        write keeps the rows for the next interval, and a row written twice (a replay, a retry after an
+        ambiguous error) folds into the same minimum and maximum."""
+        if not self._hb_log:
+            return
+        pending, self._hb_log = self._hb_log, {}
+        dec = [tuple(x.decode("utf-8", "backslashreplace") for x in src) for src, _ in pending]
+        try:
+            self.store.insert("source_heartbeat_minute", pa.table({
+                "site": [d[0] for d in dec], "origin_host": [d[1] for d in dec], "origin_file": [d[2] for d in dec],
+                "minute": pa.array([m // 1000 for _, m in pending], pa.int64()).cast(pa.timestamp("s", tz="UTC")),
+                "first_ts": pa.array([v[0] for v in pending.values()], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+                "last_ts": pa.array([v[1] for v in pending.values()], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            }, schema=HEARTBEAT_LOG_SCHEMA))
+        except StoreError as exc:  # a side channel, as liveness: kept (merged with newer minutes) for the next write
+            for key, (lo, hi) in pending.items():
+                span = self._hb_log.setdefault(key, [lo, hi])
+                span[0], span[1] = min(span[0], lo), max(span[1], hi)
+            self.metrics.record_store_error()
+            log.warning("heartbeat log write failed (will retry): %s", str(exc).splitlines()[0][:200])
 
     def _write_liveness(self) -> None:
         if not self._liveness_dirty:

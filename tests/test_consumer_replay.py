@@ -138,13 +138,23 @@ def test_silent_source_with_heartbeats_vs_dead_source(broker: Broker, store: Sto
     # made an hour ago, delivered late (a Kafka outage): its own ts counts, not the arrival time
     p.produce(topic, build_heartbeat("forum", "web-gone", "access.log", f"ts={now_ms // 1000 - 3600}"),
               timestamp=now_ms - 1000)
+    quiet_s, gone_s = now_ms // 1000 - 20, now_ms // 1000 - 3600
+    # a second heartbeat in the same minute (its first second): the log keeps the minute's earliest and latest
+    p.produce(topic, build_heartbeat("forum", "web-quiet", "access.log", f"ts={quiet_s - quiet_s % 60}"),
+              timestamp=now_ms - 20_000)
     assert p.flush(30) == 0
     c = LiveConsumer(settings, store, _opts(broker, topic, 1000, "live1"))
     summary = c.run(idle_exit_s=1.5)
-    assert summary["heartbeats"] == 2 and summary["loaded"] == 90
+    assert summary["heartbeats"] == 3 and summary["loaded"] == 90
     states = {s.origin_host: s.state for s in source_status(store, now=now_ms / 1000, quiet_after_s=300,
                                                              heartbeat_timeout_s=120)}
     assert states == {"web-quiet": "silent", "web-gone": "dead", "web-busy": "live"}
+    # the heartbeat log (migration 0008), by the heartbeats' own time: what history runs judge past minutes with
+    logged = {(str(h), int(m), int(a), int(b)) for h, m, a, b in store.query_rows(
+        "SELECT origin_host, toUnixTimestamp(minute), toUnixTimestamp64Milli(min(first_ts)), "
+        "toUnixTimestamp64Milli(max(last_ts)) FROM source_heartbeat_minute GROUP BY origin_host, minute")}
+    assert logged == {("web-quiet", quiet_s - quiet_s % 60, (quiet_s - quiet_s % 60) * 1000, quiet_s * 1000),
+                      ("web-gone", gone_s - gone_s % 60, gone_s * 1000, gone_s * 1000)}
 
 
 class ProgressRecorder:

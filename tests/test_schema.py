@@ -8,7 +8,12 @@ import time
 
 import pyarrow as pa
 import pytest
-from forumpulse.pipeline.consumer import BATCHES_SCHEMA, LIVENESS_SCHEMA, PROGRESS_SCHEMA
+from forumpulse.pipeline.consumer import (
+    BATCHES_SCHEMA,
+    HEARTBEAT_LOG_SCHEMA,
+    LIVENESS_SCHEMA,
+    PROGRESS_SCHEMA,
+)
 from forumpulse.pipeline.store import (
     Migration,
     StoreError,
@@ -23,12 +28,14 @@ EXPECTED_TABLES = {
     "requests", "quarantine", "site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute",
     "prefix_hour", "transfer_minute",
     "detections", "decisions", "pipeline_stats", "source_liveness", "topic_titles", "topic_groups",
-    "consumer_batches", "consumer_progress", "schema_migrations",
+    "consumer_batches", "consumer_progress", "source_heartbeat_minute", "schema_migrations",
 }
 
 # Arrow type written by the code -> ClickHouse column type the schema must have.
 CH_TYPE = {
-    pa.timestamp("ms", tz="UTC"): {"DateTime64(3, 'UTC')"},
+    pa.timestamp("ms", tz="UTC"): {"DateTime64(3, 'UTC')", "SimpleAggregateFunction(min, DateTime64(3, 'UTC'))",
+                                   "SimpleAggregateFunction(max, DateTime64(3, 'UTC'))"},
+    pa.timestamp("s", tz="UTC"): {"DateTime('UTC')"},
     pa.string(): {"String", "LowCardinality(String)", "IPv6"},
     pa.binary(): {"String"},
     pa.uint16(): {"UInt16"},
@@ -54,7 +61,8 @@ def test_migrations_apply_from_zero_and_are_idempotent(empty_store):
 
 @pytest.mark.parametrize(("table", "schema"), [
     ("requests", REQUESTS_SCHEMA), ("quarantine", QUARANTINE_SCHEMA), ("consumer_batches", BATCHES_SCHEMA),
-    ("source_liveness", LIVENESS_SCHEMA), ("consumer_progress", PROGRESS_SCHEMA)])
+    ("source_liveness", LIVENESS_SCHEMA), ("consumer_progress", PROGRESS_SCHEMA),
+    ("source_heartbeat_minute", HEARTBEAT_LOG_SCHEMA)])
 def test_tables_match_what_the_code_writes(module_store, table, schema):
     cols = {n: t for n, t in module_store.query_rows(
         f"SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '{table}' "

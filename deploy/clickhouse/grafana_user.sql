@@ -35,6 +35,7 @@ GRANT SELECT ON forumpulse.source_liveness TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.topic_titles TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.topic_groups TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.consumer_progress TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.source_heartbeat_minute TO forumpulse_grafana_reader;
 -- the plugin's query editor lists databases/tables/columns
 GRANT SELECT ON system.databases TO forumpulse_grafana_reader;
 GRANT SELECT ON system.tables TO forumpulse_grafana_reader;

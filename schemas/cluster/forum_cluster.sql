@@ -536,4 +536,21 @@ ORDER BY (group_id, topic, partition);
 CREATE TABLE IF NOT EXISTS forumpulse.consumer_progress ON CLUSTER forum_cluster AS forumpulse.consumer_progress_local
 ENGINE = Distributed(forum_cluster, forumpulse, consumer_progress_local, rand());
 
+CREATE TABLE IF NOT EXISTS forumpulse.source_heartbeat_minute_local ON CLUSTER forum_cluster
+(
+    site        LowCardinality(String),
+    origin_host LowCardinality(String),
+    origin_file LowCardinality(String),
+    minute      DateTime('UTC'),
+    first_ts    SimpleAggregateFunction(min, DateTime64(3, 'UTC')),
+    last_ts     SimpleAggregateFunction(max, DateTime64(3, 'UTC'))
+)
+ENGINE = ReplicatedAggregatingMergeTree('/clickhouse/tables/{shard}/forumpulse/source_heartbeat_minute_local', '{replica}')
+PARTITION BY toYYYYMM(minute)
+ORDER BY (site, origin_host, origin_file, minute)
+TTL minute + INTERVAL 730 DAY;
+
+CREATE TABLE IF NOT EXISTS forumpulse.source_heartbeat_minute ON CLUSTER forum_cluster AS forumpulse.source_heartbeat_minute_local
+ENGINE = Distributed(forum_cluster, forumpulse, source_heartbeat_minute_local, rand());
+
 CREATE TABLE IF NOT EXISTS forumpulse.schema_migrations ON CLUSTER forum_cluster (version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/schema_migrations', '{replica}') ORDER BY version;
