@@ -41,13 +41,17 @@ progress by the sources' lines and heartbeats and by the consumers' per-partitio
 error loses nothing and feeds nothing twice: a site's detectors are fed only after every read for its new minutes
 succeeded, detections stay in an outbox until stored and published, and one site's error does not stop the others
 (:meth:`TrafficDetector.run_once`).  History (:func:`detect_history`) reports every event overlapping the range,
-including one that started before it; it knows heartbeats only at the end of its range, so a silence that ended
-before is a ``pipeline_gap`` of unknown liveness (``detail.liveness``), not written over a live ``outage``.
+including one that started before it; it judges each minute with the heartbeats of that minute from the heartbeat
+log (``source_heartbeat_minute``, migration 0008; :class:`HeartbeatLog`), as does a live run catching up over
+several minutes; before the log's first minute for the site's sources it knows heartbeats only at the end of its
+range, so a silence that ended before is a ``pipeline_gap`` of unknown liveness (``detail.liveness``), not written
+over a live ``outage``.
 Misuse: one ``TrafficDetector`` per store and process (it keeps per-site state in memory).
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import logging
@@ -1031,6 +1035,47 @@ class SourceGapDetector:
         self.next_due = next_due
 
 
+class HeartbeatLog:
+    """The heartbeats of a site's sources over a range, from ``source_heartbeat_minute`` (migration 0008): which
+    sources were alive at an evaluated time ``t`` (a minute boundary) -- a heartbeat at ``h`` with
+    ``0 <= t - h <= fresh_s``, exactly the test live runs make against ``source_liveness`` at their clock.
+    ``known_from``: the first minute the log has for the site's sources; earlier times are of unknown liveness
+    (stores from before the migration, or sources that never heartbeat), and callers must not read ``at`` for them
+    as "no heartbeat".  Sources are named as :meth:`TrafficDetector._fresh_sources` names them (``host/file``,
+    ``host/`` for a host heartbeat)."""
+
+    def __init__(self, known_from: datetime, rows: Iterable[tuple[str, int, int]], fresh_s: float) -> None:
+        self.known_from = known_from
+        fresh_ms = round(fresh_s * 1000)
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for src, first_ms, last_ms in rows:  # a row's heartbeats are evidence at t in [first, last + fresh]
+            spans.setdefault(src, []).append((int(first_ms), int(last_ms) + fresh_ms))
+        self._starts: dict[str, list[int]] = {}
+        self._ends: dict[str, list[int]] = {}
+        for src, lst in spans.items():
+            lst.sort()
+            starts: list[int] = []
+            ends: list[int] = []
+            for lo, hi in lst:  # merged, so one bisection answers
+                if ends and lo <= ends[-1]:
+                    ends[-1] = max(ends[-1], hi)
+                else:
+                    starts.append(lo)
+                    ends.append(hi)
+            self._starts[src], self._ends[src] = starts, ends
+
+    def at(self, t: datetime) -> set[str]:
+        """The sources with a heartbeat that is evidence of liveness at ``t`` (empty before ``known_from``): one
+        bisection per source (50 sources over 28 days of minutes: ~1 s in all)."""
+        ms = int(t.timestamp() * 1000)
+        got = set()
+        for src, starts in self._starts.items():
+            i = bisect.bisect_right(starts, ms) - 1
+            if i >= 0 and self._ends[src][i] >= ms:
+                got.add(src)
+        return got
+
+
 # ------------------------------------------------------------------------------------------------ orchestration
 
 
@@ -1066,6 +1111,7 @@ class _Window:
     groups: dict[str, set[int]] | None = None  # live: topic groups re-read because their tables changed
     groups_mark: tuple[Any, ...] | None = None
     live: bool = False  # read by a live run (``fresh`` is the wall clock's, just after ``until``)
+    hb_log: HeartbeatLog | None = None  # the heartbeats of each minute of the window (migration 0008), if known
 
 
 @dataclass
@@ -1308,6 +1354,12 @@ class TrafficDetector:
             fresh = self._fresh_sources(store, rt.name, now, live)
         transfer = self._read_transfer(store, rt, start, until) if "transfer" in enabled else []
         win = _Window(start, until, site_rows, topic_rows, source_rows, fresh, transfer, live=live)
+        if "site" in enabled and (not live or until - start > timedelta(minutes=1)):
+            # history, or a live run catching up: the minutes before the evaluated time are judged with the
+            # heartbeats of their own time; a history run's end too (today's latest heartbeat says nothing of it)
+            win.hb_log = self._heartbeat_log(store, rt.name, start, until)
+            if win.hb_log is not None and not live and until >= win.hb_log.known_from:
+                win.fresh = win.fresh | win.hb_log.at(until)
         if live and "topic" in enabled:
             mark = self._groups_mark(store, rt.name)
             if mark != rt.groups_mark:
@@ -1394,6 +1446,26 @@ class TrafficDetector:
             "GROUP BY origin_host, origin_file "
             f"HAVING hb >= {_sql_ts(lo)} AND hb <= {_sql_ts(hi)}")}
 
+    def _heartbeat_log(self, store: Any, site: str, start: datetime, until: datetime) -> HeartbeatLog | None:
+        """The heartbeats of ``site``'s sources that are evidence of liveness at some minute of ``[start,
+        until]`` (``source_heartbeat_minute``, migration 0008), or None when the log has nothing for them before
+        ``until`` (a store from before the migration, or sources that do not heartbeat: liveness unknown, as
+        before).  Host heartbeats and syslog-ng's MARK (site ``*``) count as in :meth:`_fresh_sources`."""
+        fresh_s = float(self.rules["health"]["heartbeat_fresh_seconds"])
+        where = (f"(site = {_q(site)} OR (site = '*' AND origin_host IN "
+                 f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)})))")
+        first = store.query_rows(f"SELECT min(minute), count() FROM source_heartbeat_minute WHERE {where} "
+                                 f"AND minute <= {_sql_ts(until)}")
+        if not first or not int(first[0][1]):
+            return None
+        lo = start - timedelta(seconds=fresh_s + 60)
+        rows = store.query_rows(
+            "SELECT concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file)) AS src, "
+            "toUnixTimestamp64Milli(min(first_ts)), toUnixTimestamp64Milli(max(last_ts)) "
+            f"FROM source_heartbeat_minute WHERE {where} AND minute >= {_sql_ts(lo)} AND minute <= {_sql_ts(until)} "
+            "GROUP BY src, minute")
+        return HeartbeatLog(_utc(first[0][0]), ((str(r[0]), int(r[1]), int(r[2])) for r in rows), fresh_s)
+
     def _read_transfer(self, store: Any, rt: _SiteRuntime, start: datetime,
                        until: datetime) -> list[tuple[datetime, list[tuple[str, list[TransferRow]]]]]:
         """Complete transfer/latency windows from the transfer cursor (or ``start``) to ``until``, in order."""
@@ -1436,6 +1508,13 @@ class TrafficDetector:
         out: list[Detection] = []
         visits: list[_VisitorQuery] = []
         blocked: list[tuple[datetime, datetime]] = []
+        hb = win.hb_log
+
+        def logged(t: datetime) -> bool:
+            """``t`` is judged with the heartbeat log: known then, and not already judged by an earlier run
+            (live, the window's start was the previous run's end)."""
+            return hb is not None and t >= hb.known_from and t > win.start
+
         if "site" in enabled:
             # minute by minute, as live runs see it: at each minute, the sources silent up to it (a pipeline_gap
             # opens gap_min_minutes into a silence, not when the lines come back).  Heartbeats are known at the
@@ -1443,11 +1522,19 @@ class TrafficDetector:
             # it (a silence that ended earlier is still a gap, found when its lines came back).
             src_rows = sorted(win.source_rows, key=lambda r: r[1])
             i, m = 0, win.start
-            # the heartbeats read tell about the window's end (live: its last minute, as in a run per minute)
+            # the heartbeats read tell about the window's end (live: its last minute, as in a run per minute);
+            # with the heartbeat log, every earlier minute is judged with the heartbeats of its own time
             judged_from = win.until - timedelta(minutes=1) if win.live else win.until
             while m < win.until:
                 if rt.sources.recent:
-                    out.extend(_reported(rt.sources.tail(m, win.fresh, m >= judged_from), m - timedelta(minutes=1)))
+                    if logged(m) and m < judged_from:
+                        beats = hb.at(m)  # type: ignore[union-attr]
+                        out.extend(_reported(rt.sources.tail(m, beats), m - timedelta(minutes=1)))
+                        if beats:
+                            rt.sources.alive(m, beats)
+                    else:
+                        out.extend(_reported(rt.sources.tail(m, win.fresh, m >= judged_from),
+                                             m - timedelta(minutes=1)))
                 while i < len(src_rows) and src_rows[i][1] <= m:
                     src, sm, n = src_rows[i]
                     out.extend(_reported(rt.sources.update(src, sm, n), sm))
@@ -1474,8 +1561,40 @@ class TrafficDetector:
         err_frac = float(health["error_statuses_fraction"])
         gap_min = timedelta(minutes=int(health["gap_min_minutes"]))
         use_pv = health.get("metric", "pageviews") == "pageviews"
+
+        def site_tail(until: datetime, fresh: set[str]) -> None:
+            """A run's step at ``until`` for a site silent since ``rt.last_seen``: lines stopped but the
+            shippers heartbeat -> the site answers nothing (zeros, the outage path); no heartbeat -> a
+            ``pipeline_gap`` (unless a quiet night)."""
+            assert rt.last_seen is not None
+            tail = until - rt.last_seen - timedelta(minutes=1)
+            if tail < gap_min:
+                return
+            if fresh:
+                m = rt.last_seen + timedelta(minutes=1)
+                while m < until:
+                    feed_site(m, 0.0)
+                    rt.last_seen = m
+                    m += timedelta(minutes=1)
+            elif rt.gap is None and not self._quiet(rt, until, int(tail.total_seconds() // 60), health):
+                rt.gap = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1), None,
+                                   rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0, "pipeline_gap",
+                                   {"reason": "no lines and no heartbeats"}, site=rt.name)
+                out.extend(_reported([rt.gap], until - timedelta(minutes=1)))
+
+        def logged_tails(upto: datetime) -> None:
+            """The steps live runs would have made at each minute ``t <= upto`` of a silence, with the heartbeats
+            of the time (history, or a live catch-up, with the heartbeat log)."""
+            if hb is None or rt.last_seen is None:
+                return
+            t = max(rt.last_seen + timedelta(minutes=1) + gap_min, hb.known_from, win.start + timedelta(minutes=1))
+            while t <= upto:
+                site_tail(t, hb.at(t))
+                t = max(t + timedelta(minutes=1), rt.last_seen + timedelta(minutes=1) + gap_min)
+
         for minute, req, err, tviews, pv in win.site_rows:
             if "site" in enabled:
+                logged_tails(minute)
                 out.extend(_reported(self._gap_check(rt, minute, health), minute))
                 if rt.last_seen is not None and timedelta(minutes=1) < minute - rt.last_seen <= gap_min:
                     m = rt.last_seen + timedelta(minutes=1)  # a few minutes without rows = minutes with 0 requests
@@ -1494,20 +1613,8 @@ class TrafficDetector:
                             visits.append(q)
                     out.append(d)
         if "site" in enabled and rt.last_seen is not None:
-            tail = win.until - rt.last_seen - timedelta(minutes=1)
-            if tail >= gap_min:
-                if win.fresh:
-                    # lines stopped but the shippers heartbeat: the site answers nothing -> zeros (outage path)
-                    m = rt.last_seen + timedelta(minutes=1)
-                    while m < win.until:
-                        feed_site(m, 0.0)
-                        rt.last_seen = m
-                        m += timedelta(minutes=1)
-                elif rt.gap is None and not self._quiet(rt, win.until, int(tail.total_seconds() // 60), health):
-                    rt.gap = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1), None,
-                                       rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0, "pipeline_gap",
-                                       {"reason": "no lines and no heartbeats"}, site=rt.name)
-                    out.extend(_reported([rt.gap], win.until - timedelta(minutes=1)))
+            logged_tails(win.until - timedelta(minutes=1))
+            site_tail(win.until, win.fresh)
         if "transfer" in enabled:
             for wend, lst in win.transfer:
                 for kind, rows in lst:
@@ -1636,10 +1743,12 @@ def detect_history(store: Any, start: datetime, end: datetime | None, settings: 
     the wall clock) minus ``lag_minutes``, and not past the site's watermark (:meth:`TrafficDetector._watermark`),
     with heartbeats judged at ``now`` (live clock-skew allowance): the partly loaded current minute is never read.
 
-    History knows heartbeats only at the evaluated time, so a silence that ended before it is a ``pipeline_gap``
-    with ``detail.liveness = "unknown"``; such a gap is returned (and printed) but not written to ``detections``
-    when the store holds an ``outage`` of the site overlapping it: a live run saw the sources heartbeating
-    through that silence, and its outage stands."""
+    Each minute is judged with the heartbeats of its own time from the heartbeat log (migration 0008), as live
+    runs judged it.  Where the log has nothing for the site's sources yet (a store from before the migration,
+    sources that never heartbeat) history knows heartbeats only at the evaluated time, so a silence that ended
+    before it is a ``pipeline_gap`` with ``detail.liveness = "unknown"``; such a gap is returned (and printed) but
+    not written to ``detections`` when the store holds an ``outage`` of the site overlapping it: a live run saw the
+    sources heartbeating through that silence, and its outage stands."""
     det = TrafficDetector(settings, echo=False, out=out, sites=sites)
     warm = _utc(start) - timedelta(days=det.cfg.history_days)
     lag = det.cfg.lag_minutes

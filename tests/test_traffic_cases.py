@@ -167,6 +167,26 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
     return out
 
 
+def heartbeat_log_rows(case: dict[str, Any], host: str = "origin", file: str = "access.log") -> pa.Table:
+    """``source_heartbeat_minute`` rows (migration 0008) for the case's ``heartbeat_log`` spans: a heartbeat every
+    ``every_s`` seconds in ``[from, to)``, folded per minute as the consumer folds them (earliest, latest)."""
+    spans: dict[int, list[int]] = {}
+    for sp in case["heartbeat_log"]:
+        t = int(_local(case, sp["from"]).timestamp() * 1000)
+        end = int(_local(case, sp["to"]).timestamp() * 1000)
+        while t < end:
+            span = spans.setdefault(t - t % 60_000, [t, t])
+            span[0], span[1] = min(span[0], t), max(span[1], t)
+            t += int(sp["every_s"] * 1000)
+    ms = pa.timestamp("ms", tz="UTC")
+    return pa.table({
+        "site": [case["site"]["name"]] * len(spans), "origin_host": [host] * len(spans),
+        "origin_file": [file] * len(spans),
+        "minute": pa.array([m // 1000 for m in spans], pa.int64()).cast(pa.timestamp("s", tz="UTC")),
+        "first_ts": pa.array([v[0] for v in spans.values()], pa.int64()).cast(ms),
+        "last_ts": pa.array([v[1] for v in spans.values()], pa.int64()).cast(ms)})
+
+
 def _settings(cases: list[dict[str, Any]]) -> Settings:
     sites = [SiteConfig(name=c["site"]["name"], timezone=c["site"]["timezone"], country=c["site"].get("country"),
                         holiday_periods=[HolidayPeriod(**p) for p in c["site"].get("holiday_periods", [])])
@@ -183,6 +203,8 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Any:
     migrate(store, {"raw_ttl_days": 0, "rollup_ttl_days": 0})
     for c in cases:
         store.insert("requests", build_requests(c))
+        if c.get("heartbeat_log"):
+            store.insert("source_heartbeat_minute", heartbeat_log_rows(c))
     yield store, cases
     store.close()
 

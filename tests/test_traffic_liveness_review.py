@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
+from forumpulse.detectors.series import Detection
 from forumpulse.detectors.traffic import TrafficDetector, detect_history
 from test_traffic_cases import _local, _settings, build_requests
 
@@ -118,3 +119,52 @@ def test_history_without_an_end_reads_whole_minutes_behind_the_watermark_as_live
     full = detect_history(store, start, _local(BEHIND, "2026-03-11T10:40"), _settings([BEHIND]), sites=[name])
     assert [d for d in full if d.kind == "outage"]
     assert datetime(2026, 1, 1, tzinfo=UTC) < now
+
+
+def _beat_log(store: Any, name: str, hb: datetime) -> None:
+    """One heartbeat in ``source_heartbeat_minute`` (migration 0008), as the consumer writes it."""
+    from forumpulse.pipeline.consumer import HEARTBEAT_LOG_SCHEMA
+    minute = hb.replace(second=0, microsecond=0)
+    store.insert("source_heartbeat_minute", pa.Table.from_pylist([{
+        "site": name, "origin_host": "origin", "origin_file": "access.log", "minute": minute,
+        "first_ts": hb, "last_ts": hb}], schema=HEARTBEAT_LOG_SCHEMA))
+
+
+def test_history_and_a_restarted_live_run_judge_a_past_silence_with_the_heartbeat_log(store: Any) -> None:
+    """With the heartbeat log (migration 0008), a silence that ended before the evaluated time is judged with the
+    heartbeats of its own minutes: the live run's outage, also from ``detect history`` and from a live detector
+    started after the silence (its first run catches up over it).  Without the log both called it a
+    ``pipeline_gap`` of unknown liveness (the test above); a silence without heartbeats in the log is a
+    ``pipeline_gap`` whose liveness is known."""
+    case = {**DOWN, "site": {"name": "case-down-log", "timezone": "UTC"},
+            "events": [*DOWN["events"], {"kind": "gap", "from": "2026-03-11T12:00", "to": "2026-03-11T12:40"}]}
+    name = case["site"]["name"]
+    store.insert("requests", build_requests(case))
+    det = TrafficDetector(_settings([case]), sites=[name])
+    live: dict[str, Detection] = {}
+    t = _local(case, "2026-03-11T09:50:30")
+    last_line = t
+    while t <= _local(case, "2026-03-11T13:00:30"):
+        if not (_local(case, "2026-03-11T10:00") <= t < _local(case, "2026-03-11T10:40:30") or
+                _local(case, "2026-03-11T12:00") <= t < _local(case, "2026-03-11T12:40:30")):
+            last_line = t - timedelta(seconds=2)
+        if not _local(case, "2026-03-11T12:00") <= t < _local(case, "2026-03-11T12:40:30"):
+            _beat_log(store, name, t - timedelta(seconds=5))  # the shipper heartbeats, except 12:00-12:40
+            _beat(store, name, last_line, t - timedelta(seconds=5))
+        for d in det.run_once(store, t):
+            if d.start >= _local(case, "2026-03-11T09:00"):
+                live[d.id] = d
+        t += timedelta(minutes=1)
+    want = {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in live.values()}
+    assert any(w[:3] == ("outage", "site", _local(case, "2026-03-11T10:00")) for w in want), want
+    assert ("pipeline_gap", "pipeline", _local(case, "2026-03-11T12:00"), "no lines and no heartbeats") in want
+
+    end = _local(case, "2026-03-11T13:00")
+    hist = [d for d in detect_history(store, _local(case, "2026-03-11T09:00"), end, _settings([case]),
+                                      sites=[name]) if d.start >= _local(case, "2026-03-11T09:00")]
+    restarted = TrafficDetector(_settings([case]), sites=[name])
+    caught_up = [d for d in restarted.run_once(store, end + timedelta(seconds=30))
+                 if d.start >= _local(case, "2026-03-11T09:00")]
+    for got in (hist, caught_up):
+        assert {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in got} == want, [d.to_json() for d in got]
+        assert not [d for d in got if d.detail.get("liveness") == "unknown"]
