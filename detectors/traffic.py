@@ -85,7 +85,8 @@ RULES_FILE = Path(__file__).resolve().parent / "rules" / "traffic.yaml"
 # ------------------------------------------------------------------------------------------------ config
 
 
-RULES_VERSION = 8  # 8: series.period_min_lag / period_max_lag (learned period, re-learnt after a period change);
+RULES_VERSION = 9  # 9: health.stuck_grace_seconds (a silent source whose file grows is a pipeline_gap);
+# 8: series.period_min_lag / period_max_lag (learned period, re-learnt after a period change);
 # 7: series.novelty_* (contextual novelty next to the anomaly likelihood);
 # 6: topic.measures / reply_window_minutes / min_replies / min_visitors (replies and visitors);
 # 5: site.exclude_events, transfer/latency creep_* (anchored creep baseline);
@@ -982,18 +983,24 @@ class SourceGapDetector:
         self._due[src] = due
         self.next_due = min(self.next_due, due)
 
-    def alive(self, until: datetime, fresh: set[str]) -> None:
+    def alive(self, until: datetime, fresh: set[str],
+              grew: Callable[[str, datetime, datetime], bool] | None = None) -> None:
         """Note the sources silent at ``until`` (no line in the minute before it) that heartbeat then (``fresh``:
         their own heartbeat or their host's, evidence of liveness at ``until``): their silence is not a gap when
         their lines come back.  Called at the evaluated time only (the end of a live run's window, where the
-        heartbeats were read), never for earlier minutes of a window (a heartbeat now says nothing about them)."""
+        heartbeats were read), never for earlier minutes of a window (a heartbeat now says nothing about them).
+        ``grew(src, last line minute, until)``: the source's file grew meanwhile -- written but not read, so not
+        alive whatever its heartbeats say."""
         for src, q in self.recent.items():
             if q and q[-1][0] < until - timedelta(minutes=1) and (
-                    src in fresh or src.split("/", 1)[0] + "/" in fresh):
+                    src in fresh or src.split("/", 1)[0] + "/" in fresh) and not (
+                    grew is not None and grew(src, q[-1][0], until)):
                 self._alive[src] = until
 
-    def tail(self, until: datetime, fresh: set[str], judged: bool = True) -> Iterator[Detection]:
-        """Sources silent from their last line up to ``until`` (exclusive) and without a fresh heartbeat.
+    def tail(self, until: datetime, fresh: set[str], judged: bool = True,
+             grew: Callable[[str, datetime, datetime], bool] | None = None) -> Iterator[Detection]:
+        """Sources silent from their last line up to ``until`` (exclusive) and without a fresh heartbeat, or
+        whose file grew meanwhile (``grew(src, last line minute, until)``: written, not read -- a stuck shipper).
         ``judged``: ``fresh`` was read at ``until`` (else -- an earlier minute of a history run or of a live
         catch-up -- the heartbeats of that time are not known: the gap's ``detail.liveness`` is ``unknown``).
 
@@ -1010,16 +1017,23 @@ class SourceGapDetector:
                 continue
             last = q[-1][0]
             due = self._due.get(src, last + timedelta(minutes=gap_min + 1))
-            if until < due or src in fresh or src.split("/", 1)[0] + "/" in fresh:  # its own or its host's
+            if until < due:
                 next_due = min(next_due, due)
                 continue
+            stuck = False
+            if src in fresh or src.split("/", 1)[0] + "/" in fresh:  # its own heartbeat or its host's
+                stuck = grew is not None and grew(src, last, until)
+                if not stuck:
+                    next_due = min(next_due, due)
+                    continue
             silent = int((until - last).total_seconds() // 60) - 1
             exp = self._expected(src, last, silent)
             if exp >= threshold:
+                why = ({"reason": "source silent, its file grows"} if stuck
+                       else {"reason": "source silent, no heartbeat"} if judged
+                       else {"reason": "source silent", "liveness": "unknown"})
                 det = Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1), None,
-                                last + timedelta(minutes=1), 0.0, exp, 1.0, "pipeline_gap",
-                                {"reason": "source silent, no heartbeat"} if judged
-                                else {"reason": "source silent", "liveness": "unknown"}, site=self.site)
+                                last + timedelta(minutes=1), 0.0, exp, 1.0, "pipeline_gap", why, site=self.site)
                 self.open[src] = det
                 yield det
                 continue
@@ -1035,6 +1049,10 @@ class SourceGapDetector:
         self.next_due = next_due
 
 
+Beat = tuple[int, int, int]
+"""A heartbeat as ``source_heartbeat_minute`` keeps it: (epoch ms, file size, inode); size and inode 0 if none."""
+
+
 class HeartbeatLog:
     """The heartbeats of a site's sources over a range, from ``source_heartbeat_minute`` (migration 0008): which
     sources were alive at an evaluated time ``t`` (a minute boundary) -- a heartbeat at ``h`` with
@@ -1044,12 +1062,16 @@ class HeartbeatLog:
     as "no heartbeat".  Sources are named as :meth:`TrafficDetector._fresh_sources` names them (``host/file``,
     ``host/`` for a host heartbeat)."""
 
-    def __init__(self, known_from: datetime, rows: Iterable[tuple[str, int, int]], fresh_s: float) -> None:
+    def __init__(self, known_from: datetime, rows: Iterable[tuple[str, Beat, Beat]], fresh_s: float) -> None:
         self.known_from = known_from
         fresh_ms = round(fresh_s * 1000)
         spans: dict[str, list[tuple[int, int]]] = {}
-        for src, first_ms, last_ms in rows:  # a row's heartbeats are evidence at t in [first, last + fresh]
-            spans.setdefault(src, []).append((int(first_ms), int(last_ms) + fresh_ms))
+        #: file heartbeats in time order, (ms, size, inode): what :meth:`grew` reads
+        self._samples: dict[str, list[Beat]] = {}
+        for src, first, last in rows:  # a row's heartbeats are evidence at t in [first, last + fresh]
+            spans.setdefault(src, []).append((int(first[0]), int(last[0]) + fresh_ms))
+            if first[2] or last[2] or first[1] or last[1]:  # a file heartbeat (host heartbeats carry neither)
+                self._samples.setdefault(src, []).extend((first, last) if first != last else (first,))
         self._starts: dict[str, list[int]] = {}
         self._ends: dict[str, list[int]] = {}
         for src, lst in spans.items():
@@ -1063,6 +1085,8 @@ class HeartbeatLog:
                     starts.append(lo)
                     ends.append(hi)
             self._starts[src], self._ends[src] = starts, ends
+        for lst2 in self._samples.values():
+            lst2.sort()
 
     def at(self, t: datetime) -> set[str]:
         """The sources with a heartbeat that is evidence of liveness at ``t`` (empty before ``known_from``): one
@@ -1074,6 +1098,28 @@ class HeartbeatLog:
             if i >= 0 and self._ends[src][i] >= ms:
                 got.add(src)
         return got
+
+    def grew(self, src: str, since: datetime, until: datetime) -> bool:
+        """The file of ``src`` grew between two of its heartbeats in ``[since, until]`` (same inode, larger
+        size): lines were written there that should have arrived.  A rotation (new inode) or a truncation
+        (smaller size) is no growth; host heartbeats carry no size and never grow."""
+        lst = self._samples.get(src)
+        if not lst:
+            return False
+        lo, hi = int(since.timestamp() * 1000), int(until.timestamp() * 1000)
+        i = bisect.bisect_left(lst, (lo, -1, -1))
+        prev: Beat | None = None
+        while i < len(lst) and lst[i][0] <= hi:
+            cur = lst[i]
+            if prev is not None and cur[2] == prev[2] and cur[1] > prev[1]:
+                return True
+            prev = cur
+            i += 1
+        return False
+
+    def growing(self, since: datetime, until: datetime) -> list[str]:
+        """The sources whose file grew in ``[since, until]`` (:meth:`grew`), sorted."""
+        return sorted(src for src in self._samples if self.grew(src, since, until))
 
 
 # ------------------------------------------------------------------------------------------------ orchestration
@@ -1112,6 +1158,7 @@ class _Window:
     groups_mark: tuple[Any, ...] | None = None
     live: bool = False  # read by a live run (``fresh`` is the wall clock's, just after ``until``)
     hb_log: HeartbeatLog | None = None  # the heartbeats of each minute of the window (migration 0008), if known
+    hb_recent: HeartbeatLog | None = None  # live: the last minutes' heartbeats up to now (file growth at the end)
 
 
 @dataclass
@@ -1360,6 +1407,10 @@ class TrafficDetector:
             win.hb_log = self._heartbeat_log(store, rt.name, start, until)
             if win.hb_log is not None and not live and until >= win.hb_log.known_from:
                 win.fresh = win.fresh | win.hb_log.at(until)
+        if "site" in enabled and live and win.fresh and self._maybe_silent(rt, until):
+            # sources heartbeat while something is silent: do their files grow (a stuck shipper)?
+            back = timedelta(minutes=2 * int(self.rules["health"]["gap_min_minutes"]))
+            win.hb_recent = self._heartbeat_log(store, rt.name, until - back, now, known=False)
         if live and "topic" in enabled:
             mark = self._groups_mark(store, rt.name)
             if mark != rt.groups_mark:
@@ -1446,25 +1497,43 @@ class TrafficDetector:
             "GROUP BY origin_host, origin_file "
             f"HAVING hb >= {_sql_ts(lo)} AND hb <= {_sql_ts(hi)}")}
 
-    def _heartbeat_log(self, store: Any, site: str, start: datetime, until: datetime) -> HeartbeatLog | None:
+    @staticmethod
+    def _maybe_silent(rt: _SiteRuntime, until: datetime) -> bool:
+        """Live: the site or one of its sources may have had no line for a while by ``until`` (read before the
+        window is fed: the last minute with lines is then at most this old)."""
+        cut = until - timedelta(minutes=2)
+        if rt.last_seen is None or rt.last_seen < cut:
+            return True
+        return any(q and q[-1][0] < cut for q in rt.sources.recent.values())
+
+    def _heartbeat_log(self, store: Any, site: str, start: datetime, until: datetime,
+                       known: bool = True) -> HeartbeatLog | None:
         """The heartbeats of ``site``'s sources that are evidence of liveness at some minute of ``[start,
         until]`` (``source_heartbeat_minute``, migration 0008), or None when the log has nothing for them before
         ``until`` (a store from before the migration, or sources that do not heartbeat: liveness unknown, as
-        before).  Host heartbeats and syslog-ng's MARK (site ``*``) count as in :meth:`_fresh_sources`."""
+        before).  Host heartbeats and syslog-ng's MARK (site ``*``) count as in :meth:`_fresh_sources`.
+        ``known=False``: only the range's heartbeats are wanted (a live run's file-growth test), the log's first
+        minute is not looked up (``known_from`` is then ``start``: do not judge liveness before it)."""
         fresh_s = float(self.rules["health"]["heartbeat_fresh_seconds"])
         where = (f"(site = {_q(site)} OR (site = '*' AND origin_host IN "
                  f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)})))")
-        first = store.query_rows(f"SELECT min(minute), count() FROM source_heartbeat_minute WHERE {where} "
-                                 f"AND minute <= {_sql_ts(until)}")
-        if not first or not int(first[0][1]):
-            return None
+        known_from = start
+        if known:
+            first = store.query_rows(f"SELECT min(minute), count() FROM source_heartbeat_minute WHERE {where} "
+                                     f"AND minute <= {_sql_ts(until)}")
+            if not first or not int(first[0][1]):
+                return None
+            known_from = _utc(first[0][0])
         lo = start - timedelta(seconds=fresh_s + 60)
         rows = store.query_rows(
             "SELECT concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file)) AS src, "
-            "toUnixTimestamp64Milli(min(first_ts)), toUnixTimestamp64Milli(max(last_ts)) "
+            "toUnixTimestamp64Milli(tupleElement(min(first_beat), 1)), tupleElement(min(first_beat), 2), "
+            "tupleElement(min(first_beat), 3), toUnixTimestamp64Milli(tupleElement(max(last_beat), 1)), "
+            "tupleElement(max(last_beat), 2), tupleElement(max(last_beat), 3) "
             f"FROM source_heartbeat_minute WHERE {where} AND minute >= {_sql_ts(lo)} AND minute <= {_sql_ts(until)} "
             "GROUP BY src, minute")
-        return HeartbeatLog(_utc(first[0][0]), ((str(r[0]), int(r[1]), int(r[2])) for r in rows), fresh_s)
+        return HeartbeatLog(known_from, ((str(r[0]), (int(r[1]), int(r[2]), int(r[3])),
+                                          (int(r[4]), int(r[5]), int(r[6]))) for r in rows), fresh_s)
 
     def _read_transfer(self, store: Any, rt: _SiteRuntime, start: datetime,
                        until: datetime) -> list[tuple[datetime, list[tuple[str, list[TransferRow]]]]]:
@@ -1515,6 +1584,17 @@ class TrafficDetector:
             (live, the window's start was the previous run's end)."""
             return hb is not None and t >= hb.known_from and t > win.start
 
+        # the heartbeats that tell whether files grow at the window's end (live: the last minutes' up to now)
+        end_log = win.hb_recent if win.live else (hb if hb is not None and win.until >= hb.known_from else None)
+        grace = timedelta(seconds=float(health.get("stuck_grace_seconds", 120)))
+
+        def grew_in(log_: HeartbeatLog | None) -> Callable[[str, datetime, datetime], bool] | None:
+            """``grew(src, last line minute, t)``: the source's file grew after its silence began (plus
+            ``stuck_grace_seconds`` for lines already on their way) -- written but not read."""
+            if log_ is None:
+                return None
+            return lambda src, last, t: log_.grew(src, last + timedelta(minutes=1) + grace, t)
+
         if "site" in enabled:
             # minute by minute, as live runs see it: at each minute, the sources silent up to it (a pipeline_gap
             # opens gap_min_minutes into a silence, not when the lines come back).  Heartbeats are known at the
@@ -1529,9 +1609,9 @@ class TrafficDetector:
                 if rt.sources.recent:
                     if logged(m) and m < judged_from:
                         beats = hb.at(m)  # type: ignore[union-attr]
-                        out.extend(_reported(rt.sources.tail(m, beats), m - timedelta(minutes=1)))
+                        out.extend(_reported(rt.sources.tail(m, beats, grew=grew_in(hb)), m - timedelta(minutes=1)))
                         if beats:
-                            rt.sources.alive(m, beats)
+                            rt.sources.alive(m, beats, grew=grew_in(hb))
                     else:
                         out.extend(_reported(rt.sources.tail(m, win.fresh, m >= judged_from),
                                              m - timedelta(minutes=1)))
@@ -1542,8 +1622,9 @@ class TrafficDetector:
                 m += timedelta(minutes=1)
             for src, sm, n in src_rows[i:]:
                 out.extend(_reported(rt.sources.update(src, sm, n), sm))
-            out.extend(_reported(rt.sources.tail(win.until, win.fresh), win.until - timedelta(minutes=1)))
-            rt.sources.alive(win.until, win.fresh)
+            out.extend(_reported(rt.sources.tail(win.until, win.fresh, grew=grew_in(end_log)),
+                                 win.until - timedelta(minutes=1)))
+            rt.sources.alive(win.until, win.fresh, grew=grew_in(end_log))
             last = win.until - timedelta(minutes=1)
             blocked = [(d.start, d.end or last) for d in out if d.kind == "pipeline_gap"]
             blocked += [(d.start, last) for d in rt.sources.open.values()]
@@ -1562,24 +1643,28 @@ class TrafficDetector:
         gap_min = timedelta(minutes=int(health["gap_min_minutes"]))
         use_pv = health.get("metric", "pageviews") == "pageviews"
 
-        def site_tail(until: datetime, fresh: set[str]) -> None:
+        def site_tail(until: datetime, fresh: set[str], log_: HeartbeatLog | None) -> None:
             """A run's step at ``until`` for a site silent since ``rt.last_seen``: lines stopped but the
-            shippers heartbeat -> the site answers nothing (zeros, the outage path); no heartbeat -> a
-            ``pipeline_gap`` (unless a quiet night)."""
+            shippers heartbeat -> the site answers nothing (zeros, the outage path); no heartbeat, or a log file
+            that grows meanwhile (written, not read: a stuck shipper) -> a ``pipeline_gap`` (unless a quiet
+            night)."""
             assert rt.last_seen is not None
             tail = until - rt.last_seen - timedelta(minutes=1)
             if tail < gap_min:
                 return
-            if fresh:
+            grown = log_.growing(rt.last_seen + timedelta(minutes=1) + grace, until) if fresh and log_ else []
+            if fresh and not grown:
                 m = rt.last_seen + timedelta(minutes=1)
                 while m < until:
                     feed_site(m, 0.0)
                     rt.last_seen = m
                     m += timedelta(minutes=1)
             elif rt.gap is None and not self._quiet(rt, until, int(tail.total_seconds() // 60), health):
+                why: dict[str, Any] = ({"reason": "no lines while log files grow", "growing": grown} if grown
+                                       else {"reason": "no lines and no heartbeats"})
                 rt.gap = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1), None,
                                    rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0, "pipeline_gap",
-                                   {"reason": "no lines and no heartbeats"}, site=rt.name)
+                                   why, site=rt.name)
                 out.extend(_reported([rt.gap], until - timedelta(minutes=1)))
 
         def logged_tails(upto: datetime) -> None:
@@ -1589,7 +1674,7 @@ class TrafficDetector:
                 return
             t = max(rt.last_seen + timedelta(minutes=1) + gap_min, hb.known_from, win.start + timedelta(minutes=1))
             while t <= upto:
-                site_tail(t, hb.at(t))
+                site_tail(t, hb.at(t), hb)
                 t = max(t + timedelta(minutes=1), rt.last_seen + timedelta(minutes=1) + gap_min)
 
         for minute, req, err, tviews, pv in win.site_rows:
@@ -1614,7 +1699,7 @@ class TrafficDetector:
                     out.append(d)
         if "site" in enabled and rt.last_seen is not None:
             logged_tails(win.until - timedelta(minutes=1))
-            site_tail(win.until, win.fresh)
+            site_tail(win.until, win.fresh, end_log)
         if "transfer" in enabled:
             for wend, lst in win.transfer:
                 for kind, rows in lst:

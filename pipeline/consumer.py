@@ -116,7 +116,7 @@ import numpy as np
 import pyarrow as pa
 import typer
 from forumpulse.pipeline.config import Settings, load_settings
-from forumpulse.pipeline.contracts import heartbeat_time_ms, split_values
+from forumpulse.pipeline.contracts import heartbeat_file_state, heartbeat_time_ms, split_values
 from forumpulse.pipeline.kafka_client import client_config
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
 from forumpulse.pipeline.store import Store, StoreError, StoreLocationError, migrate, open_store
@@ -140,10 +140,11 @@ PROGRESS_SCHEMA = pa.schema([  # migration 0007
     ("loaded_ts", pa.timestamp("ms", tz="UTC")), ("next_offset", pa.uint64()), ("lag", pa.int64()),
     ("active", pa.bool_()), ("instance", pa.string()), ("updated_at", pa.timestamp("ms", tz="UTC")),
 ])
+#: a heartbeat as the log keeps it: (time, file size, inode); size and inode 0 when it carries none
+BEAT_TYPE = pa.struct([("ts", pa.timestamp("ms", tz="UTC")), ("size", pa.uint64()), ("inode", pa.uint64())])
 HEARTBEAT_LOG_SCHEMA = pa.schema([  # migration 0008
     ("site", pa.string()), ("origin_host", pa.string()), ("origin_file", pa.string()),
-    ("minute", pa.timestamp("s", tz="UTC")), ("first_ts", pa.timestamp("ms", tz="UTC")),
-    ("last_ts", pa.timestamp("ms", tz="UTC")),
+    ("minute", pa.timestamp("s", tz="UTC")), ("first_beat", BEAT_TYPE), ("last_beat", BEAT_TYPE),
 ])
 
 
@@ -250,8 +251,8 @@ class _Batch:
     line_ts: dict[tuple[bytes, bytes, bytes], int] = field(default_factory=dict)
     line_n: dict[tuple[bytes, bytes, bytes], int] = field(default_factory=dict)
     heartbeats: dict[tuple[bytes, bytes, bytes], int] = field(default_factory=dict)
-    #: (source, minute in ms) -> [earliest, latest] heartbeat time in that minute (``source_heartbeat_minute``)
-    hb_minutes: dict[tuple[tuple[bytes, bytes, bytes], int], list[int]] = field(default_factory=dict)
+    #: (source, minute in ms) -> [earliest, latest] heartbeat (ms, size, inode) in it (``source_heartbeat_minute``)
+    hb_minutes: dict[tuple[tuple[bytes, bytes, bytes], int], list[tuple[int, int, int]]] = field(default_factory=dict)
     hb_n: int = 0
     bad_n: int = 0
     read: int = 0
@@ -373,8 +374,8 @@ class LiveConsumer:
         self._liveness: dict[tuple[str, str, str], list[int]] = {}  # key -> [last_line_ms, last_hb_ms, lines]
         self._liveness_dirty: set[tuple[str, str, str]] = set()
         self._liveness_loaded = False
-        #: (source, minute ms) -> [earliest, latest heartbeat ms] not yet written to ``source_heartbeat_minute``
-        self._hb_log: dict[tuple[tuple[bytes, bytes, bytes], int], list[int]] = {}
+        #: (source, minute ms) -> [earliest, latest heartbeat] not yet written to ``source_heartbeat_minute``
+        self._hb_log: dict[tuple[tuple[bytes, bytes, bytes], int], list[tuple[int, int, int]]] = {}
         self._last_message = time.monotonic()
         self._consumer: Any = None
         self._producer: Any = None
@@ -1034,8 +1035,9 @@ class LiveConsumer:
             hts = heartbeat_time_ms(hline, int(tss[i]))
             if hts > b.heartbeats.get(src, 0):
                 b.heartbeats[src] = hts
-            span = b.hb_minutes.setdefault((src, hts - hts % 60_000), [hts, hts])
-            span[0], span[1] = min(span[0], hts), max(span[1], hts)
+            beat = (hts, *heartbeat_file_state(hline))
+            span = b.hb_minutes.setdefault((src, hts - hts % 60_000), [beat, beat])
+            span[0], span[1] = min(span[0], beat), max(span[1], beat)
         for (site_b, host_b, file_b, _fmt), (pos, _lines) in sb.groups.items():
             src = (site_b, host_b, file_b)
             b.line_n[src] = b.line_n.get(src, 0) + len(pos)
@@ -1344,12 +1346,19 @@ class LiveConsumer:
             return
         pending, self._hb_log = self._hb_log, {}
         dec = [tuple(x.decode("utf-8", "backslashreplace") for x in src) for src, _ in pending]
+
+        def beats(which: int) -> pa.StructArray:
+            vals = [v[which] for v in pending.values()]
+            return pa.StructArray.from_arrays(
+                [pa.array([b[0] for b in vals], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+                 pa.array([b[1] for b in vals], pa.uint64()), pa.array([b[2] for b in vals], pa.uint64())],
+                fields=list(BEAT_TYPE))
+
         try:
             self.store.insert("source_heartbeat_minute", pa.table({
                 "site": [d[0] for d in dec], "origin_host": [d[1] for d in dec], "origin_file": [d[2] for d in dec],
                 "minute": pa.array([m // 1000 for _, m in pending], pa.int64()).cast(pa.timestamp("s", tz="UTC")),
-                "first_ts": pa.array([v[0] for v in pending.values()], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-                "last_ts": pa.array([v[1] for v in pending.values()], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+                "first_beat": beats(0), "last_beat": beats(1),
             }, schema=HEARTBEAT_LOG_SCHEMA))
         except StoreError as exc:  # a side channel, as liveness: kept (merged with newer minutes) for the next write
             for key, (lo, hi) in pending.items():

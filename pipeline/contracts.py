@@ -123,6 +123,20 @@ def heartbeat_time_ms(line: bytes, fallback_ms: int) -> int:
     return fallback_ms
 
 
+def heartbeat_file_state(line: bytes) -> tuple[int, int]:
+    """The followed file's ``size=`` (bytes) and ``inode=`` a file heartbeat reports (``syslog-ng/heartbeat.sh``);
+    0 for a field that is absent or not a number (host heartbeats, MARKs and listener heartbeats have none).  A
+    file that grows while none of its lines arrive is being written but not read: a stuck shipper, not an idle
+    site (the traffic detectors' ``pipeline_gap``)."""
+    size = inode = 0
+    for part in line.split():
+        if part.startswith(b"size=") and part[5:].isdigit():
+            size = int(part[5:])
+        elif part.startswith(b"inode=") and part[6:].isdigit():
+            inode = int(part[6:])
+    return size, inode
+
+
 
 
 @dataclass

@@ -28,6 +28,7 @@ from forumpulse.pipeline.consumer import ConsumerOptions, LiveConsumer, source_s
 from forumpulse.pipeline.contracts import (
     build_envelope,
     build_heartbeat,
+    heartbeat_file_state,
     heartbeat_time_ms,
     split_envelope,
 )
@@ -150,11 +151,12 @@ def test_silent_source_with_heartbeats_vs_dead_source(broker: Broker, store: Sto
                                                              heartbeat_timeout_s=120)}
     assert states == {"web-quiet": "silent", "web-gone": "dead", "web-busy": "live"}
     # the heartbeat log (migration 0008), by the heartbeats' own time: what history runs judge past minutes with
-    logged = {(str(h), int(m), int(a), int(b)) for h, m, a, b in store.query_rows(
-        "SELECT origin_host, toUnixTimestamp(minute), toUnixTimestamp64Milli(min(first_ts)), "
-        "toUnixTimestamp64Milli(max(last_ts)) FROM source_heartbeat_minute GROUP BY origin_host, minute")}
-    assert logged == {("web-quiet", quiet_s - quiet_s % 60, (quiet_s - quiet_s % 60) * 1000, quiet_s * 1000),
-                      ("web-gone", gone_s - gone_s % 60, gone_s * 1000, gone_s * 1000)}
+    logged = {(str(h), int(m), int(a), int(b), int(c)) for h, m, a, b, c in store.query_rows(
+        "SELECT origin_host, toUnixTimestamp(minute), toUnixTimestamp64Milli(tupleElement(min(first_beat), 1)), "
+        "toUnixTimestamp64Milli(tupleElement(max(last_beat), 1)), tupleElement(max(last_beat), 2) "
+        "FROM source_heartbeat_minute GROUP BY origin_host, minute")}
+    assert logged == {("web-quiet", quiet_s - quiet_s % 60, (quiet_s - quiet_s % 60) * 1000, quiet_s * 1000, 1),
+                      ("web-gone", gone_s - gone_s % 60, gone_s * 1000, gone_s * 1000, 0)}
 
 
 class ProgressRecorder:
@@ -467,6 +469,9 @@ def test_envelope_refusals_and_non_envelopes() -> None:
     assert hb is not None and hb.is_heartbeat and hb.origin_file == ""
     assert heartbeat_time_ms(b"ts=1697000000 size=5 inode=7", 1) == 1_697_000_000_000
     assert heartbeat_time_ms(b"size=5", 42) == 42 and heartbeat_time_ms(b"ts=x", 42) == 42
+    assert heartbeat_file_state(b"ts=1697000000 size=123456 inode=789") == (123456, 789)
+    assert heartbeat_file_state(b"ts=1697000000") == (0, 0)  # host heartbeats, MARKs, listeners
+    assert heartbeat_file_state(b"size=-1 inode=x alive") == (0, 0)
 
 
 class _FakeMessage:

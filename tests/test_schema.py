@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from forumpulse.pipeline.consumer import (
     BATCHES_SCHEMA,
+    BEAT_TYPE,
     HEARTBEAT_LOG_SCHEMA,
     LIVENESS_SCHEMA,
     PROGRESS_SCHEMA,
@@ -33,9 +34,9 @@ EXPECTED_TABLES = {
 
 # Arrow type written by the code -> ClickHouse column type the schema must have.
 CH_TYPE = {
-    pa.timestamp("ms", tz="UTC"): {"DateTime64(3, 'UTC')", "SimpleAggregateFunction(min, DateTime64(3, 'UTC'))",
-                                   "SimpleAggregateFunction(max, DateTime64(3, 'UTC'))"},
+    pa.timestamp("ms", tz="UTC"): {"DateTime64(3, 'UTC')"},
     pa.timestamp("s", tz="UTC"): {"DateTime('UTC')"},
+    BEAT_TYPE: {f"SimpleAggregateFunction({f}, Tuple(DateTime64(3, 'UTC'), UInt64, UInt64))" for f in ("min", "max")},
     pa.string(): {"String", "LowCardinality(String)", "IPv6"},
     pa.binary(): {"String"},
     pa.uint16(): {"UInt16"},

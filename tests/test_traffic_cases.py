@@ -169,22 +169,34 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
 
 def heartbeat_log_rows(case: dict[str, Any], host: str = "origin", file: str = "access.log") -> pa.Table:
     """``source_heartbeat_minute`` rows (migration 0008) for the case's ``heartbeat_log`` spans: a heartbeat every
-    ``every_s`` seconds in ``[from, to)``, folded per minute as the consumer folds them (earliest, latest)."""
-    spans: dict[int, list[int]] = {}
+    ``every_s`` seconds in ``[from, to)`` reporting the file's size (growing by ``grow_bytes_per_s``, default 0:
+    the size does not change) and inode 1, folded per minute as the consumer folds them (earliest, latest)."""
+    from forumpulse.pipeline.consumer import BEAT_TYPE, HEARTBEAT_LOG_SCHEMA
+
+    spans: dict[int, list[tuple[int, int, int]]] = {}
+    size = 1_000_000
     for sp in case["heartbeat_log"]:
         t = int(_local(case, sp["from"]).timestamp() * 1000)
         end = int(_local(case, sp["to"]).timestamp() * 1000)
         while t < end:
-            span = spans.setdefault(t - t % 60_000, [t, t])
-            span[0], span[1] = min(span[0], t), max(span[1], t)
+            beat = (t, size, 1)
+            span = spans.setdefault(t - t % 60_000, [beat, beat])
+            span[0], span[1] = min(span[0], beat), max(span[1], beat)
             t += int(sp["every_s"] * 1000)
+            size += int(sp.get("grow_bytes_per_s", 0) * sp["every_s"])
     ms = pa.timestamp("ms", tz="UTC")
+
+    def beats(which: int) -> pa.StructArray:
+        vals = [v[which] for v in spans.values()]
+        return pa.StructArray.from_arrays(
+            [pa.array([b[0] for b in vals], pa.int64()).cast(ms), pa.array([b[1] for b in vals], pa.uint64()),
+             pa.array([b[2] for b in vals], pa.uint64())], fields=list(BEAT_TYPE))
+
     return pa.table({
         "site": [case["site"]["name"]] * len(spans), "origin_host": [host] * len(spans),
         "origin_file": [file] * len(spans),
         "minute": pa.array([m // 1000 for m in spans], pa.int64()).cast(pa.timestamp("s", tz="UTC")),
-        "first_ts": pa.array([v[0] for v in spans.values()], pa.int64()).cast(ms),
-        "last_ts": pa.array([v[1] for v in spans.values()], pa.int64()).cast(ms)})
+        "first_beat": beats(0), "last_beat": beats(1)}, schema=HEARTBEAT_LOG_SCHEMA)
 
 
 def _settings(cases: list[dict[str, Any]]) -> Settings:

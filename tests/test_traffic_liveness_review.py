@@ -121,13 +121,14 @@ def test_history_without_an_end_reads_whole_minutes_behind_the_watermark_as_live
     assert datetime(2026, 1, 1, tzinfo=UTC) < now
 
 
-def _beat_log(store: Any, name: str, hb: datetime) -> None:
+def _beat_log(store: Any, name: str, hb: datetime, size: int = 0, inode: int = 0) -> None:
     """One heartbeat in ``source_heartbeat_minute`` (migration 0008), as the consumer writes it."""
     from forumpulse.pipeline.consumer import HEARTBEAT_LOG_SCHEMA
     minute = hb.replace(second=0, microsecond=0)
+    beat = {"ts": hb, "size": size, "inode": inode}
     store.insert("source_heartbeat_minute", pa.Table.from_pylist([{
         "site": name, "origin_host": "origin", "origin_file": "access.log", "minute": minute,
-        "first_ts": hb, "last_ts": hb}], schema=HEARTBEAT_LOG_SCHEMA))
+        "first_beat": beat, "last_beat": beat}], schema=HEARTBEAT_LOG_SCHEMA))
 
 
 def test_history_and_a_restarted_live_run_judge_a_past_silence_with_the_heartbeat_log(store: Any) -> None:
@@ -168,3 +169,65 @@ def test_history_and_a_restarted_live_run_judge_a_past_silence_with_the_heartbea
     for got in (hist, caught_up):
         assert {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in got} == want, [d.to_json() for d in got]
         assert not [d for d in got if d.detail.get("liveness") == "unknown"]
+
+
+def test_a_stuck_shipper_is_a_pipeline_gap_live_in_history_and_after_a_restart(store: Any) -> None:
+    """No lines 10:00-10:40 while the shipper heartbeats -- but its heartbeats report the access log growing
+    (size=, same inode): the site answers and logs, the shipper does not read.  Live (minute by minute), history
+    and a restarted live run all report a ``pipeline_gap`` naming the growing file, and no outage."""
+    case = {**DOWN, "site": {"name": "case-stuck-live", "timezone": "UTC"}}
+    name = case["site"]["name"]
+    store.insert("requests", build_requests(case))
+    det = TrafficDetector(_settings([case]), sites=[name])
+    live: dict[str, Detection] = {}
+    t = _local(case, "2026-03-11T09:50:30")
+    last_line = t
+    size = 5_000_000
+    while t <= _local(case, "2026-03-11T11:00:30"):
+        if not _local(case, "2026-03-11T10:00") <= t < _local(case, "2026-03-11T10:40:30"):
+            last_line = t - timedelta(seconds=2)
+        size += 12_000  # ~200 bytes/s, lines read or not
+        _beat_log(store, name, t - timedelta(seconds=5), size, inode=42)
+        _beat(store, name, last_line, t - timedelta(seconds=5))
+        for d in det.run_once(store, t):
+            if d.start >= _local(case, "2026-03-11T09:00"):
+                live[d.id] = d
+        t += timedelta(minutes=1)
+    want = {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in live.values()}
+    down = _local(case, "2026-03-11T10:00")
+    assert want == {("pipeline_gap", "pipeline", down, "no lines while log files grow"),
+                    ("pipeline_gap", "source:origin/access.log", down, "source silent, its file grows")}, want
+    assert [d.detail["growing"] for d in live.values() if d.scope == "pipeline"] == [["origin/access.log"]]
+
+    end = _local(case, "2026-03-11T11:00")
+    hist = [d for d in detect_history(store, _local(case, "2026-03-11T09:00"), end, _settings([case]),
+                                      sites=[name]) if d.start >= _local(case, "2026-03-11T09:00")]
+    restarted = TrafficDetector(_settings([case]), sites=[name])
+    caught_up = [d for d in restarted.run_once(store, end + timedelta(seconds=30))
+                 if d.start >= _local(case, "2026-03-11T09:00")]
+    for got in (hist, caught_up):
+        assert {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in got} == want, [d.to_json() for d in got]
+
+
+def test_file_growth_ignores_rotation_truncation_and_the_grace_period() -> None:
+    """``HeartbeatLog.grew``: a larger size under the same inode after ``since`` is growth; a new inode
+    (rotation) or a smaller size (copytruncate) is not, nor growth before ``since``."""
+    from forumpulse.detectors.traffic import HeartbeatLog
+    t0 = datetime(2026, 3, 11, 10, tzinfo=UTC)
+    ms = int(t0.timestamp() * 1000)
+
+    def log(*beats: tuple[int, int, int]) -> HeartbeatLog:  # (seconds after t0, size, inode), one per minute row
+        return HeartbeatLog(t0, [("h/a.log", (ms + s * 1000, size, ino), (ms + s * 1000, size, ino))
+                                 for s, size, ino in beats], 120)
+
+    end = t0 + timedelta(minutes=30)
+    assert log((60, 100, 1), (120, 200, 1)).grew("h/a.log", t0, end)
+    assert not log((60, 100, 1), (120, 100, 1)).grew("h/a.log", t0, end)          # idle: same size
+    assert not log((60, 900, 1), (120, 50, 2)).grew("h/a.log", t0, end)           # rotated: new inode, smaller
+    assert not log((60, 900, 1), (120, 0, 1)).grew("h/a.log", t0, end)            # truncated in place
+    assert log((60, 900, 1), (120, 0, 1), (180, 40, 1)).grew("h/a.log", t0, end)  # ... and written again
+    assert not log((60, 100, 1), (120, 200, 1), (180, 200, 1)).grew(               # grew before `since` only
+        "h/a.log", t0 + timedelta(seconds=120), end)
+    assert log((60, 100, 1), (120, 200, 1)).growing(t0, end) == ["h/a.log"]
+    host = HeartbeatLog(t0, [("h/", (ms, 0, 0), (ms + 50_000, 0, 0))], 120)        # host heartbeats: no size
+    assert not host.grew("h/", t0, end) and host.growing(t0, end) == []

@@ -4,22 +4,25 @@
 -- and a live run catching up after a restart could not tell whether a silence that ended before the time they
 -- judge was an outage (the shippers heartbeating, the site answering nothing) or a pipeline gap (nothing arriving
 -- at all): such a gap carried `detail.liveness = "unknown"`.  With this log they judge every minute as a live run
--- judged it then.  The consumers add, every stats interval (10 s), one row per source and
--- minute in which it heartbeated: the earliest and latest heartbeat time (`ts=` of the heartbeat, the shipper's
--- clock) in that minute.  At-least-once: a replayed batch writes the same minimum and maximum again, which the
--- engine folds (min/max), so the log is idempotent.  A heartbeat at `h` is evidence of liveness at `t` when
--- `0 <= t - h <= health.heartbeat_fresh_seconds`; for a minute boundary `t`, that holds for some heartbeat of a row
--- exactly when `first_ts <= t` and `last_ts >= t - fresh` (TrafficDetector._heartbeat_log).  Minutes before the
--- first row of a site's sources are of unknown liveness, as before this migration.  Size: one row per heartbeating
--- source and minute (a few bytes once compressed), kept as long as the rollups.
+-- judged it then.  The consumers add, every stats interval (10 s), one row per source and minute in which it
+-- heartbeated: its earliest and latest heartbeat as (time, file size, inode) -- the time is the heartbeat's
+-- `ts=` (the shipper's clock); size and inode are what a file heartbeat reports (`syslog-ng/heartbeat.sh`), 0
+-- for host heartbeats, MARKs and listeners.  A file that grows while none of its lines arrive is written but not
+-- read (a stuck shipper): a `pipeline_gap`, not an outage.  At-least-once: a replayed batch writes the same
+-- minimum and maximum again, which the engine folds (tuples compare by time first), so the log is idempotent.
+-- A heartbeat at `h` is evidence of liveness at `t` when `0 <= t - h <= health.heartbeat_fresh_seconds`; for a
+-- minute boundary `t` that holds for some heartbeat of a row exactly when `first_beat.1 <= t` and
+-- `last_beat.1 >= t - fresh` (detectors/traffic.py HeartbeatLog).  Minutes before the first row of a site's
+-- sources are of unknown liveness, as before this migration.  Size: one row per heartbeating source and minute,
+-- kept as long as the rollups.
 CREATE TABLE IF NOT EXISTS source_heartbeat_minute
 (
     site        LowCardinality(String),
     origin_host LowCardinality(String),
     origin_file LowCardinality(String),
     minute      DateTime('UTC'),
-    first_ts    SimpleAggregateFunction(min, DateTime64(3, 'UTC')),
-    last_ts     SimpleAggregateFunction(max, DateTime64(3, 'UTC'))
+    first_beat  SimpleAggregateFunction(min, Tuple(DateTime64(3, 'UTC'), UInt64, UInt64)),
+    last_beat   SimpleAggregateFunction(max, Tuple(DateTime64(3, 'UTC'), UInt64, UInt64))
 )
 ENGINE = AggregatingMergeTree
 PARTITION BY toYYYYMM(minute)
