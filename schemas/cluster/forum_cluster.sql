@@ -542,8 +542,8 @@ CREATE TABLE IF NOT EXISTS forumpulse.source_heartbeat_minute_local ON CLUSTER f
     origin_host LowCardinality(String),
     origin_file LowCardinality(String),
     minute      DateTime('UTC'),
-    first_ts    SimpleAggregateFunction(min, DateTime64(3, 'UTC')),
-    last_ts     SimpleAggregateFunction(max, DateTime64(3, 'UTC'))
+    first_beat  SimpleAggregateFunction(min, Tuple(DateTime64(3, 'UTC'), UInt64, UInt64)),
+    last_beat   SimpleAggregateFunction(max, Tuple(DateTime64(3, 'UTC'), UInt64, UInt64))
 )
 ENGINE = ReplicatedAggregatingMergeTree('/clickhouse/tables/{shard}/forumpulse/source_heartbeat_minute_local', '{replica}')
 PARTITION BY toYYYYMM(minute)
