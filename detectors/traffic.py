@@ -987,8 +987,9 @@ class SourceGapDetector:
               grew: Callable[[str, datetime, datetime], bool] | None = None) -> None:
         """Note the sources silent at ``until`` (no line in the minute before it) that heartbeat then (``fresh``:
         their own heartbeat or their host's, evidence of liveness at ``until``): their silence is not a gap when
-        their lines come back.  Called at the evaluated time only (the end of a live run's window, where the
-        heartbeats were read), never for earlier minutes of a window (a heartbeat now says nothing about them).
+        their lines come back.  Called at a time whose heartbeats are known: the end of a live run's window (where
+        they were read), or a minute judged with the heartbeat log -- never for an earlier minute with the
+        heartbeats of a later time (a heartbeat now says nothing about then).
         ``grew(src, last line minute, until)``: the source's file grew meanwhile -- written but not read, so not
         alive whatever its heartbeats say."""
         for src, q in self.recent.items():
@@ -1001,8 +1002,9 @@ class SourceGapDetector:
              grew: Callable[[str, datetime, datetime], bool] | None = None) -> Iterator[Detection]:
         """Sources silent from their last line up to ``until`` (exclusive) and without a fresh heartbeat, or
         whose file grew meanwhile (``grew(src, last line minute, until)``: written, not read -- a stuck shipper).
-        ``judged``: ``fresh`` was read at ``until`` (else -- an earlier minute of a history run or of a live
-        catch-up -- the heartbeats of that time are not known: the gap's ``detail.liveness`` is ``unknown``).
+        ``judged``: ``fresh`` holds the heartbeats of ``until`` -- read then, or from the heartbeat log (else --
+        an earlier minute of a history run or of a live catch-up without the log -- the heartbeats of that time
+        are not known: the gap's ``detail.liveness`` is ``unknown``).
 
         Cheap to call every minute: nothing is scanned before :attr:`next_due`, and a quiet source whose silence
         does not yet amount to ``gap_min_expected`` lines is skipped until the minute it would."""
@@ -1056,41 +1058,36 @@ Beat = tuple[int, int, int]
 class HeartbeatLog:
     """The heartbeats of a site's sources over a range, from ``source_heartbeat_minute`` (migration 0008): which
     sources were alive at an evaluated time ``t`` (a minute boundary) -- a heartbeat at ``h`` with
-    ``0 <= t - h <= fresh_s``, exactly the test live runs make against ``source_liveness`` at their clock.
-    ``known_from``: the first minute the log has for the site's sources; earlier times are of unknown liveness
-    (stores from before the migration, or sources that never heartbeat), and callers must not read ``at`` for them
-    as "no heartbeat".  Sources are named as :meth:`TrafficDetector._fresh_sources` names them (``host/file``,
-    ``host/`` for a host heartbeat)."""
+    ``0 <= t - h <= fresh_s``, the test live runs make against ``source_liveness`` at their clock (without their
+    30 s allowance for a shipper clock running ahead, so a change of state can fall a minute apart) -- and
+    whether a source's file grew over a stretch (:meth:`grew`).
 
-    def __init__(self, known_from: datetime, rows: Iterable[tuple[str, Beat, Beat]], fresh_s: float) -> None:
+    ``spans``: per source (named as :meth:`TrafficDetector._fresh_sources` names them: ``host/file``, ``host/``
+    for a host heartbeat), time-ordered runs ``(first heartbeat ms, last heartbeat ms)`` in which consecutive
+    heartbeats are at most ``fresh_s`` apart (merged by the store: one row per run, not per minute).
+    ``known_from``: the first time the log can answer for -- its first heartbeat plus ``fresh_s``: earlier, a
+    heartbeat from before the log began may have been fresh; callers must not read :meth:`at` before it as "no
+    heartbeat".  ``samples(src, lo_ms, hi_ms)``: the file heartbeats ``(ms, size, inode)`` of a source in a
+    range, in time order, fetched when :meth:`grew` first needs them (a silence is short; the history is not)."""
+
+    def __init__(self, known_from: datetime, spans: Iterable[tuple[str, int, int]], fresh_s: float,
+                 samples: Callable[[str, int, int], list[Beat]] | None = None) -> None:
         self.known_from = known_from
         fresh_ms = round(fresh_s * 1000)
-        spans: dict[str, list[tuple[int, int]]] = {}
-        #: file heartbeats in time order, (ms, size, inode): what :meth:`grew` reads
-        self._samples: dict[str, list[Beat]] = {}
-        for src, first, last in rows:  # a row's heartbeats are evidence at t in [first, last + fresh]
-            spans.setdefault(src, []).append((int(first[0]), int(last[0]) + fresh_ms))
-            if first[2] or last[2] or first[1] or last[1]:  # a file heartbeat (host heartbeats carry neither)
-                self._samples.setdefault(src, []).extend((first, last) if first != last else (first,))
         self._starts: dict[str, list[int]] = {}
         self._ends: dict[str, list[int]] = {}
-        for src, lst in spans.items():
-            lst.sort()
-            starts: list[int] = []
-            ends: list[int] = []
-            for lo, hi in lst:  # merged, so one bisection answers
-                if ends and lo <= ends[-1]:
-                    ends[-1] = max(ends[-1], hi)
-                else:
-                    starts.append(lo)
-                    ends.append(hi)
-            self._starts[src], self._ends[src] = starts, ends
-        for lst2 in self._samples.values():
-            lst2.sort()
+        for src, first_ms, last_ms in sorted(spans):  # a run's heartbeats are evidence at t in [first, last + fresh]
+            starts, ends = self._starts.setdefault(src, []), self._ends.setdefault(src, [])
+            if ends and first_ms <= ends[-1]:
+                ends[-1] = max(ends[-1], last_ms + fresh_ms)
+            else:
+                starts.append(first_ms)
+                ends.append(last_ms + fresh_ms)
+        self._fetch = samples
+        self._cache: dict[tuple[str, int], tuple[int, list[Beat]]] = {}
 
     def at(self, t: datetime) -> set[str]:
-        """The sources with a heartbeat that is evidence of liveness at ``t`` (empty before ``known_from``): one
-        bisection per source (50 sources over 28 days of minutes: ~1 s in all)."""
+        """The sources with a heartbeat that is evidence of liveness at ``t``: one bisection per source."""
         ms = int(t.timestamp() * 1000)
         got = set()
         for src, starts in self._starts.items():
@@ -1099,27 +1096,34 @@ class HeartbeatLog:
                 got.add(src)
         return got
 
+    def _samples(self, src: str, lo: int, hi: int) -> list[Beat]:
+        if self._fetch is None:
+            return []
+        got = self._cache.get((src, lo))
+        if got is None or got[0] < hi:  # fetched once per silence, again only when it has grown longer
+            got = (hi + 3_600_000, self._fetch(src, lo, hi + 3_600_000))
+            self._cache[(src, lo)] = got
+        return got[1]
+
     def grew(self, src: str, since: datetime, until: datetime) -> bool:
         """The file of ``src`` grew between two of its heartbeats in ``[since, until]`` (same inode, larger
         size): lines were written there that should have arrived.  A rotation (new inode) or a truncation
         (smaller size) is no growth; host heartbeats carry no size and never grow."""
-        lst = self._samples.get(src)
-        if not lst:
+        if src.endswith("/") or src not in self._starts:
             return False
         lo, hi = int(since.timestamp() * 1000), int(until.timestamp() * 1000)
-        i = bisect.bisect_left(lst, (lo, -1, -1))
         prev: Beat | None = None
-        while i < len(lst) and lst[i][0] <= hi:
-            cur = lst[i]
+        for cur in self._samples(src, lo, hi):
+            if cur[0] > hi:
+                break
             if prev is not None and cur[2] == prev[2] and cur[1] > prev[1]:
                 return True
             prev = cur
-            i += 1
         return False
 
     def growing(self, since: datetime, until: datetime) -> list[str]:
         """The sources whose file grew in ``[since, until]`` (:meth:`grew`), sorted."""
-        return sorted(src for src in self._samples if self.grew(src, since, until))
+        return sorted(src for src in self._starts if self.grew(src, since, until))
 
 
 # ------------------------------------------------------------------------------------------------ orchestration
@@ -1515,25 +1519,49 @@ class TrafficDetector:
         ``known=False``: only the range's heartbeats are wanted (a live run's file-growth test), the log's first
         minute is not looked up (``known_from`` is then ``start``: do not judge liveness before it)."""
         fresh_s = float(self.rules["health"]["heartbeat_fresh_seconds"])
+        fresh_ms = round(fresh_s * 1000)
         where = (f"(site = {_q(site)} OR (site = '*' AND origin_host IN "
                  f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)})))")
+        src_expr = "concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file))"
         known_from = start
         if known:
-            first = store.query_rows(f"SELECT min(minute), count() FROM source_heartbeat_minute WHERE {where} "
-                                     f"AND minute <= {_sql_ts(until)}")
+            first = store.query_rows(
+                "SELECT toUnixTimestamp64Milli(tupleElement(min(first_beat), 1)), count() "
+                f"FROM source_heartbeat_minute WHERE {where} AND minute <= {_sql_ts(until)}")
             if not first or not int(first[0][1]):
                 return None
-            known_from = _utc(first[0][0])
+            # heartbeats from before the log began may still have been fresh for fresh_s after its first one
+            ms = int(first[0][0]) + fresh_ms
+            known_from = _utc(-(-ms // 60_000) * 60)
         lo = start - timedelta(seconds=fresh_s + 60)
-        rows = store.query_rows(
-            "SELECT concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file)) AS src, "
-            "toUnixTimestamp64Milli(tupleElement(min(first_beat), 1)), tupleElement(min(first_beat), 2), "
-            "tupleElement(min(first_beat), 3), toUnixTimestamp64Milli(tupleElement(max(last_beat), 1)), "
-            "tupleElement(max(last_beat), 2), tupleElement(max(last_beat), 3) "
+        # runs of heartbeats at most fresh_s apart, merged in the store (one row per run, not per minute)
+        spans = store.query_rows(
+            "SELECT src, min(f), max(l) FROM ("
+            "SELECT src, f, l, sum(brk) OVER (PARTITION BY src ORDER BY f ROWS UNBOUNDED PRECEDING) AS run FROM ("
+            "SELECT src, f, l, if(f - lagInFrame(l, 1, toInt64(-1)) OVER (PARTITION BY src ORDER BY f "
+            f"ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) > {fresh_ms} OR "
+            "lagInFrame(l, 1, toInt64(-1)) OVER (PARTITION BY src ORDER BY f "
+            "ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) < 0, 1, 0) AS brk FROM ("
+            f"SELECT {src_expr} AS src, toInt64(toUnixTimestamp64Milli(tupleElement(min(first_beat), 1))) AS f, "
+            "toInt64(toUnixTimestamp64Milli(tupleElement(max(last_beat), 1))) AS l "
             f"FROM source_heartbeat_minute WHERE {where} AND minute >= {_sql_ts(lo)} AND minute <= {_sql_ts(until)} "
-            "GROUP BY src, minute")
-        return HeartbeatLog(known_from, ((str(r[0]), (int(r[1]), int(r[2]), int(r[3])),
-                                          (int(r[4]), int(r[5]), int(r[6]))) for r in rows), fresh_s)
+            "GROUP BY src, minute))) GROUP BY src, run")
+
+        def samples(src: str, lo_ms: int, hi_ms: int) -> list[Beat]:
+            beats: list[Beat] = []
+            for f_ms, f_size, f_ino, l_ms, l_size, l_ino in store.query_rows(
+                    "SELECT toUnixTimestamp64Milli(tupleElement(min(first_beat), 1)), tupleElement(min(first_beat), 2), "
+                    "tupleElement(min(first_beat), 3), toUnixTimestamp64Milli(tupleElement(max(last_beat), 1)), "
+                    "tupleElement(max(last_beat), 2), tupleElement(max(last_beat), 3) "
+                    f"FROM source_heartbeat_minute WHERE {where} AND {src_expr} = {_q(src)} "
+                    f"AND minute >= {_sql_ts(_utc(lo_ms // 60_000 * 60))} AND minute <= {_sql_ts(_utc(hi_ms // 1000))} "
+                    "GROUP BY minute ORDER BY minute"):
+                for b in ((int(f_ms), int(f_size), int(f_ino)), (int(l_ms), int(l_size), int(l_ino))):
+                    if lo_ms <= b[0] <= hi_ms and (not beats or beats[-1] != b):
+                        beats.append(b)
+            return beats
+
+        return HeartbeatLog(known_from, ((str(a), int(b), int(c)) for a, b, c in spans), fresh_s, samples)
 
     def _read_transfer(self, store: Any, rt: _SiteRuntime, start: datetime,
                        until: datetime) -> list[tuple[datetime, list[tuple[str, list[TransferRow]]]]]:
@@ -1576,13 +1604,12 @@ class TrafficDetector:
         health = self.rules["health"]
         out: list[Detection] = []
         visits: list[_VisitorQuery] = []
-        blocked: list[tuple[datetime, datetime]] = []
+        blocked: list[tuple[datetime, datetime, datetime]] = []
         hb = win.hb_log
 
         def logged(t: datetime) -> bool:
-            """``t`` is judged with the heartbeat log: known then, and not already judged by an earlier run
-            (live, the window's start was the previous run's end)."""
-            return hb is not None and t >= hb.known_from and t > win.start
+            """``t`` is judged with the heartbeat log (known then)."""
+            return hb is not None and t >= hb.known_from
 
         # the heartbeats that tell whether files grow at the window's end (live: the last minutes' up to now)
         end_log = win.hb_recent if win.live else (hb if hb is not None and win.until >= hb.known_from else None)
@@ -1597,9 +1624,10 @@ class TrafficDetector:
 
         if "site" in enabled:
             # minute by minute, as live runs see it: at each minute, the sources silent up to it (a pipeline_gap
-            # opens gap_min_minutes into a silence, not when the lines come back).  Heartbeats are known at the
-            # evaluated time only; a source heartbeating then is taken as alive through a silence that lasts to
-            # it (a silence that ended earlier is still a gap, found when its lines came back).
+            # opens gap_min_minutes into a silence, not when the lines come back).  Without the heartbeat log,
+            # heartbeats are known at the evaluated time only; a source heartbeating then is taken as alive
+            # through a silence that lasts to it (a silence that ended earlier is still a gap, found when its
+            # lines came back).
             src_rows = sorted(win.source_rows, key=lambda r: r[1])
             i, m = 0, win.start
             # the heartbeats read tell about the window's end (live: its last minute, as in a run per minute);
@@ -1626,14 +1654,18 @@ class TrafficDetector:
                                  win.until - timedelta(minutes=1)))
             rt.sources.alive(win.until, win.fresh, grew=grew_in(end_log))
             last = win.until - timedelta(minutes=1)
-            blocked = [(d.start, d.end or last) for d in out if d.kind == "pipeline_gap"]
-            blocked += [(d.start, last) for d in rt.sources.open.values()]
+            never = datetime.min.replace(tzinfo=UTC)
+            blocked = [(d.start, d.end or last, d.detail.get("_reported", never))
+                       for d in out if d.kind == "pipeline_gap"]
+            blocked += [(d.start, last, d.detail.get("_reported", never)) for d in rt.sources.open.values()]
             cap = timedelta(hours=float(health.get("gap_blinds_site_hours", 24)))
-            blocked = [(lo, min(hi, lo + cap)) for lo, hi in blocked]
-            blocked = [(lo, hi) for lo, hi in blocked if hi >= win.start]
+            blocked = [(lo, min(hi, lo + cap), r) for lo, hi, r in blocked]
+            blocked = [(lo, hi, r) for lo, hi, r in blocked if hi >= win.start]
 
-        def feed_site(minute: datetime, value: float) -> None:
-            if not any(lo <= minute <= hi for lo, hi in blocked):
+        def feed_site(minute: datetime, value: float, known_at: datetime | None = None) -> None:
+            """``known_at``: zeros fed by a run's step at ``known_at + 1 min`` -- only the source gaps reported
+            by then block them (a gap found later is back-dated, but that run could not know it)."""
+            if not any(lo <= minute <= hi and (known_at is None or r <= known_at) for lo, hi, r in blocked):
                 out.extend(_reported(rt.seasonal.update(minute, value), minute))
 
         if win.groups is not None:  # live: the groups' tables changed since they were read
@@ -1656,7 +1688,7 @@ class TrafficDetector:
             if fresh and not grown:
                 m = rt.last_seen + timedelta(minutes=1)
                 while m < until:
-                    feed_site(m, 0.0)
+                    feed_site(m, 0.0, until - timedelta(minutes=1))
                     rt.last_seen = m
                     m += timedelta(minutes=1)
             elif rt.gap is None and not self._quiet(rt, until, int(tail.total_seconds() // 60), health):
@@ -1822,7 +1854,8 @@ def detect_history(store: Any, start: datetime, end: datetime | None, settings: 
                    now: datetime | None = None) -> list[Detection]:
     """Run every traffic detector over ``[start, end)`` (baselines warmed with ``history_days`` before ``start``);
     returns the final state of each detection overlapping the range — started in it, or started before and still
-    open at ``start`` or ended at/after it.  Liveness is judged at ``end`` from heartbeats not later than ``end``.
+    open at ``start`` or ended at/after it.  Liveness is judged at each minute from the heartbeat log, else
+    (before the log's first minute) at ``end`` from heartbeats not later than ``end``.
 
     ``end=None``: up to now as a live run reads it -- per site, the last complete minute before ``now`` (default:
     the wall clock) minus ``lag_minutes``, and not past the site's watermark (:meth:`TrafficDetector._watermark`),

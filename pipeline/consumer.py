@@ -67,8 +67,9 @@ At-least-once (not exactly-once) for side channels: the dead-letter topic (a rep
 detector hooks may see a replayed batch twice.  ``consumer_progress`` (every stats interval, one row per owned
 partition: the newest Kafka time stored and committed, the lag) is what the live detectors wait on; a failed write
 is retried at the next interval.  ``source_heartbeat_minute`` (migration 0008; every stats interval, one row per
-source and minute with heartbeats, their earliest and latest ``ts=``) lets history runs judge past silences as
-live runs did; idempotent (min/max), a failed write is kept for the next interval.
+source and minute with heartbeats, their earliest and latest ``ts=`` with the file's size and inode) lets history
+runs judge past silences as live runs did; idempotent (min/max), a failed write is kept for the next interval, a
+killed consumer loses the last interval's rows.
 
 Backpressure: a store error (server down, owner restarting, insert refused) pauses every assigned partition and
 retries the same batch with exponential backoff (``backoff_max_s``), forever, while still polling Kafka so the
@@ -140,6 +141,11 @@ PROGRESS_SCHEMA = pa.schema([  # migration 0007
     ("loaded_ts", pa.timestamp("ms", tz="UTC")), ("next_offset", pa.uint64()), ("lag", pa.int64()),
     ("active", pa.bool_()), ("instance", pa.string()), ("updated_at", pa.timestamp("ms", tz="UTC")),
 ])
+#: ``source_heartbeat_minute`` leaves out a heartbeat whose ``ts=`` is further than this from its Kafka time (a
+#: shipper clock far off, ``ts=0``): the log's first row tells the detectors from when it can answer for liveness
+HEARTBEAT_LOG_MAX_SKEW_MS = 7 * 86_400_000
+#: pending heartbeat-log rows kept while the store refuses them (the oldest minutes go first beyond this)
+HEARTBEAT_LOG_MAX_PENDING = 200_000
 #: a heartbeat as the log keeps it: (time, file size, inode); size and inode 0 when it carries none
 BEAT_TYPE = pa.struct([("ts", pa.timestamp("ms", tz="UTC")), ("size", pa.uint64()), ("inode", pa.uint64())])
 HEARTBEAT_LOG_SCHEMA = pa.schema([  # migration 0008
@@ -1035,6 +1041,8 @@ class LiveConsumer:
             hts = heartbeat_time_ms(hline, int(tss[i]))
             if hts > b.heartbeats.get(src, 0):
                 b.heartbeats[src] = hts
+            if abs(hts - int(tss[i])) > HEARTBEAT_LOG_MAX_SKEW_MS:
+                continue  # a shipper clock far off (or ts=0): kept out of the log, whose first row dates it
             beat = (hts, *heartbeat_file_state(hline))
             span = b.hb_minutes.setdefault((src, hts - hts % 60_000), [beat, beat])
             span[0], span[1] = min(span[0], beat), max(span[1], beat)
@@ -1339,9 +1347,12 @@ class LiveConsumer:
 
     def _write_heartbeat_log(self) -> None:
         """Append the heartbeat minutes seen since the last write to ``source_heartbeat_minute`` (migration 0008:
-        what lets a history run judge a past silence as a live run did).  At-least-once and idempotent: a failed
-        write keeps the rows for the next interval, and a row written twice (a replay, a retry after an
-        ambiguous error) folds into the same minimum and maximum."""
+        what lets a history run judge a past silence as a live run did).  Idempotent: a row written twice (a
+        replay, a retry after an ambiguous error) folds into the same minimum and maximum.  A failed write keeps
+        the rows for the next interval (at most :data:`HEARTBEAT_LOG_MAX_PENDING`, oldest dropped first).  Not
+        at-least-once: the rows are written after the batch's offsets are committed, so a killed consumer loses
+        the last stats interval's (10 s) -- shorter than ``heartbeat_fresh_seconds``, so no minute reads as
+        without heartbeats for that alone."""
         if not self._hb_log:
             return
         pending, self._hb_log = self._hb_log, {}
@@ -1364,6 +1375,9 @@ class LiveConsumer:
             for key, (lo, hi) in pending.items():
                 span = self._hb_log.setdefault(key, [lo, hi])
                 span[0], span[1] = min(span[0], lo), max(span[1], hi)
+            if len(self._hb_log) > HEARTBEAT_LOG_MAX_PENDING:  # a store refusing for hours: bounded memory
+                for key in sorted(self._hb_log, key=lambda k: k[1])[:len(self._hb_log) - HEARTBEAT_LOG_MAX_PENDING]:
+                    del self._hb_log[key]
             self.metrics.record_store_error()
             log.warning("heartbeat log write failed (will retry): %s", str(exc).splitlines()[0][:200])
 

@@ -143,10 +143,13 @@ def test_silent_source_with_heartbeats_vs_dead_source(broker: Broker, store: Sto
     # a second heartbeat in the same minute (its first second): the log keeps the minute's earliest and latest
     p.produce(topic, build_heartbeat("forum", "web-quiet", "access.log", f"ts={quiet_s - quiet_s % 60}"),
               timestamp=now_ms - 20_000)
+    # a shipper whose clock says 1970: no liveness, and kept out of the heartbeat log
+    p.produce(topic, build_heartbeat("forum", "web-busy", "access.log", "ts=0 size=5 inode=1"),
+              timestamp=now_ms - 1000)
     assert p.flush(30) == 0
     c = LiveConsumer(settings, store, _opts(broker, topic, 1000, "live1"))
     summary = c.run(idle_exit_s=1.5)
-    assert summary["heartbeats"] == 3 and summary["loaded"] == 90
+    assert summary["heartbeats"] == 4 and summary["loaded"] == 90
     states = {s.origin_host: s.state for s in source_status(store, now=now_ms / 1000, quiet_after_s=300,
                                                              heartbeat_timeout_s=120)}
     assert states == {"web-quiet": "silent", "web-gone": "dead", "web-busy": "live"}

@@ -216,9 +216,10 @@ def test_file_growth_ignores_rotation_truncation_and_the_grace_period() -> None:
     t0 = datetime(2026, 3, 11, 10, tzinfo=UTC)
     ms = int(t0.timestamp() * 1000)
 
-    def log(*beats: tuple[int, int, int]) -> HeartbeatLog:  # (seconds after t0, size, inode), one per minute row
-        return HeartbeatLog(t0, [("h/a.log", (ms + s * 1000, size, ino), (ms + s * 1000, size, ino))
-                                 for s, size, ino in beats], 120)
+    def log(*beats: tuple[int, int, int]) -> HeartbeatLog:  # (seconds after t0, size, inode)
+        samples = [(ms + sec * 1000, size, ino) for sec, size, ino in beats]
+        return HeartbeatLog(t0, [("h/a.log", samples[0][0], samples[-1][0])], 120,
+                            lambda src, lo, hi: [b for b in samples if lo <= b[0] <= hi])
 
     end = t0 + timedelta(minutes=30)
     assert log((60, 100, 1), (120, 200, 1)).grew("h/a.log", t0, end)
@@ -229,5 +230,87 @@ def test_file_growth_ignores_rotation_truncation_and_the_grace_period() -> None:
     assert not log((60, 100, 1), (120, 200, 1), (180, 200, 1)).grew(               # grew before `since` only
         "h/a.log", t0 + timedelta(seconds=120), end)
     assert log((60, 100, 1), (120, 200, 1)).growing(t0, end) == ["h/a.log"]
-    host = HeartbeatLog(t0, [("h/", (ms, 0, 0), (ms + 50_000, 0, 0))], 120)        # host heartbeats: no size
+    host = HeartbeatLog(t0, [("h/", ms, ms + 50_000)], 120, lambda src, lo, hi: [])  # host heartbeats: no size
     assert not host.grew("h/", t0, end) and host.growing(t0, end) == []
+
+
+def _three_ways(store: Any, case: dict[str, Any], lines_off: tuple[str, str], beats_off: tuple[str, str] | None,
+                log_from: str | None = None) -> list[set[tuple[Any, ...]]]:
+    """Live every minute (at :30) 09:50-11:10, then history over 09:00-11:10 and a live detector started at
+    11:10 (its first run catches up): the detections of each since 09:00 as (kind, scope, start, end, reason,
+    liveness).  Lines stop in ``lines_off``; heartbeats in ``beats_off``; the heartbeat log holds the heartbeats
+    from ``log_from`` on (the upgrade to migration 0008)."""
+    name = case["site"]["name"]
+    store.insert("requests", build_requests(case))
+
+    def inside(t: datetime, span: tuple[str, str] | None) -> bool:
+        return span is not None and _local(case, span[0]) <= t < _local(case, span[1])
+
+    det = TrafficDetector(_settings([case]), sites=[name])
+    live: dict[str, Detection] = {}
+    t = _local(case, "2026-03-11T09:50:30")
+    last_line = t
+    end = _local(case, "2026-03-11T11:10:30")
+    while t <= end:
+        if not inside(t - timedelta(seconds=2), lines_off):
+            last_line = t - timedelta(seconds=2)
+        hb = t - timedelta(seconds=5)
+        if not inside(hb, beats_off):
+            if log_from is None or hb >= _local(case, log_from):
+                _beat_log(store, name, hb)
+            _beat(store, name, last_line, hb)
+        for d in det.run_once(store, t):
+            if d.start >= _local(case, "2026-03-11T09:00"):
+                live[d.id] = d
+        t += timedelta(minutes=1)
+    hist = detect_history(store, _local(case, "2026-03-11T09:00"), end.replace(second=0), _settings([case]),
+                          sites=[name])
+    restarted = TrafficDetector(_settings([case]), sites=[name]).run_once(store, end)
+
+    def key(d: Detection) -> tuple[Any, ...]:
+        return (d.kind, d.scope, d.start, d.end, d.detail.get("reason"), d.detail.get("liveness"))
+
+    return [{key(d) for d in got if d.start >= _local(case, "2026-03-11T09:00")}
+            for got in (live.values(), hist, restarted)]
+
+
+def test_heartbeats_stopping_inside_a_silence_are_judged_alike_live_in_history_and_after_a_restart(
+        store: Any) -> None:
+    """Lines stop at 10:00; the heartbeats stop too at 10:20:40 (from a review): live reports an ``outage``
+    from 10:00, then a ``pipeline_gap`` from 10:20.  History and a restarted live run used to lose the outage (its
+    zero minutes were blocked by the source gap found later and back-dated) and to judge the first minute of a
+    live catch-up with the wall clock's heartbeats (liveness unknown)."""
+    case = {**DOWN, "site": {"name": "case-hb-stop", "timezone": "UTC"},
+            "events": [{"kind": "gap", "from": "2026-03-11T10:00", "to": "2026-03-11T10:50"}]}
+    live, hist, restarted = _three_ways(store, case, ("2026-03-11T10:00", "2026-03-11T10:50:30"),
+                                        ("2026-03-11T10:20:40", "2026-03-11T10:50:30"))
+    kinds = {(k[0], k[1]) for k in live}
+    assert ("outage", "site") in kinds and ("pipeline_gap", "pipeline") in kinds, live
+    assert hist == live, (sorted(hist), sorted(live))
+    assert restarted == live, (sorted(restarted), sorted(live))
+
+
+def test_a_log_begun_during_an_outage_does_not_turn_it_into_a_known_gap(store: Any) -> None:
+    """The heartbeat log starts at 10:20:20 (the upgrade), inside an outage live saw with heartbeats all along
+    (from a review): the heartbeats just before the log's first row were fresh, so history must not read the
+    minutes after the log began as "no heartbeat" (a ``pipeline_gap`` with known liveness, which would then be
+    written next to the live outage)."""
+    case = {**DOWN, "site": {"name": "case-log-begins", "timezone": "UTC"},
+            "events": [{"kind": "gap", "from": "2026-03-11T10:00", "to": "2026-03-11T10:50"}]}
+    live, hist, restarted = _three_ways(store, case, ("2026-03-11T10:00", "2026-03-11T10:50:30"), None,
+                                        log_from="2026-03-11T10:20:20")
+    assert [k for k in live if k[0] == "outage"] and not [k for k in live if k[0] == "pipeline_gap"], live
+    for got in (hist, restarted):
+        assert not [k for k in got if k[0] == "pipeline_gap" and k[5] != "unknown"], sorted(got)
+
+
+def test_the_heartbeat_log_measurement_runs_and_finds_every_growing_file() -> None:
+    """``python -m forumpulse.detectors.bench_heartbeat_log`` (quoted in docs/detectors.md), at a tiny size: every
+    source alive at every minute it samples after its first heartbeat, and every (growing) file found growing."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "forumpulse.detectors.bench_heartbeat_log", "--sources", "3",
+                          "--days", "2"], capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "3 sources x 2 days = 8,640 log rows" in out, out
+    # 288 sampled minutes x 3 sources, less the first minute (its heartbeats come 5 s after it)
+    assert "(861 source-minutes alive)" in out and "growth of 3 sources" in out, out

@@ -8,13 +8,14 @@
 -- heartbeated: its earliest and latest heartbeat as (time, file size, inode) -- the time is the heartbeat's
 -- `ts=` (the shipper's clock); size and inode are what a file heartbeat reports (`syslog-ng/heartbeat.sh`), 0
 -- for host heartbeats, MARKs and listeners.  A file that grows while none of its lines arrive is written but not
--- read (a stuck shipper): a `pipeline_gap`, not an outage.  At-least-once: a replayed batch writes the same
--- minimum and maximum again, which the engine folds (tuples compare by time first), so the log is idempotent.
--- A heartbeat at `h` is evidence of liveness at `t` when `0 <= t - h <= health.heartbeat_fresh_seconds`; for a
--- minute boundary `t` that holds for some heartbeat of a row exactly when `first_beat.1 <= t` and
--- `last_beat.1 >= t - fresh` (detectors/traffic.py HeartbeatLog).  Minutes before the first row of a site's
--- sources are of unknown liveness, as before this migration.  Size: one row per heartbeating source and minute,
--- kept as long as the rollups.
+-- read (a stuck shipper): a `pipeline_gap`, not an outage.  Idempotent: a replayed batch writes the same minimum
+-- and maximum again, which the engine folds (tuples compare by time first); a killed consumer loses its last
+-- interval's rows (written after the offsets are committed), and a heartbeat whose `ts=` is more than 7 days
+-- from its Kafka time (a wrong clock, `ts=0`) is left out.  A heartbeat at `h` is evidence of liveness at `t`
+-- when `0 <= t - h <= health.heartbeat_fresh_seconds`; the detectors merge consecutive heartbeats at most that
+-- far apart into runs (detectors/traffic.py HeartbeatLog).  Times before the first row of a site's sources
+-- plus `heartbeat_fresh_seconds` are of unknown liveness, as before this migration.  Size: one row per
+-- heartbeating source and minute, kept as long as the rollups.
 CREATE TABLE IF NOT EXISTS source_heartbeat_minute
 (
     site        LowCardinality(String),
