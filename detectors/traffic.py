@@ -1071,8 +1071,10 @@ class HeartbeatLog:
     range, in time order, fetched when :meth:`grew` first needs them (a silence is short; the history is not)."""
 
     def __init__(self, known_from: datetime, spans: Iterable[tuple[str, int, int]], fresh_s: float,
-                 samples: Callable[[str, int, int], list[Beat]] | None = None) -> None:
+                 samples: Callable[[str, int, int], list[Beat]] | None = None,
+                 growth_window_s: float = 600.0) -> None:
         self.known_from = known_from
+        self.growth_window_ms = round(growth_window_s * 1000)
         fresh_ms = round(fresh_s * 1000)
         self._starts: dict[str, list[int]] = {}
         self._ends: dict[str, list[int]] = {}
@@ -1084,7 +1086,7 @@ class HeartbeatLog:
                 starts.append(first_ms)
                 ends.append(last_ms + fresh_ms)
         self._fetch = samples
-        self._cache: dict[tuple[str, int], tuple[int, list[Beat]]] = {}
+        self._cache: dict[str, tuple[int, int, list[Beat]]] = {}
 
     def at(self, t: datetime) -> set[str]:
         """The sources with a heartbeat that is evidence of liveness at ``t``: one bisection per source."""
@@ -1097,28 +1099,41 @@ class HeartbeatLog:
         return got
 
     def _samples(self, src: str, lo: int, hi: int) -> list[Beat]:
+        """The file heartbeats of ``src`` from ``lo`` to at least ``hi`` (ms), in time order: fetched for an hour
+        ahead and fetched again only when asked past it or before it (a minute-by-minute run asks for a window
+        sliding forward: one query an hour, not one a minute)."""
         if self._fetch is None:
             return []
-        got = self._cache.get((src, lo))
-        if got is None or got[0] < hi:  # fetched once per silence, again only when it has grown longer
-            got = (hi + 3_600_000, self._fetch(src, lo, hi + 3_600_000))
-            self._cache[(src, lo)] = got
-        return got[1]
+        got = self._cache.get(src)
+        if got is None or lo < got[0] or hi > got[1]:
+            got = (lo, hi + 3_600_000, self._fetch(src, lo, hi + 3_600_000))
+            self._cache[src] = got
+        return got[2]
 
     def grew(self, src: str, since: datetime, until: datetime) -> bool:
-        """The file of ``src`` grew between two of its heartbeats in ``[since, until]`` (same inode, larger
-        size): lines were written there that should have arrived.  A rotation (new inode) or a truncation
-        (smaller size) is no growth; host heartbeats carry no size and never grow."""
+        """The file of ``src`` kept growing in the last ``growth_window_s`` before ``until`` (and after
+        ``since``): a larger size under the same inode between heartbeats in at least two different minutes --
+        lines were written there that should have arrived, and not as a single late write (a buffered log
+        flushed once, a hung request logged when it timed out).  A rotation (new inode) or a truncation (smaller
+        size) is no growth; host heartbeats carry no size and never grow."""
         if src.endswith("/") or src not in self._starts:
             return False
-        lo, hi = int(since.timestamp() * 1000), int(until.timestamp() * 1000)
+        hi = int(until.timestamp() * 1000)
+        lo = max(int(since.timestamp() * 1000), hi - self.growth_window_ms)
+        if lo >= hi:
+            return False
+        beats = self._samples(src, lo, hi)
+        i = bisect.bisect_left(beats, (lo, -1, -1))
         prev: Beat | None = None
-        for cur in self._samples(src, lo, hi):
-            if cur[0] > hi:
-                break
+        minutes: set[int] = set()
+        while i < len(beats) and beats[i][0] <= hi:
+            cur = beats[i]
             if prev is not None and cur[2] == prev[2] and cur[1] > prev[1]:
-                return True
+                minutes.add(cur[0] // 60_000)
+                if len(minutes) >= 2:
+                    return True
             prev = cur
+            i += 1
         return False
 
     def growing(self, since: datetime, until: datetime) -> list[str]:
@@ -1561,7 +1576,8 @@ class TrafficDetector:
                         beats.append(b)
             return beats
 
-        return HeartbeatLog(known_from, ((str(a), int(b), int(c)) for a, b, c in spans), fresh_s, samples)
+        return HeartbeatLog(known_from, ((str(a), int(b), int(c)) for a, b, c in spans), fresh_s, samples,
+                            growth_window_s=60.0 * int(self.rules["health"]["gap_min_minutes"]))
 
     def _read_transfer(self, store: Any, rt: _SiteRuntime, start: datetime,
                        until: datetime) -> list[tuple[datetime, list[tuple[str, list[TransferRow]]]]]:

@@ -4,6 +4,7 @@ back nor by a history run written next to the live outage; history without an en
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -221,25 +222,29 @@ def test_file_growth_ignores_rotation_truncation_and_the_grace_period() -> None:
         return HeartbeatLog(t0, [("h/a.log", samples[0][0], samples[-1][0])], 120,
                             lambda src, lo, hi: [b for b in samples if lo <= b[0] <= hi])
 
-    end = t0 + timedelta(minutes=30)
-    assert log((60, 100, 1), (120, 200, 1)).grew("h/a.log", t0, end)
+    end = t0 + timedelta(minutes=5)
+    assert log((60, 100, 1), (120, 200, 1), (180, 300, 1)).grew("h/a.log", t0, end)  # growing in two minutes
+    assert not log((60, 100, 1), (120, 200, 1), (180, 200, 1)).grew("h/a.log", t0, end)  # one late write only
     assert not log((60, 100, 1), (120, 100, 1)).grew("h/a.log", t0, end)          # idle: same size
-    assert not log((60, 900, 1), (120, 50, 2)).grew("h/a.log", t0, end)           # rotated: new inode, smaller
-    assert not log((60, 900, 1), (120, 0, 1)).grew("h/a.log", t0, end)            # truncated in place
-    assert log((60, 900, 1), (120, 0, 1), (180, 40, 1)).grew("h/a.log", t0, end)  # ... and written again
-    assert not log((60, 100, 1), (120, 200, 1), (180, 200, 1)).grew(               # grew before `since` only
-        "h/a.log", t0 + timedelta(seconds=120), end)
-    assert log((60, 100, 1), (120, 200, 1)).growing(t0, end) == ["h/a.log"]
+    assert not log((60, 900, 1), (120, 50, 2), (180, 50, 2)).grew("h/a.log", t0, end)  # rotated: new inode
+    assert not log((60, 900, 1), (120, 0, 1), (180, 0, 1)).grew("h/a.log", t0, end)    # truncated in place
+    assert log((60, 900, 1), (120, 0, 1), (180, 40, 1), (240, 80, 1)).grew("h/a.log", t0, end)  # ... written again
+    assert not log((60, 100, 1), (120, 200, 1), (180, 300, 1), (240, 300, 1)).grew(    # grew before `since` only
+        "h/a.log", t0 + timedelta(seconds=180), end)
+    assert not log((60, 100, 1), (120, 200, 1), (180, 300, 1), (1500, 300, 1)).grew(   # longer ago than the window
+        "h/a.log", t0, t0 + timedelta(minutes=30))
+    assert log((60, 100, 1), (120, 200, 1), (180, 300, 1)).growing(t0, end) == ["h/a.log"]
     host = HeartbeatLog(t0, [("h/", ms, ms + 50_000)], 120, lambda src, lo, hi: [])  # host heartbeats: no size
     assert not host.grew("h/", t0, end) and host.growing(t0, end) == []
 
 
 def _three_ways(store: Any, case: dict[str, Any], lines_off: tuple[str, str], beats_off: tuple[str, str] | None,
-                log_from: str | None = None) -> list[set[tuple[Any, ...]]]:
+                log_from: str | None = None,
+                size_at: Callable[[datetime], int] | None = None) -> list[set[tuple[Any, ...]]]:
     """Live every minute (at :30) 09:50-11:10, then history over 09:00-11:10 and a live detector started at
     11:10 (its first run catches up): the detections of each since 09:00 as (kind, scope, start, end, reason,
     liveness).  Lines stop in ``lines_off``; heartbeats in ``beats_off``; the heartbeat log holds the heartbeats
-    from ``log_from`` on (the upgrade to migration 0008)."""
+    from ``log_from`` on (the upgrade to migration 0008), with the file's size ``size_at(heartbeat time)``."""
     name = case["site"]["name"]
     store.insert("requests", build_requests(case))
 
@@ -257,7 +262,7 @@ def _three_ways(store: Any, case: dict[str, Any], lines_off: tuple[str, str], be
         hb = t - timedelta(seconds=5)
         if not inside(hb, beats_off):
             if log_from is None or hb >= _local(case, log_from):
-                _beat_log(store, name, hb)
+                _beat_log(store, name, hb, *((size_at(hb), 9) if size_at else (0, 0)))
             _beat(store, name, last_line, hb)
         for d in det.run_once(store, t):
             if d.start >= _local(case, "2026-03-11T09:00"):
@@ -314,3 +319,17 @@ def test_the_heartbeat_log_measurement_runs_and_finds_every_growing_file() -> No
     assert "3 sources x 2 days = 8,640 log rows" in out, out
     # 288 sampled minutes x 3 sources, less the first minute (its heartbeats come 5 s after it)
     assert "(861 source-minutes alive)" in out and "growth of 3 sources" in out, out
+
+
+def test_a_single_late_write_during_an_outage_is_no_stuck_shipper(store: Any) -> None:
+    """Lines stop 10:00-10:40 while the shipper heartbeats; the file grows once, by 20 kB at 10:05 (a buffered
+    log flushed when the server was restarted, a hung request logged at its timeout) and never again (from a
+    review: one write used to turn the outage into a ``pipeline_gap``).  An outage, live, in history and after a
+    restart; a file that keeps growing is the stuck shipper (the test above)."""
+    case = {**DOWN, "site": {"name": "case-one-write", "timezone": "UTC"}}
+    flush = _local(case, "2026-03-11T10:05")
+    live, hist, restarted = _three_ways(store, case, ("2026-03-11T10:00", "2026-03-11T10:40:30"), None,
+                                        size_at=lambda t: 1_000_000 + (20_000 if t >= flush else 0))
+    for got in (live, hist, restarted):
+        assert [k for k in got if k[:2] == ("outage", "site")], sorted(got)
+        assert not [k for k in got if k[0] == "pipeline_gap"], sorted(got)

@@ -7,7 +7,7 @@
 -- judged it then.  The consumers add, every stats interval (10 s), one row per source and minute in which it
 -- heartbeated: its earliest and latest heartbeat as (time, file size, inode) -- the time is the heartbeat's
 -- `ts=` (the shipper's clock); size and inode are what a file heartbeat reports (`syslog-ng/heartbeat.sh`), 0
--- for host heartbeats, MARKs and listeners.  A file that grows while none of its lines arrive is written but not
+-- for host heartbeats, MARKs and listeners.  A file that keeps growing while none of its lines arrive is written but not
 -- read (a stuck shipper): a `pipeline_gap`, not an outage.  Idempotent: a replayed batch writes the same minimum
 -- and maximum again, which the engine folds (tuples compare by time first); a killed consumer loses its last
 -- interval's rows (written after the offsets are committed), and a heartbeat whose `ts=` is more than 7 days
