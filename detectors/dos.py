@@ -1466,9 +1466,11 @@ class DosDetector:
                 # the prefix's learned rate (earlier batches only), whatever its number of addresses
                 minute = int(grp["sec"].min()) // 60
                 learned = self.prefix_rates.per_minute(value, minute) / 60.0
-                if learned > 0:
-                    crowd = self._crowd(b, cache, minute, value, wm_sec)
-                thr = r.threshold * self._prefix_scale(learned * crowd, r.threshold / r.window_s)
+                crowd = self._crowd(b, cache, minute, value, wm_sec)
+                if learned > 0:  # its own normal, risen with the crowd
+                    thr = r.threshold * self._prefix_scale(learned * crowd, r.threshold / r.window_s)
+                else:  # no normal of its own (new readers the crowd brought): the crowd's rise on the rule's floor
+                    thr = r.threshold * min(self.rules.prefix_baseline.max_scale, crowd)
                 grp = grp[grp["value"] >= thr]
                 if grp.empty:
                     continue
@@ -1490,8 +1492,10 @@ class DosDetector:
     def _crowd(self, b: Batch, cache: dict[str, Any], minute: int, exclude: str, wm_sec: int) -> float:
         """How much the *other* busy ranges rose in ``minute`` against their learned rates (the median of their
         rises, at least 1): a flash crowd -- breaking news, a push notification -- raises the traffic of every
-        range with readers in it at once, and a range rising with it is not a surge of its own.  1.0 when fewer
-        than ``crowd_min_ranges`` ranges are busy (a minute of them learned in the last ``crowd_recent_s``).
+        range with readers in it at once, and a range rising with it is not a surge of its own.  It multiplies a
+        range's learned rate, or the rule's threshold for a range with none (new readers the crowd brought).
+        1.0 when fewer than ``crowd_min_ranges`` ranges are busy (a minute of them learned in the last
+        ``crowd_recent_s``).
 
         A range rising alone (a flood from one subnet, or a few) is judged as before: the median ignores the
         few.  Only an attack from more than half of the busy ranges at once raises it, and that is a site-wide

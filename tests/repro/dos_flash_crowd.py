@@ -2,7 +2,8 @@
 all rise K-fold within one second -- breaking news, a push notification -- after 25 minutes of steady traffic.
 Prints how many decisions the detector made, by rule.  ``CROWD=0`` turns the crowd guard off
 (``prefix_baseline.crowd_min_ranges``); docs/dos.md "Flash crowds" quotes ``python tests/repro/dos_flash_crowd.py
-60 5 6`` with and without it.
+60 5 6`` with and without it.  ``NEW=n`` adds n /24s never seen before that join the crowd with its traffic
+(new readers the news brought: ~200 addresses and rise x rate non-static req/s each).
 
 Usage: python tests/repro/dos_flash_crowd.py [ranges=60] [rise=5] [non-static req/s per range=6]
 """
@@ -29,12 +30,13 @@ def main() -> None:
     uas = [f"Mozilla/5.0 (Linux; Android 1{i}) Chrome/12{i}.0 Mobile" for i in range(10)]
     t0 = 1_700_000_000
     made: Counter[str] = Counter()
+    new = int(os.environ.get("NEW", "0"))
     for sec in range(40 * 60):
         k = rise if sec >= 25 * 60 else 1.0
         ts: list[int] = []
         ip: list[str] = []
         path: list[str] = []
-        for r in range(n_ranges):
+        for r in range(n_ranges + (new if sec >= 25 * 60 else 0)):
             pages, statics = rng.poisson(rate * k), rng.poisson(rate * k * 2)
             for j in range(pages + statics):
                 ts.append((t0 + sec) * 1000 + int(rng.integers(0, 1000)))
@@ -47,7 +49,8 @@ def main() -> None:
                   np.asarray([uas[int(a.rsplit(".", 1)[1]) % 10] for a in ips], dtype=object))  # one per address
         for d in det.process(b):
             made[d.reason] += 1
-    print(f"ranges={n_ranges} rise={rise}x non-static={rate}/s per range crowd_min_ranges={pb.crowd_min_ranges}: "
+    print(f"ranges={n_ranges} (+{new} new) rise={rise}x non-static={rate}/s per range "
+          f"crowd_min_ranges={pb.crowd_min_ranges}: "
           f"{sum(made.values())} decisions {dict(made)}")
 
 
