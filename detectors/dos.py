@@ -1466,11 +1466,13 @@ class DosDetector:
                 # the prefix's learned rate (earlier batches only), whatever its number of addresses
                 minute = int(grp["sec"].min()) // 60
                 learned = self.prefix_rates.per_minute(value, minute) / 60.0
-                crowd = self._crowd(b, cache, minute, value, wm_sec)
-                if learned > 0:  # its own normal, risen with the crowd
-                    thr = r.threshold * self._prefix_scale(learned * crowd, r.threshold / r.window_s)
-                else:  # no normal of its own (new readers the crowd brought): the crowd's rise on the rule's floor
-                    thr = r.threshold * min(self.rules.prefix_baseline.max_scale, crowd)
+                crowd = self._crowd(b, cache, minute, value, wm_sec) if learned > 0 or r.crowd_floor else 1.0
+                # its own normal risen with the crowd; with crowd_floor, at least the rule's threshold risen with
+                # it (a range with a low or no learned rate gets new readers too: the same allowance either way)
+                sc = self._prefix_scale(learned * crowd, r.threshold / r.window_s)
+                if r.crowd_floor:
+                    sc = max(sc, min(self.rules.prefix_baseline.max_scale, crowd))
+                thr = r.threshold * sc
                 grp = grp[grp["value"] >= thr]
                 if grp.empty:
                     continue
@@ -1493,7 +1495,8 @@ class DosDetector:
         """How much the *other* busy ranges rose in ``minute`` against their learned rates (the median of their
         rises, at least 1): a flash crowd -- breaking news, a push notification -- raises the traffic of every
         range with readers in it at once, and a range rising with it is not a surge of its own.  It multiplies a
-        range's learned rate, or the rule's threshold for a range with none (new readers the crowd brought).
+        range's learned rate and, for rules with ``crowd_floor``, the rule's threshold (whichever is higher: a
+        range with a low or no learned rate gets new readers too).
         1.0 when fewer than ``crowd_min_ranges`` ranges are busy (a minute of them learned in the last
         ``crowd_recent_s``).
 

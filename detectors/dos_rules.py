@@ -73,6 +73,9 @@ class Rule(_Strict):
     min_clients: int = Field(1, ge=1)
     per_client_min: int = Field(1, ge=1)
     scale: Literal["none", "baseline"] = "none"
+    crowd_floor: bool = Field(False, description="prefix rules with scale: baseline: inside a flash crowd the "
+                              "rule's own threshold is raised by the crowd's rise too (a range with a low or no "
+                              "learned rate gets new readers as well); off keeps the threshold an absolute floor")
     scope: Literal["ip", "range"] = "ip"
     duration_s: int = Field(ge=1)
     # swarm rules (many addresses, each below per-client thresholds, one target): see docs/dos.md

@@ -1701,6 +1701,8 @@ class TrafficDetector:
             if tail < gap_min:
                 return
             grown = log_.growing(rt.last_seen + timedelta(minutes=1) + grace, until) if fresh and log_ else []
+            if rt.gap is not None and rt.gap.detail.get("growing"):
+                return  # the files were seen growing: no lines since is the shipper's silence until lines return
             if fresh and not grown:
                 m = rt.last_seen + timedelta(minutes=1)
                 while m < until:

@@ -239,19 +239,22 @@ def test_file_growth_ignores_rotation_truncation_and_the_grace_period() -> None:
 
 
 def _three_ways(store: Any, case: dict[str, Any], lines_off: tuple[str, str], beats_off: tuple[str, str] | None,
-                log_from: str | None = None,
-                size_at: Callable[[datetime], int] | None = None) -> list[set[tuple[Any, ...]]]:
+                log_from: str | None = None, size_at: Callable[[datetime], int] | None = None,
+                health: dict[str, Any] | None = None) -> list[set[tuple[Any, ...]]]:
     """Live every minute (at :30) 09:50-11:10, then history over 09:00-11:10 and a live detector started at
     11:10 (its first run catches up): the detections of each since 09:00 as (kind, scope, start, end, reason,
     liveness).  Lines stop in ``lines_off``; heartbeats in ``beats_off``; the heartbeat log holds the heartbeats
     from ``log_from`` on (the upgrade to migration 0008), with the file's size ``size_at(heartbeat time)``."""
     name = case["site"]["name"]
     store.insert("requests", build_requests(case))
+    settings = _settings([case])
+    if health:
+        settings = settings.model_copy(update={"detectors": {"traffic": {"thresholds": {"health": health}}}})
 
     def inside(t: datetime, span: tuple[str, str] | None) -> bool:
         return span is not None and _local(case, span[0]) <= t < _local(case, span[1])
 
-    det = TrafficDetector(_settings([case]), sites=[name])
+    det = TrafficDetector(settings, sites=[name])
     live: dict[str, Detection] = {}
     t = _local(case, "2026-03-11T09:50:30")
     last_line = t
@@ -268,9 +271,9 @@ def _three_ways(store: Any, case: dict[str, Any], lines_off: tuple[str, str], be
             if d.start >= _local(case, "2026-03-11T09:00"):
                 live[d.id] = d
         t += timedelta(minutes=1)
-    hist = detect_history(store, _local(case, "2026-03-11T09:00"), end.replace(second=0), _settings([case]),
+    hist = detect_history(store, _local(case, "2026-03-11T09:00"), end.replace(second=0), settings,
                           sites=[name])
-    restarted = TrafficDetector(_settings([case]), sites=[name]).run_once(store, end)
+    restarted = TrafficDetector(settings, sites=[name]).run_once(store, end)
 
     def key(d: Detection) -> tuple[Any, ...]:
         return (d.kind, d.scope, d.start, d.end, d.detail.get("reason"), d.detail.get("liveness"))
@@ -333,3 +336,19 @@ def test_a_single_late_write_during_an_outage_is_no_stuck_shipper(store: Any) ->
     for got in (live, hist, restarted):
         assert [k for k in got if k[:2] == ("outage", "site")], sorted(got)
         assert not [k for k in got if k[0] == "pipeline_gap"], sorted(got)
+
+
+def test_a_stuck_shipper_gap_stays_a_gap_when_the_file_stops_growing(store: Any) -> None:
+    """Lines stop at 10:00 while the file keeps growing until 10:20, then stays the same size (from a review):
+    the site's ``pipeline_gap`` ("files grow") stays open until lines return -- zeros are not fed into it as an
+    outage once the growth is out of the window, even when no source gap blocks them any more."""
+    case = {**DOWN, "site": {"name": "case-stuck-then-flat", "timezone": "UTC"}}
+    flat = _local(case, "2026-03-11T10:20")
+    live, hist, restarted = _three_ways(
+        store, case, ("2026-03-11T10:00", "2026-03-11T10:50:30"), None,
+        size_at=lambda t: 1_000_000 + 3_000 * int((min(t, flat) - _local(case, "2026-03-11T09:00")).total_seconds()
+                                                  // 60),
+        health={"gap_blinds_site_hours": 0.1})
+    for got in (live, hist, restarted):
+        assert ("pipeline_gap", "pipeline") in {k[:2] for k in got}, sorted(got)
+        assert not [k for k in got if k[:2] == ("outage", "site")], sorted(got)
