@@ -154,6 +154,23 @@ HEARTBEAT_LOG_SCHEMA = pa.schema([  # migration 0008
 ])
 
 
+def heartbeat_log_table(rows: Sequence[tuple[str, str, str, int, tuple[int, int, int], tuple[int, int, int]]]
+                        ) -> pa.Table:
+    """``source_heartbeat_minute`` rows from ``(site, origin_host, origin_file, minute ms, earliest, latest)``,
+    each heartbeat ``(ms, file size, inode)``."""
+    def beats(vals: list[tuple[int, int, int]]) -> pa.StructArray:
+        return pa.StructArray.from_arrays(
+            [pa.array([b[0] for b in vals], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+             pa.array([b[1] for b in vals], pa.uint64()), pa.array([b[2] for b in vals], pa.uint64())],
+            fields=list(BEAT_TYPE))
+
+    return pa.table({
+        "site": [r[0] for r in rows], "origin_host": [r[1] for r in rows], "origin_file": [r[2] for r in rows],
+        "minute": pa.array([r[3] // 1000 for r in rows], pa.int64()).cast(pa.timestamp("s", tz="UTC")),
+        "first_beat": beats([r[4] for r in rows]), "last_beat": beats([r[5] for r in rows])},
+        schema=HEARTBEAT_LOG_SCHEMA)
+
+
 @dataclass(frozen=True)
 class BatchInfo:
     """What a hook learns about a batch besides its rows."""
@@ -1356,21 +1373,10 @@ class LiveConsumer:
         if not self._hb_log:
             return
         pending, self._hb_log = self._hb_log, {}
-        dec = [tuple(x.decode("utf-8", "backslashreplace") for x in src) for src, _ in pending]
-
-        def beats(which: int) -> pa.StructArray:
-            vals = [v[which] for v in pending.values()]
-            return pa.StructArray.from_arrays(
-                [pa.array([b[0] for b in vals], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-                 pa.array([b[1] for b in vals], pa.uint64()), pa.array([b[2] for b in vals], pa.uint64())],
-                fields=list(BEAT_TYPE))
-
+        rows = [(*(x.decode("utf-8", "backslashreplace") for x in src), minute, lo, hi)
+                for (src, minute), (lo, hi) in pending.items()]
         try:
-            self.store.insert("source_heartbeat_minute", pa.table({
-                "site": [d[0] for d in dec], "origin_host": [d[1] for d in dec], "origin_file": [d[2] for d in dec],
-                "minute": pa.array([m // 1000 for _, m in pending], pa.int64()).cast(pa.timestamp("s", tz="UTC")),
-                "first_beat": beats(0), "last_beat": beats(1),
-            }, schema=HEARTBEAT_LOG_SCHEMA))
+            self.store.insert("source_heartbeat_minute", heartbeat_log_table(rows))  # type: ignore[arg-type]
         except StoreError as exc:  # a side channel, as liveness: kept (merged with newer minutes) for the next write
             for key, (lo, hi) in pending.items():
                 span = self._hb_log.setdefault(key, [lo, hi])

@@ -171,7 +171,7 @@ def heartbeat_log_rows(case: dict[str, Any], host: str = "origin", file: str = "
     """``source_heartbeat_minute`` rows (migration 0008) for the case's ``heartbeat_log`` spans: a heartbeat every
     ``every_s`` seconds in ``[from, to)`` reporting the file's size (growing by ``grow_bytes_per_s``, default 0:
     the size does not change) and inode 1, folded per minute as the consumer folds them (earliest, latest)."""
-    from forumpulse.pipeline.consumer import BEAT_TYPE, HEARTBEAT_LOG_SCHEMA
+    from forumpulse.pipeline.consumer import heartbeat_log_table
 
     spans: dict[int, list[tuple[int, int, int]]] = {}
     size = 1_000_000
@@ -184,19 +184,7 @@ def heartbeat_log_rows(case: dict[str, Any], host: str = "origin", file: str = "
             span[0], span[1] = min(span[0], beat), max(span[1], beat)
             t += int(sp["every_s"] * 1000)
             size += int(sp.get("grow_bytes_per_s", 0) * sp["every_s"])
-    ms = pa.timestamp("ms", tz="UTC")
-
-    def beats(which: int) -> pa.StructArray:
-        vals = [v[which] for v in spans.values()]
-        return pa.StructArray.from_arrays(
-            [pa.array([b[0] for b in vals], pa.int64()).cast(ms), pa.array([b[1] for b in vals], pa.uint64()),
-             pa.array([b[2] for b in vals], pa.uint64())], fields=list(BEAT_TYPE))
-
-    return pa.table({
-        "site": [case["site"]["name"]] * len(spans), "origin_host": [host] * len(spans),
-        "origin_file": [file] * len(spans),
-        "minute": pa.array([m // 1000 for m in spans], pa.int64()).cast(pa.timestamp("s", tz="UTC")),
-        "first_beat": beats(0), "last_beat": beats(1)}, schema=HEARTBEAT_LOG_SCHEMA)
+    return heartbeat_log_table([(case["site"]["name"], host, file, m, lo, hi) for m, (lo, hi) in spans.items()])
 
 
 def _settings(cases: list[dict[str, Any]]) -> Settings:

@@ -132,6 +132,15 @@ def _beat_log(store: Any, name: str, hb: datetime, size: int = 0, inode: int = 0
         "first_beat": beat, "last_beat": beat}], schema=HEARTBEAT_LOG_SCHEMA))
 
 
+def _history_and_restart(store: Any, case: dict[str, Any], end: datetime) -> tuple[list[Detection], ...]:
+    """The detections since 09:00 of ``detect history`` up to ``end`` and of a live detector started at ``end``
+    (its first run catches up over everything)."""
+    name, since = case["site"]["name"], _local(case, "2026-03-11T09:00")
+    hist = detect_history(store, since, end, _settings([case]), sites=[name])
+    caught_up = TrafficDetector(_settings([case]), sites=[name]).run_once(store, end + timedelta(seconds=30))
+    return tuple([d for d in got if d.start >= since] for got in (hist, caught_up))
+
+
 def test_history_and_a_restarted_live_run_judge_a_past_silence_with_the_heartbeat_log(store: Any) -> None:
     """With the heartbeat log (migration 0008), a silence that ended before the evaluated time is judged with the
     heartbeats of its own minutes: the live run's outage, also from ``detect history`` and from a live detector
@@ -162,12 +171,7 @@ def test_history_and_a_restarted_live_run_judge_a_past_silence_with_the_heartbea
     assert ("pipeline_gap", "pipeline", _local(case, "2026-03-11T12:00"), "no lines and no heartbeats") in want
 
     end = _local(case, "2026-03-11T13:00")
-    hist = [d for d in detect_history(store, _local(case, "2026-03-11T09:00"), end, _settings([case]),
-                                      sites=[name]) if d.start >= _local(case, "2026-03-11T09:00")]
-    restarted = TrafficDetector(_settings([case]), sites=[name])
-    caught_up = [d for d in restarted.run_once(store, end + timedelta(seconds=30))
-                 if d.start >= _local(case, "2026-03-11T09:00")]
-    for got in (hist, caught_up):
+    for got in _history_and_restart(store, case, end):
         assert {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in got} == want, [d.to_json() for d in got]
         assert not [d for d in got if d.detail.get("liveness") == "unknown"]
 
@@ -201,12 +205,7 @@ def test_a_stuck_shipper_is_a_pipeline_gap_live_in_history_and_after_a_restart(s
     assert [d.detail["growing"] for d in live.values() if d.scope == "pipeline"] == [["origin/access.log"]]
 
     end = _local(case, "2026-03-11T11:00")
-    hist = [d for d in detect_history(store, _local(case, "2026-03-11T09:00"), end, _settings([case]),
-                                      sites=[name]) if d.start >= _local(case, "2026-03-11T09:00")]
-    restarted = TrafficDetector(_settings([case]), sites=[name])
-    caught_up = [d for d in restarted.run_once(store, end + timedelta(seconds=30))
-                 if d.start >= _local(case, "2026-03-11T09:00")]
-    for got in (hist, caught_up):
+    for got in _history_and_restart(store, case, end):
         assert {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in got} == want, [d.to_json() for d in got]
 
 
