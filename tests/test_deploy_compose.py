@@ -380,23 +380,48 @@ def _recorder(tmp_path: Path, name: str) -> tuple[Path, Path]:
     return exe, log
 
 
-def test_clickhouse_init_creates_users_with_passwords_as_parameters(tmp_path: Path) -> None:
+def test_clickhouse_init_creates_users_without_secrets_on_command_lines(tmp_path: Path) -> None:
+    """The first-start script runs `clickhouse client` with no password in its argv (ps shows argv to every user
+    of the Docker host): admin credentials in a 0600 config file removed afterwards, the new users' passwords as
+    `SET param_pw` on stdin ahead of the SQL file that reads {pw:String}."""
     script = ROOT / "deploy" / "clickhouse" / "initdb" / "10-forumpulse-users.sh"
-    fake, log = _recorder(tmp_path, "clickhouse")
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "clickhouse"
+    # records: argv, the config file's mode and content, then the SQL it was given on stdin
+    fake.write_text(f"""#!/bin/bash
+cfg=""; prev=""
+for a in "$@"; do [ "$prev" = --config-file ] && cfg=$a; prev=$a; done
+{{ echo "ARGV $*"; echo "MODE $(stat -c %a "$cfg")"; echo "CFG $(tr -d '\\n' < "$cfg")"; echo "CFGPATH $cfg"
+   sed 's/^/SQL /'; echo END; }} >> "{log}"
+""")
+    fake.chmod(0o755)
     env = {"PATH": os.environ["PATH"], "CLICKHOUSE_CLIENT": str(fake), "CLICKHOUSE_USER": "admin",
-           "CLICKHOUSE_PASSWORD": "adm1n", "FORUMPULSE_INGEST_PASSWORD": "ing3st", "GRAFANA_CH_PASSWORD": "gr4f",
-           "FORUMPULSE_SQL_DIR": str(ROOT / "deploy" / "clickhouse")}
+           "CLICKHOUSE_PASSWORD": "adm1n-pw", "FORUMPULSE_INGEST_PASSWORD": "ing3st-pw", "GRAFANA_CH_PASSWORD": "gr4f-pw",
+           "FORUMPULSE_SQL_DIR": str(ROOT / "deploy" / "clickhouse"), "TMPDIR": str(tmp_path)}
     r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
-    calls = log.read_text().splitlines()
-    assert "CREATE DATABASE IF NOT EXISTS forumpulse" in calls[0]
-    ingest = [c for c in calls if "ingest_user.sql" in c]
-    grafana = [c for c in calls if "grafana_user.sql" in c]
-    assert len(ingest) == 1 and "--param_pw=ing3st" in ingest[0]
-    assert len(grafana) == 1 and "--param_pw=gr4f" in grafana[0]
-    for c in ingest + grafana:
-        sql = Path(c.split("--queries-file ")[1].strip())
-        assert sql.is_file() and "{pw:String}" in sql.read_text()
+    calls = [c.strip().splitlines() for c in log.read_text().split("END\n") if c.strip()]
+    assert len(calls) == 3
+    for call in calls:
+        argv = call[0]
+        assert argv.startswith("ARGV client --config-file ")
+        for secret in ("adm1n-pw", "ing3st-pw", "gr4f-pw"):
+            assert secret not in argv, argv
+        assert call[1] == "MODE 600"
+        assert "<user>admin</user>" in call[2] and "<password>adm1n-pw</password>" in call[2]
+        assert not Path(call[3].split(" ", 1)[1]).exists(), "client config file left behind"
+    sql = ["\n".join(line[4:] for line in call if line.startswith("SQL ")) for call in calls]
+    assert "CREATE DATABASE IF NOT EXISTS forumpulse" in sql[0]
+    ingest = (ROOT / "deploy" / "clickhouse" / "ingest_user.sql").read_text()
+    grafana = (ROOT / "deploy" / "clickhouse" / "grafana_user.sql").read_text()
+    assert sql[1].startswith("SET param_pw = 'ing3st-pw';") and ingest.strip() in sql[1]
+    assert sql[2].startswith("SET param_pw = 'gr4f-pw';") and grafana.strip() in sql[2]
+    assert "{pw:String}" in ingest and "{pw:String}" in grafana
+    # a password that would need quoting is refused before the client runs
+    log.unlink()
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                       env={**env, "GRAFANA_CH_PASSWORD": "it's"})
+    assert r.returncode == 2 and "GRAFANA_CH_PASSWORD must be URL-safe" in r.stderr and not log.exists()
     del env["GRAFANA_CH_PASSWORD"]
     r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode != 0 and "GRAFANA_CH_PASSWORD" in r.stderr

@@ -1,6 +1,7 @@
 -- Writer ClickHouse user for the forumpulse loaders (forumpulse consume / run / detect), for ClickHouse SERVER
 -- deployments.  Companion of grafana_user.sql (read-only Grafana user); same conventions:
---   clickhouse-client --param_pw="$FORUMPULSE_INGEST_PASSWORD" --queries-file deploy/clickhouse/ingest_user.sql
+--   { printf "SET param_pw = '%s';\n" "$FORUMPULSE_INGEST_PASSWORD"; cat deploy/clickhouse/ingest_user.sql; } |
+--     clickhouse-client --multiquery          # the password on stdin, never on a command line
 -- Run once as an admin, after `forumpulse db migrate` or before it (grants do not need the tables to exist).
 --
 -- Least privilege: reads and inserts in database forumpulse only; no DROP, ALTER, TRUNCATE, no other database,

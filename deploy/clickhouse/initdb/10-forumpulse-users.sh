@@ -1,12 +1,17 @@
 #!/bin/bash
 # First-start initialisation of the ClickHouse container (clickhouse/clickhouse-server runs the scripts in
 # /docker-entrypoint-initdb.d once, when the data volume is empty).  Creates the database and the two
-# least-privilege users from the SQL files next to it, passing passwords as query parameters (never written
-# into a file):
+# least-privilege users from the SQL files next to it:
 #   forumpulse_ingest (deploy/clickhouse/ingest_user.sql)   password $FORUMPULSE_INGEST_PASSWORD
 #   grafana_ro        (deploy/clickhouse/grafana_user.sql)  password $GRAFANA_CH_PASSWORD
-# The admin is the image's $CLICKHOUSE_USER / $CLICKHOUSE_PASSWORD.  To change a password later:
-#   ALTER USER grafana_ro IDENTIFIED WITH sha256_password BY '...'   (as admin)
+# The admin is the image's $CLICKHOUSE_USER / $CLICKHOUSE_PASSWORD.
+#
+# No secret on a command line: `ps` (in the container, and on the Docker host for every user there) shows
+# command lines.  The admin's credentials go into a client config file (mode 0600, removed on exit); each new
+# user's password reaches the server as `SET param_pw = '...'` on the client's standard input, and the SQL file
+# reads it as {pw:String}.  Passwords must be URL-safe (they also go into clickhouse://user:PASSWORD@ URLs), so
+# they need no quoting in SQL or XML; any other character is refused before anything runs.
+# To change a password later:  ALTER USER grafana_ro IDENTIFIED WITH sha256_password BY '...'   (as admin)
 set -euo pipefail
 SQL_DIR=${FORUMPULSE_SQL_DIR:-/forumpulse/clickhouse}
 CLIENT=${CLICKHOUSE_CLIENT:-clickhouse}
@@ -14,12 +19,26 @@ CLIENT=${CLICKHOUSE_CLIENT:-clickhouse}
 : "${CLICKHOUSE_PASSWORD:?CLICKHOUSE_PASSWORD is not set}"
 : "${FORUMPULSE_INGEST_PASSWORD:?FORUMPULSE_INGEST_PASSWORD is not set}"
 : "${GRAFANA_CH_PASSWORD:?GRAFANA_CH_PASSWORD is not set}"
-run() {  # password-param sql-file
-  "$CLIENT" client --user "$CLICKHOUSE_USER" --password "$CLICKHOUSE_PASSWORD" \
-    --param_pw="$1" --queries-file "$2"
+url_safe() {  # name value
+  if [[ ! $2 =~ ^[A-Za-z0-9._~-]+$ ]]; then
+    echo "forumpulse: $1 must be URL-safe (letters, digits, . _ ~ -), e.g. openssl rand -hex 24" >&2
+    exit 2
+  fi
 }
-"$CLIENT" client --user "$CLICKHOUSE_USER" --password "$CLICKHOUSE_PASSWORD" \
-  --query "CREATE DATABASE IF NOT EXISTS forumpulse"
+url_safe CLICKHOUSE_USER "$CLICKHOUSE_USER"
+url_safe CLICKHOUSE_PASSWORD "$CLICKHOUSE_PASSWORD"
+url_safe FORUMPULSE_INGEST_PASSWORD "$FORUMPULSE_INGEST_PASSWORD"
+url_safe GRAFANA_CH_PASSWORD "$GRAFANA_CH_PASSWORD"
+umask 077
+cfg=$(mktemp "${TMPDIR:-/tmp}/forumpulse-client.XXXXXX.xml")
+trap 'rm -f "$cfg"' EXIT
+printf '<clickhouse>\n  <user>%s</user>\n  <password>%s</password>\n</clickhouse>\n' \
+  "$CLICKHOUSE_USER" "$CLICKHOUSE_PASSWORD" > "$cfg"
+client() { "$CLIENT" client --config-file "$cfg" --multiquery; }
+run() {  # password sql-file
+  { printf "SET param_pw = '%s';\n" "$1"; cat "$2"; } | client
+}
+echo "CREATE DATABASE IF NOT EXISTS forumpulse;" | client
 run "$FORUMPULSE_INGEST_PASSWORD" "$SQL_DIR/ingest_user.sql"
 run "$GRAFANA_CH_PASSWORD" "$SQL_DIR/grafana_user.sql"
 echo "forumpulse: database forumpulse, users forumpulse_ingest and grafana_ro created"
