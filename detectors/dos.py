@@ -1466,7 +1466,8 @@ class DosDetector:
                 # the prefix's learned rate (earlier batches only), whatever its number of addresses
                 minute = int(grp["sec"].min()) // 60
                 learned = self.prefix_rates.per_minute(value, minute) / 60.0
-                crowd = self._crowd(b, cache, minute, value, wm_sec) if learned > 0 or r.crowd_floor else 1.0
+                crowd = self._crowd(b, cache, minute, value, wm_sec, recent=win[0], sec=int(grp["sec"].min())) \
+                    if learned > 0 or r.crowd_floor else 1.0
                 # its own normal risen with the crowd; with crowd_floor, at least the rule's threshold risen with
                 # it (a range with a low or no learned rate gets new readers too: the same allowance either way)
                 sc = self._prefix_scale(learned * crowd, r.threshold / r.window_s)
@@ -1491,19 +1492,27 @@ class DosDetector:
                     c.evidence["crowd_rise"] = round(crowd, 2)
             yield c
 
-    def _crowd(self, b: Batch, cache: dict[str, Any], minute: int, exclude: str, wm_sec: int) -> float:
-        """How much the *other* busy ranges rose in ``minute`` against their learned rates (the median of their
-        rises, at least 1): a flash crowd -- breaking news, a push notification -- raises the traffic of every
-        range with readers in it at once, and a range rising with it is not a surge of its own.  It multiplies a
-        range's learned rate and, for rules with ``crowd_floor``, the rule's threshold (whichever is higher: a
-        range with a low or no learned rate gets new readers too).
+    def _crowd(self, b: Batch, cache: dict[str, Any], minute: int, exclude: str, wm_sec: int,
+               recent: _CountWindow | None = None, sec: int | None = None) -> float:
+        """How much the *other* busy ranges rose against their learned rates (the median of their rises, at
+        least 1, at most ``max_scale``): a flash crowd -- breaking news, a push notification -- raises the
+        traffic of every range with readers in it at once, and a range rising with it is not a surge of its
+        own.  It multiplies a range's learned rate and, for rules with ``crowd_floor``, the rule's threshold
+        (whichever is higher: a range with a low or no learned rate gets new readers too).
         1.0 when fewer than ``crowd_min_ranges`` ranges are busy (a minute of them learned in the last
         ``crowd_recent_s``).
 
-        A range rising alone (a flood from one subnet, or a few) is judged as before: the median ignores the
+        Two measures, the higher wins: the minute under way (for the seconds elapsed; in its first half the
+        minute before is added, so a few seconds of counts are not taken as a rate), and -- given the rule's
+        count window ``recent`` and the candidate's second ``sec`` -- the rule's own window (10 s) up to
+        ``sec``, so a crowd is seen in its first seconds, while the minute measure still dilutes it with the
+        calm before (that is when rules version 5 still banned new readers' ranges).  The short measure needs
+        at least half the window inside the window's carried tail (a replay's batches longer than that use the
+        minute measure alone).
+
+        A range rising alone (a flood from one subnet, or a few) is judged as before: each median ignores the
         few.  Only an attack from more than half of the busy ranges at once raises it, and that is a site-wide
-        flood the per-address and distributed rules see.  The minute under way counts for the seconds elapsed;
-        in its first half the minute before is added, so a few seconds of counts are not taken as a rate."""
+        flood the per-address and distributed rules see."""
         pb = self.rules.prefix_baseline
         if pb.crowd_min_ranges <= 0:
             return 1.0
@@ -1511,25 +1520,59 @@ class DosDetector:
         if key not in cache:  # once per batch and minute: every candidate reads the same sorted rises
             rises = self._crowd_rises(b, cache, minute, wm_sec)
             cache[key] = (rises, sorted(rises.values()))
-        rises, ordered = cache[key]
-        gone = -1  # the candidate's own rise is left out (by position: no copy per candidate)
+        med = self._median_but(cache[key], exclude)
+        if recent is not None and sec is not None:
+            key = f"crowd_recent:{sec}"
+            if key not in cache:  # once per batch and second
+                rises = self._crowd_recent_rises(recent, sec, wm_sec)
+                cache[key] = (rises, sorted(rises.values()))
+            med = max(med, self._median_but(cache[key], exclude))
+        return float(min(pb.max_scale, max(1.0, med)))
+
+    def _median_but(self, rises_ordered: tuple[dict[str, float], list[float]], exclude: str) -> float:
+        """The median of the rises but ``exclude``'s own (left out by position: no copy per candidate); 0.0 when
+        fewer than ``crowd_min_ranges`` remain."""
+        rises, ordered = rises_ordered
+        gone = -1
         if exclude in rises:
             gone = bisect.bisect_left(ordered, rises[exclude])
         n = len(ordered) - (gone >= 0)
-        if n < pb.crowd_min_ranges or n == 0:
-            return 1.0
+        if n < self.rules.prefix_baseline.crowd_min_ranges or n == 0:
+            return 0.0
 
         def at(i: int) -> float:
             return float(ordered[i + 1] if 0 <= gone <= i else ordered[i])
 
-        med = at(n // 2) if n % 2 else 0.5 * (at(n // 2 - 1) + at(n // 2))
-        return float(min(self.rules.prefix_baseline.max_scale, max(1.0, med)))
+        return at(n // 2) if n % 2 else 0.5 * (at(n // 2 - 1) + at(n // 2))
+
+    def _busy_ranges(self, minute: int) -> dict[str, float]:
+        """Ranges with a minute learned in the ``crowd_recent_s`` before ``minute``: their learned non-static
+        requests per minute."""
+        recent = minute - max(self.rules.prefix_baseline.crowd_recent_s // 60, 1)
+        return {p: r for p, (r, last) in self.prefix_rates.rate.items() if recent <= last < minute and r > 0}
+
+    def _crowd_recent_rises(self, win: _CountWindow, sec: int, wm_sec: int) -> dict[str, float]:
+        """Each busy range's non-static requests in the rule's window up to ``sec`` (read from the window's
+        carried tail: the seconds after ``wm_sec - w``, this batch included) over its learned rate; empty when
+        less than half the window is in the tail."""
+        lo = max(sec - win.w, wm_sec - win.w)
+        covered = sec - lo
+        if covered * 2 < win.w:
+            return {}
+        busy = self._busy_ranges(sec // 60)
+        if len(busy) < self.rules.prefix_baseline.crowd_min_ranges:
+            return {}
+        sel = (win.t_sec > lo) & (win.t_sec <= sec)
+        counts: dict[str, int] = {}
+        for p, n in zip(win.t_key[sel].tolist(), win.t_n[sel].tolist(), strict=True):
+            if p in busy:
+                counts[p] = counts.get(p, 0) + n
+        return {p: counts.get(p, 0) * 60.0 / (r * covered) for p, r in busy.items()}
 
     def _crowd_rises(self, b: Batch, cache: dict[str, Any], minute: int, wm_sec: int) -> dict[str, float]:
         """Each busy range's non-static requests in ``minute`` (so far) over its learned rate."""
         pr = self.prefix_rates
-        recent = minute - max(self.rules.prefix_baseline.crowd_recent_s // 60, 1)
-        busy = {p: r for p, (r, last) in pr.rate.items() if recent <= last < minute and r > 0}
+        busy = self._busy_ranges(minute)
         if len(busy) < self.rules.prefix_baseline.crowd_min_ranges:
             return {}
         elapsed = min(60, max(1, wm_sec - minute * 60 + 1))
