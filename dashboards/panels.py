@@ -217,6 +217,11 @@ TOPIC_LABEL = "concat('#', toString(s.topic_id), if(t.title = '', '', concat(' '
 #: source_status(quiet_after_s=...) and (heartbeat_timeout_s=...) defaults, as GET /fp/sources uses them
 LIVE_WITHIN_S = 300
 HEARTBEAT_TIMEOUT_S = 180
+#: consumer.STUCK_WINDOW_S / STUCK_GRACE_S: a file growing (heartbeat size=, same inode, in two minutes) within the
+#: last STUCK_WINDOW_S and later than STUCK_GRACE_S after the source's last line is ``stuck`` (forumpulse.pipeline.
+#: contracts.file_grew is the rule; the SQL below states it over each minute's first and last heartbeat)
+STUCK_WINDOW_S = 600
+STUCK_GRACE_S = 120
 #: origin_file of a network listener's heartbeat (consumer._LISTENER_FILE: ``tcp:5140``, ``syslog:5514``...)
 LISTENER_LABEL = "match({col}, '^[A-Za-z][A-Za-z0-9_]*:[0-9]{{1,5}}$')"
 
@@ -237,8 +242,8 @@ def liveness_sources(where: str = "1 = 1") -> str:
     nor a host-level heartbeat without lines) matching ``where`` with ``own_hb_ms`` (their newest heartbeat, or
     their host's: empty ``origin_file``, same site or ``*``), ``cover`` (the listeners that may have received a
     source without heartbeats of its own: array of (site, collector, listener, hb_ms), oldest first: a source is
-    quiet only while all of them are up) and
-    ``state`` (live | silent | quiet | dead); ``now_s`` must be defined."""
+    quiet only while all of them are up), ``grew`` (its file grew lately: see :data:`STUCK_WINDOW_S`) and
+    ``state`` (live | stuck | silent | quiet | dead); ``now_s`` must be defined."""
     return f"""
     SELECT s.site AS site, s.origin_host AS origin_host, s.origin_file AS origin_file, s.line_ms AS line_ms,
            s.n_lines AS n_lines, greatest(s.hb_ms, ifNull(h.host_hb_ms, 0), ifNull(hs.host_hb_ms, 0)) AS own_hb_ms,
@@ -248,7 +253,13 @@ def liveness_sources(where: str = "1 = 1") -> str:
                  exact, arrayFilter(x -> x.1 = '*', l.ls))) AS unsorted_cover,
            arraySort(x -> (x.4, x.2, x.3, x.1), unsorted_cover) AS cover,
            if(empty(cover), 0, cover[1].4) AS via_ms,
+           toInt64(now_s) * 1000 AS now_ms,
+           greatest(now_ms - {STUCK_WINDOW_S * 1000}, if(s.line_ms > 0, s.line_ms + {STUCK_GRACE_S * 1000}, 0)) AS grow_lo,
+           arrayFilter(x -> x.1 >= grow_lo AND x.1 <= now_ms, g.beats) AS gb,
+           length(arrayDistinct(arrayFilter(m -> m >= 0, arrayMap((c, p) -> if(c.3 = p.3 AND c.2 > p.2,
+               intDiv(c.1, 60000), -1), arrayPopFront(gb), arrayPopBack(gb))))) >= 2 AS grew,
            multiIf(s.line_ms > 0 AND now_s - s.line_ms / 1000 <= {LIVE_WITHIN_S}, 'live',
+                   own_hb_ms > 0 AND now_s - own_hb_ms / 1000 <= {HEARTBEAT_TIMEOUT_S} AND grew, 'stuck',
                    own_hb_ms > 0 AND now_s - own_hb_ms / 1000 <= {HEARTBEAT_TIMEOUT_S}, 'silent',
                    via_ms > 0 AND now_s - via_ms / 1000 <= {HEARTBEAT_TIMEOUT_S}, 'quiet', 'dead') AS state
     FROM (SELECT * FROM lv WHERE {where} AND NOT is_listener AND NOT (origin_file IN ('', '-') AND line_ms = 0)) AS s
@@ -256,6 +267,18 @@ def liveness_sources(where: str = "1 = 1") -> str:
                GROUP BY site, origin_host) AS h ON s.site = h.site AND s.origin_host = h.origin_host
     LEFT JOIN (SELECT origin_host, max(hb_ms) AS host_hb_ms FROM lv WHERE origin_file IN ('', '-') AND site = '*'
                GROUP BY origin_host) AS hs ON s.origin_host = hs.origin_host
+    LEFT JOIN (SELECT site, origin_host, origin_file, arraySort(arrayDistinct(arrayFlatten(groupArray([f, l])))) AS beats
+               FROM (SELECT site, origin_host, origin_file,
+                            (toInt64(toUnixTimestamp64Milli(min(first_beat).1)), toUInt64(min(first_beat).2),
+                             toUInt64(min(first_beat).3)) AS f,
+                            (toInt64(toUnixTimestamp64Milli(max(last_beat).1)), toUInt64(max(last_beat).2),
+                             toUInt64(max(last_beat).3)) AS l
+                     FROM source_heartbeat_minute
+                     WHERE minute >= toDateTime(intDiv(now_s - {STUCK_WINDOW_S}, 60) * 60, 'UTC')
+                       AND origin_file NOT IN ('', '-')
+                     GROUP BY site, origin_host, origin_file, minute)
+               GROUP BY site, origin_host, origin_file) AS g
+        ON s.site = g.site AND s.origin_host = g.origin_host AND s.origin_file = g.origin_file
     CROSS JOIN (SELECT groupArray((site, origin_host, origin_file, hb_ms)) AS ls FROM lv WHERE is_listener) AS l"""
 
 
@@ -270,7 +293,7 @@ SELECT origin_host, origin_file, state AS status,
        if(empty(cover), NULL, now_s - via_ms / 1000) AS listener_heartbeat_age_s,
        n_lines AS lines
 FROM ({liveness_sources(SITE)})
-ORDER BY indexOf(['dead', 'quiet', 'silent', 'live'], status), origin_host, origin_file"""
+ORDER BY indexOf(['dead', 'stuck', 'quiet', 'silent', 'live'], status), origin_host, origin_file"""
 
 LISTENERS_SQL = f"""
 WITH toUnixTimestamp($__toTime) AS now_s,
@@ -405,7 +428,9 @@ WHERE $__timeFilter(ts)
 GROUP BY time, consumer ORDER BY time, consumer""", unit="s"),
     PanelSpec("table", "Source liveness", SOURCE_LIVENESS_SQL, w=24, description=(
         "live: a line within 300 s; silent: no recent line, but a heartbeat of the source or its host within "
-        "180 s (up and idle); quiet: a network sender without heartbeats of its own, idle or gone, while the "
+        "180 s (up and idle); stuck: the same heartbeats, but they say its file kept growing in the last 10 min "
+        "(same inode, larger size, in two minutes, from 2 min after its last line): written, not shipped -- a "
+        "broken tail; quiet: a network sender without heartbeats of its own, idle or gone, while the "
         "listener receiving it heartbeats; dead: none of these. Same states as GET /fp/sources at the end of "
         "the range; listener and host heartbeat rows are not sources (see Collector listeners).")),
     PanelSpec("table", "Collector listeners", LISTENERS_SQL, description=(

@@ -76,6 +76,7 @@ from forumpulse.detectors.series import (
     SeasonalDetector,
     SeasonalParams,
 )
+from forumpulse.pipeline.contracts import Beat, file_grew
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 log = logging.getLogger(__name__)
@@ -1051,10 +1052,6 @@ class SourceGapDetector:
         self.next_due = next_due
 
 
-Beat = tuple[int, int, int]
-"""A heartbeat as ``source_heartbeat_minute`` keeps it: (epoch ms, file size, inode); size and inode 0 if none."""
-
-
 class HeartbeatLog:
     """The heartbeats of a site's sources over a range, from ``source_heartbeat_minute`` (migration 0008): which
     sources were alive at an evaluated time ``t`` (a minute boundary) -- a heartbeat at ``h`` with
@@ -1115,26 +1112,15 @@ class HeartbeatLog:
         ``since``): a larger size under the same inode between heartbeats in at least two different minutes --
         lines were written there that should have arrived, and not as a single late write (a buffered log
         flushed once, a hung request logged when it timed out).  A rotation (new inode) or a truncation (smaller
-        size) is no growth; host heartbeats carry no size and never grow."""
+        size) is no growth; host heartbeats carry no size and never grow (the rule:
+        :func:`forumpulse.pipeline.contracts.file_grew`)."""
         if src.endswith("/") or src not in self._starts:
             return False
         hi = int(until.timestamp() * 1000)
         lo = max(int(since.timestamp() * 1000), hi - self.growth_window_ms)
         if lo >= hi:
             return False
-        beats = self._samples(src, lo, hi)
-        i = bisect.bisect_left(beats, (lo, -1, -1))
-        prev: Beat | None = None
-        minutes: set[int] = set()
-        while i < len(beats) and beats[i][0] <= hi:
-            cur = beats[i]
-            if prev is not None and cur[2] == prev[2] and cur[1] > prev[1]:
-                minutes.add(cur[0] // 60_000)
-                if len(minutes) >= 2:
-                    return True
-            prev = cur
-            i += 1
-        return False
+        return file_grew(self._samples(src, lo, hi), lo, hi)
 
     def growing(self, since: datetime, until: datetime) -> list[str]:
         """The sources whose file grew in ``[since, until]`` (:meth:`grew`), sorted."""

@@ -117,7 +117,13 @@ import numpy as np
 import pyarrow as pa
 import typer
 from forumpulse.pipeline.config import Settings, load_settings
-from forumpulse.pipeline.contracts import heartbeat_file_state, heartbeat_time_ms, split_values
+from forumpulse.pipeline.contracts import (
+    Beat,
+    file_grew,
+    heartbeat_file_state,
+    heartbeat_time_ms,
+    split_values,
+)
 from forumpulse.pipeline.kafka_client import client_config
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
 from forumpulse.pipeline.store import Store, StoreError, StoreLocationError, migrate, open_store
@@ -1477,7 +1483,7 @@ class SourceStatus:
     site: str
     origin_host: str
     origin_file: str
-    state: str  # "live" | "silent" | "quiet" | "dead"
+    state: str  # "live" | "stuck" | "silent" | "quiet" | "dead"
     last_line_s_ago: float | None
     last_heartbeat_s_ago: float | None  # the source's own heartbeat (its row, or its host's): never a listener's
     listener: str | None = None  # "<collector host> <listener>" covering a source without heartbeats of its own
@@ -1501,6 +1507,31 @@ class _Row:
     file: str
     line_ms: int
     hb_ms: int
+
+
+#: ``stuck``: heartbeats say the source's file grew (same inode, larger size, in two different minutes) within
+#: the last STUCK_WINDOW_S and later than STUCK_GRACE_S after its last line arrived (the traffic detectors'
+#: ``health.stuck_grace_seconds`` and ``gap_min_minutes``, same defaults)
+STUCK_GRACE_S = 120.0
+STUCK_WINDOW_S = 600.0
+
+
+def _recent_beats(store: Store, since_s: float) -> dict[tuple[str, str, str], list[Beat]]:
+    """The file heartbeats logged since ``since_s`` (``source_heartbeat_minute``: each minute's first and last),
+    per (site, origin_host, origin_file), in time order."""
+    out: dict[tuple[str, str, str], list[Beat]] = {}
+    for site, host, file, f_ms, f_size, f_ino, l_ms, l_size, l_ino in store.query_rows(
+            "SELECT site, origin_host, origin_file, toUnixTimestamp64Milli(tupleElement(min(first_beat), 1)), "
+            "tupleElement(min(first_beat), 2), tupleElement(min(first_beat), 3), "
+            "toUnixTimestamp64Milli(tupleElement(max(last_beat), 1)), tupleElement(max(last_beat), 2), "
+            "tupleElement(max(last_beat), 3) FROM source_heartbeat_minute "
+            f"WHERE minute >= toDateTime({int(since_s) // 60 * 60}, 'UTC') AND origin_file NOT IN ('', '-') "
+            "GROUP BY site, origin_host, origin_file, minute ORDER BY minute"):
+        beats = out.setdefault((str(site), str(host), str(file)), [])
+        for b in ((int(f_ms), int(f_size), int(f_ino)), (int(l_ms), int(l_size), int(l_ino))):
+            if not beats or beats[-1] != b:
+                beats.append(b)
+    return out
 
 
 def _liveness_rows(store: Store) -> list[_Row]:
@@ -1533,7 +1564,8 @@ def _covering(src: _Row, listeners: list[_Row]) -> list[_Row]:
     return [x for x in listeners if x.site == "*"]
 
 
-def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_timeout_s: float
+def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_timeout_s: float,
+              beats: dict[tuple[str, str, str], list[Beat]] | None = None,
               ) -> tuple[list[SourceStatus], list[ListenerStatus]]:
     listeners = [r for r in rows if _is_listener(r)]
     host_hb: dict[tuple[str, str], int] = {}
@@ -1560,7 +1592,10 @@ def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_time
         if line_ago is not None and line_ago <= quiet_after_s:
             state = "live"
         elif hb_ago is not None and hb_ago <= heartbeat_timeout_s:
-            state = "silent"
+            own = (beats or {}).get((r.site, r.host, r.file))
+            now_ms = round(now * 1000)
+            lo = max(now_ms - round(STUCK_WINDOW_S * 1000), r.line_ms + round(STUCK_GRACE_S * 1000) if r.line_ms else 0)
+            state = "stuck" if own and file_grew(own, lo, now_ms) else "silent"
         elif via_ago is not None and via_ago <= heartbeat_timeout_s:
             state = "quiet"  # idle or gone, cannot tell: the listener that receives it is up
         else:
@@ -1579,7 +1614,10 @@ def source_status(store: Store, now: float | None = None, quiet_after_s: float =
 
     ``live``: a line arrived within ``quiet_after_s``.  ``silent``: no recent line, but the source (or its host,
     via a heartbeat with an empty ``origin_file``; site ``*`` = every site of the host) sent a heartbeat within
-    ``heartbeat_timeout_s`` — the source is up and simply has no traffic.  ``quiet``: no recent line and the
+    ``heartbeat_timeout_s`` — the source is up and simply has no traffic.  ``stuck``: the same, but its own
+    heartbeats say its file keeps growing (:func:`forumpulse.pipeline.contracts.file_grew` over the last
+    ``STUCK_WINDOW_S``, from ``STUCK_GRACE_S`` after its last line): lines are written and not shipped — a broken
+    tail, a shipper that stopped reading the file while its heartbeat program still runs.  ``quiet``: no recent line and the
     source never sent a heartbeat of its own (a network sender: raw TCP/UDP, or syslog without forwarded
     heartbeats), but the listener that receives it heartbeats — the sender is idle *or* gone, forumpulse cannot
     tell which (``listener`` names it).  ``dead``: none of these — the source, its host, the collector or the
@@ -1592,7 +1630,8 @@ def source_status(store: Store, now: float | None = None, quiet_after_s: float =
     Kafka timestamp); never log timestamps.
     """
     now = time.time() if now is None else now
-    return _classify(_liveness_rows(store), now, quiet_after_s, heartbeat_timeout_s)[0]
+    return _classify(_liveness_rows(store), now, quiet_after_s, heartbeat_timeout_s,
+                     _recent_beats(store, now - STUCK_WINDOW_S))[0]
 
 
 def listener_status(store: Store, now: float | None = None, quiet_after_s: float = 300.0,

@@ -19,6 +19,7 @@ break the framing (tabs or newlines in the first five fields) instead of produci
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -137,6 +138,30 @@ def heartbeat_file_state(line: bytes) -> tuple[int, int]:
     return size, inode
 
 
+#: A file heartbeat as logged in ``source_heartbeat_minute``: (epoch ms of its ``ts=``, ``size=``, ``inode=``).
+Beat = tuple[int, int, int]
+
+
+def file_grew(beats: Sequence[Beat], lo_ms: int, hi_ms: int) -> bool:
+    """Whether a followed file kept growing between ``lo_ms`` and ``hi_ms``: two consecutive heartbeats in that
+    range (``beats`` in time order) under the same inode with a larger size, in at least two different minutes
+    -- lines were written there that should have arrived, and not as a single late write (a buffered log flushed
+    once, a hung request logged when it timed out).  A rotation (new inode) or a truncation (smaller size) is
+    no growth; heartbeats without a size (host heartbeats, MARKs) never grow.  The one rule behind the traffic
+    detectors' stuck-shipper ``pipeline_gap``, ``source_status``'s ``stuck`` and the dashboards' source table
+    (which states it in SQL, tested against this)."""
+    i = bisect.bisect_left(beats, (lo_ms, -1, -1))
+    prev: Beat | None = None
+    minutes: set[int] = set()
+    while i < len(beats) and beats[i][0] <= hi_ms:
+        cur = beats[i]
+        if prev is not None and cur[2] == prev[2] and cur[1] > prev[1]:
+            minutes.add(cur[0] // 60_000)
+            if len(minutes) >= 2:
+                return True
+        prev = cur
+        i += 1
+    return False
 
 
 @dataclass

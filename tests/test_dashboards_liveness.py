@@ -1,7 +1,8 @@
 """The ops dashboard's "Source liveness" and "Collector listeners" panels agree with ``source_status`` /
 ``listener_status`` (``GET /fp/sources`` / ``GET /fp/listeners``) on the same store.
 
-The panels classify ``source_liveness`` in SQL at the end of the dashboard range: ``live`` / ``silent`` /
+The panels classify ``source_liveness`` in SQL at the end of the dashboard range: ``live`` / ``stuck`` (the
+file heartbeats logged in ``source_heartbeat_minute`` say the file grows while no line arrives) / ``silent`` /
 ``quiet`` / ``dead``; listener heartbeat rows (``tcp:5140``, ``syslog:5514``…, no lines) and host-level heartbeat
 rows (empty ``origin_file``) are not sources; a host heartbeat of site ``*`` (a forwarded syslog-ng MARK) counts
 for every site of that host (docs/architecture.md, "Liveness").  The SQL is taken from the committed dashboard
@@ -22,7 +23,14 @@ import pytest
 from forumpulse.dashboards import build
 from forumpulse.dashboards import panels as panels_mod
 from forumpulse.dashboards.macros import QueryContext, TemplateVar, render_query
-from forumpulse.pipeline.consumer import LIVENESS_SCHEMA, listener_status, source_status
+from forumpulse.pipeline.consumer import (
+    LIVENESS_SCHEMA,
+    STUCK_GRACE_S,
+    STUCK_WINDOW_S,
+    heartbeat_log_table,
+    listener_status,
+    source_status,
+)
 from forumpulse.pipeline.store import Store
 
 NOW = 1_800_000_000  # the dashboard range ends here (whole seconds, as $__toTime)
@@ -67,7 +75,7 @@ def assert_sources_agree(store: Store, site: str, now: int = NOW) -> list[dict[s
         assert _close(r["heartbeat_age_s"], s.last_heartbeat_s_ago), (r, s)
         assert _close(r["listener_heartbeat_age_s"], s.listener_heartbeat_s_ago), (r, s)
         assert (r["listener"] is None) == (s.listener is None), (r, s)
-    order = ["dead", "quiet", "silent", "live"]
+    order = ["dead", "stuck", "quiet", "silent", "live"]
     assert [order.index(r["status"]) for r in got] == sorted(order.index(r["status"]) for r in got)
     return got
 
@@ -89,6 +97,7 @@ def test_thresholds_are_source_status_defaults() -> None:
     listener_timeout = inspect.signature(listener_status).parameters["heartbeat_timeout_s"].default
     assert (defaults["quiet_after_s"].default, defaults["heartbeat_timeout_s"].default, listener_timeout) == (
         panels_mod.LIVE_WITHIN_S, panels_mod.HEARTBEAT_TIMEOUT_S, panels_mod.HEARTBEAT_TIMEOUT_S)
+    assert (STUCK_WINDOW_S, STUCK_GRACE_S) == (panels_mod.STUCK_WINDOW_S, panels_mod.STUCK_GRACE_S)
 
 
 COLLECTOR: list[Row] = [
@@ -192,3 +201,89 @@ def test_random_liveness_tables_agree(store: Store, seed: int) -> None:
 def test_empty_table_gives_empty_panels(store: Store) -> None:
     assert _run(store, _panel_sql(SOURCES_PANEL), "forum") == []
     assert _run(store, _panel_sql(LISTENERS_PANEL), "forum") == []
+
+
+Beat = tuple[int, int, int]
+
+
+def _log_beats(store: Store, site: str, host: str, file: str, beats: list[tuple[float, int, int]],
+               now: float = NOW) -> None:
+    """Heartbeats ``(age s, size, inode)`` into ``source_heartbeat_minute`` as the consumers log them: one row per
+    minute of the heartbeats' own time with its earliest and latest."""
+    by: dict[int, list[Beat]] = {}
+    for age, size, inode in beats:
+        ms = round((now - age) * 1000)
+        by.setdefault(ms // 60_000, []).append((ms, size, inode))
+    store.insert("source_heartbeat_minute", heartbeat_log_table(
+        [(site, host, file, m * 60_000, min(b), max(b)) for m, b in sorted(by.items())]))
+
+
+def _every_10s(start_age: float, end_age: float, size0: int, grow: int, inode: int = 7) -> list[tuple[float, int, int]]:
+    """Heartbeats every 10 s from ``start_age`` to ``end_age`` seconds ago, the size growing by ``grow`` each."""
+    n = int((start_age - end_age) // 10) + 1
+    return [(start_age - 10 * i, size0 + grow * i, inode) for i in range(n)]
+
+
+def test_stuck_sources_are_files_growing_without_lines(store: Store) -> None:
+    """``stuck``: the heartbeats are fresh and say the file grew (same inode, larger size, in two different
+    minutes of the last 10 min, later than 2 min after the last line) while no line arrived -- a broken tail.
+    Panel and source_status agree; a single minute's growth, a rotation, a truncation, growth before the last
+    line (+ grace) or older than the window is not stuck; a live source stays live, one whose heartbeats stopped
+    is dead."""
+    f = "/var/log/apache2/vhosts/{}.log"
+    names = ("grows", "once", "rotated", "truncated", "before", "old", "busy", "stopped", "never", "idle")
+    _insert(store, [
+        *[("forum", "web1", f.format(n), 900, 5) for n in names if n not in ("before", "busy", "stopped", "never")],
+        ("forum", "web1", f.format("before"), 400, 5),   # last line 400 s ago
+        ("forum", "web1", f.format("busy"), 20, 5),      # lines arriving: live whatever the file does
+        ("forum", "web2", f.format("stopped"), 900, 900),  # web2 has no host heartbeat (web1's covers its files)
+        ("forum", "web1", f.format("never"), None, 5),   # no line ever arrived from it
+        ("forum", "web1", "", None, 5),                  # a host heartbeat row: not a source
+    ])
+    _log_beats(store, "forum", "web1", f.format("grows"), _every_10s(300, 5, 1000, 250))
+    _log_beats(store, "forum", "web1", f.format("once"),
+               [(300, 1000, 7), (240, 1000, 7), (200, 1500, 7), (190, 1500, 7), (100, 1500, 7), (5, 1500, 7)])
+    _log_beats(store, "forum", "web1", f.format("rotated"),
+               [(300, 1000, 7), (250, 1000, 7), (150, 10, 8), (100, 10, 8), (5, 10, 8)])
+    _log_beats(store, "forum", "web1", f.format("truncated"), [(300, 9000, 7), (200, 10, 7), (100, 5, 7), (5, 5, 7)])
+    # grew for 5 minutes, but before 400 - 120 s ago (the last line + grace); flat since
+    _log_beats(store, "forum", "web1", f.format("before"),
+               [*_every_10s(590, 290, 1000, 100), (200, 4100, 7), (100, 4100, 7), (5, 4100, 7)])
+    _log_beats(store, "forum", "web1", f.format("old"),
+               [*_every_10s(1500, 700, 1000, 100), (300, 9100, 7), (100, 9100, 7), (5, 9100, 7)])
+    _log_beats(store, "forum", "web1", f.format("busy"), _every_10s(300, 5, 1000, 250))
+    _log_beats(store, "forum", "web2", f.format("stopped"), _every_10s(1500, 900, 1000, 250))
+    _log_beats(store, "forum", "web1", f.format("never"), _every_10s(300, 5, 1000, 250))
+    _log_beats(store, "forum", "web1", f.format("idle"), [(300, 1000, 7), (5, 1000, 7)])
+    got = assert_sources_agree(store, "forum")
+    assert {r["origin_file"].rsplit("/", 1)[1][:-4]: r["status"] for r in got} == {
+        "grows": "stuck", "once": "silent", "rotated": "silent", "truncated": "silent", "before": "silent",
+        "old": "silent", "busy": "live", "stopped": "dead", "never": "stuck", "idle": "silent"}
+    # later, once the growth has left the 10-minute window, the stuck file reads silent again (no heartbeats
+    # were logged after NOW here; their freshness still counts for 180 s)
+    later = assert_sources_agree(store, "forum", NOW + 170)
+    assert {r["origin_file"].rsplit("/", 1)[1][:-4]: r["status"] for r in later}["grows"] == "stuck"
+    assert {r["status"] for r in assert_sources_agree(store, "forum", NOW + 600)} <= {"silent", "dead", "live"}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_heartbeat_logs_agree(store: Store, seed: int) -> None:
+    """Random file heartbeats (sizes up, flat, down; inodes changing) around the window's and the grace's edges:
+    the panel's ``stuck`` is source_status's (file_grew over the same beats) at several ends of range."""
+    rng = random.Random(100 + seed)
+    rows: list[Row] = []
+    for i in range(40):
+        file = f"/var/log/{i}.log"
+        line = rng.choice((None, 100, 250, 400, 500, 599, 600, 700, 900, 3600))
+        rows.append(("forum", "web1", file, line, rng.choice((5, 100, 179))))
+        beats, size, inode = [], rng.randrange(1000), 1
+        for age in range(rng.choice((1200, 800, 400)), 0, -rng.choice((10, 30, 60, 90))):
+            r = rng.random()
+            size = size + rng.randrange(1, 500) if r < 0.4 else (size // 2 if r < 0.45 else size)
+            inode = inode + 1 if rng.random() < 0.05 else inode
+            beats.append((float(age), size, inode))
+        _log_beats(store, "forum", "web1", file, beats)
+    _insert(store, rows)
+    for now in (NOW, NOW - 60, NOW - 37, NOW + 90, NOW - 300):
+        assert_sources_agree(store, "forum", now)
+    assert {s.state for s in source_status(store, now=float(NOW))} >= {"stuck", "silent", "live"}
