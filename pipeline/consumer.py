@@ -1701,15 +1701,9 @@ def consume_command(
 
     report_at_exit_if_asked()  # `make bench` only (FP_THREAD_CPU_OUT): every thread's CPU seconds at exit
     no_dead_letter = not dead_letter
-    logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from forumpulse.pipeline.runtime import tune_gc, use_jemalloc
+    from forumpulse.pipeline.runtime import start_service
 
-    use_jemalloc()
-    tune_gc()
-    from forumpulse.pipeline import native
-
-    log.info("parser byte loops: %s", native.status())  # "unavailable: ..." says why (numpy path then)
+    start_service(log)
     settings = load_settings(config)
     url = store or settings.store.url
     stop = threading.Event()

@@ -242,15 +242,9 @@ def run_command(
     dashboards, reports) reach the store through this endpoint with --store clickhouse://127.0.0.1:PORT.
     Prints one JSON line ({"owner": pid, "port": ..., "store": ...}) when it is ready.
     """
-    logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from forumpulse.pipeline.runtime import tune_gc, use_jemalloc
+    from forumpulse.pipeline.runtime import start_service
 
-    use_jemalloc()
-    tune_gc()
-    from forumpulse.pipeline import native
-
-    log.info("parser byte loops: %s", native.status())  # "unavailable: ..." says why (numpy path then)
+    start_service(log)
     settings = load_settings(config)
     password = os.environ.get(password_env) if password_env else None
     if password_env and not password:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import logging
+import os
 
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
@@ -71,6 +73,20 @@ def tune_gc() -> None:
     gc.freeze()  # what start-up made lives for the whole process: keep it out of every later collection
     _g0, g1, g2 = gc.get_threshold()
     gc.set_threshold(GC_GEN0_THRESHOLD, g1, g2)
+
+
+def start_service(log: logging.Logger) -> None:
+    """The start of a long-running process (``forumpulse consume``, the owner): logging at
+    ``$FORUMPULSE_LOG_LEVEL`` (INFO), :func:`use_jemalloc`, :func:`tune_gc` (after the imports made so far), and
+    one log line saying whether the parser's compiled byte loops are in use (``unavailable: ...`` says why: the
+    numpy path is used then).  ``log``: the process's logger."""
+    logging.basicConfig(level=os.environ.get("FORUMPULSE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    use_jemalloc()
+    tune_gc()
+    from forumpulse.pipeline import native
+
+    log.info("parser byte loops: %s", native.status())
 
 
 class _Refuse:

@@ -47,11 +47,12 @@ def test_fewer_full_collections_while_processing():
 def test_the_long_running_commands_apply_it():
     import inspect
 
-    from forumpulse.pipeline import cli, consumer, owner
+    from forumpulse.pipeline import cli, consumer, owner, runtime
 
     assert "tune_gc()" in inspect.getsource(cli.ingest)
-    assert "tune_gc()" in inspect.getsource(consumer.consume_command)
-    assert "tune_gc()" in inspect.getsource(owner.run_command)
+    assert "tune_gc()" in inspect.getsource(runtime.start_service)
+    assert "start_service(log)" in inspect.getsource(consumer.consume_command)
+    assert "start_service(log)" in inspect.getsource(owner.run_command)
 
 
 def test_without_modules_refuses_the_import_but_pyarrow_still_converts():
