@@ -2,10 +2,10 @@
 --
 -- Not a schema migration: chDB (the embedded default) has no network listener and no users, and a password must
 -- never live in a versioned migration.  Run once as an admin on the server, with the password from your secret
--- store, without putting it on a command line (`ps` shows those to every local user), e.g.:
---   { printf "SET param_pw = '%s';\n" "$FORUMPULSE_CH_PASSWORD"; cat deploy/clickhouse/grafana_user.sql; } |
---     clickhouse-client --multiquery          # admin credentials from ~/.clickhouse-client/config.xml (0600)
--- (deploy/clickhouse/initdb/10-forumpulse-users.sh does exactly this on a container's first start).  Database name: forumpulse (change it if you use another).
+-- store, neither on a command line (`ps` shows those to every local user) nor as a query parameter (logged as
+-- it is): fill it into the CREATE USER below, which ClickHouse masks in its logs, and pipe the SQL to
+-- clickhouse-client -- deploy/clickhouse/initdb/10-forumpulse-users.sh does that (docs/operations.md, "Compose").
+-- Database name: forumpulse (change it if you use another).
 --
 -- readonly = 2 allows the plugin to set per-query settings (max_execution_time etc., which clickhouse-go sends)
 -- while forbidding writes and DDL; the grants limit reads to the forumpulse tables the dashboards use

@@ -1,7 +1,7 @@
 -- Writer ClickHouse user for the forumpulse loaders (forumpulse consume / run / detect), for ClickHouse SERVER
 -- deployments.  Companion of grafana_user.sql (read-only Grafana user); same conventions:
---   { printf "SET param_pw = '%s';\n" "$FORUMPULSE_INGEST_PASSWORD"; cat deploy/clickhouse/ingest_user.sql; } |
---     clickhouse-client --multiquery          # the password on stdin, never on a command line
+--   the password filled into the CREATE USER below, the SQL piped to clickhouse-client, never on a command line
+--   (deploy/clickhouse/initdb/10-forumpulse-users.sh does that)
 -- Run once as an admin, after `forumpulse db migrate` or before it (grants do not need the tables to exist).
 --
 -- Least privilege: reads and inserts in database forumpulse only; no DROP, ALTER, TRUNCATE, no other database,
