@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
-from forumpulse.detectors.dos_rules import DosConfig, Rule, RuleSet, load_rules
+from forumpulse.detectors.dos_rules import DosConfig, Rule, RuleFilter, RuleSet, load_rules
 from forumpulse.pipeline.record import ParsedLine
 
 if TYPE_CHECKING:
@@ -1466,8 +1466,11 @@ class DosDetector:
                 # the prefix's learned rate (earlier batches only), whatever its number of addresses
                 minute = int(grp["sec"].min()) // 60
                 learned = self.prefix_rates.per_minute(value, minute) / 60.0
-                crowd = self._crowd(b, cache, minute, value, wm_sec, recent=win[0], sec=int(grp["sec"].min())) \
-                    if learned > 0 or r.crowd_floor else 1.0
+                # the short measure compares the rule's window with learned non-static rates: only for a rule
+                # counting exactly those lines
+                same_lines = r.filter == RuleFilter(static=False)
+                crowd = self._crowd(b, cache, minute, value, wm_sec, recent=win[0] if same_lines else None,
+                                    sec=int(grp["sec"].min())) if learned > 0 or r.crowd_floor else 1.0
                 # its own normal risen with the crowd; with crowd_floor, at least the rule's threshold risen with
                 # it (a range with a low or no learned rate gets new readers too: the same allowance either way)
                 sc = self._prefix_scale(learned * crowd, r.threshold / r.window_s)
@@ -1504,11 +1507,14 @@ class DosDetector:
 
         Two measures, the higher wins: the minute under way (for the seconds elapsed; in its first half the
         minute before is added, so a few seconds of counts are not taken as a rate), and -- given the rule's
-        count window ``recent`` and the candidate's second ``sec`` -- the rule's own window (10 s) up to
-        ``sec``, so a crowd is seen in its first seconds, while the minute measure still dilutes it with the
-        calm before (that is when rules version 5 still banned new readers' ranges).  The short measure needs
-        at least half the window inside the window's carried tail (a replay's batches longer than that use the
-        minute measure alone).
+        count window ``recent`` (of non-static lines) and the candidate's second ``sec`` -- the rule's own
+        window (10 s) up to ``sec``, so a crowd is seen in its first seconds, while the minute measure still
+        dilutes it with the calm before (that is when rules version 5 still banned new readers' ranges).  The
+        short measure is the median *weighted by the ranges' learned rates*: a burst of a few seconds from many
+        small ranges an attacker keeps busy cannot move it, only the ranges that carry most of the site's
+        traffic can.  It needs at least half the window inside the window's carried tail, i.e. ``sec`` at most
+        5 s before the batch's last second (live batches are small; a replay's long batches use the minute
+        measure for their earlier seconds, so a replay can judge differently from a live run there).
 
         A range rising alone (a flood from one subnet, or a few) is judged as before: each median ignores the
         few.  Only an attack from more than half of the busy ranges at once raises it, and that is a site-wide
@@ -1522,12 +1528,37 @@ class DosDetector:
             cache[key] = (rises, sorted(rises.values()))
         med = self._median_but(cache[key], exclude)
         if recent is not None and sec is not None:
-            key = f"crowd_recent:{sec}"
-            if key not in cache:  # once per batch and second
+            key = f"crowd_recent:{id(recent)}:{sec}"
+            if key not in cache:  # once per batch, window and second
                 rises = self._crowd_recent_rises(recent, sec, wm_sec)
-                cache[key] = (rises, sorted(rises.values()))
-            med = max(med, self._median_but(cache[key], exclude))
+                weights = self._busy_ranges(sec // 60)
+                cache[key] = (rises, weights, sorted((v, weights[p]) for p, v in rises.items()))
+            rises, weights, ordered = cache[key]
+            med = max(med, self._weighted_median_but(rises, weights, ordered, exclude))
         return float(min(pb.max_scale, max(1.0, med)))
+
+    def _weighted_median_but(self, rises: dict[str, float], weights: dict[str, float],
+                             ordered: list[tuple[float, float]], exclude: str) -> float:
+        """The median of the rises but ``exclude``'s own, each range weighted by its learned rate (the lower
+        weighted median: the smallest rise with at least half the weight at or below it); 0.0 when fewer than
+        ``crowd_min_ranges`` ranges remain."""
+        n = len(ordered) - (exclude in rises)
+        if n < self.rules.prefix_baseline.crowd_min_ranges or n == 0:
+            return 0.0
+        total = sum(w for _, w in ordered)
+        skip = None
+        if exclude in rises:
+            skip = (rises[exclude], weights[exclude])
+            total -= skip[1]
+        acc = 0.0
+        for v, w in ordered:
+            if skip is not None and (v, w) == skip:
+                skip = None  # leave out one entry equal to the candidate's own
+                continue
+            acc += w
+            if acc * 2 >= total:
+                return float(v)
+        return 0.0
 
     def _median_but(self, rises_ordered: tuple[dict[str, float], list[float]], exclude: str) -> float:
         """The median of the rises but ``exclude``'s own (left out by position: no copy per candidate); 0.0 when

@@ -718,3 +718,37 @@ def test_crowd_rise_over_the_rules_window_sees_a_crowd_in_its_first_seconds() ->
     # fewer busy ranges than crowd_min_ranges: no short measure either
     det.prefix_rates.rate = {p: (60.0, minute - 1) for p in ranges[:9]}
     assert det._crowd_recent_rises(win, sec, sec) == {}
+
+
+def test_short_crowd_measure_is_weighted_by_the_ranges_learned_rates() -> None:
+    """An attacker who keeps 20 small ranges busy (30 req/min learned each) and bursts them 10x for a few seconds
+    does not raise the short measure while the 12 ranges carrying most of the traffic (120 req/min each) stay
+    at their rate: the median is weighted by learned rate (unweighted it would be 10, the cap).  When the big
+    ranges rise too -- a real flash crowd -- it follows them."""
+    from forumpulse.detectors.dos import _CountWindow
+
+    det = DosDetector(load_rules())
+    minute = 28_333_333
+    big = [f"10.0.{i}.0/24" for i in range(12)]
+    small = [f"10.1.{i}.0/24" for i in range(20)]
+    det.prefix_rates.rate = {**{p: (120.0, minute - 1) for p in big}, **{p: (30.0, minute - 1) for p in small}}
+    sec = minute * 60 + 40
+
+    def window(big_rise: float) -> _CountWindow:
+        win = _CountWindow(10)
+        rows = [(p, s, round(2 * big_rise)) for p in big for s in range(sec - 9, sec + 1)]
+        rows += [(p, s, 5) for p in small for s in range(sec - 9, sec + 1)]  # 0.5 req/s learned, 5 req/s now
+        win.t_key = np.asarray([r[0] for r in rows], dtype=object)
+        win.t_sec = np.asarray([r[1] for r in rows], dtype=np.int64)
+        win.t_n = np.asarray([r[2] for r in rows], dtype=np.int64)
+        win.t0 = win.t_sec * 1000
+        return win
+
+    calm = {p: 1.0 for p in big + small}
+    for big_rise, want in ((1.0, 1.0), (4.0, 4.0)):
+        cache: dict[str, Any] = {f"crowd:{minute}": (calm, sorted(calm.values()))}
+        got = det._crowd(None, cache, minute, "192.0.2.0/24", sec, recent=window(big_rise), sec=sec)  # type: ignore[arg-type]
+        assert got == pytest.approx(want), big_rise
+    # the candidate's own entry is left out of the weights too
+    cache = {f"crowd:{minute}": (calm, sorted(calm.values()))}
+    assert det._crowd(None, cache, minute, big[0], sec, recent=window(1.0), sec=sec) == pytest.approx(1.0)  # type: ignore[arg-type]
