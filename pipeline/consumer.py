@@ -1617,7 +1617,9 @@ def source_status(store: Store, now: float | None = None, quiet_after_s: float =
     ``heartbeat_timeout_s`` — the source is up and simply has no traffic.  ``stuck``: the same, but its own
     heartbeats say its file keeps growing (:func:`forumpulse.pipeline.contracts.file_grew` over the last
     ``STUCK_WINDOW_S``, from ``STUCK_GRACE_S`` after its last line): lines are written and not shipped — a broken
-    tail, a shipper that stopped reading the file while its heartbeat program still runs.  ``quiet``: no recent line and the
+    tail, a shipper that stopped reading the file while its heartbeat program still runs.  The heartbeats' times
+    are the shipper's clock, the window's end is ``now`` (the owner's): a shipper clock running minutes ahead
+    hides its newest heartbeats from the test (NTP on the collectors).  ``quiet``: no recent line and the
     source never sent a heartbeat of its own (a network sender: raw TCP/UDP, or syslog without forwarded
     heartbeats), but the listener that receives it heartbeats — the sender is idle *or* gone, forumpulse cannot
     tell which (``listener`` names it).  ``dead``: none of these — the source, its host, the collector or the

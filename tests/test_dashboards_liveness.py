@@ -259,11 +259,25 @@ def test_stuck_sources_are_files_growing_without_lines(store: Store) -> None:
     assert {r["origin_file"].rsplit("/", 1)[1][:-4]: r["status"] for r in got} == {
         "grows": "stuck", "once": "silent", "rotated": "silent", "truncated": "silent", "before": "silent",
         "old": "silent", "busy": "live", "stopped": "dead", "never": "stuck", "idle": "silent"}
-    # later, once the growth has left the 10-minute window, the stuck file reads silent again (no heartbeats
-    # were logged after NOW here; their freshness still counts for 180 s)
-    later = assert_sources_agree(store, "forum", NOW + 170)
-    assert {r["origin_file"].rsplit("/", 1)[1][:-4]: r["status"] for r in later}["grows"] == "stuck"
-    assert {r["status"] for r in assert_sources_agree(store, "forum", NOW + 600)} <= {"silent", "dead", "live"}
+    # the same path on another host and in another site, growing there too: each judged by its own beats
+    _insert(store, [("forum", "web3", f.format("idle"), 900, 5), ("board", "web1", f.format("idle"), 900, 5)])
+    _log_beats(store, "forum", "web3", f.format("idle"), _every_10s(300, 5, 1000, 250))
+    _log_beats(store, "board", "web1", f.format("idle"), _every_10s(300, 5, 1000, 250))
+    by_host = {(r["origin_host"], r["origin_file"]): r["status"] for r in assert_sources_agree(store, "forum")}
+    assert (by_host[("web1", f.format("idle"))], by_host[("web3", f.format("idle"))]) == ("silent", "stuck")
+    assert {r["status"] for r in assert_sources_agree(store, "board")} == {"stuck"}
+    # the file stops growing (heartbeats keep coming, flat, each minute logged in two rows): stuck until the
+    # growth has left the 10-minute window, then silent again
+    flat = [(-float(a), 1000 + 250 * 29, 7) for a in range(10, 720, 10)]
+    _log_beats(store, "forum", "web1", f.format("grows"), [b for b in flat if int(b[0]) % 20 == 0])
+    _log_beats(store, "forum", "web1", f.format("grows"), [b for b in flat if int(b[0]) % 20 != 0])
+    _insert(store, [("forum", "web1", f.format("grows"), 900 + 700, -700 + 5)])  # its newest heartbeat: NOW+695
+
+    def grows_at(t: int) -> str:
+        return {r["origin_file"]: r["status"] for r in assert_sources_agree(store, "forum", t)}[f.format("grows")]
+
+    assert grows_at(NOW + 240) == "stuck"
+    assert grows_at(NOW + 700) == "silent"
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -273,17 +287,21 @@ def test_random_heartbeat_logs_agree(store: Store, seed: int) -> None:
     rng = random.Random(100 + seed)
     rows: list[Row] = []
     for i in range(40):
-        file = f"/var/log/{i}.log"
+        site, host, file = rng.choice(("forum", "board")), rng.choice(("web1", "web2")), f"/var/log/{i % 15}.log"
         line = rng.choice((None, 100, 250, 400, 500, 599, 600, 700, 900, 3600))
-        rows.append(("forum", "web1", file, line, rng.choice((5, 100, 179))))
+        rows.append((site, host, file, line, rng.choice((5, 100, 179))))
         beats, size, inode = [], rng.randrange(1000), 1
         for age in range(rng.choice((1200, 800, 400)), 0, -rng.choice((10, 30, 60, 90))):
             r = rng.random()
             size = size + rng.randrange(1, 500) if r < 0.4 else (size // 2 if r < 0.45 else size)
             inode = inode + 1 if rng.random() < 0.05 else inode
             beats.append((float(age), size, inode))
-        _log_beats(store, "forum", "web1", file, beats)
+        half = rng.random() < 0.5  # some sources' minutes arrive in two rows (two consumers, two batches)
+        _log_beats(store, site, host, file, beats[::2] if half else beats)
+        if half:
+            _log_beats(store, site, host, file, beats[1::2])
     _insert(store, rows)
     for now in (NOW, NOW - 60, NOW - 37, NOW + 90, NOW - 300):
-        assert_sources_agree(store, "forum", now)
+        for site in ("forum", "board"):
+            assert_sources_agree(store, site, now)
     assert {s.state for s in source_status(store, now=float(NOW))} >= {"stuck", "silent", "live"}
