@@ -527,13 +527,13 @@ def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "f
 # ---------------------------------------------------------------------------------------------- commands
 
 
-def _parse_time(s: str | None) -> datetime | None:
+def _parse_time(s: str | None, option: str) -> datetime | None:
     if s is None:
         return None
     try:
         t = datetime.fromisoformat(s.replace("Z", "+00:00"))
     except ValueError:
-        raise typer.BadParameter(f"{s!r} is not an ISO 8601 date or time") from None
+        raise typer.BadParameter(f"{s!r} is not an ISO 8601 date or time", param_hint=option) from None
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
@@ -545,9 +545,15 @@ _ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML co
 
 
 def _check_out(out: Path) -> None:
+    """The output folder exists or is created now (before any query): else a one-line error, exit 2."""
     if out.exists() and not out.is_dir():
         typer.echo(f"error: --out {out} is a file, not a folder", err=True)
         raise typer.Exit(2)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        typer.echo(f"error: --out {out}: cannot create the folder ({exc.strerror or exc})", err=True)
+        raise typer.Exit(2) from None
 
 
 def _open_for_report(config: Path | None, store: str | None, site: str | None) -> tuple[Store, str, Any]:
@@ -572,7 +578,10 @@ def report_event_command(
     config: _ConfigOpt = None,
 ) -> None:
     """forumpulse report event --topic ID | --group NAME | --event ID [--from --to] --out DIR"""
-    time_from, time_to = _parse_time(from_), _parse_time(to)  # bad input is refused before the store is opened
+    time_from, time_to = _parse_time(from_, "--from"), _parse_time(to, "--to")  # refused before the store opens
+    if sum(x is not None for x in (topic, group, event)) != 1:
+        typer.echo("error: give exactly one of --topic, --group, --event", err=True)
+        raise typer.Exit(2)
     _check_out(out)
     st, site, cfg = _open_for_report(config, store, site)
     try:

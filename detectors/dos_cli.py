@@ -43,12 +43,13 @@ def _password(password_env: str | None) -> str | None:
 
 
 def _open_store(settings: Any, store: str | None, owner: str, password: str | None) -> Any:
-    """The store named by ``--store`` / the config; when the owner holds an embedded folder, its endpoint."""
+    """The store named by ``--store`` / the config; when the owner holds an embedded folder, its endpoint.  It
+    must exist already (a mistyped path is an error, not a new empty store: ``StoreLocationError``)."""
     from forumpulse.pipeline.store import StoreBusy, StoreUnavailable, open_store
 
     url = store or settings.store.url
     try:
-        return open_store(url)
+        return open_store(url, existing=True)
     except StoreBusy as busy:
         from urllib.parse import urlsplit
 

@@ -123,6 +123,22 @@ def test_bad_times_are_one_line_errors(tmp_path, args):
     assert "is not" in r.stderr
 
 
+def test_report_event_option_errors_are_one_line_and_name_the_option(tmp_path):
+    """Refused before any store is opened: a --from that is not a time names --from; not exactly one of --topic,
+    --group, --event says so with the options' names; an --out that cannot be created says why."""
+    (tmp_path / "afile").write_text("")
+    cases = [(["--group", "g", "--from", "soon"], "--from"),
+             ([], "give exactly one of --topic, --group, --event"),
+             (["--topic", "1", "--group", "g"], "give exactly one of --topic, --group, --event"),
+             (["--topic", "1", "--out", str(tmp_path / "afile" / "sub")], "cannot create the folder")]
+    for extra, message in cases:
+        out = [] if "--out" in extra else ["--out", "r"]
+        r = subprocess.run([str(EXE), "report", "event", *extra, *out, "--store", "chdb:typo"], capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+    assert not (tmp_path / "typo").exists()
+
+
 def test_titles_csv_is_loaded_by_migrate_and_reports_use_the_configured_store(tmp_path):
     titles = tmp_path / "titles.csv"
     titles.write_text("site,topic_id,title\nboard,7,Election night\nboard,8,Gardening\n")
@@ -172,11 +188,14 @@ def test_unusable_store_urls_are_one_line_errors(tmp_path, url, message):
 
 
 def test_reading_commands_do_not_create_a_store_where_there_is_none(tmp_path):
+    no_owner = ["--owner", "http://127.0.0.1:9"]  # nothing listens there: the commands go to the store
     for args in (["detect", "--from", "2024-02-01", "--to", "2024-02-02"], ["report", "daily", "--day", "2024-02-01",
-                                                                            "--out", "r"]):
+                                                                            "--out", "r"],
+                 ["detect", "decisions", *no_owner], ["detect", "unban", "192.0.2.1", *no_owner]):
         r = subprocess.run([str(EXE), *args, "--store", "chdb:typo/chdb"], capture_output=True, text=True,
                            timeout=120, cwd=tmp_path)
-        assert r.returncode == 2 and "no chDB store at typo/chdb" in r.stderr, r.stderr
+        assert r.returncode == 2 and "no chDB store at typo/chdb" in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "typo").exists() and not (tmp_path / "data").exists()
     (tmp_path / "empty").mkdir()
     r = subprocess.run([str(EXE), "report", "daily", "--day", "2024-02-01", "--out", "r", "--store", "chdb:empty"],
@@ -295,7 +314,7 @@ def test_a_wrong_format_is_named_not_called_a_cut_line(tmp_path):
 
 def test_decisions_on_a_held_store_without_an_owner_says_both(tmp_path):
     chdb = tmp_path / "st"
-    chdb.mkdir()
+    (chdb / "metadata").mkdir(parents=True)  # a store's folder (a missing one is refused before any lock)
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl,sys,time; f=open(sys.argv[1],'a+'); "
                                "fcntl.flock(f, fcntl.LOCK_EX); f.write('4242'); f.flush(); print('held', flush=True); "
                                "time.sleep(60)", str(chdb / ".forumpulse.lock")], stdout=subprocess.PIPE, text=True)
