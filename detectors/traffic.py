@@ -1855,10 +1855,12 @@ class TrafficDetector:
 
 def detect_history(store: Any, start: datetime, end: datetime | None, settings: Any = None, echo: bool = False,
                    out: Any = None, sites: Iterable[str] | None = None,
-                   now: datetime | None = None) -> list[Detection]:
+                   now: datetime | None = None, record: bool = True) -> list[Detection]:
     """Run every traffic detector over ``[start, end)`` (baselines warmed with ``history_days`` before ``start``);
     returns the final state of each detection overlapping the range — started in it, or started before and still
-    open at ``start`` or ended at/after it.  Liveness is judged at each minute from the heartbeat log, else
+    open at ``start`` or ended at/after it — and, with ``record`` (default), writes them to ``detections`` (what
+    Grafana's annotations and the reports read; idempotent by detection id, see below for what is not
+    overwritten).  Liveness is judged at each minute from the heartbeat log, else
     (before the log's first minute) at ``end`` from heartbeats not later than ``end``.
 
     ``end=None``: up to now as a live run reads it -- per site, the last complete minute before ``now`` (default:
@@ -1906,7 +1908,7 @@ def detect_history(store: Any, start: datetime, end: datetime | None, settings: 
             f"SELECT id FROM detections FINAL WHERE id IN ({', '.join(_q(d.id) for d in still_open)}) "
             f"AND state = 'closed' AND end_ts >= {_sql_ts(ends[name] - timedelta(minutes=1))}")}
     later |= _gaps_under_stored_outages(store, out_list)
-    if out_list:
+    if out_list and record:
         det._emit(store, [d for d in out_list if d.id not in later], datetime.now(UTC))
     if echo:
         for d in out_list:
@@ -1939,12 +1941,17 @@ def detect_history_command(
                                                              "watermark, as live)")] = "",
     config: Annotated[str | None, typer.Option("--config", "-c", help="forumpulse.yaml")] = None,
     store_url: Annotated[str | None, typer.Option("--store", help="chdb:PATH or clickhouse://...")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print only: do not record the detections in the "
+                                          "store's detections table")] = False,
 ) -> None:
-    """Run the traffic detectors over the store's rollups for a time range; prints JSON lines."""
-    _history_cli(from_, to, config, store_url)
+    """Run the traffic detectors over the store's rollups for a time range; prints JSON lines and records them
+    in the store's detections table (Grafana annotations and reports read it), unless --dry-run.  A note on
+    stderr says when nothing was found and when --to lies past a site's data (minutes without lines or
+    heartbeats read as a pipeline gap)."""
+    _history_cli(from_, to, config, store_url, record=not dry_run)
 
 
-def _history_cli(from_: str, to: str, config: str | None, store_url: str | None) -> None:
+def _history_cli(from_: str, to: str, config: str | None, store_url: str | None, record: bool = True) -> None:
     from forumpulse.pipeline.config import load_settings
     from forumpulse.pipeline.store import open_store
 
@@ -1964,6 +1971,25 @@ def _history_cli(from_: str, to: str, config: str | None, store_url: str | None)
         raise typer.BadParameter(f"--to ({to or 'now'}) is not after --from ({from_ or 'a day ago'})")
     store = open_store(store_url or settings.store.url, existing=True)
     try:
-        detect_history(store, start, end, settings, echo=True, now=now)
+        found = detect_history(store, start, end, settings, echo=True, now=now, record=record)
+        spans = {str(site): (_utc(lo), _utc(hi)) for site, lo, hi in store.query_rows(
+            "SELECT site, min(minute), max(minute) FROM site_minute GROUP BY site")}
     finally:
         store.close()
+    names = [s.name for s in settings.sites]
+    for name in names:
+        span = spans.get(name)
+        if span is None:
+            print(f"note: site {name}: no data in the store", file=sys.stderr)
+        elif end is not None and end > span[1] + timedelta(minutes=1):
+            print(f"note: site {name}: its data ends at {span[1].isoformat().replace('+00:00', 'Z')}; the minutes "
+                  f"after it up to --to are judged as silence (a pipeline_gap when no heartbeats either)",
+                  file=sys.stderr)
+    if not found:
+        have = ", ".join(f"{n} {a.isoformat().replace('+00:00', 'Z')} to {b.isoformat().replace('+00:00', 'Z')}"
+                         for n, (a, b) in sorted(spans.items()) if n in names)
+        print(f"note: no detections from {start.isoformat().replace('+00:00', 'Z')} to "
+              f"{(end or now).isoformat().replace('+00:00', 'Z')}; the store's data: {have or 'none'}",
+              file=sys.stderr)
+    elif not record:
+        print(f"note: --dry-run: {len(found)} detection(s) printed, not recorded", file=sys.stderr)

@@ -36,15 +36,25 @@ def detect(
     to: Annotated[str, typer.Option("--to", help="end, exclusive (default: now)")] = "",
     config: ConfigOpt = None,
     store: StoreOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print only: do not record the detections in the "
+                                          "store's detections table")] = False,
 ) -> None:
     """Detectors.  `forumpulse detect --from A --to B` runs the traffic detectors (topic surges, spikes, dips
-    classified holiday/outage/pipeline_gap, transfer and latency regressions) over the stored rollups and prints
-    JSON lines; the subcommands run the other modes."""
+    classified holiday/outage/pipeline_gap, transfer and latency regressions) over the stored rollups, prints
+    JSON lines and records them in the store's detections table (--dry-run: print only), as `detect history`
+    does; the subcommands run the other modes."""
     if ctx.invoked_subcommand is not None:
+        given = [name for name, v in (("--from", from_), ("--to", to), ("--config", config), ("--store", store),
+                                      ("--dry-run", dry_run)) if v]
+        if given:  # they would be silently ignored: the subcommand has options of its own
+            typer.echo(f"error: {', '.join(given)} before '{ctx.invoked_subcommand}' belong(s) to 'detect' without a "
+                       f"subcommand; put them after it: forumpulse detect {ctx.invoked_subcommand} {given[0]} ...",
+                       err=True)
+            raise typer.Exit(2)
         return
     from forumpulse.detectors.traffic import _history_cli
 
-    _history_cli(from_, to, str(config) if config else None, store)
+    _history_cli(from_, to, str(config) if config else None, store, record=not dry_run)
 app.add_typer(report_app, name="report")
 
 ConfigOpt = Annotated[

@@ -128,7 +128,7 @@ def run_demo(data_dir: Path, weeks: int = 4, lines_per_day: int = 60_000, seed: 
     if report_path:
         con.print(f"event report: [bold]{report_path}[/bold] (open it in a browser)")
     con.print(f"store: {settings.store.url}   config: {cfg_path}   (e.g. .venv/bin/forumpulse report daily "
-              f"--store {settings.store.url} --day {(end - timedelta(days=3)).date()} --out {folder / 'daily'})")
+              f"-c {cfg_path} --day {(end - timedelta(days=3)).date()} --out {folder / 'daily'})")
     con.print(f"demo finished in {time.perf_counter() - t_all:.0f} s")
     figures["report"] = str(report_path) if report_path else None
     return figures

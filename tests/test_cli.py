@@ -123,6 +123,15 @@ def test_bad_times_are_one_line_errors(tmp_path, args):
     assert "is not" in r.stderr
 
 
+def test_detect_options_before_a_subcommand_are_refused_not_ignored(tmp_path):
+    """`detect --from A --to B history` would run history over its defaults (the last day): refused, saying to
+    put the options after the subcommand."""
+    r = subprocess.run([str(EXE), "detect", "--from", "2024-02-05", "--to", "2024-02-06", "history", "--store",
+                        "chdb:typo"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and "--from, --to before 'history'" in r.stderr and "Traceback" not in r.stderr
+    assert "forumpulse detect history --from" in r.stderr and not (tmp_path / "typo").exists()
+
+
 def test_report_event_option_errors_are_one_line_and_name_the_option(tmp_path):
     """Refused before any store is opened: a --from that is not a time names --from; not exactly one of --topic,
     --group, --event says so with the options' names; an --out that cannot be created says why."""

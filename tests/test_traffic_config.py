@@ -64,11 +64,30 @@ def test_history_command_prints_and_stores(tmp_path: Path, capsys: pytest.Captur
         "ts": pa.array(rows, pa.timestamp("ms", tz="UTC")), "site": ["forum"] * m, "client_ip": ["::ffff:10.0.0.1"] * m,
         "status": pa.array([200] * m, pa.uint16()), "is_bot": [False] * m, "is_static": [False] * m}))
     store.close()
+
+    def stored() -> list[tuple[object, ...]]:
+        store = open_store(url)
+        try:
+            return list(store.query_rows("SELECT kind, state FROM detections FINAL"))
+        finally:
+            store.close()
+
+    # --dry-run prints the same and records nothing
+    traffic.detect_history_command(from_="2026-03-09", to="2026-03-11", config=None, store_url=url, dry_run=True)
+    cap = capsys.readouterr()
+    assert [(d["kind"], d["start"][:13]) for d in map(json.loads, cap.out.splitlines())] == [("spike", "2026-03-10T10")]
+    assert "--dry-run: 1 detection(s) printed, not recorded" in cap.err and stored() == []
     traffic.detect_history_command(from_="2026-03-09", to="2026-03-11", config=None, store_url=url)
     out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [(d["kind"], d["start"][:13]) for d in out] == [("spike", "2026-03-10T10")]
-    store = open_store(url)
-    try:
-        assert store.query_rows("SELECT kind, state FROM detections FINAL") == [("spike", "closed")]
-    finally:
-        store.close()
+    assert stored() == [("spike", "closed")]
+    # nothing found: a note says so, with the data the store has
+    traffic.detect_history_command(from_="2026-03-05", to="2026-03-06", config=None, store_url=url, dry_run=True)
+    cap = capsys.readouterr()
+    assert cap.out == "" and ("note: no detections from 2026-03-05T00:00:00Z to 2026-03-06T00:00:00Z; the store's "
+                              "data: forum 2026-03-02T00:00:00Z to 2026-03-10T23:59:00Z") in cap.err
+    # --to past the data: a note says the minutes after it read as silence
+    traffic.detect_history_command(from_="2026-03-10", to="2026-03-11T02:00", config=None, store_url=url,
+                                   dry_run=True)
+    assert "note: site forum: its data ends at 2026-03-10T23:59:00Z" in capsys.readouterr().err
+    assert stored() == [("spike", "closed")]
