@@ -23,7 +23,9 @@ referrer
 domains (referrers are privacy-scrubbed at ingest), humans vs bots, and a plain-language summary.  Everything is
 read from ClickHouse: the rollups for series, ``requests`` only for referrers.
 
-Guarantees: all numbers shown are computed by the SQL in this module (no sampling); times are UTC; the page
+Guarantees: all numbers shown are computed by the SQL in this module (no sampling); times (text and chart axes)
+are in the site's time zone with its UTC offset or abbreviation written next to them (``tz``; UTC by default);
+the page
 references no external resource (no ``http(s)://`` in ``src``/``href`` attributes).  Misuse: a scope without
 data in the range raises :class:`ReportError` instead of writing an empty page.
 """
@@ -34,11 +36,14 @@ import base64
 import html
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Annotated, Any
+from zoneinfo import ZoneInfo
 
 import typer
 from forumpulse.pipeline.store import Store, open_store
@@ -264,9 +269,11 @@ def _fig() -> Any:
 def _save(plt: Any, fig: Any, path: Path) -> bytes:
     import matplotlib.dates as mdates
 
+    zone = _ZONE.get()
     for ax in fig.axes:
-        ax.xaxis.set_major_formatter(mdates.DateFormatter("%d %b\n%H:%M", tz=UTC))
-        ax.set_xlabel("UTC")  # the PNGs are forwarded on their own: say which clock
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%d %b\n%H:%M", tz=zone))
+        # the PNGs are forwarded on their own: say which clock
+        ax.set_xlabel("UTC" if zone is UTC else f"{zone} time")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -356,8 +363,30 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 """
 
 
+#: the time zone a report being written shows its times in (set by the generate_* functions for their duration)
+_ZONE: ContextVar[tzinfo] = ContextVar("report_zone", default=UTC)
+
+
+@contextmanager
+def _shown_in(tz: str) -> Iterator[tzinfo]:
+    zone: tzinfo = UTC if tz == "UTC" else ZoneInfo(tz)
+    token = _ZONE.set(zone)
+    try:
+        yield zone
+    finally:
+        _ZONE.reset(token)
+
+
+def _zone_label(t: datetime) -> str:
+    """``UTC``, an abbreviation (``CET``, ``EST``) or ``UTC+08`` when the zone has no letters for it."""
+    name = t.tzname() or "UTC"
+    return name if name == "UTC" or name[0] not in "+-" else f"UTC{name}"
+
+
 def _fmt_t(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    """A time as an editor reads it: in the report's zone (:func:`_shown_in`), the zone named after it."""
+    local = t.astimezone(_ZONE.get())
+    return f"{local:%Y-%m-%d %H:%M} {_zone_label(local)}"
 
 
 def _n(x: float) -> str:
@@ -382,10 +411,21 @@ def _img(name: str, data: bytes, alt: str) -> str:
 def generate_event_report(
     store: Store, *, topic_id: int | None = None, group: str | None = None, event_id: str | None = None,
     time_from: datetime | None = None, time_to: datetime | None = None, out_dir: Path, site: str = "forum",
-    baseline_days: int = 7, own_hosts: Sequence[str] = (),
+    baseline_days: int = 7, own_hosts: Sequence[str] = (), tz: str = "UTC",
 ) -> Path:
     """Write the event report for a topic, a topic group or a detection into ``out_dir``; returns index.html.
-    ``own_hosts``: the site's host names (``sites[].hosts``), left out of the top referrers."""
+    ``own_hosts``: the site's host names (``sites[].hosts``), left out of the top referrers.  ``tz``: the site's
+    time zone, in which the page and the charts show times (the ranges themselves are instants)."""
+    with _shown_in(tz):
+        return _event_report(store, topic_id=topic_id, group=group, event_id=event_id, time_from=time_from,
+                             time_to=time_to, out_dir=out_dir, site=site, baseline_days=baseline_days,
+                             own_hosts=own_hosts)
+
+
+def _event_report(
+    store: Store, *, topic_id: int | None, group: str | None, event_id: str | None, time_from: datetime | None,
+    time_to: datetime | None, out_dir: Path, site: str, baseline_days: int, own_hosts: Sequence[str],
+) -> Path:
     if sum(x is not None for x in (topic_id, group, event_id)) != 1:
         raise ReportError("give exactly one of topic_id, group, event_id")
     meta: dict[str, Any] | None = None
@@ -480,9 +520,13 @@ def generate_event_report(
 
 def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "forum", tz: str = "UTC") -> Path:
     """The day's detections (latest state) and top topics by human views, as one HTML page; returns its path.
-    ``day`` is a calendar day in the site's time zone ``tz`` (an editor's day, not the UTC day)."""
-    from zoneinfo import ZoneInfo
+    ``day`` is a calendar day in the site's time zone ``tz`` (an editor's day, not the UTC day), and the page
+    shows its times there."""
+    with _shown_in(tz):
+        return _daily_report(store, day, out_dir, site, tz)
 
+
+def _daily_report(store: Store, day: date, out_dir: Path, site: str, tz: str) -> Path:
     zone = ZoneInfo(tz)
     t0 = datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(UTC)
     nxt = day + timedelta(days=1)
@@ -586,7 +630,7 @@ def report_event_command(
     st, site, cfg = _open_for_report(config, store, site)
     try:
         path = generate_event_report(st, topic_id=topic, group=group, event_id=event, time_from=time_from,
-                                     time_to=time_to, out_dir=out, site=site, own_hosts=cfg.hosts)
+                                     time_to=time_to, out_dir=out, site=site, own_hosts=cfg.hosts, tz=cfg.timezone)
     except ReportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -613,8 +657,6 @@ def report_daily_command(
     st, site, cfg = _open_for_report(config, store, site)
     tz = cfg.timezone
     if d is None:
-        from zoneinfo import ZoneInfo
-
         d = (datetime.now(ZoneInfo(tz)) - timedelta(days=1)).date()
     try:
         path = generate_daily_report(st, d, out, site=site, tz=tz)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +202,9 @@ def test_daily_report_is_a_day_in_the_site_time_zone(world: Any, tmp_path: Path)
     (top, n), = views.most_common(1)
     topics = text_of(page, "topics")
     assert str(top) in topics and f"{n:,}" in topics  # the local day's top topic and its views
-    assert "Asia/Kuala_Lumpur day" in page and t0.strftime("%Y-%m-%d %H:%M UTC") in page
+    # times shown in the site's zone, its offset named: the local day runs from 00:00 to 00:00
+    assert "Asia/Kuala_Lumpur day" in page and f"{day:%Y-%m-%d} 00:00 UTC+08" in page
+    assert f"{day + timedelta(days=1):%Y-%m-%d} 00:00 UTC+08" in page and " UTC<" not in page
 
 
 def _steady(site: str, minutes: range, per_minute: dict[int, int]) -> list[dict[str, Any]]:
@@ -268,3 +270,19 @@ def test_a_site_without_data(world: Any, tmp_path: Path) -> None:
     store.insert("detections", fx.ts_table(det, ("start_ts", "end_ts", "peak_ts", "updated_at")))
     _tid, _grp, t0, t1, meta = _event(store, "nodata", "ev-empty")
     assert meta["end"] == peak and t1 == peak and t0 < t1  # an open event without site_minute rows: up to its peak
+
+
+def test_event_report_shows_times_in_the_site_time_zone(world: Any, tmp_path: Path) -> None:
+    """The same report with the site's zone: every time shown moves by the zone's offset and names it (UTC+08
+    for Asia/Kuala_Lumpur, CET/CEST for Europe/Berlin), the numbers are unchanged."""
+    store, _ = world
+    utc = generate_event_report(store, topic_id=101, time_from=FROM, time_to=TO, out_dir=tmp_path / "u").read_text()
+    kl = generate_event_report(store, topic_id=101, time_from=FROM, time_to=TO, out_dir=tmp_path / "k",
+                               tz="Asia/Kuala_Lumpur").read_text()
+    peak = datetime.strptime(text_of(utc, "peak-time").split(" UTC")[0].strip()[-16:], "%Y-%m-%d %H:%M")
+    assert f"{peak + timedelta(hours=8):%Y-%m-%d %H:%M} UTC+08" in text_of(kl, "peak-time")
+    assert f"{FROM + timedelta(hours=8):%Y-%m-%d %H:%M} UTC+08" in text_of(kl, "summary")
+    assert " UTC " not in text_of(kl, "summary") and text_of(kl, "total-views") == text_of(utc, "total-views")
+    berlin = generate_event_report(store, topic_id=101, time_from=FROM, time_to=TO, out_dir=tmp_path / "b",
+                                   tz="Europe/Berlin").read_text()
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d CES?T", text_of(berlin, "peak-time"))
