@@ -436,7 +436,9 @@ def _event_report(
         if time_to is None:
             last = store.query_rows(f"SELECT maxOrNull(minute) FROM site_minute WHERE site = {_q(site)}")
             if not last or last[0][0] is None:
-                raise ReportError(f"no data for site {site!r}")
+                have = [str(r[0]) for r in store.query_rows("SELECT DISTINCT site FROM site_minute ORDER BY site")]
+                raise ReportError(f"no data for site {site!r} (sites with data: {', '.join(have) or 'none'}; "
+                                  "--site or sites[] in the configuration)")
             time_to = _utc(last[0][0]) + timedelta(minutes=1)
         t0, t1 = time_from or time_to - timedelta(hours=48), time_to
     t0, t1 = _utc(t0), _utc(t1)
@@ -523,10 +525,11 @@ def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "f
     ``day`` is a calendar day in the site's time zone ``tz`` (an editor's day, not the UTC day), and the page
     shows its times there."""
     with _shown_in(tz):
-        return _daily_report(store, day, out_dir, site, tz)
+        return _daily_report(store, day, out_dir, site, tz)[0]
 
 
-def _daily_report(store: Store, day: date, out_dir: Path, site: str, tz: str) -> Path:
+def _daily_report(store: Store, day: date, out_dir: Path, site: str, tz: str) -> tuple[Path, int, int]:
+    """:func:`generate_daily_report`, also returning how many events and topics the page lists."""
     zone = ZoneInfo(tz)
     t0 = datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(UTC)
     nxt = day + timedelta(days=1)
@@ -565,7 +568,7 @@ def _daily_report(store: Store, day: date, out_dir: Path, site: str, tz: str) ->
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"daily-{day.isoformat()}.html"
     path.write_text(_page(f"forumpulse daily report {day.isoformat()}", body), encoding="utf-8")
-    return path
+    return path, len(events), len(topics)
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -615,8 +618,10 @@ def report_event_command(
     topic: Annotated[int | None, typer.Option("--topic", help="topic id")] = None,
     group: Annotated[str | None, typer.Option("--group", help="topic group name")] = None,
     event: Annotated[str | None, typer.Option("--event", help="detection id")] = None,
-    from_: Annotated[str | None, typer.Option("--from", help="start, ISO 8601 (UTC if no offset)")] = None,
-    to: Annotated[str | None, typer.Option("--to", help="end, ISO 8601 (UTC if no offset)")] = None,
+    from_: Annotated[str | None, typer.Option("--from", help="start, ISO 8601 (UTC if no offset); default: the "
+                                              "event's start with --event, else 48 hours before --to")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="end, ISO 8601 (UTC if no offset); default: the event's "
+                                           "end with --event, else the end of the site's data")] = None,
     store: _StoreOpt = None,
     site: _SiteOpt = None,
     config: _ConfigOpt = None,
@@ -659,9 +664,13 @@ def report_daily_command(
     if d is None:
         d = (datetime.now(ZoneInfo(tz)) - timedelta(days=1)).date()
     try:
-        path = generate_daily_report(st, d, out, site=site, tz=tz)
+        with _shown_in(tz):
+            path, n_events, n_topics = _daily_report(st, d, out, site, tz)
     finally:
         st.close()
+    if not n_events and not n_topics:
+        typer.echo(f"note: no detections and no topic views on {d} ({tz}) for site {site}: the page is empty",
+                   err=True)
     typer.echo(str(path))
 
 

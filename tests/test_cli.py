@@ -164,6 +164,7 @@ def test_titles_csv_is_loaded_by_migrate_and_reports_use_the_configured_store(tm
     r = subprocess.run([str(EXE), "report", "daily", "--day", "2024-02-01", "--out", str(tmp_path / "out"), "-c",
                         str(cfg)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+    assert "note: no detections and no topic views on 2024-02-01 (UTC) for site board" in r.stderr  # nothing ingested
     assert not (tmp_path / "data").exists()  # not the built-in default ./data/chdb
     assert "board" in (tmp_path / "out" / "daily-2024-02-01.html").read_text()
     from forumpulse.pipeline.store import open_store

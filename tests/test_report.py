@@ -261,7 +261,7 @@ def test_a_site_without_data(world: Any, tmp_path: Path) -> None:
     from forumpulse.dashboards.report import _event
 
     store, _ = world
-    with pytest.raises(ReportError, match="no data for site 'nosuch'"):
+    with pytest.raises(ReportError, match=r"no data for site 'nosuch' \(sites with data: .*forum"):
         generate_event_report(store, topic_id=101, site="nosuch", out_dir=tmp_path)
     peak = T0 + timedelta(hours=5)
     det = [{"id": "ev-empty", "kind": "topic_surge", "site": "nodata", "scope": "topic:1", "start_ts": peak - timedelta(hours=1),
