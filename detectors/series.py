@@ -885,8 +885,8 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
     keep the last row of the file.  Values that are not finite numbers are missing.  Absent rows mean "no data".
 
     Raises ValueError naming the file (and the row, for a timestamp that cannot be read).  ``notes`` (if given)
-    receives one line per thing a user should know about the input: values that were not numbers, duplicate
-    timestamps."""
+    receives one line per thing a user should know about the input: values that were not numbers or infinite,
+    duplicate timestamps, extra columns."""
     try:
         df = pd.read_csv(path, header=None, dtype=str, skip_blank_lines=True, keep_default_na=False)
     except pd.errors.EmptyDataError:
@@ -906,12 +906,19 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
             df, header = df.iloc[1:], 1  # header row
     if df.empty:
         raise ValueError(f"{path}: no rows after the header")
+    if df.shape[1] > 2 and notes is not None:
+        notes.append(f"{df.shape[1] - 2} column(s) after timestamp,value are ignored")
     col = df.iloc[:, 0].str.strip()
     # epoch seconds (9-10 digits: 1973-2286) or milliseconds (13 digits); other digit strings (20240101,
     # 202401011200) are compact dates, left to the date parser
-    if col.str.fullmatch(r"\d{9,10}(\.\d+)?").all() or col.str.fullmatch(r"\d{13}").all():
+    secs, millis = col.str.fullmatch(r"\d{9,10}(\.\d+)?"), col.str.fullmatch(r"\d{13}")
+    if secs.all() or millis.all():
         nums = pd.to_numeric(col)
         ts = pd.to_datetime(nums, unit="ms" if float(nums.max()) > 1e11 else "s", utc=True)
+    elif (secs | millis).all():  # both units: which is which cannot be guessed row by row safely
+        i, j = int(np.flatnonzero(secs.to_numpy())[0]), int(np.flatnonzero(millis.to_numpy())[0])
+        raise ValueError(f"{path}: the timestamps mix epoch seconds (row {i + 1 + header}: {col.iloc[i]!r}) and "
+                         f"milliseconds (row {j + 1 + header}: {col.iloc[j]!r}): use one unit")
     else:
         ts = pd.to_datetime(col, utc=True, format="mixed", errors="coerce")
         bad = np.flatnonzero(ts.isna().to_numpy())
@@ -927,6 +934,9 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
             i = int(words[0])
             notes.append(f"{len(words)} value(s) are not numbers and count as missing (first: row {i + 1 + header}, "
                          f"{raw.iloc[i]!r})")
+    infinite = int(np.isinf(vals).sum())
+    if infinite and notes is not None:
+        notes.append(f"{infinite} value(s) are infinite and count as missing")
     vals[~np.isfinite(vals)] = np.nan
     s = pd.Series(vals, index=pd.DatetimeIndex(ts)).sort_index(kind="stable")
     dup = int(s.index.duplicated(keep="last").sum())

@@ -215,3 +215,18 @@ def test_read_series_csv_keeps_the_last_duplicate(tmp_path: Path) -> None:
 def test_detection_json_has_no_nan_for_generic_rows() -> None:
     d = Detection("anomaly", "series", T0, T0, T0, 1.0, 2.0, 0.7, "unexplained", state="closed")
     assert _strict_lines(d.to_json())[0]["expected"] == 2.0
+
+
+def test_read_series_csv_says_what_it_leaves_out(tmp_path: Path) -> None:
+    """Extra columns and infinite values are noted (not silently dropped); epoch seconds mixed with epoch
+    milliseconds are refused naming a row of each."""
+    f = tmp_path / "x.csv"
+    f.write_text("time,count,host\n1709251200,5,a\n1709251260,inf,a\n1709251320,-inf,b\n1709251380,7,b\n")
+    notes: list[str] = []
+    ts, vals = read_series_csv(str(f), notes)
+    assert len(ts) == 4 and np.isnan(vals[1]) and np.isnan(vals[2]) and vals[3] == 7.0
+    assert notes == ["1 column(s) after timestamp,value are ignored", "2 value(s) are infinite and count as missing"]
+    f.write_text("1709251200,5\n1709251260000,6\n")
+    with pytest.raises(ValueError, match=r"mix epoch seconds \(row 1: '1709251200'\) and milliseconds "
+                                         r"\(row 2: '1709251260000'\): use one unit"):
+        read_series_csv(str(f))
