@@ -15,6 +15,7 @@ import fcntl
 import json
 import shutil
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,12 @@ def run_demo(data_dir: Path, weeks: int = 4, lines_per_day: int = 60_000, seed: 
         from forumpulse.detectors.traffic import detect_history
 
         with con.status("running the traffic detectors over the whole range ..."):
+            t_det = time.perf_counter()
             detections = detect_history(store, start + timedelta(days=7), end, settings)
+        kinds = Counter(d.kind for d in detections)
+        con.print(f"{len(detections)} detections over {(end - start - timedelta(days=7)).days} days (7 more for the "
+                  f"baselines) in {time.perf_counter() - t_det:.0f} s: "
+                  + (", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"))
 
         con.rule("[bold]4/5 DoS detector replayed over the logs in stream time")
         decisions = _replay_dos(store, truth, con)
@@ -121,7 +127,8 @@ def run_demo(data_dir: Path, weeks: int = 4, lines_per_day: int = 60_000, seed: 
 
             top = max(surges, key=lambda d: d.score)
             report_path = generate_event_report(store, event_id=top.id, out_dir=folder / "report",
-                                                site=truth["site"], own_hosts=settings.site(truth["site"]).hosts)
+                                                site=truth["site"], own_hosts=settings.site(truth["site"]).hosts,
+                                                tz=settings.site(truth["site"]).timezone)
     finally:
         store.close()
     con.rule()

@@ -25,6 +25,7 @@ def test_demo_small_run(tmp_path):
     assert figures["report"] and Path(figures["report"]).is_file()
     for heading in ("top topics", "traffic per day", "quarantined lines", "detections (traffic)", "ground truth"):
         assert heading in text
+    assert f"{figures['detections']} detections over 21 days (7 more for the baselines)" in text  # step 3 says
     # the replay's bans are stamped in stream time (2024): none is in force today, for `detect decisions` or an
     # owner restoring bans from the table
     from forumpulse.pipeline.live_detect import active_from_store
