@@ -4,14 +4,15 @@ PNG charts, for a topic, a topic group or a detected event; and a daily overview
 Public API:
 
 * :func:`generate_event_report` ``(store, *, topic_id=None, group=None, event_id=None, time_from=None,
-  time_to=None, out_dir, site="forum", baseline_days=7) -> Path`` — exactly one of topic_id / group / event_id.
+  time_to=None, out_dir, site="forum", baseline_days=7, own_hosts=(), tz="UTC") -> Path`` — exactly one of
+  topic_id / group / event_id; times shown in the zone ``tz`` (the site's).
   With ``event_id`` the scope and range come from ``detections`` (latest state, FINAL); the range is padded by a
   quarter of the event's duration (at least one hour) on both sides.  Without a range the last 48 hours of data
   are used.  The range is widened to whole chart intervals; a last interval the site's data ends inside (an
   open event, a range ending now) is counted in the totals but not drawn, and the page and charts say so.  Writes ``index.html``, ``views_replies.png``, ``share.png``, ``visitors.png``,
   ``humans_bots.png`` into ``out_dir`` and returns the HTML path.  The detector may call it for topic surges.
-* :func:`generate_daily_report` ``(store, day, out_dir, site="forum") -> Path`` — the day's detections and top
-  topics.
+* :func:`generate_daily_report` ``(store, day, out_dir, site="forum", tz="UTC") -> Path`` — the day's detections
+  and top topics, ``day`` and the times shown in the zone ``tz``.
 * :func:`report_event_command`, :func:`report_daily_command` — Typer-compatible command functions
   (``forumpulse report event|daily``); the integrator registers them on the CLI app.
 
@@ -212,7 +213,7 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
         SELECT sum(views), sum(replies), uniqMerge(visitors), sum(bot_views)
         FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {rng}""")[0]
     if not rows or not any(tot[i] for i in (0, 1, 3)):
-        raise ReportError(f"no traffic for {sc.label} between {t0:%Y-%m-%d %H:%M} and {t1:%Y-%m-%d %H:%M} UTC")
+        raise ReportError(f"no traffic for {sc.label} between {_fmt_t(t0)} and {_fmt_t(t1)}")
     site_tot = store.query_rows(f"SELECT sum(topic_views), sum(replies) FROM site_minute WHERE {site_f} AND {rng}")[0]
     b0 = t0 - timedelta(days=baseline_days)
     brng = f"minute >= {_ts(b0)} AND minute < {_ts(t0)}"
@@ -270,7 +271,8 @@ def _save(plt: Any, fig: Any, path: Path) -> bytes:
     import matplotlib.dates as mdates
 
     zone = _ZONE.get()
-    for ax in fig.axes:
+    for ax in fig.axes:  # ticks placed on the zone's hours (midnight, 06:00...), not UTC's, and written in it
+        ax.xaxis.set_major_locator(mdates.AutoDateLocator(tz=zone))
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%d %b\n%H:%M", tz=zone))
         # the PNGs are forwarded on their own: say which clock
         ax.set_xlabel("UTC" if zone is UTC else f"{zone} time")
@@ -305,7 +307,7 @@ def _cut_text(d: EventData) -> str:
 def _charts(d: EventData, out: Path, label: str) -> dict[str, bytes]:
     per = "per minute" if d.bucket_s == 60 else f"per {d.bucket_s // 60} min"
     charts = {}
-    cut = (f"not drawn: the interval from {d.cut_from.astimezone(UTC):%d %b %H:%M} UTC (the data ends inside it)"
+    cut = (f"not drawn: the interval from {_fmt_t(d.cut_from)} (the data ends inside it)"
            if d.cut_from is not None else "")
 
     def note(ax: Any) -> None:  # the PNGs travel alone: each says what is left out
@@ -378,9 +380,14 @@ def _shown_in(tz: str) -> Iterator[tzinfo]:
 
 
 def _zone_label(t: datetime) -> str:
-    """``UTC``, an abbreviation (``CET``, ``EST``) or ``UTC+08`` when the zone has no letters for it."""
-    name = t.tzname() or "UTC"
-    return name if name == "UTC" or name[0] not in "+-" else f"UTC{name}"
+    """``UTC`` for UTC itself, else the offset in force at ``t``: ``UTC+08:00``, ``UTC-03:00``, ``UTC+05:45``
+    (abbreviations are ambiguous: CST is China's and Central US time, IST India's and Ireland's)."""
+    off = t.utcoffset()
+    if t.tzinfo is UTC or off is None:
+        return "UTC"
+    minutes = int(off.total_seconds() // 60)
+    sign = "+" if minutes >= 0 else "-"
+    return f"UTC{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 
 def _fmt_t(t: datetime) -> str:
@@ -592,15 +599,23 @@ _ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML co
 
 
 def _check_out(out: Path) -> None:
-    """The output folder exists or is created now (before any query): else a one-line error, exit 2."""
-    if out.exists() and not out.is_dir():
-        typer.echo(f"error: --out {out} is a file, not a folder", err=True)
-        raise typer.Exit(2)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        typer.echo(f"error: --out {out}: cannot create the folder ({exc.strerror or exc})", err=True)
-        raise typer.Exit(2) from None
+    """Refuse, before any query, an --out that is a file or lies under one (nothing is created here: the report
+    creates the folder when it writes; a write that fails then is :func:`_write_failed`)."""
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                what = "is a file, not a folder" if p == out else f"cannot be created ({p} is a file)"
+                typer.echo(f"error: --out {out} {what}", err=True)
+                raise typer.Exit(2)
+            return
+
+
+def _write_failed(out: Path, exc: OSError) -> typer.Exit:
+    """A one-line error for a write into ``out`` that failed (re-raises any other OSError)."""
+    if not exc.filename or not str(exc.filename).startswith(str(out)):
+        raise exc
+    typer.echo(f"error: --out {out}: cannot write the report there ({exc.strerror or exc})", err=True)
+    return typer.Exit(2)
 
 
 def _open_for_report(config: Path | None, store: str | None, site: str | None) -> tuple[Store, str, Any]:
@@ -639,6 +654,8 @@ def report_event_command(
     except ReportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except OSError as exc:
+        raise _write_failed(out, exc) from None
     finally:
         st.close()
     typer.echo(str(path))
@@ -666,6 +683,8 @@ def report_daily_command(
     try:
         with _shown_in(tz):
             path, n_events, n_topics = _daily_report(st, d, out, site, tz)
+    except OSError as exc:
+        raise _write_failed(out, exc) from None
     finally:
         st.close()
     if not n_events and not n_topics:

@@ -1976,20 +1976,22 @@ def _history_cli(from_: str, to: str, config: str | None, store_url: str | None,
             "SELECT site, min(minute), max(minute) FROM site_minute GROUP BY site")}
     finally:
         store.close()
-    names = [s.name for s in settings.sites]
+    def z(t: datetime) -> str:
+        return t.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+    # the sites the detectors ran over: the configured ones and every one with data (TrafficDetector._site_names)
+    names = sorted({s.name for s in settings.sites} | set(spans))
     for name in names:
         span = spans.get(name)
         if span is None:
             print(f"note: site {name}: no data in the store", file=sys.stderr)
         elif end is not None and end > span[1] + timedelta(minutes=1):
-            print(f"note: site {name}: its data ends at {span[1].isoformat().replace('+00:00', 'Z')}; the minutes "
-                  f"after it up to --to are judged as silence (a pipeline_gap when no heartbeats either)",
-                  file=sys.stderr)
+            print(f"note: site {name}: its data ends at {z(span[1] + timedelta(minutes=1))} (last minute "
+                  f"{z(span[1])}); the minutes after it up to --to are judged as silence (a pipeline_gap when no "
+                  "heartbeats either)", file=sys.stderr)
     if not found:
-        have = ", ".join(f"{n} {a.isoformat().replace('+00:00', 'Z')} to {b.isoformat().replace('+00:00', 'Z')}"
-                         for n, (a, b) in sorted(spans.items()) if n in names)
-        print(f"note: no detections from {start.isoformat().replace('+00:00', 'Z')} to "
-              f"{(end or now).isoformat().replace('+00:00', 'Z')}; the store's data: {have or 'none'}",
-              file=sys.stderr)
+        have = ", ".join(f"{n} {z(a)} to {z(b + timedelta(minutes=1))}" for n, (a, b) in sorted(spans.items()))
+        print(f"note: no detections from {z(start)} to {z(end) if end is not None else 'now'}; the store's data: "
+              f"{have or 'none'}", file=sys.stderr)
     elif not record:
         print(f"note: --dry-run: {len(found)} detection(s) printed, not recorded", file=sys.stderr)

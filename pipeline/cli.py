@@ -47,9 +47,14 @@ def detect(
         given = [name for name, v in (("--from", from_), ("--to", to), ("--config", config), ("--store", store),
                                       ("--dry-run", dry_run)) if v]
         if given:  # they would be silently ignored: the subcommand has options of its own
-            typer.echo(f"error: {', '.join(given)} before '{ctx.invoked_subcommand}' belong(s) to 'detect' without a "
-                       f"subcommand; put them after it: forumpulse detect {ctx.invoked_subcommand} {given[0]} ...",
-                       err=True)
+            sub = ctx.invoked_subcommand
+            get = getattr(ctx.command, "get_command", None)  # a group (typer's click)
+            cmd = get(ctx, sub) if get is not None and sub is not None else None
+            takes = {o for p in (cmd.params if cmd else []) for o in getattr(p, "opts", [])}
+            moved, foreign = [g for g in given if g in takes], [g for g in given if g not in takes]
+            hint = (f"put {', '.join(moved)} after it (forumpulse detect {sub} {moved[0]} ...)" if moved else "")
+            hint += ("; " if hint else "") + (f"'{sub}' takes no {', '.join(foreign)}" if foreign else "")
+            typer.echo(f"error: {', '.join(given)} before '{sub}' would be ignored: {hint}", err=True)
             raise typer.Exit(2)
         return
     from forumpulse.detectors.traffic import _history_cli

@@ -130,6 +130,10 @@ def test_detect_options_before_a_subcommand_are_refused_not_ignored(tmp_path):
                         "chdb:typo"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 2 and "--from, --to before 'history'" in r.stderr and "Traceback" not in r.stderr
     assert "forumpulse detect history --from" in r.stderr and not (tmp_path / "typo").exists()
+    # an option the subcommand does not have is not suggested there
+    r = subprocess.run([str(EXE), "detect", "--from", "2024-02-05", "series", "--input", "x.csv"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and "'series' takes no --from" in r.stderr and "detect series --from" not in r.stderr
 
 
 def test_report_event_option_errors_are_one_line_and_name_the_option(tmp_path):
@@ -139,7 +143,7 @@ def test_report_event_option_errors_are_one_line_and_name_the_option(tmp_path):
     cases = [(["--group", "g", "--from", "soon"], "--from"),
              ([], "give exactly one of --topic, --group, --event"),
              (["--topic", "1", "--group", "g"], "give exactly one of --topic, --group, --event"),
-             (["--topic", "1", "--out", str(tmp_path / "afile" / "sub")], "cannot create the folder")]
+             (["--topic", "1", "--out", str(tmp_path / "afile" / "sub")], "cannot be created (")]
     for extra, message in cases:
         out = [] if "--out" in extra else ["--out", "r"]
         r = subprocess.run([str(EXE), "report", "event", *extra, *out, "--store", "chdb:typo"], capture_output=True,

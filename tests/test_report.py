@@ -203,8 +203,8 @@ def test_daily_report_is_a_day_in_the_site_time_zone(world: Any, tmp_path: Path)
     topics = text_of(page, "topics")
     assert str(top) in topics and f"{n:,}" in topics  # the local day's top topic and its views
     # times shown in the site's zone, its offset named: the local day runs from 00:00 to 00:00
-    assert "Asia/Kuala_Lumpur day" in page and f"{day:%Y-%m-%d} 00:00 UTC+08" in page
-    assert f"{day + timedelta(days=1):%Y-%m-%d} 00:00 UTC+08" in page and " UTC<" not in page
+    assert "Asia/Kuala_Lumpur day" in page and f"{day:%Y-%m-%d} 00:00 UTC+08:00" in page
+    assert f"{day + timedelta(days=1):%Y-%m-%d} 00:00 UTC+08:00" in page and " UTC<" not in page
 
 
 def _steady(site: str, minutes: range, per_minute: dict[int, int]) -> list[dict[str, Any]]:
@@ -273,16 +273,32 @@ def test_a_site_without_data(world: Any, tmp_path: Path) -> None:
 
 
 def test_event_report_shows_times_in_the_site_time_zone(world: Any, tmp_path: Path) -> None:
-    """The same report with the site's zone: every time shown moves by the zone's offset and names it (UTC+08
-    for Asia/Kuala_Lumpur, CET/CEST for Europe/Berlin), the numbers are unchanged."""
+    """The same report with the site's zone: every time shown moves by the zone's offset and names it (UTC+08:00
+    for Asia/Kuala_Lumpur, UTC+01:00 / +02:00 for Europe/Berlin), the numbers are unchanged."""
     store, _ = world
     utc = generate_event_report(store, topic_id=101, time_from=FROM, time_to=TO, out_dir=tmp_path / "u").read_text()
     kl = generate_event_report(store, topic_id=101, time_from=FROM, time_to=TO, out_dir=tmp_path / "k",
                                tz="Asia/Kuala_Lumpur").read_text()
     peak = datetime.strptime(text_of(utc, "peak-time").split(" UTC")[0].strip()[-16:], "%Y-%m-%d %H:%M")
-    assert f"{peak + timedelta(hours=8):%Y-%m-%d %H:%M} UTC+08" in text_of(kl, "peak-time")
-    assert f"{FROM + timedelta(hours=8):%Y-%m-%d %H:%M} UTC+08" in text_of(kl, "summary")
+    assert f"{peak + timedelta(hours=8):%Y-%m-%d %H:%M} UTC+08:00" in text_of(kl, "peak-time")
+    assert f"{FROM + timedelta(hours=8):%Y-%m-%d %H:%M} UTC+08:00" in text_of(kl, "summary")
     assert " UTC " not in text_of(kl, "summary") and text_of(kl, "total-views") == text_of(utc, "total-views")
     berlin = generate_event_report(store, topic_id=101, time_from=FROM, time_to=TO, out_dir=tmp_path / "b",
                                    tz="Europe/Berlin").read_text()
-    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d CES?T", text_of(berlin, "peak-time"))
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC\+0[12]:00", text_of(berlin, "peak-time"))
+
+
+def test_chart_ticks_fall_on_the_zones_own_hours(tmp_path: Path) -> None:
+    """Asia/Kathmandu is UTC+05:45: ticks placed in UTC would read :45 on its axis; they are placed on its own
+    hours, as written (the chart's label names the zone)."""
+    import matplotlib.dates as mdates
+    from forumpulse.dashboards.report import _fig, _save, _shown_in
+
+    times = [FROM + timedelta(minutes=10 * i) for i in range(6 * 48)]
+    with _shown_in("Asia/Kathmandu") as zone:
+        plt, fig, ax = _fig()
+        ax.plot(times, range(len(times)))
+        _save(plt, fig, tmp_path / "c.png")
+    ticks = [mdates.num2date(t, tz=zone) for t in ax.get_xticks()]
+    assert ticks and all(t.minute == 0 for t in ticks), ticks
+    assert ax.get_xlabel() == "Asia/Kathmandu time"

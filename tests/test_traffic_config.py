@@ -85,9 +85,17 @@ def test_history_command_prints_and_stores(tmp_path: Path, capsys: pytest.Captur
     traffic.detect_history_command(from_="2026-03-05", to="2026-03-06", config=None, store_url=url, dry_run=True)
     cap = capsys.readouterr()
     assert cap.out == "" and ("note: no detections from 2026-03-05T00:00:00Z to 2026-03-06T00:00:00Z; the store's "
-                              "data: forum 2026-03-02T00:00:00Z to 2026-03-10T23:59:00Z") in cap.err
+                              "data: forum 2026-03-02T00:00:00Z to 2026-03-11T00:00:00Z") in cap.err
     # --to past the data: a note says the minutes after it read as silence
     traffic.detect_history_command(from_="2026-03-10", to="2026-03-11T02:00", config=None, store_url=url,
                                    dry_run=True)
-    assert "note: site forum: its data ends at 2026-03-10T23:59:00Z" in capsys.readouterr().err
+    assert "note: site forum: its data ends at 2026-03-11T00:00:00Z (last minute 2026-03-10T23:59:00Z)" in \
+        capsys.readouterr().err
     assert stored() == [("spike", "closed")]
+    # a configuration naming another site: the detectors still run over every site with data, and so do the notes
+    cfg = tmp_path / "other.yaml"
+    cfg.write_text(f"store:\n  url: {url}\nsites:\n  - name: other\n")
+    traffic.detect_history_command(from_="2026-03-10", to="2026-03-11T02:00", config=str(cfg), store_url=None,
+                                   dry_run=True)
+    err = capsys.readouterr().err
+    assert "note: site other: no data in the store" in err and "note: site forum: its data ends at" in err
