@@ -25,7 +25,7 @@ domains (referrers are privacy-scrubbed at ingest), humans vs bots, and a plain-
 read from ClickHouse: the rollups for series, ``requests`` only for referrers.
 
 Guarantees: all numbers shown are computed by the SQL in this module (no sampling); times (text and chart axes)
-are in the site's time zone with its UTC offset or abbreviation written next to them (``tz``; UTC by default);
+are in the site's time zone with its UTC offset written next to them (``UTC+08:00``; ``tz``, UTC by default);
 the page
 references no external resource (no ``http(s)://`` in ``src``/``href`` attributes).  Misuse: a scope without
 data in the range raises :class:`ReportError` instead of writing an empty page.
@@ -531,13 +531,16 @@ def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "f
     """The day's detections (latest state) and top topics by human views, as one HTML page; returns its path.
     ``day`` is a calendar day in the site's time zone ``tz`` (an editor's day, not the UTC day), and the page
     shows its times there."""
-    with _shown_in(tz):
-        return _daily_report(store, day, out_dir, site, tz)[0]
+    return _daily_report(store, day, out_dir, site, tz)[0]
 
 
 def _daily_report(store: Store, day: date, out_dir: Path, site: str, tz: str) -> tuple[Path, int, int]:
     """:func:`generate_daily_report`, also returning how many events and topics the page lists."""
-    zone = ZoneInfo(tz)
+    with _shown_in(tz) as zone:
+        return _daily_page(store, day, out_dir, site, tz, zone)
+
+
+def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone: tzinfo) -> tuple[Path, int, int]:
     t0 = datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(UTC)
     nxt = day + timedelta(days=1)
     t1 = datetime(nxt.year, nxt.month, nxt.day, tzinfo=zone).astimezone(UTC)  # 23 or 25 hours on DST days
@@ -612,7 +615,7 @@ def _check_out(out: Path) -> None:
 
 def _write_failed(out: Path, exc: OSError) -> typer.Exit:
     """A one-line error for a write into ``out`` that failed (re-raises any other OSError)."""
-    if not exc.filename or not str(exc.filename).startswith(str(out)):
+    if not exc.filename or not Path(str(exc.filename)).is_relative_to(out):
         raise exc
     typer.echo(f"error: --out {out}: cannot write the report there ({exc.strerror or exc})", err=True)
     return typer.Exit(2)
@@ -634,9 +637,11 @@ def report_event_command(
     group: Annotated[str | None, typer.Option("--group", help="topic group name")] = None,
     event: Annotated[str | None, typer.Option("--event", help="detection id")] = None,
     from_: Annotated[str | None, typer.Option("--from", help="start, ISO 8601 (UTC if no offset); default: the "
-                                              "event's start with --event, else 48 hours before --to")] = None,
+                                              "event's range padded by a quarter of its length (at least 1 h) "
+                                              "with --event, else 48 hours before --to")] = None,
     to: Annotated[str | None, typer.Option("--to", help="end, ISO 8601 (UTC if no offset); default: the event's "
-                                           "end with --event, else the end of the site's data")] = None,
+                                           "end padded likewise with --event (an open event: the end of the "
+                                           "data), else the end of the site's data")] = None,
     store: _StoreOpt = None,
     site: _SiteOpt = None,
     config: _ConfigOpt = None,
@@ -681,8 +686,7 @@ def report_daily_command(
     if d is None:
         d = (datetime.now(ZoneInfo(tz)) - timedelta(days=1)).date()
     try:
-        with _shown_in(tz):
-            path, n_events, n_topics = _daily_report(st, d, out, site, tz)
+        path, n_events, n_topics = _daily_report(st, d, out, site, tz)
     except OSError as exc:
         raise _write_failed(out, exc) from None
     finally:

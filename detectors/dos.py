@@ -1530,8 +1530,7 @@ class DosDetector:
         if recent is not None and sec is not None:
             key = f"crowd_recent:{id(recent)}:{sec}"
             if key not in cache:  # once per batch, window and second
-                rises = self._crowd_recent_rises(recent, sec, wm_sec)
-                weights = self._busy_ranges(sec // 60)
+                rises, weights = self._crowd_recent_rises(recent, sec, wm_sec)
                 cache[key] = (rises, weights, sorted((v, weights[p]) for p, v in rises.items()))
             rises, weights, ordered = cache[key]
             med = max(med, self._weighted_median_but(rises, weights, ordered, exclude))
@@ -1543,7 +1542,7 @@ class DosDetector:
         weighted median: the smallest rise with at least half the weight at or below it); 0.0 when fewer than
         ``crowd_min_ranges`` ranges remain."""
         n = len(ordered) - (exclude in rises)
-        if n < self.rules.prefix_baseline.crowd_min_ranges or n == 0:
+        if n < self.rules.prefix_baseline.crowd_min_ranges:
             return 0.0
         total = sum(w for _, w in ordered)
         skip = None
@@ -1568,7 +1567,7 @@ class DosDetector:
         if exclude in rises:
             gone = bisect.bisect_left(ordered, rises[exclude])
         n = len(ordered) - (gone >= 0)
-        if n < self.rules.prefix_baseline.crowd_min_ranges or n == 0:
+        if n < self.rules.prefix_baseline.crowd_min_ranges:
             return 0.0
 
         def at(i: int) -> float:
@@ -1582,23 +1581,24 @@ class DosDetector:
         recent = minute - max(self.rules.prefix_baseline.crowd_recent_s // 60, 1)
         return {p: r for p, (r, last) in self.prefix_rates.rate.items() if recent <= last < minute and r > 0}
 
-    def _crowd_recent_rises(self, win: _CountWindow, sec: int, wm_sec: int) -> dict[str, float]:
+    def _crowd_recent_rises(self, win: _CountWindow, sec: int,
+                            wm_sec: int) -> tuple[dict[str, float], dict[str, float]]:
         """Each busy range's non-static requests in the rule's window up to ``sec`` (read from the window's
-        carried tail: the seconds after ``wm_sec - w``, this batch included) over its learned rate; empty when
-        less than half the window is in the tail."""
+        carried tail: the seconds after ``wm_sec - w``, this batch included) over its learned rate, and the busy
+        ranges' learned rates; both empty when less than half the window is in the tail."""
         lo = max(sec - win.w, wm_sec - win.w)
         covered = sec - lo
         if covered * 2 < win.w:
-            return {}
+            return {}, {}
         busy = self._busy_ranges(sec // 60)
         if len(busy) < self.rules.prefix_baseline.crowd_min_ranges:
-            return {}
+            return {}, {}
         sel = (win.t_sec > lo) & (win.t_sec <= sec)
         counts: dict[str, int] = {}
         for p, n in zip(win.t_key[sel].tolist(), win.t_n[sel].tolist(), strict=True):
             if p in busy:
                 counts[p] = counts.get(p, 0) + n
-        return {p: counts.get(p, 0) * 60.0 / (r * covered) for p, r in busy.items()}
+        return {p: counts.get(p, 0) * 60.0 / (r * covered) for p, r in busy.items()}, busy
 
     def _crowd_rises(self, b: Batch, cache: dict[str, Any], minute: int, wm_sec: int) -> dict[str, float]:
         """Each busy range's non-static requests in ``minute`` (so far) over its learned rate."""

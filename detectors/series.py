@@ -914,7 +914,7 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
     secs, millis = col.str.fullmatch(r"\d{9,10}(\.\d+)?"), col.str.fullmatch(r"\d{13}")
     if secs.all() or millis.all():
         nums = pd.to_numeric(col)
-        ts = pd.to_datetime(nums, unit="ms" if float(nums.max()) > 1e11 else "s", utc=True)
+        ts = pd.to_datetime(nums, unit="ms" if millis.all() else "s", utc=True)
     elif (secs | millis).all():  # both units: which is which cannot be guessed row by row safely
         i, j = int(np.flatnonzero(secs.to_numpy())[0]), int(np.flatnonzero(millis.to_numpy())[0])
         raise ValueError(f"{path}: the timestamps mix epoch seconds (row {i + 1 + header}: {col.iloc[i]!r}) and "

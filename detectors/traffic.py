@@ -1108,12 +1108,8 @@ class HeartbeatLog:
         return got[2]
 
     def grew(self, src: str, since: datetime, until: datetime) -> bool:
-        """The file of ``src`` kept growing in the last ``growth_window_s`` before ``until`` (and after
-        ``since``): a larger size under the same inode between heartbeats in at least two different minutes --
-        lines were written there that should have arrived, and not as a single late write (a buffered log
-        flushed once, a hung request logged when it timed out).  A rotation (new inode) or a truncation (smaller
-        size) is no growth; host heartbeats carry no size and never grow (the rule:
-        :func:`forumpulse.pipeline.contracts.file_grew`)."""
+        """:func:`forumpulse.pipeline.contracts.file_grew` over ``src``'s heartbeats in the last
+        ``growth_window_s`` before ``until`` (and after ``since``); host heartbeats (``host/``) never grow."""
         if src.endswith("/") or src not in self._starts:
             return False
         hi = int(until.timestamp() * 1000)
@@ -1976,6 +1972,7 @@ def _history_cli(from_: str, to: str, config: str | None, store_url: str | None,
             "SELECT site, min(minute), max(minute) FROM site_minute GROUP BY site")}
     finally:
         store.close()
+
     def z(t: datetime) -> str:
         return t.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 

@@ -78,7 +78,7 @@ def check_store_url(url: str) -> str:
 class SiteConfig(_Strict):
     name: str = Field("forum", description="site name stored in every row")
     timezone: str = Field("UTC", description="IANA time zone for daily/weekly seasonality and holidays, and the clock the "
-                          "reports (event, daily) show times in (the offset or abbreviation written next to each)")
+                          "reports (event, daily) show times in (its UTC offset written next to each)")
     country: str | None = Field(None, description="ISO country code for the `holidays` calendar, e.g. MY")
     subdivision: str | None = Field(None, description="state/province code for the holidays calendar")
     holiday_periods: list[HolidayPeriod] = Field(default_factory=list, description="extra holiday periods (festival weeks)")

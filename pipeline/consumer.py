@@ -1574,6 +1574,7 @@ def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_time
             host_hb[(r.site, r.host)] = max(host_hb.get((r.site, r.host), 0), r.hb_ms)
     covered: dict[tuple[str, str, str], int] = {}
     out = []
+    now_ms = round(now * 1000)
     for r in rows:
         if _is_listener(r) or (_is_host_heartbeat(r) and r.line_ms == 0):
             continue  # listener and host-level heartbeat rows are folded into the sources they cover
@@ -1593,7 +1594,6 @@ def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_time
             state = "live"
         elif hb_ago is not None and hb_ago <= heartbeat_timeout_s:
             own = (beats or {}).get((r.site, r.host, r.file))
-            now_ms = round(now * 1000)
             lo = max(now_ms - round(STUCK_WINDOW_S * 1000), r.line_ms + round(STUCK_GRACE_S * 1000) if r.line_ms else 0)
             state = "stuck" if own and file_grew(own, lo, now_ms) else "silent"
         elif via_ago is not None and via_ago <= heartbeat_timeout_s:

@@ -138,7 +138,8 @@ def heartbeat_file_state(line: bytes) -> tuple[int, int]:
     return size, inode
 
 
-#: A file heartbeat as logged in ``source_heartbeat_minute``: (epoch ms of its ``ts=``, ``size=``, ``inode=``).
+#: A file heartbeat as logged in ``source_heartbeat_minute``: (epoch ms of its ``ts=``, ``size=``, ``inode=``);
+#: size and inode 0 when it has none.
 Beat = tuple[int, int, int]
 
 

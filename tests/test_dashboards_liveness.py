@@ -31,6 +31,7 @@ from forumpulse.pipeline.consumer import (
     listener_status,
     source_status,
 )
+from forumpulse.pipeline.contracts import Beat
 from forumpulse.pipeline.store import Store
 
 NOW = 1_800_000_000  # the dashboard range ends here (whole seconds, as $__toTime)
@@ -203,7 +204,6 @@ def test_empty_table_gives_empty_panels(store: Store) -> None:
     assert _run(store, _panel_sql(LISTENERS_PANEL), "forum") == []
 
 
-Beat = tuple[int, int, int]
 
 
 def _log_beats(store: Store, site: str, host: str, file: str, beats: list[tuple[float, int, int]],

@@ -683,41 +683,47 @@ def test_late_lines_add_to_the_minute_before_instead_of_replacing_it() -> None:
     assert pr.last_minute == m + 1 and pr.last_counts == {"100.64.2.0/24": 35}
 
 
+CROWD_MINUTE = 28_333_333
+
+
+def _tail(rows: list[tuple[str, int, int]]) -> Any:
+    """A prefix count window (10 s) whose carried tail holds ``rows`` of (range, second, requests)."""
+    from forumpulse.detectors.dos import _CountWindow
+
+    win = _CountWindow(10)
+    win.t_key = np.asarray([r[0] for r in rows], dtype=object)
+    win.t_sec = np.asarray([r[1] for r in rows], dtype=np.int64)
+    win.t_n = np.asarray([r[2] for r in rows], dtype=np.int64)
+    win.t0 = win.t_sec * 1000
+    return win
+
+
 def test_crowd_rise_over_the_rules_window_sees_a_crowd_in_its_first_seconds() -> None:
     """The second measure of the crowd rise: each busy range's requests in the rule's window (10 s) up to the
     judged second, read from the count window's carried tail, over its learned rate.  A crowd that began 4 s ago
     reads (6 x 1 + 4 x 5) / 10 = 2.6 there while the minute measure, diluted by the calm before, stays near 1;
     the higher of the two is used.  Less than half the window in the tail (a replay's long batch): no short
     measure."""
-    from forumpulse.detectors.dos import _CountWindow
-
     det = DosDetector(load_rules())
-    minute = 28_333_333
+    minute = CROWD_MINUTE
     ranges = [f"10.0.{i}.0/24" for i in range(12)]
     det.prefix_rates.rate = {p: (60.0, minute - 1) for p in ranges}  # 1 req/s learned, busy
-    win = _CountWindow(10)
     sec = minute * 60 + 40
-    keys, secs, ns = [], [], []
-    for p in ranges:
-        for s in range(sec - 9, sec + 1):  # 6 calm seconds, then 4 at 5x
-            keys.append(p)
-            secs.append(s)
-            ns.append(5 if s > sec - 4 else 1)
-    win.t_key, win.t_sec = np.asarray(keys, dtype=object), np.asarray(secs, dtype=np.int64)
-    win.t_n, win.t0 = np.asarray(ns, dtype=np.int64), np.asarray(secs, dtype=np.int64) * 1000
-    rises = det._crowd_recent_rises(win, sec, sec)
-    assert rises == {p: pytest.approx(2.6) for p in ranges}
+    # 6 calm seconds, then 4 at 5x
+    win = _tail([(p, s, 5 if s > sec - 4 else 1) for p in ranges for s in range(sec - 9, sec + 1)])
+    rises, busy = det._crowd_recent_rises(win, sec, sec)
+    assert rises == {p: pytest.approx(2.6) for p in ranges} and busy == {p: 60.0 for p in ranges}
     calm = {p: 1.0 for p in ranges}
     cache: dict[str, Any] = {f"crowd:{minute}": (calm, sorted(calm.values()))}
     assert det._crowd(None, cache, minute, "192.0.2.0/24", sec) == 1.0  # type: ignore[arg-type]
     assert det._crowd(None, cache, minute, "192.0.2.0/24", sec, recent=win, sec=sec) == pytest.approx(2.6)  # type: ignore[arg-type]
     # the judged second 6 s before the watermark: only 4 s of its window are in the tail -- no short measure
-    assert det._crowd_recent_rises(win, sec - 6, sec) == {}
+    assert det._crowd_recent_rises(win, sec - 6, sec) == ({}, {})
     # the judged second 4 s before it: 6 s of the window are, and the rate is over those 6 s
-    assert det._crowd_recent_rises(win, sec - 4, sec) == {p: pytest.approx(6 / 6) for p in ranges}
+    assert det._crowd_recent_rises(win, sec - 4, sec)[0] == {p: pytest.approx(6 / 6) for p in ranges}
     # fewer busy ranges than crowd_min_ranges: no short measure either
     det.prefix_rates.rate = {p: (60.0, minute - 1) for p in ranges[:9]}
-    assert det._crowd_recent_rises(win, sec, sec) == {}
+    assert det._crowd_recent_rises(win, sec, sec) == ({}, {})
 
 
 def test_short_crowd_measure_is_weighted_by_the_ranges_learned_rates() -> None:
@@ -725,24 +731,17 @@ def test_short_crowd_measure_is_weighted_by_the_ranges_learned_rates() -> None:
     does not raise the short measure while the 12 ranges carrying most of the traffic (120 req/min each) stay
     at their rate: the median is weighted by learned rate (unweighted it would be 10, the cap).  When the big
     ranges rise too -- a real flash crowd -- it follows them."""
-    from forumpulse.detectors.dos import _CountWindow
-
     det = DosDetector(load_rules())
-    minute = 28_333_333
+    minute = CROWD_MINUTE
     big = [f"10.0.{i}.0/24" for i in range(12)]
     small = [f"10.1.{i}.0/24" for i in range(20)]
     det.prefix_rates.rate = {**{p: (120.0, minute - 1) for p in big}, **{p: (30.0, minute - 1) for p in small}}
     sec = minute * 60 + 40
 
-    def window(big_rise: float) -> _CountWindow:
-        win = _CountWindow(10)
+    def window(big_rise: float) -> Any:
         rows = [(p, s, round(2 * big_rise)) for p in big for s in range(sec - 9, sec + 1)]
         rows += [(p, s, 5) for p in small for s in range(sec - 9, sec + 1)]  # 0.5 req/s learned, 5 req/s now
-        win.t_key = np.asarray([r[0] for r in rows], dtype=object)
-        win.t_sec = np.asarray([r[1] for r in rows], dtype=np.int64)
-        win.t_n = np.asarray([r[2] for r in rows], dtype=np.int64)
-        win.t0 = win.t_sec * 1000
-        return win
+        return _tail(rows)
 
     calm = {p: 1.0 for p in big + small}
     for big_rise, want in ((1.0, 1.0), (4.0, 4.0)):
