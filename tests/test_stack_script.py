@@ -97,6 +97,22 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
     assert after.returncode != 0 and "owner not running" in after.stdout
 
 
+def _left_running(marker: str, wait_s: float = 3.0) -> list[str]:
+    """Command lines of processes (other than this one) that mention ``marker``, after up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit() and int(d.name) != os.getpid():
+                with contextlib.suppress(OSError):
+                    cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    if marker in cmd:
+                        found.append(cmd)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 def test_pid_files_naming_an_unrelated_process_are_neither_trusted_nor_killed(tmp_path: Path) -> None:
     """After a reboot a recorded pid may belong to another process: `status` must not report it as ours, `down`
     (kafka.sh stop, syslogng.sh stop, the owner) must not kill it; a real instance is still recognised and stopped."""
@@ -144,6 +160,8 @@ def test_pid_files_naming_an_unrelated_process_are_neither_trusted_nor_killed(tm
         stop = subprocess.run([*sng_sh, "stop", "--dir", str(d), "--timeout", "5"], capture_output=True, text=True,
                               timeout=120)
         assert f"syslog-ng stopped (pid {pid})" in stop.stdout, stop.stdout + stop.stderr
+        # its heartbeat program (interval 3600 here) does not outlive it, also when the stop had to SIGKILL it
+        assert _left_running(str(tmp_path)) == [], "syslog-ng's program() children outlived it"
     finally:
         if pid:
             with contextlib.suppress(ProcessLookupError):

@@ -2,7 +2,8 @@
 # syslog-ng 3.38 as a plain process with its own files (never the system service).
 #
 #   syslogng.sh start  --dir DIR --config FILE [--define k=v ...] [--timeout 20]
-#   syslogng.sh stop   --dir DIR [--kill] [--timeout 60]   SIGTERM by pid, wait, SIGKILL fallback
+#   syslogng.sh stop   --dir DIR [--kill] [--timeout 60]   SIGTERM by pid, wait, SIGKILL fallback; then
+#                                                            its program() children left orphaned (heartbeat.sh)
 #   syslogng.sh status --dir DIR                           exit 0 = running, 3 = not running
 #   syslogng.sh stats  --dir DIR                           syslog-ng-ctl stats (CSV) on our control socket
 #   syslogng.sh check  --config FILE [--dir DIR] [--define k=v ...]   --syntax-only on the generated config
@@ -113,10 +114,18 @@ do_start() {
   echo "syslog-ng started (pid $child, ctl $CTL, config $CONF)"
 }
 
+descendants() {  # pid: its descendants (from /proc), each child before its own children
+  local c
+  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; descendants "$c"; done
+}
+
 do_stop() {
   if ! pid_alive; then rm -f "$PIDF"; echo "syslog-ng not running"; return 0; fi
-  local pid t=${TIMEOUT:-60} waited=0
+  local pid t=${TIMEOUT:-60} waited=0 kids k
   pid=$(cat "$PIDF")
+  # its program() sources (heartbeat.sh): a graceful stop ends them, a SIGKILL orphans them (sleeping until
+  # their next write fails) -- those left once syslog-ng is gone are stopped below
+  kids=" $(descendants "$pid" | tr '\n' ' ') "
   if [ "$KILL" = 1 ]; then kill -KILL "$pid" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
   # wait for the process itself to go (checked ours above): an exiting process has an empty cmdline while it
   # still holds its sockets and files, so pid_ours would stop waiting too early
@@ -126,6 +135,11 @@ do_stop() {
       kill -KILL "$pid" 2>/dev/null || true
     fi
     sleep 0.1; waited=$((waited + 1))
+  done
+  local ppid
+  for k in $kids; do  # still alive and still in that tree (reparented to init, or under another of them)
+    ppid=$(sed 's/.*) //' /proc/"$k"/stat 2>/dev/null | cut -d' ' -f2)
+    case " 1$kids" in *" $ppid "*) kill -TERM "$k" 2>/dev/null || true;; esac
   done
   rm -f "$PIDF"
   echo "syslog-ng stopped (pid $pid)"
