@@ -138,7 +138,7 @@ do_stop() {
   done
   local ppid
   for k in $kids; do  # still alive and still in that tree (reparented to init, or under another of them)
-    ppid=$(sed 's/.*) //' /proc/"$k"/stat 2>/dev/null | cut -d' ' -f2)
+    ppid=$(sed 's/.*) //' /proc/"$k"/stat 2>/dev/null | cut -d' ' -f2) || continue  # gone already
     case " 1$kids" in *" $ppid "*) kill -TERM "$k" 2>/dev/null || true;; esac
   done
   rm -f "$PIDF"
