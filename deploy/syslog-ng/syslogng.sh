@@ -121,7 +121,7 @@ descendants() {  # pid: its descendants (from /proc), each child before its own 
 
 do_stop() {
   if ! pid_alive; then rm -f "$PIDF"; echo "syslog-ng not running"; return 0; fi
-  local pid t=${TIMEOUT:-60} waited=0 kids k
+  local pid t=${TIMEOUT:-60} waited=0 kids k ppid
   pid=$(cat "$PIDF")
   # its program() sources (heartbeat.sh): a graceful stop ends them, a SIGKILL orphans them (sleeping until
   # their next write fails) -- those left once syslog-ng is gone are stopped below
@@ -136,7 +136,6 @@ do_stop() {
     fi
     sleep 0.1; waited=$((waited + 1))
   done
-  local ppid
   for k in $kids; do  # still alive and still in that tree (reparented to init, or under another of them)
     ppid=$(sed 's/.*) //' /proc/"$k"/stat 2>/dev/null | cut -d' ' -f2) || continue  # gone already
     case " 1$kids" in *" $ppid "*) kill -TERM "$k" 2>/dev/null || true;; esac
