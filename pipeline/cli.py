@@ -165,7 +165,9 @@ def ingest(
     """Load access logs into the store with a progress bar; print per-file counts (read, loaded, quarantined, rate).
 
     Lines that do not parse go to the `quarantine` table with their reason; read == loaded + quarantined is
-    checked for every file.  Re-ingesting the same file stores nothing twice (deduplicated blocks).
+    checked for every file.  Re-ingesting a file stores nothing twice: the lines an earlier ingest loaded (same
+    site, origin host and format; the file grown, renamed, compressed or named another way since) are skipped,
+    recognised by their content, and an interrupted run's blocks are deduplicated.
     """
     from forumpulse.pipeline.runtime import tune_allocator, tune_gc, without_modules
 
@@ -224,6 +226,13 @@ def _print_counts(results: list[Any]) -> None:
         typer.echo(f"{r.name}: read {r.read:,}  loaded {r.loaded:,}  quarantined {r.quarantined:,}"
                    + (f" ({reasons})" if reasons else "") + f"  {r.rate:,.0f} lines/s")
         total = [total[0] + r.read, total[1] + r.loaded, total[2] + r.quarantined]
+        if r.skipped:
+            typer.echo(f"note: {r.name}: its first {r.skipped:,} lines were ingested before ({r.skipped_from}): not "
+                       + ("read again; nothing new" if not r.read else "read again, only the lines after them"))
+        if r.other_format:
+            typer.echo(f"warning: {r.name}: these lines were ingested before as format {r.other_format}; loaded "
+                       "again in another format, they are now stored twice (formats are kept apart so that a load "
+                       "with the wrong format can be redone)", err=True)
         if r.already_stored:
             typer.echo(f"note: {r.name}: {r.already_stored:,} of these rows were already stored (the same blocks "
                        "were ingested before): deduplicated, nothing stored twice")

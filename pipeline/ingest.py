@@ -4,9 +4,22 @@ Counting: ``read`` is counted by the reader (lines as split from the file, a las
 ``loaded`` and ``quarantined`` by what was inserted.  ``read == loaded + quarantined`` is checked per file; a
 mismatch is an error, never a silent loss.
 
-Idempotence: every insert carries a deduplication token derived from the chunk's bytes and its source, so
-re-ingesting the same file (within ClickHouse's deduplication window: the last 1,000 parts per table, one per
-day of each insert block) stores nothing twice, rollups included.  For larger replays, the Kafka consumer's offset-based tokens are the tool.
+Idempotence, in two layers:
+
+* the file ledger (table ``ingest_files``, migration 0009): after a file is loaded, the bytes it had (count,
+  SHA-256, lines) are recorded under the hash of its first line.  A later ingest of a file that starts with the
+  same bytes -- the same file again, under any path spelling, grown since, renamed by logrotate, compressed --
+  skips them and reads only what follows (:attr:`FileCounts.skipped`).  Keyed by site, origin host and format:
+  the same content under another format is read again (and the command warns that its lines are now stored
+  twice).  A load with blocks left out for retention is not recorded, nor is stdin.
+* every insert carries a deduplication token derived from the site, origin host, format, first line number and
+  the SHA-256 of the input up to the end of the block (not the file's name), so a run interrupted before the
+  ledger row was written (a crash, a store error) stores nothing twice when run again, within ClickHouse's
+  deduplication window (the last 1,000 parts per table, one per day of each insert block), rollups included.
+  For larger replays, the Kafka consumer's offset-based tokens are the tool.
+
+Not covered: a file whose last line had no newline yet and was appended to afterwards -- the line's rest is read
+as a line of its own (quarantined with its reason, not lost); content loaded by a version without the ledger.
 
 Retention: rows older than ``retention.raw_days`` (by their own timestamp) are dropped by the table TTL on
 insert; they are counted as ``expired`` and reported, so an archive backfill never loses lines silently
@@ -56,6 +69,14 @@ class FileCounts:
     by_reason: Counter[str] = field(default_factory=Counter)
     bytes_read: int = 0
     seconds: float = 0.0
+    #: lines at the start of the file that an earlier ingest loaded (the file ledger): not read again
+    skipped: int = 0
+    #: that earlier ingest: its file name and time, for the note
+    skipped_from: str = ""
+    #: the same first bytes were loaded before under another format (these lines are now stored twice)
+    other_format: str = ""
+    #: insert blocks left out because every row was past retention (the load is then not recorded in the ledger)
+    blocks_past_retention: int = 0
 
     @property
     def rate(self) -> float:
@@ -297,10 +318,15 @@ def ingest_stream(
     name: str | None = None,
     pool: _Pool | None = None,
     schema_ready: Callable[[], object] | None = None,
+    first_line: int = 0,
+    running: Any = None,
 ) -> FileCounts:
     """Ingest one stream.  ``schema_ready`` (if given) is called before every insert, on the insert thread, and
     must return once the store's tables exist (it re-raises a failed migration): parsing of the first chunks
-    overlaps the migrations."""
+    overlaps the migrations.
+
+    ``running``: a ``hashlib.sha256`` object holding the bytes before this stream (a file's skipped prefix, see
+    the module docstring), updated with every byte read here; ``first_line``: how many lines those were."""
     counts = FileCounts(name=name or ctx.origin_file)
     retention_days = processor.settings.retention.raw_days
     rollup_days = processor.settings.retention.rollup_days
@@ -309,6 +335,7 @@ def ingest_stream(
     skip_days = max(retention_days, rollup_days) if retention_days > 0 and rollup_days > 0 else 0
     t0 = time.perf_counter()
     source_ref = f"file:{ctx.origin_file}"
+    running = running if running is not None else hashlib.sha256()
 
     starts: deque[int] = deque()
 
@@ -319,7 +346,7 @@ def ingest_stream(
     chunk_lines = -(-batch_lines // per_block)
 
     def numbered() -> Iterator[tuple[bytes, SourceContext, int, str]]:
-        line_no = 0
+        line_no = first_line
         for chunk, n in _chunks(fh, chunk_lines):
             counts.read += n  # counted by the reader, independently of what processing returns
             starts.append(line_no)
@@ -355,6 +382,8 @@ def ingest_stream(
         nonlocal pending, block_digest, block_rows, block_gone
         if not pending:
             return
+        if 0 < block_rows == block_gone:
+            counts.blocks_past_retention += 1
         inserter.submit(load, _concat(pending), block_digest.hexdigest()[:32], 0 < block_rows == block_gone)
         pending, block_digest = [], hashlib.sha256()
         block_rows = block_gone = 0
@@ -364,9 +393,11 @@ def ingest_stream(
             line_no = starts.popleft()
             nbytes = len(chunk)
             counts.bytes_read += nbytes
-            digest = hashlib.sha256()  # hardware-accelerated on current x86 and ARM CPUs (2x blake2b here)
-            digest.update(f"{ctx.site}\0{ctx.origin_host}\0{ctx.origin_file}\0{ctx.format}\0{line_no}\0".encode())
-            digest.update(chunk)
+            # the input's hash up to here (hardware-accelerated SHA-256: 2x blake2b here), one pass over the data
+            # for the tokens and the ledger; the file's name is not part of it (another spelling, a rotated copy)
+            running.update(chunk)
+            digest = hashlib.sha256(f"{ctx.site}\0{ctx.origin_host}\0{ctx.format}\0{line_no}\0".encode())
+            digest.update(running.copy().digest())
             block_digest.update(digest.digest())
             pending.append(batch)
             block_rows += batch.requests.num_rows
@@ -479,12 +510,123 @@ def _ingest_each(
             raise FileNotFoundError(f"{path}: no such file")
         # progress counts decompressed bytes: a .gz has no known total (its size on disk is not comparable)
         cb = on_file(path, 0 if p.suffix == ".gz" else p.stat().st_size) if on_file else None
-        opener = _open_maybe_compressed(p)
-        with opener as fh:
-            results.append(ingest_stream(store, processor, fh, ctx, batch_lines=settings.ingest.batch_lines,
-                                         on_progress=cb, name=path, pool=pool, schema_ready=schema_ready))
-            results[-1].error = getattr(fh, "damaged", None)
+        head, prior = _ledger_lookup(store, p, ctx)
+        skip = _known_prefix(p, ctx, prior)
+        with _open_maybe_compressed(p) as fh:
+            if skip.bytes:
+                _skip_bytes(fh, skip.bytes)
+                if cb:
+                    cb(skip.bytes)
+            c = ingest_stream(store, processor, fh, ctx, batch_lines=settings.ingest.batch_lines, on_progress=cb,
+                              name=path, pool=pool, schema_ready=schema_ready, first_line=skip.lines,
+                              running=skip.running)
+            c.error = getattr(fh, "damaged", None)
+        c.skipped, c.skipped_from, c.other_format = skip.lines, skip.source, skip.other_format
+        results.append(c)
+        if head and c.read and not c.blocks_past_retention:
+            if schema_ready is not None:
+                schema_ready()
+            _ledger_record(store, ctx, head, skip.bytes + c.bytes_read, skip.lines + c.read, skip.running.hexdigest())
     return results
+
+
+# ------------------------------------------------------------------------------------------------ file ledger
+#: the ledger's key is the hash of a file's first line, or of its first HEAD_BYTES bytes when that line is longer
+HEAD_BYTES = 4096
+
+
+@dataclass
+class _Prior:
+    """One row of ``ingest_files``: a load of ``prefix_bytes`` bytes / ``prefix_lines`` lines with that hash."""
+
+    format: str
+    prefix_bytes: int
+    prefix_lines: int
+    prefix_sha256: str
+    origin_file: str
+    ingested_at: str
+
+
+@dataclass
+class _Skip:
+    bytes: int = 0
+    lines: int = 0
+    running: Any = field(default_factory=hashlib.sha256)  # the hash of the skipped bytes, to be continued
+    source: str = ""
+    other_format: str = ""
+
+
+def _ledger_lookup(store: Store, p: Path, ctx: SourceContext) -> tuple[str, list[_Prior]]:
+    """The file's head hash ('' for an empty file) and the ledger's rows for it (any format).  A store whose
+    ``ingest_files`` does not exist yet (its migration still running on a new store, or about to be added to an
+    older one) has none."""
+    with _open_maybe_compressed(p) as fh:
+        first = fh.read(HEAD_BYTES)
+    if not first:
+        return "", []
+    nl = first.find(b"\n")
+    head = hashlib.sha256(first[:nl + 1] if nl >= 0 else first).hexdigest()
+    if not int(store.query_rows("EXISTS TABLE ingest_files")[0][0]):
+        return head, []
+    rows = store.query_rows(
+        "SELECT format, prefix_bytes, prefix_lines, prefix_sha256, origin_file, "
+        "formatDateTime(ingested_at, '%Y-%m-%d %H:%i UTC') FROM ingest_files "
+        f"WHERE site = {_sql(ctx.site)} AND origin_host = {_sql(ctx.origin_host)} AND head_sha256 = {_sql(head)} "
+        "ORDER BY prefix_bytes, ingested_at")
+    return head, [_Prior(str(f), int(b), int(n), str(h), str(o), str(t)) for f, b, n, h, o, t in rows]
+
+
+def _known_prefix(p: Path, ctx: SourceContext, prior: list[_Prior]) -> _Skip:
+    """The longest recorded prefix, in this format, that the file still starts with (its bytes hashed again:
+    content decides, not the name).  Also notes a prefix recorded under another format only."""
+    skip = _Skip()
+    if not prior:
+        return skip
+    h, pos, other = hashlib.sha256(), 0, ""
+    with _open_maybe_compressed(p) as fh:
+        for r in prior:  # ascending prefix_bytes
+            while pos < r.prefix_bytes:
+                piece = fh.read(min(1 << 20, r.prefix_bytes - pos))
+                if not piece:
+                    break
+                h.update(piece)
+                pos += len(piece)
+            if pos < r.prefix_bytes:
+                break  # the file is shorter than this (and every longer) prefix
+            if h.hexdigest() != r.prefix_sha256:
+                continue
+            if r.format == ctx.format:
+                skip = _Skip(r.prefix_bytes, r.prefix_lines, h.copy(), f"{r.origin_file}, {r.ingested_at}")
+            else:
+                other = f"{r.format} ({r.origin_file}, {r.ingested_at}, {r.prefix_lines:,} lines)"
+    if not skip.bytes:
+        skip.other_format = other
+    return skip
+
+
+def _skip_bytes(fh: BinaryIO, n: int) -> None:
+    if hasattr(fh, "seek") and not isinstance(fh, GzipTolerant):
+        fh.seek(n)
+        return
+    while n > 0:
+        piece = fh.read(min(1 << 20, n))
+        if not piece:
+            raise RuntimeError("the file became shorter while it was being read")
+        n -= len(piece)
+
+
+def _ledger_record(store: Store, ctx: SourceContext, head: str, nbytes: int, lines: int, sha: str) -> None:
+    import pyarrow as pa
+
+    store.insert("ingest_files", pa.table({
+        "site": [ctx.site], "origin_host": [ctx.origin_host], "format": [ctx.format], "head_sha256": [head],
+        "prefix_bytes": pa.array([nbytes], pa.uint64()), "prefix_lines": pa.array([lines], pa.uint64()),
+        "prefix_sha256": [sha], "origin_file": [ctx.origin_file],
+        "ingested_at": pa.array([int(time.time() * 1000)], pa.timestamp("ms", tz="UTC"))}))
+
+
+def _sql(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class GzipTolerant:

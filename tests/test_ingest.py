@@ -74,18 +74,94 @@ def test_reingesting_the_same_file_stores_nothing_twice(store, settings):
     after = (table_count(store, "requests"), table_count(store, "quarantine"),
              store.query_rows("SELECT sum(requests) FROM site_minute")[0][0])
     assert before == after == (6, 4, 6)
-    # and the second run says so: every row was already stored
-    assert (first.already_stored, again.already_stored) == (0, 10)
+    # and the second run says so: the file's 10 lines were ingested before, none was read again
+    assert (first.read, first.skipped, again.read, again.skipped) == (10, 0, 0, 10)
+    assert again.skipped_from.startswith(str(MIXED))
 
 
-def test_ingest_says_when_a_file_was_already_stored(tmp_path):
+ELASTIC = FIX / "fastpath" / "elastic_apache_1000.log"
+
+
+def _totals(store) -> tuple[int, int, int]:
+    return (table_count(store, "requests"), table_count(store, "quarantine"),
+            int(store.query_rows("SELECT sum(requests) FROM site_minute")[0][0] or 0))
+
+
+def test_a_file_read_under_another_name_renamed_or_compressed_is_not_stored_again(store, settings, tmp_path,
+                                                                                   monkeypatch):
+    """The ledger goes by content: another spelling of the path, logrotate's rename and its gzip are the file
+    already loaded (before the ledger, each of these stored every line again)."""
+    import gzip
+
+    log = tmp_path / "access.log"
+    log.write_bytes(ELASTIC.read_bytes())
+    [first] = ingest_paths(store, settings, [str(log)], fmt="combined", origin_host="web1")
+    want = _totals(store)
+    assert first.read == 1000 and want[0] + want[1] == 1000
+    monkeypatch.chdir(tmp_path)
+    rotated = tmp_path / "access.log.1"
+    log.rename(rotated)
+    gz = tmp_path / "access.log.2.gz"
+    gz.write_bytes(gzip.compress(rotated.read_bytes()))
+    again = ingest_paths(store, settings, ["./access.log.1", str(rotated), str(gz)], fmt="combined",
+                         origin_host="web1")
+    assert [(c.read, c.skipped) for c in again] == [(0, 1000)] * 3
+    assert _totals(store) == want
+    # another host's file with the same bytes is not this one (kept apart, like the dedup tokens)
+    [other] = ingest_paths(store, settings, [str(rotated)], fmt="combined", origin_host="web2")
+    assert (other.read, other.skipped) == (1000, 0)
+
+
+def test_a_grown_file_is_read_from_where_the_last_ingest_ended(store, settings, tmp_path):
+    lines = ELASTIC.read_bytes().splitlines(keepends=True)
+    log = tmp_path / "access.log"
+    log.write_bytes(b"".join(lines[:400]) + MIXED.read_bytes())  # 410 lines, 4 of them quarantined
+    [first] = ingest_paths(store, settings, [str(log)], fmt="combined")
+    with log.open("ab") as f:
+        f.write(b"".join(lines[400:]))  # 600 more
+    [second] = ingest_paths(store, settings, [str(log)], fmt="combined")
+    assert (first.read, second.read, second.skipped) == (410, 600, 410)
+    # the same totals as one ingest of the whole file into an empty store
+    got = _totals(store)
+    q_lines = store.query_rows("SELECT line_no FROM quarantine ORDER BY line_no")
+    store.command("TRUNCATE TABLE requests")
+    store.command("TRUNCATE TABLE quarantine")
+    store.command("TRUNCATE TABLE ingest_files")  # the ledger too: the same file is to be read again
+    store.command("TRUNCATE TABLE site_minute")
+    whole = tmp_path / "whole.log"
+    whole.write_bytes(log.read_bytes())
+    [one] = ingest_paths(store, settings, [str(whole)], fmt="combined")
+    assert one.read == 1010 and _totals(store) == got
+    assert store.query_rows("SELECT line_no FROM quarantine ORDER BY line_no") == q_lines  # numbered in the file
+
+
+def test_a_rewritten_file_is_read_whole_and_another_format_is_loaded_again_with_a_warning(store, settings,
+                                                                                          tmp_path):
+    log = tmp_path / "access.log"
+    data = ELASTIC.read_bytes()
+    log.write_bytes(data)
+    ingest_paths(store, settings, [str(log)], fmt="combined")
+    # the same first line, a byte changed further on: the recorded prefix no longer matches, nothing is skipped
+    head, rest = data.split(b"\n", 1)
+    changed = head + b"\n" + rest.replace(b"HTTP/1.1\" 200", b"HTTP/1.1\" 404", 1)
+    assert changed != data and changed.split(b"\n")[0] == data.split(b"\n")[0]
+    log.write_bytes(changed)
+    [c] = ingest_paths(store, settings, [str(log)], fmt="combined")
+    assert (c.read, c.skipped, c.other_format) == (1000, 0, "")
+    # the same bytes under another format: read again, and said
+    log.write_bytes(data)
+    [a] = ingest_paths(store, settings, [str(log)], fmt="auto")
+    assert (a.read, a.skipped) == (1000, 0) and a.other_format.startswith("combined (")
+
+
+def test_ingest_says_when_a_file_was_ingested_before(tmp_path):
     exe = Path(sys.executable).with_name("forumpulse")
     args = [str(exe), "ingest", "--store", f"chdb:{tmp_path / 'st'}", "--format", "combined", str(MIXED)]
     one = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     two = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert one.returncode == two.returncode == 0, one.stderr + two.stderr
-    assert "already stored" not in one.stdout
-    assert "10 of these rows were already stored" in two.stdout and "nothing stored twice" in two.stdout
+    assert "ingested before" not in one.stdout
+    assert "its first 10 lines were ingested before" in two.stdout and "nothing new" in two.stdout
 
 
 def test_records_keep_input_order_and_contract_fields(settings):
@@ -131,6 +207,7 @@ def _reference_ingest(store, settings, big: Path, batch_lines: int):
     quarantined = store.query_rows("SELECT line_no, reason, raw FROM quarantine ORDER BY line_no")
     store.command("TRUNCATE TABLE requests")
     store.command("TRUNCATE TABLE quarantine")
+    store.command("TRUNCATE TABLE ingest_files")  # the ledger too: the same file is to be read again
     return one, rows, quarantined
 
 
@@ -145,6 +222,7 @@ def test_parallel_workers_give_identical_rows(store, settings, tmp_path):
     assert store.query_rows("SELECT line_no, reason, raw FROM quarantine ORDER BY line_no") == q_one
     store.command("TRUNCATE TABLE requests")
     store.command("TRUNCATE TABLE quarantine")
+    store.command("TRUNCATE TABLE ingest_files")  # the ledger too: the same file is to be read again
     settings.ingest.batch_lines = 2001  # other chunk boundaries, so no block is deduplicated away
     [two] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=2)
     assert (one.read, one.loaded, one.quarantined) == (two.read, two.loaded, two.quarantined) == (7000, 4200, 2800)

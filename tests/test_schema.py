@@ -29,7 +29,7 @@ EXPECTED_TABLES = {
     "requests", "quarantine", "site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute",
     "prefix_hour", "transfer_minute",
     "detections", "decisions", "pipeline_stats", "source_liveness", "topic_titles", "topic_groups",
-    "consumer_batches", "consumer_progress", "source_heartbeat_minute", "schema_migrations",
+    "consumer_batches", "consumer_progress", "source_heartbeat_minute", "ingest_files", "schema_migrations",
 }
 
 # Arrow type written by the code -> ClickHouse column type the schema must have.

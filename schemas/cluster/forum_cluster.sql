@@ -553,4 +553,22 @@ TTL minute + INTERVAL 730 DAY;
 CREATE TABLE IF NOT EXISTS forumpulse.source_heartbeat_minute ON CLUSTER forum_cluster AS forumpulse.source_heartbeat_minute_local
 ENGINE = Distributed(forum_cluster, forumpulse, source_heartbeat_minute_local, rand());
 
+CREATE TABLE IF NOT EXISTS forumpulse.ingest_files_local ON CLUSTER forum_cluster
+(
+    site          LowCardinality(String),
+    origin_host   LowCardinality(String),
+    format        String,
+    head_sha256   String,
+    prefix_bytes  UInt64,
+    prefix_lines  UInt64,
+    prefix_sha256 String,
+    origin_file   String,
+    ingested_at   DateTime64(3, 'UTC')
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/ingest_files_local', '{replica}')
+ORDER BY (site, origin_host, head_sha256, format, prefix_bytes);
+
+CREATE TABLE IF NOT EXISTS forumpulse.ingest_files ON CLUSTER forum_cluster AS forumpulse.ingest_files_local
+ENGINE = Distributed(forum_cluster, forumpulse, ingest_files_local, rand());
+
 CREATE TABLE IF NOT EXISTS forumpulse.schema_migrations ON CLUSTER forum_cluster (version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/schema_migrations', '{replica}') ORDER BY version;
