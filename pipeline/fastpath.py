@@ -61,6 +61,8 @@ from forumpulse.pipeline.formats import _values as V
 from forumpulse.pipeline.formats.compiler import (
     CLIENT,
     FLOAT,
+    LIST,
+    LIST_RX,
     NUM,
     SQUID_SS,
     STR,
@@ -172,6 +174,8 @@ def _restricted_body(toks: list[Tok], i: int, quoted: bool) -> str | None:
         return cond + _SAFE_BODIES[body]
     if body in (r"\S+", r"\S*"):
         return cond + rf'[^"{_WS}]' + body[-1]
+    if body == LIST_RX:  # one value: a line with a list (nginx tried several upstreams) takes the reference path
+        return cond + rf'[^"{_WS},]+'
     m = re.fullmatch(r"\[\^\\s(\\?.)\]\+", body)
     if m:  # [^\s<stop>]+
         return cond + rf'[^"{_WS}{m.group(1)}]+'
@@ -236,7 +240,7 @@ def plan_for_spec(spec: str, name: str) -> SplitPlan | None:
             lit = t.literal
             if not lit.isascii() or any(c.isspace() and c != " " for c in lit):
                 return None
-        elif t.slot not in _SLOTS_OK or t.kind not in (WORD, STR, NUM, FLOAT, CLIENT, TIME_CLF, TIME_RAW, SQUID_SS):
+        elif t.slot not in _SLOTS_OK or t.kind not in (WORD, STR, NUM, FLOAT, CLIENT, TIME_CLF, TIME_RAW, SQUID_SS, LIST):
             return None
     # slots -> group indices (every supported token has exactly one group), ranked as the compiler does
     slots: dict[str, list[int]] = {}

@@ -113,6 +113,19 @@ def test_fixture_logs_give_identical_tables(pair, path, fmt):
         assert fast_p._fast is not None and fast_p._fast.last_fast_rows >= 5
 
 
+def test_nginx_upstream_lists_take_the_fast_path_with_the_reference_results(pair):
+    fast_p, ref_p = pair
+    fmt = ('nginx:$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" '
+           '"$http_user_agent" $request_time $upstream_response_time $upstream_addr $upstream_status $host')
+    head = '203.0.113.5 - - [10/Mar/2024:14:02:11 +0100] "GET /t/1 HTTP/1.1" 200 5123 "-" "Mozilla/5.0" 0.523 '
+    tails = ["0.500, 0.020 10.0.0.1:80, 10.0.0.2:80 502, 200 f.example", "0.020 10.0.0.1:80 200 f.example",
+             "0.020 : 0.001 10.0.0.1:80 : unix:/run/php.sock 200 : 404 f.example", "- - - f.example"]
+    lines = [(head + t + "\n").encode() for t in tails] * 50
+    ctx = SourceContext(site="forum", origin_host="web1", origin_file="n.log", format=fmt)
+    run_both(fast_p, ref_p, lines, ctx, base=0)
+    assert fast_p._fast is not None and fast_p._fast.last_fast_rows == 100  # the lists take the reference path
+
+
 @pytest.mark.parametrize("mode", ["truncate", "pseudonymize"])
 def test_privacy_modes_keep_real_addresses_in_the_stream_only(mode):
     s = _settings(mode)

@@ -58,6 +58,21 @@ def test_nginx_combined_and_custom_nginx() -> None:
     assert (r.ts, r.path, r.query, r.status, r.upstream) == (1700000000123, "/a", "b=1", 404, None)
 
 
+def test_nginx_upstream_variables_may_hold_lists() -> None:
+    """nginx writes one value per upstream server it tried (", ") and per upstream group after an internal
+    redirect (" : "): a line with a retried request is a normal line, not quarantined."""
+    spec = ('nginx:$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" '
+            '"$http_user_agent" $request_time $upstream_response_time $upstream_addr $upstream_status $host')
+    head = '203.0.113.5 - - [10/Mar/2024:14:02:11 +0100] "GET /t/1 HTTP/1.1" 200 5123 "-" "Mozilla/5.0" 0.523 '
+    r = ok(spec, head + "0.500, 0.020 10.0.0.1:80, 10.0.0.2:80 502, 200 forum.example.org")
+    assert (r.status, r.elapsed_ms, r.upstream, r.vhost) == (200, 523.0, "10.0.0.1:80, 10.0.0.2:80",
+                                                             "forum.example.org")
+    r = ok(spec, head + "0.020 : 0.001 10.0.0.1:80 : unix:/run/php.sock 200 : 404 forum.example.org")
+    assert (r.upstream, r.vhost) == ("10.0.0.1:80 : unix:/run/php.sock", "forum.example.org")
+    r = ok(spec, head + "- - - forum.example.org")
+    assert (r.upstream, r.vhost) == (None, "forum.example.org")
+
+
 def test_apache_directives() -> None:
     fmt = 'apache:%a %{%Y-%m-%d %H:%M:%S}t.%{msec_frac}t %m %U%q %H %>s %B %{ms}T %v %{Content-Type}o %X %{foo}n'
     r = ok(fmt, "10.1.2.3 2019-05-05 20:49:14.690 GET /a/b?x=1 HTTP/1.0 302 10 42 v.example text/html + zz")

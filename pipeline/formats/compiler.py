@@ -30,8 +30,11 @@ from forumpulse.pipeline.record import Drop, ParsedLine
 from . import _values as V
 
 # Field kinds decide the regex; slots decide where the value goes.
-WORD, STR, NUM, FLOAT, CLIENT, TIME_CLF, TIME_RAW, TIME_PARTS, URI, QUERY, SQUID_SS = (
-    "word", "str", "num", "float", "client", "time_clf", "time_raw", "time_parts", "uri", "query", "ss")
+WORD, STR, NUM, FLOAT, CLIENT, TIME_CLF, TIME_RAW, TIME_PARTS, URI, QUERY, SQUID_SS, LIST = (
+    "word", "str", "num", "float", "client", "time_clf", "time_raw", "time_parts", "uri", "query", "ss", "list")
+#: a value nginx may write as a list: one item per upstream server tried (", ") and per upstream group after an
+#: internal redirect (" : "), e.g. ``$upstream_status`` "502, 200" when a retry succeeded
+LIST_RX = r"[^\s,]+(?:(?:, | : )[^\s,]+)*"
 
 
 @dataclass
@@ -214,13 +217,18 @@ _NGINX_SLOTS: dict[str, tuple[str, str]] = {
     "time_local": ("time", TIME_RAW), "time_iso8601": ("time", TIME_RAW), "msec": ("time", TIME_RAW),
     "request": ("request", STR), "status": ("status_final", NUM), "body_bytes_sent": ("bytes_body", NUM),
     "bytes_sent": ("bytes_total", NUM), "http_referer": ("referer", STR), "http_user_agent": ("user_agent", STR),
-    "request_time": ("el_s", FLOAT), "upstream_addr": ("upstream", STR), "host": ("vhost_host", WORD),
+    "request_time": ("el_s", FLOAT), "host": ("vhost_host", WORD),
     "server_name": ("vhost_sn", WORD), "request_method": ("method", WORD), "request_uri": ("request_uri", STR),
     "uri": ("nginx_uri", STR), "document_uri": ("nginx_uri", STR), "args": ("args", STR),
     "query_string": ("args", STR), "server_protocol": ("protocol", WORD),
     "sent_http_content_type": ("content_type", STR), "remote_port": ("ignore", NUM),
     "request_length": ("ignore", NUM), "server_port": ("ignore", NUM), "connection": ("ignore", NUM),
     "pid": ("ignore", NUM),
+    # the $upstream_* variables: lists when nginx tried several servers (the upstream slot keeps the whole list)
+    **{f"upstream_{v}": ("ignore", LIST) for v in (
+        "status", "response_time", "connect_time", "header_time", "response_length", "bytes_received",
+        "bytes_sent")},
+    "upstream_addr": ("upstream", LIST),
 }
 _TS_KIND = {"time_local": "clf", "time_iso8601": "iso", "msec": "epoch"}
 
@@ -264,6 +272,8 @@ def _field_rx(toks: list[Tok], i: int, mode: str) -> str:
             return r"\[[^\]]*|-"
         if t.kind == CLIENT:
             return r"[0-9A-Za-z_.:%\[\]-]+"
+        if t.kind == LIST and not quoted:
+            return LIST_RX
         if quoted:
             return r'[^"]*'
         if bracketed:
@@ -290,6 +300,8 @@ def _field_rx(toks: list[Tok], i: int, mode: str) -> str:
         body = t.parts_rx
     elif kind == SQUID_SS:
         body = r"[A-Za-z_0-9]+:[A-Za-z_0-9]+|-"
+    elif kind == LIST and not quoted:
+        body = LIST_RX
     elif quoted:
         body = r".*?" if mode == "lenient" else r'[^"]*'
     elif bracketed:
