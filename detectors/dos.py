@@ -1950,7 +1950,8 @@ def dos_command(
     crawler_verify: str | None = _typer_option(None, "--crawler-verify", help="dns | ua | off (overrides config)"),
 ) -> None:
     """Replay a log through the DoS detector; print one JSON object per decision: what the detector would decide
-    (its `mode` as configured), with no firewall action applied."""
+    (its `mode` as configured), with no firewall action applied.  With `detectors.dos.enabled: false` it still
+    replays (an explicit offline run, for tuning) and says so on stderr."""
     import sys
 
     import typer
@@ -1973,6 +1974,9 @@ def dos_command(
         typer.echo(f"error: rules {rules or 'file'}: {where + ': ' if where else ''}{first['msg']} "
                    f"({exc.error_count()} problem(s))", err=True)
         raise typer.Exit(2) from None
+    if not det.manager.cfg.enabled:  # an explicit offline replay (tuning) still runs; it applies no action anyway
+        typer.echo(f"note: detectors.dos.enabled is false in {config}: the live service (run --dos) judges "
+                   "nothing; this replay shows what it would decide if enabled", err=True)
     for _ in detect_records(parse_file(input, format), det):
         pass
     sink.flush()

@@ -931,11 +931,20 @@ class LiveHandles:
 
 def dos_service(actions: Sequence[Any] | None = None, handles: LiveHandles | None = None) -> Callable[[Any], None]:
     """An owner service running live DoS detection (see the module doc).  ``actions`` overrides the configured
-    ones (e.g. ``[NftablesAction(netns=...)]``)."""
+    ones (e.g. ``[NftablesAction(netns=...)]``).  With ``detectors.dos.enabled: false`` it starts nothing (no
+    detector, feed, hook, actions, decision API, owner routes or firewall check) and logs one warning saying so;
+    ``forumpulse detect unban`` / ``decisions`` then work on the store directly (the owner answers 404)."""
 
     def service(ctx: Any) -> None:
         from forumpulse.detectors.decision_api import DecisionApiServer
+        from forumpulse.detectors.dos_rules import DosConfig
 
+        if not DosConfig.model_validate(ctx.settings.detectors.get("dos", {}) or {}).enabled:
+            # off means off: no detector, no decisions, no actions, no decision API, no firewall upkeep
+            log.warning("DoS detection is off (detectors.dos.enabled: false): --dos starts nothing -- no decisions, "
+                        "no firewall sets, no decision API; bans already in nftables/ipset expire on their own "
+                        "timeouts (lift one with `forumpulse detect unban`)")
+            return
         live = LiveDos(ctx.settings, ctx.store, actions=actions)
         h = handles if handles is not None else LiveHandles()
         h.dos = live
