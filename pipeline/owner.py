@@ -133,9 +133,9 @@ class Owner:
         return 200, "application/json", json.dumps(rows).encode()
 
     def _metrics(self, _req: RequestInfo) -> tuple[int, str, bytes]:
-        out = self.metrics.exposition()
-        if self.consumer is not None:
-            out += self.consumer.metrics.exposition()
+        # one copy of each loader family: the consumer's when this process loads Kafka (the owner's own
+        # PipelineMetrics counts nothing then, and two unlabelled copies made Prometheus keep the zeros)
+        out = (self.consumer.metrics if self.consumer is not None else self.metrics).exposition()
         if self._services_registry is not None:
             out += generate_latest(self._services_registry)
         return 200, "text/plain; version=0.0.4; charset=utf-8", out
@@ -212,6 +212,15 @@ class Owner:
         log.info("owner stopped")
 
 
+def settings_with_bootstrap(settings: Settings, bootstrap: str | None) -> Settings:
+    """``--bootstrap`` for every Kafka client of the process: the loader, the DoS feed, the decision and event
+    producers all read ``settings.kafka.bootstrap_servers`` (only the loader used to get the option, and the
+    others went to the configured default, 127.0.0.1:9092 -- another stack's broker, if one runs there)."""
+    if bootstrap:
+        settings.kafka.bootstrap_servers = bootstrap
+    return settings
+
+
 def run_command(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file (default: "
                                                 "$FORUMPULSE_CONFIG, else built-in defaults)")] = None,
@@ -245,13 +254,13 @@ def run_command(
     from forumpulse.pipeline.runtime import start_service
 
     start_service(log)
-    settings = load_settings(config)
+    settings = settings_with_bootstrap(load_settings(config), bootstrap)
     password = os.environ.get(password_env) if password_env else None
     if password_env and not password:
         raise SystemExit(f"--password-env {password_env}: the variable is empty or not set")
     if host not in ("127.0.0.1", "::1", "localhost") and not password:
         log.warning("serving on %s without a password: anyone reaching the port can run any SQL", host)
-    opts = ConsumerOptions.from_settings(settings, instance_id=instance_id, bootstrap_servers=bootstrap)
+    opts = ConsumerOptions.from_settings(settings, instance_id=instance_id)
     services: list[OwnerService] | None = None
     if dos or traffic:
         from forumpulse.pipeline.live_detect import live_services

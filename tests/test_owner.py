@@ -64,6 +64,11 @@ def test_a_consuming_owner_audits_the_hours_of_replayed_batches(chdb_path: Path,
         body = _get(owner.port, "/metrics")[1]
         assert b"forumpulse_rollup_audit_pending_hours 0.0" in body
         assert b'forumpulse_rollup_audit_hours_total{result="repaired"} 0.0' in body
+        # one copy of each loader family, the consumer's (a second, always-zero copy made Prometheus keep zeros)
+        types = [ln for ln in body.decode().splitlines() if ln.startswith("# TYPE ")]
+        assert len(types) == len(set(types)) and "# TYPE forumpulse_lines_in_total counter" in types
+        owner.consumer.metrics.lines_in.inc(7)
+        assert b"forumpulse_lines_in_total 7.0" in _get(owner.port, "/metrics")[1]
     finally:
         owner.shutdown()
     off = settings.model_copy(update={"store": settings.store.model_copy(
@@ -74,3 +79,16 @@ def test_a_consuming_owner_audits_the_hours_of_replayed_batches(chdb_path: Path,
         assert owner.auditor is None and owner.consumer is not None and owner.consumer.replay_listeners == []
     finally:
         owner.shutdown()
+
+
+def test_bootstrap_option_reaches_every_kafka_client_of_the_process(settings: Settings) -> None:
+    """``run --bootstrap`` is the broker of the loader and of the DoS feed and the decision/event producers,
+    which read ``settings.kafka.bootstrap_servers`` (they went to the default 127.0.0.1:9092 before)."""
+    from forumpulse.pipeline.consumer import ConsumerOptions
+    from forumpulse.pipeline.owner import settings_with_bootstrap
+
+    default = settings.kafka.bootstrap_servers
+    s = settings_with_bootstrap(settings.model_copy(deep=True), "127.0.0.1:19092")
+    assert s.kafka.bootstrap_servers == "127.0.0.1:19092" != default
+    assert ConsumerOptions.from_settings(s).bootstrap_servers == "127.0.0.1:19092"
+    assert settings_with_bootstrap(settings.model_copy(deep=True), None).kafka.bootstrap_servers == default
