@@ -12,15 +12,25 @@
 #   FP_RAW_TCP_PORT [5140] (also UDP)  FP_SYSLOG_PORT [5514]  FP_SYSLOG5424_PORT [5515]  FP_HEARTBEAT_S [10]
 #   FP_SYSLOGNG_CONFIG [syslog-ng/forumpulse.conf]  FP_SYSLOGNG_DEFINES ["k=v k=v" extra --define pairs]
 #   FP_HTTP_PORT [8123] (owner's ClickHouse-compatible endpoint)  FP_CONFIG [unset: forumpulse config file]
+#   The three ports `up` used are recorded in $FP_STACK_DIR/stack.env: later commands use them unless set again.
 # Ports bind 127.0.0.1 only.  Nothing here touches system services; `down` stops only the pids we recorded.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 DIR=${FP_STACK_DIR:-$root/run}
 mkdir -p "$DIR"; DIR=$(cd "$DIR" && pwd)
-KPORT=${FP_KAFKA_PORT:-9092}
-KCPORT=${FP_KAFKA_CONTROLLER_PORT:-9093}
-HTTP_PORT=${FP_HTTP_PORT:-8123}
+# ports: FP_* variables win, then the ones recorded by the last `up` (so `status`/`down` in a fresh shell look
+# where the stack runs), then the defaults
+STACK_ENV="$DIR/stack.env"
+REC_KPORT="" REC_KCPORT="" REC_HTTP_PORT=""
+if [ -f "$STACK_ENV" ]; then
+  while IFS='=' read -r k v; do
+    case "$k" in KPORT) REC_KPORT=$v;; KCPORT) REC_KCPORT=$v;; HTTP_PORT) REC_HTTP_PORT=$v;; esac
+  done <"$STACK_ENV"
+fi
+KPORT=${FP_KAFKA_PORT:-${REC_KPORT:-9092}}
+KCPORT=${FP_KAFKA_CONTROLLER_PORT:-${REC_KCPORT:-9093}}
+HTTP_PORT=${FP_HTTP_PORT:-${REC_HTTP_PORT:-8123}}
 KAFKA=(bash "$root/deploy/kafka/kafka.sh")
 SNG=(bash "$root/deploy/syslog-ng/syslogng.sh")
 FP="$root/.venv/bin/forumpulse"
@@ -62,6 +72,7 @@ syslog_defines() {
 
 up() {
   mkdir -p "${FP_VHOST_DIR:-$DIR/logs/vhosts}" "${FP_SQUID_DIR:-$DIR/logs/squid}"
+  printf 'KPORT=%s\nKCPORT=%s\nHTTP_PORT=%s\n' "$KPORT" "$KCPORT" "$HTTP_PORT" >"$STACK_ENV"
   bash "$root/deploy/kafka/install.sh"
   "${KAFKA[@]}" start --dir "$DIR/kafka" --port "$KPORT" --controller-port "$KCPORT"
   "${KAFKA[@]}" topics --dir "$DIR/kafka" --partitions "${FP_RAW_PARTITIONS:-4}"
@@ -126,7 +137,8 @@ status() {
     echo "owner running: pid $(cat "$OWNER_PID"), http://127.0.0.1:$HTTP_PORT"
     if owner_healthy; then
       owner_health | sed 's/^/   health: /'; echo
-      echo "== sources (live: lines; quiet: heartbeats only; silent/dead: look at the collector)"
+      echo "== sources (live: lines; silent: up and idle, heartbeats only; quiet: no heartbeat of its own;"
+      echo "   stuck: its file grows but no line arrives; dead: nothing for too long -- docs/operations.md)"
       curl -fsS --max-time 5 "http://127.0.0.1:$HTTP_PORT/fp/sources" 2>/dev/null | "$root/.venv/bin/python" -c '
 import json, sys
 rows = json.load(sys.stdin)

@@ -56,6 +56,10 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
         st = _stack("status", env)
         assert st.returncode == 0, st.stdout + st.stderr
         assert f'"pid": {pid}' in st.stdout and '"status": "ok"' in st.stdout
+        # a fresh shell without the FP_* ports: status looks where `up` started the stack (run/stack.env)
+        bare = {k: v for k, v in env.items() if k not in ("FP_HTTP_PORT", "FP_KAFKA_PORT", "FP_KAFKA_CONTROLLER_PORT")}
+        st = _stack("status", bare)
+        assert st.returncode == 0 and f'"pid": {pid}' in st.stdout, st.stdout + st.stderr
 
         vhosts = run / "logs" / "vhosts"
         vhosts.mkdir(parents=True, exist_ok=True)
@@ -71,6 +75,14 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
             return int(_query(http, "SELECT count() FROM requests")[0][0]) >= want  # type: ignore[call-overload]
 
         wait_until(landed, 180, every_s=1.0, what=f"{want} rows through syslog-ng -> Kafka -> owner")
+
+        def dos_judged() -> bool:  # the DoS feed reads the stack's broker too (it went to 9092 before)
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10) as r:
+                body = r.read().decode()
+            got = [float(ln.split()[1]) for ln in body.splitlines() if ln.startswith("forumpulse_dos_lines_total ")]
+            return bool(got) and got[0] >= want
+
+        wait_until(dos_judged, 120, every_s=1.0, what=f"{want} lines judged by the owner's DoS feed")
         time.sleep(2)  # anything extra (a double) would land by now
         rows = _query(http, "SELECT site, origin_file, url, bytes FROM requests")
         assert len(rows) == want
