@@ -1955,6 +1955,7 @@ def dos_command(
     import sys
 
     import typer
+    from forumpulse.detectors.dos_rules import DosRulesError
     from forumpulse.pipeline.cli import check_inputs
     from pydantic import ValidationError
 
@@ -1967,6 +1968,11 @@ def dos_command(
                              crawler_verify=crawler_verify)
     except OSError as exc:
         typer.echo(f"error: cannot read {exc.filename}: {exc.strerror}", err=True)
+        raise typer.Exit(2) from None
+    except DosRulesError as exc:  # not YAML, not a rules mapping, an override of a rule the file lacks
+        typer.echo(f"error: rules {exc}" if exc.key == "rules_file" else
+                   f"error: detectors.dos.{exc} -- with --rules {rules}" if rules else f"error: detectors.dos.{exc}",
+                   err=True)
         raise typer.Exit(2) from None
     except ValidationError as exc:  # a rules file that is not a DoS rules file
         first = exc.errors()[0]

@@ -1,7 +1,9 @@
 """DoS/abuse rules as data (``detectors/rules/dos.yaml``) and the ``detectors.dos`` / ``actions`` config models.
 
 :func:`load_rules` validates the rules file (every pattern compiles, every rule names known patterns, windows
-and thresholds are positive) and raises :class:`ValueError` naming the rule and field on misuse.
+and thresholds are positive) and raises :class:`ValueError` naming the rule and field on misuse
+(:class:`DosRulesError`, one line ``<file>: <reason>``, for a file that is not YAML or not a rules mapping, or
+an override of a rule the file lacks).
 :class:`DosConfig` (section ``detectors.dos``) and :class:`ActionsConfig` (section ``actions``) are registered
 with :func:`forumpulse.pipeline.config.register_section_validator` when this module is imported, so
 ``forumpulse config check`` reports their errors.  Secrets (decision API key, webhook HMAC secret) have no
@@ -154,18 +156,51 @@ class RuleSet(_Strict):
         return {k: re.compile(p.regex) for k, p in self.patterns.items()}
 
 
+class DosRulesError(ValueError):
+    """A DoS rules file, or ``rule_overrides`` applied to it, cannot be used.  ``str()`` is one line naming the
+    file (or ``rule_overrides``) and the reason; commands print it without a traceback (exit 2).  ``key`` is
+    what is wrong: ``rules_file`` or ``rule_overrides``."""
+
+    def __init__(self, message: str, key: str = "rules_file") -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def _read_rules(p: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise DosRulesError(f"{p}: not valid YAML: {where}{what}") from None
+    except UnicodeDecodeError:
+        raise DosRulesError(f"{p}: not a text file (UTF-8)") from None
+    if data is None:
+        raise DosRulesError(f"{p}: the file is empty (expected version, patterns and rules)")
+    if not isinstance(data, dict):
+        raise DosRulesError(f"{p}: the top level must be a mapping with version, patterns and rules")
+    return data
+
+
 def load_rules(path: str | Path | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> RuleSet:
     """Load and validate a rules file (default: the built-in ``rules/dos.yaml``).
 
     ``overrides`` maps rule name -> field values (from ``detectors.dos.rule_overrides``), e.g.
-    ``{"client_flood": {"threshold": 50}}``; naming an unknown rule raises ValueError.
+    ``{"client_flood": {"threshold": 50}}``.  Errors: :class:`OSError` when the file cannot be read,
+    :class:`DosRulesError` (a ValueError, one line ``<file>: <reason>``) when it is not YAML, not a mapping, or an
+    override names a rule the file does not have, pydantic's ``ValidationError`` (also a ValueError) when a
+    rule or field is invalid.
     """
-    data = yaml.safe_load(Path(path or RULES_PATH).read_text())
+    p = Path(path or RULES_PATH)
+    data = _read_rules(p)
     if overrides:
-        by_name = {r["name"]: r for r in data.get("rules", [])}
+        rules = data.get("rules")
+        by_name = {r.get("name"): r for r in rules if isinstance(r, dict)} if isinstance(rules, list) else {}
         for name, fields in overrides.items():
             if name not in by_name:
-                raise ValueError(f"rule_overrides: unknown rule {name!r}")
+                raise DosRulesError(f"rule_overrides: unknown rule {name!r} (not in {p}; remove the override or "
+                                    "use a rules file that has it)", key="rule_overrides")
             by_name[name].update(fields)
     return RuleSet.model_validate(data)
 
@@ -221,9 +256,11 @@ class DosConfig(_Strict):
             load_rules(self.rules_file, self.rule_overrides)
         except OSError as exc:
             raise ValueError(f"rules_file: cannot read {exc.filename}: {exc.strerror}") from None
+        except DosRulesError as exc:
+            raise ValueError(f"rules_file {exc}" if exc.key == "rules_file" else str(exc)) from None
         except ValidationError as exc:  # name the rule, not its position in the file
-            data = yaml.safe_load(Path(self.rules_file or RULES_PATH).read_text())
-            rules = data.get("rules", []) if isinstance(data, dict) else []
+            data = _read_rules(Path(self.rules_file or RULES_PATH))
+            rules = data.get("rules", [])
             names = [r.get("name") for r in rules if isinstance(r, dict)] if isinstance(rules, list) else []
 
             def where(loc: tuple[Any, ...]) -> str:

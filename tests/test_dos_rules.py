@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
 import string
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +118,52 @@ def test_prefix_baseline_section_is_validated(tmp_path: Path) -> None:
         p.write_text(yaml.safe_dump({**data, "prefix_baseline": {**data["prefix_baseline"], **bad}}))
         with pytest.raises(ValueError, match=msg):
             load_rules(p)
+
+
+EXE = Path(sys.executable).with_name("forumpulse")
+
+
+def _no_client_flood(tmp_path: Path) -> Path:
+    data = yaml.safe_load((CASES_DIR.parent / "dos.yaml").read_text())
+    data["rules"] = [r for r in data["rules"] if r["name"] != "client_flood"]
+    p = tmp_path / "noclient.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+@pytest.mark.parametrize(("args", "files", "message"), [
+    (["detect", "dos", "-i", "a.log", "--rules", "bad.yaml"], {"bad.yaml": "version: 5\npatterns: [\n"},
+     "error: rules bad.yaml: not valid YAML: line 3"),
+    (["detect", "dos", "-i", "a.log", "--rules", "list.yaml"], {"list.yaml": "- a\n"},
+     "error: rules list.yaml: the top level must be a mapping"),
+    (["detect", "dos", "-i", "a.log", "--rules", "noclient.yaml", "-c", "fp.yaml"],
+     {"fp.yaml": "detectors:\n  dos:\n    rule_overrides: {client_flood: {threshold: 40}}\n"},
+     "error: detectors.dos.rule_overrides: unknown rule 'client_flood' (not in noclient.yaml"),
+    (["config", "check", "-c", "fp.yaml"], {"fp.yaml": "detectors:\n  dos:\n    rules_file: bad.yaml\n",
+                                            "bad.yaml": "version: 5\npatterns: [\n"},
+     "detectors.dos: rules_file bad.yaml: not valid YAML: line 3"),
+])
+def test_bad_rules_files_are_one_line_errors(tmp_path: Path, args: list[str], files: dict[str, str],
+                                             message: str) -> None:
+    """A rules file that is not YAML, not a mapping, or lacks a rule the configuration overrides: one line naming
+    the file and the reason, exit 2 (were yaml ParserError / ValueError tracebacks)."""
+    (tmp_path / "a.log").write_text('1.2.3.4 - - [01/Jul/1995:00:00:01 -0400] "GET / HTTP/1.0" 200 1\n')
+    _no_client_flood(tmp_path)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORUMPULSE_")}
+    r = subprocess.run([str(EXE), *args], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2, r.stderr
+
+
+def test_load_rules_raises_one_error_type_for_unusable_files(tmp_path: Path) -> None:
+    from forumpulse.detectors.dos_rules import DosRulesError
+
+    p = tmp_path / "bad.yaml"
+    p.write_text("version: 5\npatterns: [\n")
+    with pytest.raises(DosRulesError, match="not valid YAML"):
+        load_rules(p)
+    with pytest.raises(DosRulesError, match="unknown rule 'client_flood'") as info:
+        load_rules(_no_client_flood(tmp_path), {"client_flood": {"threshold": 40}})
+    assert info.value.key == "rule_overrides"
