@@ -1914,6 +1914,26 @@ _drops: dict[str, int] = {}
 _damaged: dict[str, str | None] = {}  # a .gz cut short or damaged: why (the lines before it were read)
 
 
+def replay_warnings(lines: int, unparsed: int, ignored: int, fmt: str) -> list[str]:
+    """What a replay's summary should say out loud: nothing (or little) was judged because the lines did not
+    parse as ``fmt`` or carry no client address.  ``lines``: parsed lines, ``ignored``: those without an
+    address (host names, as in the NASA 1995 logs, or ``-``)."""
+    out = []
+    if unparsed and lines == 0:
+        out.append(f"none of the {unparsed} lines parsed as format {fmt!r}: nothing was judged; check --format "
+                   "(`forumpulse parse --format auto FILE` shows what a line parses as)")
+    elif unparsed * 2 > unparsed + lines:
+        out.append(f"{unparsed} of {unparsed + lines} lines did not parse as format {fmt!r} and were not judged; "
+                   "check --format")
+    if lines and ignored == lines:
+        out.append(f"none of the {lines} parsed lines has a client IP address (host names instead of addresses, "
+                   "or '-'): nothing was judged; the DoS rules judge and ban addresses only")
+    elif lines and ignored * 2 > lines:
+        out.append(f"{ignored} of {lines} parsed lines have no client IP address (host names or '-') and were not "
+                   "judged")
+    return out
+
+
 def build_detector(config_path: str | None = None, rules_file: str | None = None, mode: str | None = None,
                    sinks: Sequence[DecisionSink] = (), actions: Sequence[Action] = (),
                    verifier: CrawlerVerifier | None = None, crawler_verify: str | None = None,
@@ -1950,7 +1970,8 @@ def dos_command(
     crawler_verify: str | None = _typer_option(None, "--crawler-verify", help="dns | ua | off (overrides config)"),
 ) -> None:
     """Replay a log through the DoS detector; print one JSON object per decision: what the detector would decide
-    (its `mode` as configured), with no firewall action applied.  With `detectors.dos.enabled: false` it still
+    (its `mode` as configured), with no firewall action applied.  The summary on stderr counts lines parsed,
+    unparsed and ignored (no client address); a warning follows when most lines were not judged.  With `detectors.dos.enabled: false` it still
     replays (an explicit offline run, for tuning) and says so on stderr."""
     import sys
 
@@ -1986,9 +2007,12 @@ def dos_command(
     for _ in detect_records(parse_file(input, format), det):
         pass
     sink.flush()
-    print(json.dumps({"summary": {"lines": det.stats["lines"], "unparsed": _drops.get(input, 0),
+    lines, unparsed, ignored = det.stats["lines"], _drops.get(input, 0), det.stats["ignored"]
+    print(json.dumps({"summary": {"lines": lines, "unparsed": unparsed, "ignored": ignored,
                                   "decisions": det.manager.decisions_made,
                                   "suppressed": det.manager.suppressed}}), file=sys.stderr)
+    for warning in replay_warnings(lines, unparsed, ignored, format):
+        typer.echo(f"warning: {warning}", err=True)
     if _damaged.get(input):
         typer.echo(f"error: {input}: {_damaged[input]}", err=True)
         raise typer.Exit(1)
