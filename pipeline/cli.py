@@ -117,23 +117,28 @@ def check_inputs(files: list[str], fmt: str | None) -> None:
 @app.command()
 def parse(
     file: Annotated[str, typer.Argument(help="log file to parse (.gz ok), or - for standard input")] = "-",
-    fmt: Annotated[str, typer.Option("--format", "-f", help="preset (combined, common, vhost_combined, combined_d, "
-                                     "nginx_combined, nginx_main, squid, squid_combined), 'apache:<LogFormat>', 'nginx:<log_format>' or 'auto'")] = "auto",
-    site: Annotated[str, typer.Option(help="site name to put in the records")] = "forum",
+    fmt: Annotated[str | None, typer.Option("--format", "-f", help="preset (combined, common, vhost_combined, "
+                   "combined_d, nginx_combined, nginx_main, squid, squid_combined), 'apache:<LogFormat>', "
+                   "'nginx:<log_format>' or 'auto' (default: as ingest -- the configured source matching the path, "
+                   "else auto)")] = None,
+    site: Annotated[str | None, typer.Option(help="site name to put in the records (default: as ingest -- the "
+                                             "configured source's, else the first site)")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Print one JSON object per input line, in order: the canonical record, or {"error": reason, "line": raw}.
 
     Records carry every contract field (ts in UTC with milliseconds, derived topic_id/page_kind/is_bot...), with
-    the privacy filter applied to url, query and referer as it would be before storage.
+    the privacy filter applied to url, query and referer as it would be before storage.  Site and format are
+    chosen as `forumpulse ingest` chooses them, so parse shows what ingest would store.
     """
-    from forumpulse.pipeline.ingest import _chunks, _open_maybe_compressed
+    from forumpulse.pipeline.ingest import _chunks, _open_maybe_compressed, context_for
     from forumpulse.pipeline.process import Processor, SourceContext, record_dicts
 
     check_inputs([file], fmt)
     settings = _settings(config)
     proc = Processor(settings)
-    ctx = SourceContext(site=site, origin_host="", origin_file=file if file != "-" else "stdin", format=fmt)
+    c = context_for(file, settings, fmt, site, "")
+    ctx = SourceContext(site=c.site, origin_host="", origin_file=file if file != "-" else "stdin", format=c.format)
     fh = sys.stdin.buffer if file == "-" else _open_maybe_compressed(Path(file))
     out = sys.stdout
     base = 0
@@ -175,6 +180,10 @@ def ingest(
     without_modules("pandas", why="forumpulse ingest does not use it (pyarrow would import it only to check its "
                     "inputs for pandas objects, 0.15-0.2 s of every run)")
     settings = _settings(config, store)
+    if site is not None and site not in {x.name for x in settings.sites}:
+        typer.echo(f"note: --site {site!r} is not in sites ({', '.join(x.name for x in settings.sites)}): its rows "
+                   "get the defaults (every built-in engine's rules, UTC, no holiday calendar) and are kept apart "
+                   "from the configured sites' -- check the spelling", err=True)
     st = _open(settings)
     tune_allocator()  # before pyarrow allocates anything
 
@@ -423,12 +432,21 @@ def config_check(config: ConfigOpt = None) -> None:
     from forumpulse.pipeline.config import mask_url
     from forumpulse.pipeline.enrich import Enricher
 
-    Enricher(s)  # loads every rules file the configuration names; a bad one is reported by main() (exit 2)
+    enricher = Enricher(s)  # loads every rules file the configuration names; a bad one is reported by main() (exit 2)
+    cases, failed = enricher.check_user_cases()
+    for msg in failed:
+        typer.echo(f"rules error: {s.topics.rules_file}: {msg}", err=True)
+    if failed:
+        typer.echo(f"{len(failed)} of {cases} fixture case(s) of the user rules failed (each case must be answered "
+                   "by its own rule: fix the rule or the case; `forumpulse parse` shows how a line is attributed)",
+                   err=True)
+        raise typer.Exit(2)
     if s.topics.titles_csv:
         from forumpulse.pipeline.enrich import load_topic_titles
 
         load_topic_titles(s.topics.titles_csv)
-    typer.echo(f"configuration OK: {len(s.sites)} site(s), {len(s.sources)} source(s), store {mask_url(s.store.url)}")
+    typer.echo(f"configuration OK: {len(s.sites)} site(s), {len(s.sources)} source(s), store {mask_url(s.store.url)}"
+               + (f", {cases} fixture case(s) of the user rules passed" if cases else ""))
     for where in s.unconfigured_sites():
         typer.echo(f"note: {where} is not in sites: it gets the defaults (UTC, no holiday calendar)")
 

@@ -90,6 +90,26 @@ class SiteConfig(_Strict):
                              "internal (left out of event reports' top referrers); lines are assigned to sites by "
                              "sources[].site and ingest --site, not by host")
 
+    @field_validator("engines")
+    @classmethod
+    def _engines(cls, v: list[str]) -> list[str]:
+        """Built-in engine names, any case ("phpBB"); an unknown one is refused -- it used to select no rule at
+        all, silently turning topic attribution off for the site."""
+        import difflib
+
+        from forumpulse.pipeline.enrich import BUILTIN_ENGINES  # here: enrich imports this module
+
+        out = []
+        for e in v:
+            k = e.strip().lower()
+            if k not in BUILTIN_ENGINES:
+                near = difflib.get_close_matches(k, BUILTIN_ENGINES, n=1)
+                raise ValueError(f"unknown engine {e!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                                 + f": the built-in engines are {', '.join(BUILTIN_ENGINES)}; the rules of a user "
+                                 "rules file (topics.rules_file) apply to every site whatever its engines")
+            out.append(k)
+        return out
+
     @field_validator("timezone")
     @classmethod
     def _tz(cls, v: str) -> str:

@@ -734,6 +734,35 @@ class Enricher:
             self._site_rules[site] = rules
         return rules
 
+    def check_user_cases(self) -> tuple[int, list[str]]:
+        """Run the fixture ``cases`` of the user rules file (``topics.rules_file``) as the built-in ones are run
+        by the tests: each must be answered by its own rule, with its topic and page kind, on every configured
+        site the rule applies to (user rules come before the built-in ones; a static path is answered before
+        any rule).  Returns the number of cases run and one message per case that failed."""
+        failed: list[str] = []
+        n = 0
+        sites = [x.name for x in self._settings.sites]
+        for rule in (r for r in self.topics.rules if r.user):
+            for case in rule.model.cases:
+                rules = TopicRules(self.topics.rules, {**self.topics.post_map, **case.post_map})
+                path, query = case.split()
+                for site in rule.sites or sites:
+                    n += 1
+                    mine = rules.select(site, self._settings.site(site).engines)
+                    rid: str | None
+                    if self.static.path_is_static(path):
+                        topic, kind, rid = None, "static", "static.path"
+                    else:
+                        topic, kind, got, _ = rules.classify(mine, case.method, path, query)
+                        if topic == REFERER_TOPIC:
+                            topic = rules.topic_from_referer(mine, case.referer)
+                        rid = got.id if got is not None else None
+                    if (topic, kind, rid) != (case.topic, case.kind, rule.id):
+                        failed.append(f"rule {rule.id!r}, case {case.method} {case.url} (site {site}): expected "
+                                      f"topic {case.topic} kind {case.kind} from this rule, got topic {topic} kind "
+                                      f"{kind} from " + (f"rule {rid!r}" if rid else "no rule"))
+        return n, failed
+
     def topic_from_referer(self, site: str, referer: str | None) -> int | None:
         """Resolves :data:`REFERER_TOPIC`: the topic of the referring page (cached per distinct referer)."""
         key = (site, referer or "")

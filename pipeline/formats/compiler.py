@@ -173,8 +173,33 @@ def _apache_field(mods: str, code: str) -> Tok:
     return t
 
 
+def apache_config_string(fmt: str) -> str:
+    """A ``LogFormat`` as written in the Apache configuration -- with ``\\"`` for each quote, as copied from
+    ``apache2.conf``, possibly with the enclosing quotes -- becomes the format Apache uses (its config parser
+    removes them).  A format without ``\\"`` is returned as is (its quotes are the log's)."""
+    if '\\"' not in fmt:
+        return fmt
+    f = fmt.strip()
+    if len(f) >= 2 and f[0] == f[-1] == '"' and '"' not in f[1:-1].replace('\\"', ""):
+        f = f[1:-1]
+    return f.replace('\\"', '"')
+
+
+def nginx_config_string(fmt: str) -> str:
+    """A ``log_format`` as written in ``nginx.conf`` -- single-quoted strings (``'$remote_addr - ' '$status'``,
+    nginx joins them), a trailing ``;`` -- becomes the format nginx uses.  A bare format is returned as is."""
+    f = fmt.strip().rstrip(";").strip()
+    if len(f) >= 2 and f[0] == f[-1] == "'":
+        parts = re.findall(r"'((?:[^'\\]|\\.)*)'", f)
+        if parts and not re.sub(r"'(?:[^'\\]|\\.)*'", "", f).strip():
+            return "".join(p.replace("\\'", "'") for p in parts)
+    return fmt
+
+
 def tokenize_apache(fmt: str) -> list[Tok]:
-    """Apache ``LogFormat`` string -> tokens (``%%`` is a literal ``%``; unknown directives are ignored fields)."""
+    """Apache ``LogFormat`` string -> tokens (``%%`` is a literal ``%``; unknown directives are ignored fields).
+    The string may be written as in the Apache configuration (:func:`apache_config_string`)."""
+    fmt = apache_config_string(fmt)
     toks: list[Tok] = []
     pos = 0
     for m in _APACHE_DIRECTIVE.finditer(fmt):
@@ -234,7 +259,9 @@ _TS_KIND = {"time_local": "clf", "time_iso8601": "iso", "msec": "epoch"}
 
 
 def tokenize_nginx(fmt: str) -> list[Tok]:
-    """nginx ``log_format`` string -> tokens; variables not in the table are ignored fields."""
+    """nginx ``log_format`` string -> tokens; variables not in the table are ignored fields.  The string may be
+    written as in ``nginx.conf`` (:func:`nginx_config_string`)."""
+    fmt = nginx_config_string(fmt)
     toks: list[Tok] = []
     pos = 0
     for m in _NGINX_VAR.finditer(fmt):

@@ -1,0 +1,100 @@
+"""What a forum operator meets when setting up forumpulse for their own logs (found by a user trial): engine names
+checked, formats pasted from the server's configuration, `parse` showing what `ingest` stores, the user rules'
+fixture cases run by `config check`, an unconfigured --site named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from forumpulse.pipeline.config import SiteConfig
+from forumpulse.pipeline.formats import get_parser
+from forumpulse.pipeline.record import ParsedLine
+from pydantic import ValidationError
+
+FP = str(Path(sys.executable).with_name("forumpulse"))
+FIX = Path(__file__).parent / "fixtures"
+COMBINED = ('203.0.113.5 - - [10/Mar/2024:14:02:11 +0000] "GET /threads/hello.77/ HTTP/1.1" 200 5123 "-" '
+            '"Mozilla/5.0 (X11; Linux x86_64) Firefox/123.0"')
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FP, *args], capture_output=True, text=True, timeout=180, cwd=cwd)
+
+
+def test_engine_names_are_checked_and_taken_in_any_case() -> None:
+    assert SiteConfig(engines=["phpBB", " XenForo"]).engines == ["phpbb", "xenforo"]
+    with pytest.raises(ValidationError, match=r"unknown engine 'xenforo2' \(did you mean 'xenforo'\?\)"):
+        SiteConfig(engines=["xenforo2"])
+
+
+def test_config_check_names_an_unknown_engine(tmp_path: Path) -> None:
+    cfg = tmp_path / "fp.yaml"
+    cfg.write_text("sites:\n  - name: forum\n    engines: [phpbb3]\n")
+    r = _run("config", "check", "-c", str(cfg), cwd=tmp_path)
+    assert r.returncode == 2 and "sites.0.engines: unknown engine 'phpbb3'" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("spec", [
+    r'apache:%h %l %u %t \"%r\" %>s %O \"%{Referer}i\" \"%{User-Agent}i\"',  # copied from apache2.conf
+    r'apache:"%h %l %u %t \"%r\" %>s %O \"%{Referer}i\" \"%{User-Agent}i\""',  # with the enclosing quotes
+    "nginx:'$remote_addr - $remote_user [$time_local] \"$request\" ' '$status $body_bytes_sent "
+    "\"$http_referer\" ' '\"$http_user_agent\"';",  # nginx.conf's quoted pieces and the semicolon
+])
+def test_formats_pasted_from_the_server_configuration_parse(spec: str) -> None:
+    r = get_parser(spec).parse(COMBINED)
+    assert isinstance(r, ParsedLine), r
+    assert (r.status, r.bytes, r.path, r.user_agent) == (200, 5123, "/threads/hello.77/",
+                                                          "Mozilla/5.0 (X11; Linux x86_64) Firefox/123.0")
+
+
+def test_a_format_whose_quotes_are_the_logs_is_left_alone() -> None:
+    r = get_parser('apache:"%r" %t %>s "%{Referer}i"').parse(
+        '"GET /a HTTP/1.1" [10/Mar/2024:14:02:11 +0000] 404 "-"')
+    assert isinstance(r, ParsedLine) and (r.path, r.status) == ("/a", 404)
+
+
+def test_parse_uses_the_configured_source_like_ingest(tmp_path: Path) -> None:
+    log = tmp_path / "bb.access.log"
+    nginx = '$remote_addr [$time_local] "$request" $status $body_bytes_sent "$http_user_agent" $request_time'
+    log.write_text('203.0.113.5 [10/Mar/2024:14:02:11 +0000] "GET /viewtopic.php?t=5 HTTP/1.1" 200 10 "Mozilla/5.0" '
+                   "0.250\n")
+    cfg = tmp_path / "fp.yaml"
+    cfg.write_text(f"sites:\n  - name: bb\n    engines: [phpbb]\nsources:\n  - name: bbweb\n    site: bb\n    paths: ['{tmp_path}/*.log']\n"
+                   f"    format: 'nginx:{nginx}'\n")
+    r = _run("parse", "-c", str(cfg), str(log), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    [rec] = [json.loads(x) for x in r.stdout.splitlines()]
+    assert (rec.get("error"), rec["site"], rec["topic_id"], rec["page_kind"], rec["elapsed_ms"]) == (
+        None, "bb", 5, "topic_view", 250.0)
+
+
+def test_config_check_runs_the_user_rules_cases(tmp_path: Path) -> None:
+    rules = (FIX / "rules" / "site_rules.yaml").read_text()
+    good = tmp_path / "rules.yaml"
+    good.write_text(rules)
+    cfg = tmp_path / "fp.yaml"
+    cfg.write_text(f"topics:\n  rules_file: {good}\n")
+    r = _run("config", "check", "-c", str(cfg), cwd=tmp_path)
+    assert r.returncode == 0 and "fixture case(s) of the user rules passed" in r.stdout, r.stdout + r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(rules.replace("{url: '/article/42-budget-day', topic: 42,", "{url: '/article/42-budget-day', topic: 999,"))
+    cfg.write_text(f"topics:\n  rules_file: {bad}\n")
+    r = _run("config", "check", "-c", str(cfg), cwd=tmp_path)
+    assert r.returncode == 2
+    assert ("rule 'mysite.article', case GET /article/42-budget-day (site news): expected topic 999 kind "
+            "topic_view from this rule, got topic 42 kind topic_view from rule 'mysite.article'") in r.stderr
+
+
+def test_ingest_names_a_site_that_is_not_configured(tmp_path: Path) -> None:
+    log = tmp_path / "a.log"
+    log.write_text(COMBINED + "\n")
+    cfg = tmp_path / "fp.yaml"
+    cfg.write_text("retention:\n  raw_days: 0\n")
+    r = _run("ingest", "-c", str(cfg), "--store", f"chdb:{tmp_path / 'st'}", "--site", "fourm", "-f", "combined",
+             str(log), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "note: --site 'fourm' is not in sites (forum)" in r.stderr
