@@ -40,6 +40,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import socket
 import sys
 import threading
 import time
@@ -304,6 +305,8 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, addr: tuple[str, int], handler: Any, max_connections: int) -> None:
         self.slots = threading.BoundedSemaphore(max_connections)
         self.refused = 0
+        if ":" in addr[0]:  # an IPv6 address ([::1]:8090 in the configuration)
+            self.address_family = socket.AF_INET6
         super().__init__(addr, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -334,7 +337,9 @@ class _Server(ThreadingHTTPServer):
 class DecisionApiServer:
     """Threaded HTTP server for :class:`DecisionRegistry`; ``start()`` runs it in a daemon thread.
 
-    ``api_key``: one key (the bouncer ``default``) or a mapping bouncer name -> key (each its own cursor)."""
+    ``api_key``: one key (the bouncer ``default``) or a mapping bouncer name -> key (each its own cursor).
+    ``host``: an IPv4 address, a host name, or an IPv6 address (without brackets; served over IPv6).  The socket
+    is bound in the constructor: a port in use raises :class:`OSError` there."""
 
     def __init__(self, registry: DecisionRegistry, api_key: str | Mapping[str, str], host: str = "127.0.0.1",
                  port: int = 8090, timeout_s: float = 10.0, max_connections: int = 64) -> None:

@@ -299,6 +299,8 @@ class WebhookConfig(_Strict):
     def _needs(self) -> WebhookConfig:
         if self.enabled and (not self.url.startswith(("http://", "https://")) or self.secret is None):
             raise ValueError("an enabled webhook needs an http(s) url and a secret")
+        if self.enabled and self.secret is not None and not self.secret.get_secret_value():
+            raise ValueError("secret is empty: set the HMAC key (or FORUMPULSE_ACTIONS__WEBHOOK__SECRET)")
         return self
 
 
@@ -316,17 +318,63 @@ class BouncerKey(_Strict):
         return v
 
 
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+def listen_address(v: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPV6]:PORT`` -> (host, port) (host without brackets; port 0 = any free port).  Raises
+    ValueError saying what to write instead."""
+    text = v.strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"{v!r}: write an IPv6 address as [ADDRESS]:PORT, e.g. [::1]:8090")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{v!r}: {host!r} in brackets is not an IPv6 address") from None
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            raise ValueError(f"{v!r} has no port: write HOST:PORT, e.g. 127.0.0.1:8090")
+        if ":" in host:
+            raise ValueError(f"{v!r}: write an IPv6 address in brackets, e.g. [::1]:8090")
+        if not host:
+            raise ValueError(f"{v!r} has no host: write HOST:PORT, e.g. 127.0.0.1:8090 (0.0.0.0:PORT for every "
+                             "IPv4 interface)")
+        if not _HOSTNAME.match(host):
+            raise ValueError(f"{v!r}: {host!r} is not an address or host name")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{v!r}: the port must be a number from 0 to 65535 (0: any free port)")
+    return host, int(port)
+
+
 class DecisionApiConfig(_Strict):
     enabled: bool = False
-    listen: str = Field("127.0.0.1:8090", description="HOST:PORT of the CrowdSec-compatible decision stream")
+    listen: str = Field("127.0.0.1:8090", description="HOST:PORT (IPv6: [ADDRESS]:PORT) of the CrowdSec-compatible "
+                        "decision stream")
     api_key: SecretStr | None = Field(None, description="key of a single bouncer (X-Api-Key, the bouncer named "
                                       "`default`); no default.  Several bouncers: `bouncers`")
     bouncers: list[BouncerKey] = Field(default_factory=list, description="one entry (name, api_key) per bouncer: "
                                        "each key has its own stream cursor, so bouncers behind one proxy or NAT "
                                        "each get every change")
 
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        listen_address(v)
+        return v.strip()
+
+    def address(self) -> tuple[str, int]:
+        """(host, port) of ``listen``: the host without brackets (an IPv6 address is served over IPv6)."""
+        return listen_address(self.listen)
+
     @model_validator(mode="after")
     def _needs(self) -> DecisionApiConfig:
+        if self.enabled and self.api_key is not None and not self.api_key.get_secret_value():
+            raise ValueError("api_key is empty: set the bouncer's key (or FORUMPULSE_ACTIONS__DECISION_API__API_KEY), "
+                             "or remove api_key and list bouncers")
         keys = self.keys()
         if self.enabled and not keys:
             raise ValueError("an enabled decision API needs api_key (one bouncer) or bouncers (one key each)")

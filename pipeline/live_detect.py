@@ -63,7 +63,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import pyarrow as pa
 from forumpulse.pipeline.config import Settings, register_section_validator
@@ -929,6 +929,24 @@ class LiveHandles:
     traffic: TrafficService | None = None
 
 
+def _fail_start(ctx: Any, live: LiveDos, message: str) -> NoReturn:
+    """The DoS service cannot start: stop what it built, tell the owner's other services to stop, close the
+    store, and exit with status 1 and ``message`` on one line.
+
+    The store is closed here because the owner does not shut down when a service fails in ``Owner.start``
+    (pipeline/owner.py), and a chDB session still open when the interpreter exits crashed the process (status
+    139, a segfault in chDB's teardown) after the error.  Closing twice is harmless (``Store.close`` is
+    idempotent)."""
+    ctx.stop.set()
+    for t in list(getattr(ctx, "threads", [])):  # services started before this one
+        t.join(10)
+    with contextlib.suppress(Exception):
+        live.close()
+    with contextlib.suppress(Exception):
+        ctx.store.close()
+    raise SystemExit(f"error: {message}")
+
+
 def dos_service(actions: Sequence[Any] | None = None, handles: LiveHandles | None = None) -> Callable[[Any], None]:
     """An owner service running live DoS detection (see the module doc).  ``actions`` overrides the configured
     ones (e.g. ``[NftablesAction(netns=...)]``).  With ``detectors.dos.enabled: false`` it starts nothing (no
@@ -948,14 +966,20 @@ def dos_service(actions: Sequence[Any] | None = None, handles: LiveHandles | Non
         live = LiveDos(ctx.settings, ctx.store, actions=actions)
         h = handles if handles is not None else LiveHandles()
         h.dos = live
+        api_cfg = live.actions_cfg.decision_api
+        if api_cfg.enabled:  # the config refuses a bad listen address and an enabled API without a key
+            host, port = api_cfg.address()
+            try:
+                h.api = DecisionApiServer(live.registry, api_cfg.keys(), host, port).start()
+            except OSError as exc:  # the port is in use, the address is not this host's, a name does not resolve
+                _fail_start(ctx, live, f"the decision API cannot listen on {api_cfg.listen} "
+                            f"(actions.decision_api.listen): {exc.strerror or exc}; free the port or choose "
+                            "another address")
+            shown = f"[{host}]" if ":" in host else host
+            log.info("decision stream (CrowdSec bouncers) on http://%s:%d/v1/decisions/stream", shown, h.api.port)
         ctx.routes.update(live.routes(getattr(ctx, "password", None)))
         if hasattr(ctx, "collectors"):
             ctx.collectors.append(DosCollector(live, h))
-        api_cfg = live.actions_cfg.decision_api
-        if api_cfg.enabled:
-            host, _, port = api_cfg.listen.rpartition(":")  # the config refuses an enabled API without a key
-            h.api = DecisionApiServer(live.registry, api_cfg.keys(), host.strip("[]"), int(port)).start()
-            log.info("decision stream (CrowdSec bouncers) on http://%s:%d/v1/decisions/stream", host, h.api.port)
         hook = DosHook(live)
         threads: list[threading.Thread] = []
         every = live.live.firewall_check_s
