@@ -77,8 +77,9 @@ def check_store_url(url: str) -> str:
 
 class SiteConfig(_Strict):
     name: str = Field("forum", description="site name stored in every row")
-    timezone: str = Field("UTC", description="IANA time zone for daily/weekly seasonality and holidays, and the clock the "
-                          "reports (event, daily) show times in (its UTC offset written next to each)")
+    timezone: str = Field("UTC", description="IANA time zone for daily/weekly seasonality and holidays, the clock the "
+                          "reports (event, daily) show times in (its UTC offset written next to each), and the "
+                          "zone of log times written without an offset (an Apache %{...}t without %z)")
     country: str | None = Field(None, description="ISO country code for the `holidays` calendar, e.g. MY")
     subdivision: str | None = Field(None, description="state/province code for the holidays calendar")
     holiday_periods: list[HolidayPeriod] = Field(default_factory=list, description="extra holiday periods (festival weeks)")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -147,6 +147,31 @@ class Processor:
         return self.assemble(_to_table(rows, STREAM_SCHEMA.names, STREAM_SCHEMA), real_ips, bad, newest,
                              len(lines), ctx, line_no_base, source_ref)
 
+    def _local_clock(self, site: str) -> Callable[[int], int] | None:
+        """For a format whose times carry no zone: wall-clock ms (read as if UTC) -> UTC ms in the site's time
+        zone (``sites[].timezone``), the offset looked up once per local hour; ``None`` for a UTC site.  A wall
+        time that occurs twice (the hour the clocks go back) is taken as the first, one that does not occur (the
+        hour they go forward) with the offset before the change."""
+        tz = self.settings.site(site).timezone
+        if tz == "UTC":
+            return None
+        from datetime import UTC, datetime
+        from zoneinfo import ZoneInfo
+
+        zone = ZoneInfo(tz)
+        offsets: dict[int, int] = {}
+
+        def to_utc(ms: int) -> int:
+            h = ms // 3_600_000
+            off = offsets.get(h)
+            if off is None:
+                wall = datetime.fromtimestamp(h * 3600, UTC).replace(tzinfo=zone)
+                delta = wall.utcoffset()
+                off = offsets[h] = int(delta.total_seconds() * 1000) if delta is not None else 0
+            return ms - off
+
+        return to_utc
+
     def reference_rows(
         self, ctx: SourceContext, items: Iterable[tuple[int, bytes | str]]
     ) -> tuple[list[tuple[object, ...]], list[str | None], list[tuple[int, bytes, Drop, str]], int | None]:
@@ -165,6 +190,7 @@ class Processor:
         site, ohost, ofile = ctx.site, ctx.origin_host, ctx.origin_file
         fixed_name = getattr(parser, "name", ctx.format)
         is_auto = ctx.format == "auto"
+        local = self._local_clock(site) if getattr(parser, "naive_time", False) else None
         rows: list[tuple[object, ...]] = []
         real_ips: list[str | None] = []
         bad: list[tuple[int, bytes, Drop, str]] = []
@@ -181,6 +207,8 @@ class Processor:
             (ts, cip, chost, ident, user, method, url, path, query, proto, status, nbytes, ref, ua, elapsed,
              cache_result, hierarchy, upstream, ctype, vhost) = r
             fmt = parser.last_format if is_auto else fixed_name  # type: ignore[attr-defined]
+            if local is not None:
+                ts = local(ts)
             query = scrub_query(query) if query else query
             topic_id, page_kind, is_static, is_bot, bot_name = derive(site, method, path, query, ctype, ua, cip)
             if topic_id == REFERER_TOPIC:

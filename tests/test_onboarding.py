@@ -98,3 +98,22 @@ def test_ingest_names_a_site_that_is_not_configured(tmp_path: Path) -> None:
              str(log), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "note: --site 'fourm' is not in sites (forum)" in r.stderr
+
+
+def test_log_times_without_an_offset_are_in_the_sites_time_zone(tmp_path: Path) -> None:
+    """Apache writes ``%{%Y-%m-%d %H:%M:%S}t`` in the server's local time, without an offset: read in the site's
+    time zone (summer time included), not as UTC."""
+    log = tmp_path / "a.log"
+    log.write_text('203.0.113.5 - - [2024-03-10 14:02:11] "GET /t/1 HTTP/1.1" 200 10\n'
+                   '203.0.113.5 - - [2024-07-10 14:02:11] "GET /t/1 HTTP/1.1" 200 10\n')
+    fmt = 'apache:%h %l %u [%{%Y-%m-%d %H:%M:%S}t] "%r" %>s %b'
+    cfg = tmp_path / "fp.yaml"
+    cfg.write_text("sites:\n  - name: forum\n    timezone: Europe/Berlin\n")
+    r = _run("parse", "-c", str(cfg), "-f", fmt, str(log), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["ts"] for x in r.stdout.splitlines()] == ["2024-03-10T13:02:11.000Z",
+                                                                    "2024-07-10T12:02:11.000Z"]
+    # with an offset in the format the zone plays no part
+    log.write_text('203.0.113.5 - - [2024-07-10 14:02:11 +0000] "GET /t/1 HTTP/1.1" 200 10\n')
+    r = _run("parse", "-c", str(cfg), "-f", fmt.replace("%S}t", "%S %z}t"), str(log), cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["ts"] == "2024-07-10T14:02:11.000Z", r.stdout + r.stderr

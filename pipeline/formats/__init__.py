@@ -142,6 +142,8 @@ class FormatParser:
         self._fast = compiled.fast.fullmatch
         self._lenient = compiled.lenient.fullmatch
         self._convert = compiled.convert
+        #: times without a zone, read as UTC here: the processor moves them by the site's time zone
+        self.naive_time = compiled.naive_time
 
     def parse(self, line: str) -> ParsedLine | Drop:
         try:

@@ -637,11 +637,21 @@ class CompiledFormat:
     partial: re.Pattern[str]
     convert: Callable[[tuple], ParsedLine | Drop]
     source: str
+    #: the time is a local wall-clock time without its UTC offset (an Apache ``%{%Y-%m-%d %H:%M:%S}t`` without
+    #: ``%z``): the converter reads it as UTC and the processor moves it by the site's time zone
+    naive_time: bool = False
+
+
+def naive_time(toks: list[Tok]) -> bool:
+    """Whether the format's time has no zone: strftime components only, without ``%z``, an epoch or a CLF time."""
+    kinds = [k for t in toks if t.literal is None and t.kind == TIME_PARTS for k in t.parts]
+    other = any(t.literal is None and t.kind in (TIME_CLF, TIME_RAW) for t in toks)
+    return bool(kinds) and not other and not {"z", "sec", "msec", "usec", "clf"} & set(kinds)
 
 
 def compile_tokens(toks: list[Tok], source: str, require_time: bool = True) -> CompiledFormat:
     fast, lenient, partial = build_regexes(toks)
-    return CompiledFormat(fast, lenient, partial, generate_converter(toks, require_time), source)
+    return CompiledFormat(fast, lenient, partial, generate_converter(toks, require_time), source, naive_time(toks))
 
 
 def compile_apache(fmt: str, require_time: bool = True) -> CompiledFormat:
