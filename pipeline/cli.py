@@ -116,7 +116,7 @@ def check_inputs(files: list[str], fmt: str | None) -> None:
 
 @app.command()
 def parse(
-    file: Annotated[str, typer.Argument(help="log file to parse (.gz ok), or - for standard input")] = "-",
+    file: Annotated[str, typer.Argument(help="log file to parse (.gz, .bz2, .xz ok), or - for standard input")] = "-",
     fmt: Annotated[str | None, typer.Option("--format", "-f", help="preset (combined, common, vhost_combined, "
                    "combined_d, nginx_combined, nginx_main, squid, squid_combined), 'apache:<LogFormat>', "
                    "'nginx:<log_format>' or 'auto' (default: as ingest -- the configured source matching the path, "
@@ -159,7 +159,7 @@ def parse(
 
 @app.command()
 def ingest(
-    files: Annotated[list[str], typer.Argument(help="log files (.gz ok), or - for standard input")],
+    files: Annotated[list[str], typer.Argument(help="log files (.gz, .bz2, .xz ok), or - for standard input")],
     fmt: Annotated[str | None, typer.Option("--format", "-f", help="log format for all files (default: from the "
                                             "configured source matching the path, else per-line auto-detection)")] = None,
     site: Annotated[str | None, typer.Option(help="site name (default: configured source or first site)")] = None,

@@ -509,7 +509,7 @@ def _ingest_each(
         if not p.is_file():
             raise FileNotFoundError(f"{path}: no such file")
         # progress counts decompressed bytes: a .gz has no known total (its size on disk is not comparable)
-        cb = on_file(path, 0 if p.suffix == ".gz" else p.stat().st_size) if on_file else None
+        cb = on_file(path, 0 if p.suffix in COMPRESSED else p.stat().st_size) if on_file else None
         head, prior = _ledger_lookup(store, p, ctx)
         skip = _known_prefix(p, ctx, prior)
         with _open_maybe_compressed(p) as fh:
@@ -630,19 +630,27 @@ def _sql(s: str) -> str:
 
 
 class GzipTolerant:
-    """A binary reader of a ``.gz`` file that survives a damaged or cut-short stream: reading stops at the last
-    byte that could be decompressed, and :attr:`damaged` says why (``None`` for an intact file).  Nothing read
-    before the damage is lost: data is taken one decompressed piece at a time (``read1``), so an error does not
-    discard what the same ``read`` call had already gathered.  The cut line, if any, is the last line (without
-    newline) and is parsed or quarantined like any other."""
+    """A binary reader of a compressed file (``.gz``, ``.bz2``, ``.xz``) that survives a damaged or cut-short
+    stream: reading stops at the last byte that could be decompressed, and :attr:`damaged` says why (``None`` for
+    an intact file).  Nothing read before the damage is lost: data is taken one decompressed piece at a time
+    (``read1``), so an error does not discard what the same ``read`` call had already gathered.  The cut line, if
+    any, is the last line (without newline) and is parsed or quarantined like any other."""
 
     def __init__(self, path: Path) -> None:
+        import bz2
         import gzip
+        import lzma
 
-        self._f = gzip.open(path, "rb")  # noqa: SIM115 - closed by close() / __exit__
+        if path.suffix == ".bz2":
+            self._f: Any = bz2.open(path, "rb")  # noqa: SIM115 - closed by close() / __exit__
+        elif path.suffix in (".xz", ".lzma"):
+            self._f = lzma.open(path, "rb")  # noqa: SIM115
+        else:
+            self._f = gzip.open(path, "rb")  # noqa: SIM115
         self.damaged: str | None = None
 
     def read(self, n: int = -1) -> bytes:
+        import lzma
         import zlib
 
         if self.damaged is not None:
@@ -656,7 +664,7 @@ class GzipTolerant:
                     break
                 parts.append(piece)
                 got += len(piece)
-        except (EOFError, OSError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        except (EOFError, OSError, zlib.error, lzma.LZMAError) as exc:  # gzip.BadGzipFile is an OSError
             self.damaged = (f"the compressed stream is damaged or cut short ({type(exc).__name__}: {exc}); "
                             "the lines before that point were read")
         return b"".join(parts)
@@ -671,8 +679,12 @@ class GzipTolerant:
         self.close()
 
 
+#: file name endings read through a decompressor (anything else is read as it is)
+COMPRESSED = (".gz", ".bz2", ".xz", ".lzma")
+
+
 def _open_maybe_compressed(p: Path) -> BinaryIO:
-    if p.suffix == ".gz":
+    if p.suffix in COMPRESSED:
         return GzipTolerant(p)  # type: ignore[return-value]
     return open(p, "rb")
 

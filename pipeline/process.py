@@ -83,6 +83,8 @@ def decode_line(raw: bytes | str) -> str:
     s = raw if isinstance(raw, str) else raw.decode("utf-8", "backslashreplace")
     if s.endswith("\n"):
         s = s[:-2] if s.endswith("\r\n") else s[:-1]
+    if s.startswith("\ufeff"):  # a byte order mark (a file's first line, written by a Windows tool)
+        s = s[1:]
     return s
 
 

@@ -117,3 +117,31 @@ def test_log_times_without_an_offset_are_in_the_sites_time_zone(tmp_path: Path) 
     log.write_text('203.0.113.5 - - [2024-07-10 14:02:11 +0000] "GET /t/1 HTTP/1.1" 200 10\n')
     r = _run("parse", "-c", str(cfg), "-f", fmt.replace("%S}t", "%S %z}t"), str(log), cwd=tmp_path)
     assert r.returncode == 0 and json.loads(r.stdout)["ts"] == "2024-07-10T14:02:11.000Z", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("suffix", [".bz2", ".xz"])
+def test_bz2_and_xz_files_are_decompressed_and_a_cut_one_loads_what_is_there(store, settings, tmp_path: Path,
+                                                                             suffix: str) -> None:
+    import bz2
+    import lzma
+
+    from forumpulse.pipeline.ingest import ingest_paths
+
+    data = (FIX / "fastpath" / "elastic_apache_1000.log").read_bytes() * 8  # bz2: several 900 kB blocks
+    packed = bz2.compress(data) if suffix == ".bz2" else lzma.compress(data)
+    f = tmp_path / f"access.log.2{suffix}"
+    f.write_bytes(packed)
+    [c] = ingest_paths(store, settings, [str(f)], fmt="combined")
+    assert (c.read, c.loaded + c.quarantined, c.error) == (8000, 8000, None) and c.loaded > 7900
+    cut = tmp_path / f"cut{suffix}"
+    cut.write_bytes(packed[: len(packed) * 2 // 3])
+    [k] = ingest_paths(store, settings, [str(cut)], fmt="combined", origin_host="other")
+    assert k.error is not None and "damaged or cut short" in k.error and 0 < k.read < 8000
+
+
+def test_a_byte_order_mark_before_the_first_line_is_not_part_of_it(tmp_path: Path) -> None:
+    log = tmp_path / "bom.log"
+    log.write_bytes(b"\xef\xbb\xbf" + COMBINED.encode() + b"\n" + COMBINED.encode() + b"\n")
+    r = _run("parse", "-f", "combined", str(log), cwd=tmp_path)
+    recs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [d.get("error") for d in recs] == [None, None] and recs[0]["client_ip"] == "203.0.113.5"
