@@ -546,8 +546,8 @@ class BotDetector:
         for rx in self._extra:
             m = rx.search(ua)
             if m:
-                named = m.groupdict().get("name")
-                return True, (named or m.group() or rx.pattern)[:64]
+                named = m.groupdict().get("name")  # a (?P<name>...) group names the bot; else the match,
+                return True, ((named or m.group()).strip(" /;:,.-_()") or rx.pattern)[:64]  # without its "/"
         if not self._cd.is_crawler(ua):
             return False, None
         for name, rx in self._names:

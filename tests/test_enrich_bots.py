@@ -47,6 +47,9 @@ def test_extra_patterns_from_settings() -> None:
     assert e.derive("forum", "GET", "/", "", None, "acme-sync/2.0 (+ops)")[3:] == (True, "acme-sync")
     assert e.derive("forum", "GET", "/", "", None, "probe internal-health v1")[3:] == (True, "internal-health")
     assert Enricher(Settings()).derive("forum", "GET", "/", "", None, "acme-sync/2.0 (+ops)")[3] is False
+    # without a name group the matched text names the bot, without the "/" that ends it
+    e = Enricher(Settings(bots={"extra_patterns": [r"(?i)forummonitor/"]}))
+    assert e.derive("forum", "GET", "/", "", None, "ForumMonitor/2.0 (ops)")[3:] == (True, "ForumMonitor")
     with pytest.raises(RulesError, match="extra_patterns"):
         Enricher(Settings(bots={"extra_patterns": ["("]}))
 
