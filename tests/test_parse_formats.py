@@ -161,6 +161,10 @@ def test_named_drops() -> None:
     assert drop("combined", "") == "empty_line"
     assert drop("combined", "   \n") == "empty_line"
     assert drop("combined", COMBINED[:60]) == "truncated"
+    assert drop("combined", COMBINED[:-3]) == "truncated"  # cut inside the last quoted field
+    assert drop("combined", COMBINED[:-3] + '\\"x') == "truncated"  # ... after an escaped quote in it
+    # a complete line with more fields after the last quoted one is not a cut line (it was called "truncated")
+    assert drop("combined", COMBINED + " 0.050 0.048 forum.example.org") == "no_format_matched"
     assert drop("combined", "hello world") in ("truncated", "no_format_matched")
     assert drop("combined", "no such format here at all, sorry!") == "no_format_matched"
     assert drop("combined", COMBINED.replace("Oct", "Okt")) == "bad_timestamp"

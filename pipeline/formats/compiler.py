@@ -350,6 +350,12 @@ def _field_rx(toks: list[Tok], i: int, mode: str) -> str:
     return body
 
 
+def _quoted(toks: list[Tok], i: int) -> bool:
+    prev = toks[i - 1].literal if i > 0 else None
+    nxt = toks[i + 1].literal if i + 1 < len(toks) else None
+    return bool(prev and prev.endswith('"') and nxt and nxt.startswith('"'))
+
+
 def _n_groups(t: Tok) -> int:
     return 1 + (len(t.parts) if t.kind == TIME_PARTS else 0)
 
@@ -372,6 +378,11 @@ def build_regexes(toks: list[Tok]) -> tuple[re.Pattern[str], re.Pattern[str], re
             full = re.escape(t.literal)
             prefixes = [re.escape(t.literal[:k]) for k in range(len(t.literal) - 1, 0, -1)]
             p = "|".join(prefixes) if prefixes else None
+        elif _quoted(toks, i) and _field_rx(toks, i, "lenient") == ".*?":
+            # a complete quoted field ends at its closing quote (escapes \" allowed inside), not anywhere: the
+            # lenient .*? let a complete line with extra fields after it pass for a line cut inside the field
+            full = r'(?:[^"\\]|\\.)*'
+            p = r'(?:[^"\\]|\\.)*\\?'
         else:
             full = "(?:" + re.sub(r"(?<!\\)\((?!\?)", "(?:", _field_rx(toks, i, "lenient")) + ")"
             p = _field_rx(toks, i, "partial")
