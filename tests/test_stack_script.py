@@ -168,6 +168,18 @@ def test_pid_files_naming_an_unrelated_process_are_neither_trusted_nor_killed(tm
         assert "started" in start.stdout, start.stdout  # the unrelated pid recorded before did not block the start
         st = subprocess.run([*sng_sh, "status", "--dir", str(d)], capture_output=True, text=True, timeout=60)
         assert st.returncode == 0, st.stdout + st.stderr
+        # start again: the same configuration is "already running"; another one is refused, not silently dropped
+        conf_before = (d / "syslog-ng.conf").read_text()
+        again = subprocess.run([*sng_sh, "start", "--dir", str(d), "--config",
+                                str(ROOT / "syslog-ng" / "forumpulse.conf"), *args], capture_output=True, text=True,
+                               timeout=60)
+        assert again.returncode == 0 and "already running" in again.stdout, again.stdout + again.stderr
+        other_args = [*args, "--define", "fp_heartbeat_interval=7"]
+        changed = subprocess.run([*sng_sh, "start", "--dir", str(d), "--config",
+                                  str(ROOT / "syslog-ng" / "forumpulse.conf"), *other_args], capture_output=True,
+                                 text=True, timeout=60)
+        assert changed.returncode == 1 and "the new one was NOT applied" in changed.stderr, changed.stdout
+        assert (d / "syslog-ng.conf").read_text().strip() == conf_before.strip()  # what runs, still on disk
         # --timeout 5: without a broker syslog-ng would wait 60 s (flush-timeout-on-shutdown) before exiting
         stop = subprocess.run([*sng_sh, "stop", "--dir", str(d), "--timeout", "5"], capture_output=True, text=True,
                               timeout=120)

@@ -98,8 +98,20 @@ check() {
 }
 
 do_start() {
+  if pid_alive; then
+    # the running process keeps the configuration it started with: say so when this start asked for another
+    local running=""
+    [ -f "$CONF" ] && running=$(cat "$CONF")
+    render; check
+    if [ "$running" != "$(cat "$CONF")" ]; then
+      printf '%s\n' "$running" >"$CONF"
+      echo "syslog-ng already running (pid $(cat "$PIDF")) with another configuration: the new one was NOT applied" \
+           "(stop, then start, to apply it)" >&2
+      return 1
+    fi
+    echo "syslog-ng already running (pid $(cat "$PIDF"))"; return 0
+  fi
   render; check
-  if pid_alive; then echo "syslog-ng already running (pid $(cat "$PIDF"))"; return 0; fi
   rm -f "$PIDF" "$CTL"
   echo "==== start $(date -Is) config=$CONFIG ====" >>"$LOG"
   setsid "$SYSLOGNG" -F --no-caps -e -f "$CONF" -R "$PERSIST" -p "$PIDF" -c "$CTL" >>"$LOG" 2>&1 </dev/null &
