@@ -8,7 +8,11 @@ observe mode, circuit breaker), escalation for repeat offenders, and hands :clas
 sinks (``decisions`` table, JSON lines, Kafka) and the actions (nftables, ipset, webhook, decision API).
 
 Guarantees: the same input in the same order gives the same decisions (no wall clock in detection; wall time is
-only ``created_at``).  Lines arriving late (older than the current window) still count in their own second as
+only ``created_at``).  Batch size does not hide decisions: every second in which a rule holds for a key is
+offered to the manager again once its answer can change (a ban ended, a later minute has breaker budget), so a
+large replay batch loses no repeat offence and no offender the breaker held back (what still differs between
+long and short batches -- the crowd guard's 10 s measure, the swarm crowd test's look-ahead -- is in
+docs/dos.md).  Lines arriving late (older than the current window) still count in their own second as
 long as that second is inside the carried window.  Lines without ``client_ip`` are ignored.
 Misuse: one detector instance must see *all* lines of the clients it judges (prefix and distributed rules need
 every partition) -- see docs/dos.md for scaling beyond one process.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import heapq
 import ipaddress
 import json
 import logging
@@ -1203,6 +1208,20 @@ class KafkaSink:
 # --------------------------------------------------------------------------------------------- detector
 
 
+@dataclass
+class _Hits:
+    """The seconds (ascending) of one batch in which a rule holds for one key, and how to make the candidate of
+    the ``pos``-th of them.  The first is submitted; a later one only when the manager's answer can change."""
+
+    secs: np.ndarray
+    make: Callable[[int], Candidate]
+
+    def find(self, from_sec: int) -> int | None:
+        """Position of the first hit second >= ``from_sec`` (None: none left in this batch)."""
+        pos = int(np.searchsorted(self.secs, from_sec, side="left"))
+        return pos if pos < len(self.secs) else None
+
+
 class DosDetector:
     """Evaluates every rule on each batch, keeping window state between batches (stream time).
 
@@ -1356,23 +1375,44 @@ class DosDetector:
         cache: dict[str, Any] = {}
         cache["ip"] = batch.codes("client_ip")
         out: list[Decision] = []
-        cands: list[Candidate] = []
+        heap: list[tuple[int, int, Candidate, _Hits | None]] = []
         for r in self.rules.rules:
             m = self._mask(r, batch, cache)
             if not m.any():
                 continue
-            for c in self._evaluate(r, batch, m, secs, wm_sec, cache):
-                self.stats[r.name] += 1
-                cands.append(c)
-        # submit in stream order so TTLs, escalation and the breaker see time move forward only
-        for c in sorted(cands, key=lambda c: c.decided_at):
+            for item in self._evaluate(r, batch, m, secs, wm_sec, cache):
+                if isinstance(item, Candidate):
+                    heap.append((item.decided_at, len(heap), item, None))
+                else:
+                    c = item.make(0)
+                    heap.append((c.decided_at, len(heap), c, item))
+        heapq.heapify(heap)
+        seq = len(heap)
+        # submit in stream order so TTLs, escalation and the breaker see time move forward only; a key's later hit
+        # seconds in this batch are offered again once the manager's answer can change (its ban expired, a later
+        # minute has breaker budget), so a batch of any size decides what small live batches would
+        while heap:
+            _, _, c, hits = heapq.heappop(heap)
+            self.stats[c.rule] += 1
+            before = dict(self.manager.suppressed)
             d = self.manager.submit(c)
             if d is not None:
                 out.append(d)
-                if c.scope == "ip":
-                    self.baseline.taint(c.value, (d.expires_at // 1000))
-                else:  # a range: its flood never raises its own threshold
-                    self.prefix_rates.taint(d.value, d.expires_at // 1000)
+                if d.mode != "breaker":
+                    if c.scope == "ip":
+                        self.baseline.taint(c.value, (d.expires_at // 1000))
+                    else:  # a range: its flood never raises its own threshold
+                        self.prefix_rates.taint(d.value, d.expires_at // 1000)
+            if hits is None:
+                continue
+            nxt = self._retry_from(c, d, before)
+            if nxt is None:
+                continue
+            pos = hits.find(nxt)
+            if pos is not None:
+                c2 = hits.make(pos)
+                heapq.heappush(heap, (c2.decided_at, seq, c2, hits))
+                seq += 1
         # learn after judging: a batch is judged on what earlier batches taught, never on its own future
         nonstatic = self._mask_static(batch, cache)
         self.baseline.update(cache["ip"], batch.codes("user_agent"), nonstatic, secs, wm_sec)
@@ -1385,6 +1425,24 @@ class DosDetector:
             self.prefix_rates.update(fc[nonstatic], fu, secs[nonstatic], wm_sec)
         self.learned_to_sec = wm_sec // 60 * 60
         return out
+
+    def _retry_from(self, c: Candidate, d: Decision | None, before: dict[str, int]) -> int | None:
+        """The first stream second at which the manager could answer ``c``'s key differently: the end of the ban
+        just made or already held, the next minute after a breaker decision (its budget is per minute); None
+        when the answer cannot change (allowlisted, a verified crawler, never banned, not an address)."""
+        m = self.manager
+        if d is not None:
+            return -(-d.expires_at // 1000) if d.mode != "breaker" else (c.decided_at // 60_000 + 1) * 60
+        why = next((k for k, n in m.suppressed.items() if n != before.get(k, 0)), None)
+        if why == "breaker_repeat":
+            return (c.decided_at // 60_000 + 1) * 60
+        if why == "active":
+            try:
+                held = m.active.get(canonical_value(c.value))
+            except ValueError:
+                return None
+            return -(-held.expires_at // 1000) if held is not None else c.decided_at // 1000 + 1
+        return None
 
     def _mask_static(self, b: Batch, cache: dict[str, Any]) -> np.ndarray:
         st = b.is_static if b.is_static is not None else self._pattern(b, "static", cache)
@@ -1407,7 +1465,7 @@ class DosDetector:
         return cache["prefix"]
 
     def _evaluate(self, r: Rule, b: Batch, m: np.ndarray, secs: np.ndarray, wm_sec: int,
-                  cache: dict[str, Any]) -> Iterator[Candidate]:
+                  cache: dict[str, Any]) -> Iterator[Candidate | _Hits]:
         idx = np.flatnonzero(m)
         kcodes, kuniq = self._keys(r, b, cache)
         kc, s, ts = kcodes[idx], secs[idx], b.ts[idx]
@@ -1487,13 +1545,18 @@ class DosDetector:
                 grp = grp[grp["value"] >= thr]
                 if grp.empty:
                     continue
-            row = grp.sort_values("sec").iloc[0]
-            c = self._candidate(r, b, idx, kc, int(key_code), value, row, thr, cache)
-            if learned is not None:
-                c.evidence["baseline_per_s"] = round(learned, 2)
-                if crowd > 1.0:
-                    c.evidence["crowd_rise"] = round(crowd, 2)
-            yield c
+            grp = grp.sort_values("sec", kind="stable")
+
+            def make(pos: int, grp: pd.DataFrame = grp, key_code: Any = key_code, value: str = value,
+                     thr: float = thr, learned: float | None = learned, crowd: float = crowd) -> Candidate:
+                c = self._candidate(r, b, idx, kc, int(key_code), value, grp.iloc[pos], thr, cache)
+                if learned is not None:
+                    c.evidence["baseline_per_s"] = round(learned, 2)
+                    if crowd > 1.0:
+                        c.evidence["crowd_rise"] = round(crowd, 2)
+                return c
+
+            yield _Hits(grp["sec"].to_numpy(dtype=np.int64), make)
 
     def _crowd(self, b: Batch, cache: dict[str, Any], minute: int, exclude: str, wm_sec: int,
                recent: _CountWindow | None = None, sec: int | None = None) -> float:
@@ -1690,7 +1753,7 @@ class DosDetector:
                          user_agents=uas, members=members)
 
     def _distributed(self, r: Rule, b: Batch, idx: np.ndarray, tc: np.ndarray, tuniq: np.ndarray,
-                     s: np.ndarray, ts: np.ndarray, wm_sec: int, cache: dict[str, Any]) -> Iterator[Candidate]:
+                     s: np.ndarray, ts: np.ndarray, wm_sec: int, cache: dict[str, Any]) -> Iterator[_Hits]:
         cnt_w, cli_w, pair_w = self.windows[r.name]
         ip_codes, ip_uniq = cache["ip"]
         ipc = ip_codes[idx]
@@ -1715,20 +1778,36 @@ class DosDetector:
             sec = int(row["sec"])
             pre = target + "\x1f"
             cand = pres[(pres["sec"] >= sec) & pres["name"].str.startswith(pre) & (pres["win"] >= r.per_client_min)]
+            hot = grp["sec"].to_numpy(dtype=np.int64)
             for name, g2 in cand.groupby("name", sort=False):
                 ip = str(name)[len(pre):]
-                prow = g2.sort_values("sec").iloc[0]
+                g2 = g2.sort_values("sec", kind="stable")
+                # its first second from the target's first hot one, then (a repeat after a ban ended, a later
+                # minute with breaker budget) only seconds in which the target is hot too
+                keep = np.isin(g2["sec"].to_numpy(dtype=np.int64), hot)
+                keep[0] = True
+                g2 = g2[keep]
                 sel = idx[(ipc == _index(ip_uniq).get_loc(ip)) & (tc == key_code)]
-                k = min(r.per_client_min, len(sel)) - 1
-                t_at = max(int(b.ts[sel[k]]), sec * 1000) if len(sel) else sec * 1000
-                ev = {"rule": r.name, "window_s": r.window_s, "target": target, "target_count": int(row["win"]),
-                      "target_clients": int(row["distinct"]), "count": int(prow["win"]),
-                      "threshold": r.per_client_min,
-                      "samples": [f"{b.value('method', i)} {b.value('path', i)} {b.status[i]}" for i in sel[:3]]}
-                uas = sorted({b.value("user_agent", i) for i in sel[:50]})
-                yield Candidate(rule=r.name, value=ip, scope="ip", decided_at=t_at,
-                                first_seen=int(prow["first_ts"]), duration_s=r.duration_s, evidence=ev,
-                                user_agents=uas)
+
+                def make(pos: int, g2: pd.DataFrame = g2, sel: np.ndarray = sel, ip: str = ip, row: Any = row,
+                         sec: int = sec, target: str = target) -> Candidate:
+                    prow = g2.iloc[pos]
+                    if pos == 0:  # the per_client_min-th request on the target, not before its first hot second
+                        k = min(r.per_client_min, len(sel)) - 1
+                        t_at = max(int(b.ts[sel[k]]), sec * 1000) if len(sel) else sec * 1000
+                    else:
+                        in_sec = sel[b.ts[sel] // 1000 == int(prow["sec"])]
+                        t_at = int(b.ts[in_sec[0]]) if len(in_sec) else int(prow["sec"]) * 1000
+                    ev = {"rule": r.name, "window_s": r.window_s, "target": target, "target_count": int(row["win"]),
+                          "target_clients": int(row["distinct"]), "count": int(prow["win"]),
+                          "threshold": r.per_client_min,
+                          "samples": [f"{b.value('method', i)} {b.value('path', i)} {b.status[i]}" for i in sel[:3]]}
+                    uas = sorted({b.value("user_agent", i) for i in sel[:50]})
+                    return Candidate(rule=r.name, value=ip, scope="ip", decided_at=t_at,
+                                     first_seen=int(prow["first_ts"]), duration_s=r.duration_s, evidence=ev,
+                                     user_agents=uas)
+
+                yield _Hits(g2["sec"].to_numpy(dtype=np.int64), make)
 
 
     def _swarm(self, r: Rule, b: Batch, idx: np.ndarray, tc: np.ndarray, tuniq: np.ndarray, s: np.ndarray,
