@@ -1115,11 +1115,14 @@ class DecisionManager:
 
     def unban(self, value: str, reason: str = "manual", now_ms: int | None = None) -> Decision | None:
         """Manual unban: removes the active ban (if any) and tells every sink and action.  ``value`` may be any
-        spelling of the address or network (it is made canonical like a candidate's)."""
+        spelling of the address or network (it is made canonical like a candidate's).  It also forgets the
+        value's offences (:meth:`forget`), held or not: an operator unbans because a ban was wrong, so the next
+        ban of that value is a first offence again, not an escalated one.  Returns None when nothing was held."""
         try:
             value = canonical_value(value)
         except ValueError:
             return None
+        self.forget(value)
         d = self.active.pop(value, None)
         if d is None:
             return None
@@ -1129,6 +1132,16 @@ class DecisionManager:
                      duration_s=0, mode=d.mode, origin="forumpulse", evidence={"ban_id": d.id})
         self._dispatch(u)
         return u
+
+    def forget(self, value: str) -> None:
+        """Forget the escalation history of ``value`` (any spelling): its offences and a breaker record, so its
+        next ban is a first offence with the rule's own duration.  A manual unban calls it."""
+        try:
+            value = canonical_value(value)
+        except ValueError:
+            return
+        self.offences.pop(value, None)
+        self.breaker_seen.pop(value, None)
 
     def dispatch(self, d: Decision) -> None:
         """Record ``d`` and fan it out to the sinks and (enforced) actions, counted like the manager's own; for

@@ -459,6 +459,8 @@ class LiveDos:
                 if held is not None and held.created_at < int(at):
                     self.manager.unban(str(value), reason=str(reason) or "manual")
                     lifted += 1
+                elif held is None:  # an expired ban's value: its next ban is a first offence again too
+                    self.manager.forget(str(value))
             self.manager.flush()
         # the next call reads from 2 minutes before this one (rows written late, or by a clock behind, are still
         # seen; one read twice finds its ban already lifted), never from before the start

@@ -182,3 +182,41 @@ def test_decisions_and_offences_stay_bounded() -> None:
     assert len(mgr.offences) <= 2 * 1000 + 1
     assert all(h and h[-1] >= T0 + (n - 1) * (window_ms // 1000) - 2 * window_ms for h in mgr.offences.values())
 
+
+
+def test_a_manual_unban_resets_the_escalation() -> None:
+    """An operator unbans because the ban was wrong: the next ban of that value is a first offence (600 s), not
+    offence 2 (2400 s) -- also when the ban had expired before the unban (the owner's unban, or one written on
+    the store directly and picked up by the owner)."""
+    mgr = DecisionManager(cfg())
+    first = mgr.submit(cand("198.51.100.7", T0))
+    assert first is not None and first.duration_s == 600
+    assert mgr.unban("::ffff:198.51.100.7", now_ms=T0 + 1_000) is not None
+    again = mgr.submit(cand("198.51.100.7", T0 + 2_000))
+    assert again is not None and (again.duration_s, again.evidence["offence"]) == (600, 1)
+    # expired, then unbanned by hand: nothing held, the history is forgotten all the same
+    assert mgr.submit(cand("192.0.2.77", T0 + 650_000)) is not None  # stream time moves on: the ban expired
+    assert mgr.unban("198.51.100.7", now_ms=T0 + 700_000) is None
+    later = mgr.submit(cand("198.51.100.7", T0 + 800_000))
+    assert later is not None and (later.duration_s, later.evidence["offence"]) == (600, 1)
+    # without an unban a repeat escalates as before
+    repeat = mgr.submit(cand("198.51.100.7", T0 + 1_500_000))
+    assert repeat is not None and (repeat.duration_s, repeat.evidence["offence"]) == (2400, 2)
+
+
+def test_an_unban_written_on_the_store_resets_the_escalation_in_the_owner() -> None:
+    """`forumpulse detect unban` without an owner writes an unban row; the owner's periodic check lifts a ban it
+    holds and forgets the value's offences, also when the ban had expired in its memory already."""
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.live_detect import LiveDos
+
+    live = LiveDos(load_settings(None), store=None, actions=[], publish=False, restore=False,
+                   clock=lambda: T0 / 1000 + 10)
+    mgr = live.manager
+    assert mgr.submit(cand("198.51.100.7", T0)) is not None
+    assert mgr.submit(cand("192.0.2.77", T0 + 700_000)) is not None  # the first ban expired in memory
+    assert "198.51.100.7" not in mgr.active and "198.51.100.7" in mgr.offences
+    live._query = lambda sql, what: [("198.51.100.7", T0 + 720_000, "manual")]  # type: ignore[method-assign]
+    assert live.sync_store_unbans() == 0  # nothing held to lift
+    again = mgr.submit(cand("198.51.100.7", T0 + 800_000))
+    assert again is not None and (again.duration_s, again.evidence["offence"]) == (600, 1)
