@@ -10,7 +10,8 @@ against every configured bouncer key):
   cursor of a previous forumpulse process) gets the startup answer.  ``null`` lists are sent as ``null`` like
   LAPI does when empty.
 * ``GET /v1/decisions?ip=A`` -> the active decisions covering A (exact address or a containing range), or ``null``;
-  an IPv4-mapped IPv6 address (``::ffff:192.0.2.9``) is looked up as the IPv4 address.
+  an IPv4-mapped IPv6 address (``::ffff:192.0.2.9``) is looked up as the IPv4 address.  Without ``ip`` ->
+  every active decision, or ``null`` when there is none (as LAPI's ``GetDecision`` answers with no filter).
 
 Bouncers: like CrowdSec, a key is a bouncer.  Give every bouncer its own key (``actions.decision_api.bouncers``);
 each key has its own cursor.  Callers are told apart by key name, and within one key by peer address,
@@ -265,19 +266,24 @@ class DecisionRegistry:
             self._trim(now)
             return {"new": new or None, "deleted": deleted or None}
 
-    def lookup(self, ip: str) -> list[dict[str, Any]] | None:
-        try:
-            addr = ipaddress.ip_address(ip.strip())
-        except ValueError:
-            raise ValueError(f"invalid ip {ip!r}") from None
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped  # ::ffff:a.b.c.d is a.b.c.d, as decisions are keyed
+    def lookup(self, ip: str | None) -> list[dict[str, Any]] | None:
+        """The active decisions covering ``ip`` (exact address or a containing range); every active decision when
+        ``ip`` is None or empty (LAPI's ``GET /v1/decisions`` without a filter).  None when there are none, as
+        LAPI answers ``null``."""
+        addr = None
+        if ip is not None and ip.strip():
+            try:
+                addr = ipaddress.ip_address(ip.strip())
+            except ValueError:
+                raise ValueError(f"invalid ip {ip!r}") from None
+            if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+                addr = addr.ipv4_mapped  # ::ffff:a.b.c.d is a.b.c.d, as decisions are keyed
         with self.lock:
             now = self.clock()
             self._expire(now)
             self._trim(now)
-            hits = [self._public(r, now) for r in self.active.values() if r["net"].version == addr.version
-                    and addr in r["net"]]
+            hits = [self._public(r, now) for r in self.active.values()
+                    if addr is None or (r["net"].version == addr.version and addr in r["net"])]
         return hits or None
 
 
@@ -389,7 +395,7 @@ class DecisionApiServer:
                 elif u.path.rstrip("/") == "/v1/decisions":
                     ip = q.get("ip", [""])[0]
                     try:
-                        self._send(200, registry.lookup(ip) if ip else None)
+                        self._send(200, registry.lookup(ip or None))
                     except ValueError as exc:
                         self._send(400, {"message": str(exc)})
                 else:

@@ -986,6 +986,13 @@ class DecisionManager:
         self.suppressed: dict[str, int] = {"allowlist": 0, "crawler": 0, "active": 0, "invalid": 0,
                                            "breaker_repeat": 0, **{r: 0 for r, _ in NEVER_BAN}}
         self.action_errors = 0
+        #: stream time (ms) of the candidate being judged: ``stream_clock`` reads it
+        self.stream_ms = 0
+
+    def stream_clock(self) -> float:
+        """A ``wall_clock`` for replays: the stream time of the decision being made, in seconds (so a replay's
+        ``created_at`` equals its ``decided_at`` and its bans are not in force today)."""
+        return self.stream_ms / 1000
 
     def is_allowlisted(self, value: str) -> bool:
         try:
@@ -996,6 +1003,7 @@ class DecisionManager:
                    for a in self.allow)
 
     def submit(self, c: Candidate) -> Decision | None:
+        self.stream_ms = c.decided_at
         self.expire(c.decided_at)
         try:
             net = canonical_network(c.value)
@@ -2103,11 +2111,12 @@ def replay_warnings(lines: int, unparsed: int, ignored: int, fmt: str) -> list[s
 def build_detector(config_path: str | None = None, rules_file: str | None = None, mode: str | None = None,
                    sinks: Sequence[DecisionSink] = (), actions: Sequence[Action] = (),
                    verifier: CrawlerVerifier | None = None, crawler_verify: str | None = None,
-                   wall_clock: Callable[[], float] | None = None) -> DosDetector:
+                   wall_clock: Callable[[], float] | str | None = None) -> DosDetector:
     """A detector from the configuration file (section ``detectors.dos``) with the given sinks/actions;
     ``crawler_verify`` (``dns`` / ``ua`` / ``off``) overrides ``crawlers.verify``.  ``wall_clock``: the clock
-    that stamps decisions' ``created_at`` (a replay of old logs passes the stream time, so its bans are not
-    in force today)."""
+    that stamps decisions' ``created_at``, the wall clock by default; ``"stream"`` stamps each decision with
+    its own stream time (``DecisionManager.stream_clock``: ``created_at`` = ``decided_at``), as ``forumpulse
+    detect dos`` does, so a replay of old logs makes no ban that would be in force today."""
     cfg = DosConfig()
     networks_file = None
     if config_path is not None:
@@ -2122,8 +2131,12 @@ def build_detector(config_path: str | None = None, rules_file: str | None = None
         crawlers = type(cfg.crawlers).model_validate({**cfg.crawlers.model_dump(), "verify": crawler_verify})
         cfg = cfg.model_copy(update={"crawlers": crawlers})
     rules = load_rules(rules_file or cfg.rules_file, cfg.rule_overrides)
+    if isinstance(wall_clock, str) and wall_clock != "stream":
+        raise ValueError(f"wall_clock: a clock or 'stream', not {wall_clock!r}")
     mgr = DecisionManager(cfg, sinks=sinks, actions=actions, verifier=verifier, networks_file=networks_file,
-                          wall_clock=time.time if wall_clock is None else wall_clock)
+                          wall_clock=time.time if wall_clock is None or isinstance(wall_clock, str) else wall_clock)
+    if wall_clock == "stream":
+        mgr.wall = mgr.stream_clock
     return DosDetector(rules, mgr)
 
 
@@ -2152,7 +2165,7 @@ def dos_command(
     sink = JsonLinesSink(sys.stdout)
     try:
         det = build_detector(config, rules, "observe" if observe else None, sinks=[sink],
-                             crawler_verify=crawler_verify)
+                             crawler_verify=crawler_verify, wall_clock="stream")
     except OSError as exc:
         typer.echo(f"error: cannot read {exc.filename}: {exc.strerror}", err=True)
         raise typer.Exit(2) from None

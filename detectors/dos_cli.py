@@ -17,9 +17,12 @@ same ``--password-env``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from forumpulse.detectors.dos import _typer_option
@@ -42,6 +45,20 @@ def _password(password_env: str | None) -> str | None:
     return pw
 
 
+@contextlib.contextmanager
+def _quiet_driver() -> Iterator[None]:
+    """clickhouse-connect logs ``Unexpected Http Driver Exception`` (a warning, printed on stderr by logging's
+    last-resort handler when nothing is configured) before it raises on a refused connection; the refusal is
+    expected here and reported in one line by the caller, so its HTTP backend's warnings are held back."""
+    lg = logging.getLogger("clickhouse_connect.driver._backend.http_sync")
+    level = lg.level
+    lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        lg.setLevel(level)
+
+
 def _open_store(settings: Any, store: str | None, owner: str, password: str | None) -> Any:
     """The store named by ``--store`` / the config; when the owner holds an embedded folder, its endpoint.  It
     must exist already (a mistyped path is an error, not a new empty store: ``StoreLocationError``)."""
@@ -56,7 +73,8 @@ def _open_store(settings: Any, store: str | None, owner: str, password: str | No
         u = urlsplit(owner)
         auth = f"default:{password}@" if password else "default@"
         try:
-            return open_store(f"clickhouse://{auth}{u.hostname}:{u.port or 8123}/forumpulse")
+            with _quiet_driver():
+                return open_store(f"clickhouse://{auth}{u.hostname}:{u.port or 8123}/forumpulse")
         except StoreUnavailable:
             # the folder is held by another process, which is not an owner answering at --owner: say both
             raise StoreUnavailable(f"{busy} No owner answers at {owner} either: pass the owner's --owner URL, "
