@@ -617,12 +617,15 @@ def _engine_error(exc: Exception) -> ChError:
     status = 500
     if code in (60, 81):  # UNKNOWN_TABLE, UNKNOWN_DATABASE
         status = 404
-    elif code in (62, 47, 46, 27, 36, 53, 6, 26, 72, 117):  # syntax / bad arguments / parse errors
+    elif code in (62, 47, 46, 27, 36, 53, 6, 26, 72, 117, 115):  # syntax / bad arguments / parse / unknown setting
         status = 400
     elif code in (164, 392, 497):  # READONLY, QUERY_IS_PROHIBITED, ACCESS_DENIED
         status = 403
     if not text.startswith("Code:"):
         text = f"Code: {code}. DB::Exception: {text}"
+    prefix = f"Code: {code}. DB::Exception: "
+    while text.startswith(prefix + prefix):  # the engine's message already carried it
+        text = text[len(prefix):]
     return ChError(code, text, status)
 
 

@@ -90,6 +90,9 @@ def test_errors_are_clickhouse_style(server: ClickHouseHTTPServer) -> None:
     assert status == 400 and body.startswith(b"Code: 62.")
     status, body, _ = _http(server, {"query": "SELECT {x:UInt8}", "param_x": "1"})
     assert status == 400 and b"not supported" in body
+    # an unknown setting inside the query is the client's error, said once (it was a 500 with the prefix twice)
+    status, body, _ = _http(server, {"query": "SELECT 1 SETTINGS no_such_setting_here = 1"})
+    assert status == 400 and body.startswith(b"Code: 115. DB::Exception: ") and body.count(b"DB::Exception") == 1, body
 
 
 def test_password_required_when_configured(store: Store) -> None:
