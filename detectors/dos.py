@@ -1302,7 +1302,8 @@ class DosDetector:
             if r.kind == "count":
                 self.windows[r.name] = (_CountWindow(r.window_s),)
             elif r.kind == "distinct":
-                self.windows[r.name] = (_DistinctWindow(r.window_s), _CountWindow(r.window_s))
+                self.windows[r.name] = (_DistinctWindow(r.window_s), _CountWindow(r.window_s)) + (
+                    (_DistinctWindow(r.window_s),) if r.max_target_ratio is not None else ())
             elif r.kind == "swarm":
                 self.windows[r.name] = (_CountWindow(r.window_s), _DistinctWindow(r.window_s))
             else:
@@ -1556,6 +1557,11 @@ class DosDetector:
             res["value"] = res["distinct"].fillna(0)
             if r.min_ratio is not None:
                 res = res[res["distinct"] >= r.min_ratio * res["win"]]
+            if r.max_target_ratio is not None:  # readers behind one address (a NAT) browse many URLs
+                tc_, tu_ = self._codes(b, "path_query", cache)
+                tres, _ = win[2].update(kc, kuniq, tc_[idx], tu_, s, wm_sec, query=_points(res))
+                res = res.merge(tres.rename(columns={"distinct": "targets"}), on=["key", "sec"], how="left")
+                res = res[res["targets"].fillna(0) <= r.max_target_ratio * res["win"]]
         elif r.kind == "swarm":
             yield from self._swarm(r, b, idx, kc, kuniq, s, ts, wm_sec, cache)
             return
@@ -1827,6 +1833,8 @@ class DosDetector:
               "count": int(row["win"]), "samples": samples, "user_agents": uas[:5]}
         if "distinct" in row and not pd.isna(row["distinct"]):
             ev["distinct"] = int(row["distinct"])
+        if "targets" in row and not pd.isna(row["targets"]):
+            ev["distinct_urls"] = int(row["targets"])
         members: list[tuple[str, list[str]]] = []
         if r.scope == "range" and len(in_win):
             ipc, ipu = cache["ip"]

@@ -72,6 +72,9 @@ class Rule(_Strict):
     window_s: int = Field(ge=1, le=3600)
     threshold: float = Field(gt=0)
     min_ratio: float | None = Field(None, gt=0, le=1)
+    max_target_ratio: float | None = Field(None, gt=0, le=1, description="distinct rules: fire only when the "
+                                           "window's distinct URLs (path and query) / requests is at most this -- "
+                                           "a tool hammers a few URLs, readers behind one address browse many pages")
     min_clients: int = Field(1, ge=1)
     per_client_min: int = Field(1, ge=1)
     scale: Literal["none", "baseline"] = "none"

@@ -297,7 +297,10 @@ def test_columnar_rewrite_gives_the_recorded_decisions(source: str) -> None:
         # evidence now shows (baseline_per_s); the golden ranges had none, so their thresholds are unchanged
         # a fourth: range decisions name the range's busiest addresses (top_clients) and the share of the range's
         # requests held by those the verified-crawler check asks about (members_share)
+        # a fifth (rules version 7): ua_switch fires only on requests to few URLs and shows their number
         for d in got:
+            if d["reason"] == "ua_switch":
+                assert d["evidence"].pop("distinct_urls") <= 0.5 * d["evidence"]["count"]
             if d["reason"] == "prefix_flood":
                 assert d["evidence"].pop("baseline_per_s") == 0.0
                 assert d["evidence"]["threshold"] == 800.0
