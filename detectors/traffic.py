@@ -934,6 +934,11 @@ def _first_report(prev: Detection | None, d: Detection) -> Detection:
     return d
 
 
+#: an open ``pipeline_gap`` whose sources heartbeat again closes once they have done so this long (and ends the
+#: minute before they came back); lines returning meanwhile close it as lines always did
+HEARTBEATS_BACK_CONFIRM = timedelta(minutes=2)
+
+
 class SourceGapDetector:
     """Per log source (origin_host/origin_file): a silence of at least ``gap_min_minutes`` when the source's rate
     over the hour before predicts at least ``gap_min_expected`` lines is a ``pipeline_gap`` (scope
@@ -1008,7 +1013,25 @@ class SourceGapDetector:
         are not known: the gap's ``detail.liveness`` is ``unknown``).
 
         Cheap to call every minute: nothing is scanned before :attr:`next_due`, and a quiet source whose silence
-        does not yet amount to ``gap_min_expected`` lines is skipped until the minute it would."""
+        does not yet amount to ``gap_min_expected`` lines is skipped until the minute it would.
+
+        An open gap of a source that heartbeats again at ``until`` (``judged``; its file not growing) closes at
+        the minute before: the pipeline is back, and the silence that goes on is the site's (the outage path).  A
+        stuck shipper's gap (its file grew) closes only when its lines return."""
+        if judged:
+            for src in [s for s, d in self.open.items() if d.detail.get("reason") == "source silent, no heartbeat"]:
+                q = self.recent.get(src)
+                det = self.open[src]
+                if (src in fresh or src.split("/", 1)[0] + "/" in fresh) and not (
+                        grew is not None and q and grew(src, q[-1][0], until)):
+                    since = det.detail.setdefault("_back_since", until)
+                    if until - since >= HEARTBEATS_BACK_CONFIRM:
+                        del self.open[src]
+                        det.end, det.state = since - timedelta(minutes=1), "closed"
+                        det.detail["closed_by"] = "heartbeats"
+                        yield det
+                else:
+                    det.detail.pop("_back_since", None)
         if until < self.next_due:
             return
         gap_min = int(self.h["gap_min_minutes"])
@@ -1686,12 +1709,30 @@ class TrafficDetector:
             if rt.gap is not None and rt.gap.detail.get("growing"):
                 return  # the files were seen growing: no lines since is the shipper's silence until lines return
             if fresh and not grown:
+                if rt.gap is not None:
+                    # the shippers heartbeat again: the pipeline is back (it stayed "open" until lines came, for
+                    # a quiet site hours after the collector had returned); what follows is the site's silence,
+                    # judged on the outage path, and the gap's own minutes stay out of the seasonal model.  Closed
+                    # once the heartbeats have been back HEARTBEATS_BACK_CONFIRM (lines returning with them close
+                    # it as before, live and history alike), ending the minute before they came back
+                    since = rt.gap.detail.setdefault("_back_since", until)
+                    if until - since < HEARTBEATS_BACK_CONFIRM:
+                        return
+                    back = since - timedelta(minutes=1)
+                    rt.gap.end, rt.gap.state = back, "closed"
+                    rt.gap.detail["closed_by"] = "heartbeats"
+                    blocked.append((rt.gap.start, back, datetime.min.replace(tzinfo=UTC)))
+                    out.extend(_reported([rt.gap], until - timedelta(minutes=1)))
+                    rt.gap = None
+                    rt.last_seen = max(rt.last_seen, back)
                 m = rt.last_seen + timedelta(minutes=1)
                 while m < until:
                     feed_site(m, 0.0, until - timedelta(minutes=1))
                     rt.last_seen = m
                     m += timedelta(minutes=1)
-            elif rt.gap is None and not self._quiet(rt, until, int(tail.total_seconds() // 60), health):
+            elif rt.gap is not None:
+                rt.gap.detail.pop("_back_since", None)  # silent again before the return was confirmed
+            elif not self._quiet(rt, until, int(tail.total_seconds() // 60), health):
                 why: dict[str, Any] = ({"reason": "no lines while log files grow", "growing": grown} if grown
                                        else {"reason": "no lines and no heartbeats"})
                 rt.gap = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1), None,

@@ -351,3 +351,40 @@ def test_a_stuck_shipper_gap_stays_a_gap_when_the_file_stops_growing(store: Any)
     for got in (live, hist, restarted):
         assert ("pipeline_gap", "pipeline") in {k[:2] for k in got}, sorted(got)
         assert not [k for k in got if k[:2] == ("outage", "site")], sorted(got)
+
+
+BACK = {"site": {"name": "case-back", "timezone": "UTC"}, "start": "2026-03-01", "days": 11, "per_minute": 20,
+        "weekend_factor": 1.0, "events": [{"kind": "gap", "from": "2026-03-11T10:00", "to": "2026-03-11T12:00"}]}
+
+
+def test_a_pipeline_gap_closes_when_the_heartbeats_return_not_when_lines_do(store: Any) -> None:
+    """The collector is down 10:00-10:40 (no lines, no heartbeats): a ``pipeline_gap``.  From 10:40 the shippers
+    heartbeat again but the site sends no line until 12:00 -- the pipeline is back, what is missing is the site's
+    traffic (the outage path).  Before the fix the gap stayed open, "no lines and no heartbeats", until 12:00
+    (a user trial saw it open for many minutes after the heartbeats had returned)."""
+    name = BACK["site"]["name"]
+    store.insert("requests", build_requests(BACK))
+    det = TrafficDetector(_settings([BACK]), sites=[name])
+    seen: dict[str, Detection] = {}
+    t = _local(BACK, "2026-03-11T09:50:30")
+    last_line = _local(BACK, "2026-03-11T09:59:59")
+    while t <= _local(BACK, "2026-03-11T12:10:30"):
+        if t < _local(BACK, "2026-03-11T10:00:00") or t >= _local(BACK, "2026-03-11T10:40:00"):
+            line = last_line if t < _local(BACK, "2026-03-11T12:00:30") else t - timedelta(seconds=2)
+            _beat(store, name, min(line, t), t - timedelta(seconds=5))
+        for d in det.run_once(store, t):
+            if d.start >= _local(BACK, "2026-03-11T09:00"):
+                seen[d.id] = d
+        t += timedelta(minutes=1)
+    gaps = [d for d in seen.values() if d.kind == "pipeline_gap" and d.scope == "pipeline"]
+    assert len(gaps) == 1, [d.to_json() for d in seen.values()]
+    [g] = gaps
+    assert g.state == "closed" and g.detail.get("closed_by") == "heartbeats", g.to_json()
+    assert _local(BACK, "2026-03-11T10:38") <= g.end <= _local(BACK, "2026-03-11T10:42"), g.to_json()
+    # the source's own gap closes with it (it stayed open until 11:59 and kept the site's minutes out of the model)
+    [sg] = [d for d in seen.values() if d.kind == "pipeline_gap" and d.scope.startswith("source:")]
+    assert sg.detail.get("closed_by") == "heartbeats" and sg.end is not None, sg.to_json()
+    assert sg.end <= _local(BACK, "2026-03-11T10:42"), sg.to_json()
+    # the silence after it, with the shippers alive, is the site's: an outage from about when the gap ended
+    outages = [d for d in seen.values() if d.kind == "outage"]
+    assert outages and all(d.start >= g.end for d in outages), "\n".join(d.to_json() for d in seen.values())
