@@ -143,6 +143,16 @@ class Owner:
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        """Open the store, start the services, the HTTP endpoint and (``consume``) the loader.  A failure on the
+        way (a service refusing its settings, the port in use) stops what had started and closes the store
+        before it is raised: a chDB session still open at interpreter exit crashed the process (rc 139)."""
+        try:
+            self._start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self) -> None:
         self.store = open_store_waiting(self.store_url, self.stop_event,
                                         migrate_params=self.settings.retention.migration_params())
         load_configured_titles(self.store, self.settings)  # topics.titles_csv, when set (idempotent)
@@ -274,7 +284,11 @@ def run_command(
 
     signal.signal(signal.SIGTERM, _signal)
     signal.signal(signal.SIGINT, _signal)
-    owner.start()
+    try:
+        owner.start()
+    except OSError as exc:  # the port in use, an address not on this host: one line, the store already closed
+        log.error("cannot start: %s", exc)
+        raise SystemExit(f"error: cannot start the owner: {exc}") from None
     print(json.dumps({"owner": os.getpid(), "port": owner.port, "store": owner.store_url}), flush=True)
     owner.wait()
 

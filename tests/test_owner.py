@@ -92,3 +92,21 @@ def test_bootstrap_option_reaches_every_kafka_client_of_the_process(settings: Se
     assert s.kafka.bootstrap_servers == "127.0.0.1:19092" != default
     assert ConsumerOptions.from_settings(s).bootstrap_servers == "127.0.0.1:19092"
     assert settings_with_bootstrap(settings.model_copy(deep=True), None).kafka.bootstrap_servers == default
+
+
+def test_a_port_in_use_is_one_line_and_the_store_is_closed_cleanly(tmp_path: Path) -> None:
+    """``run`` on a port another process holds: one line, exit 1 -- before, a traceback and often a crash at exit
+    (rc 139: the chDB session was still open when the interpreter ended)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        exe = Path(sys.executable).with_name("forumpulse")
+        r = subprocess.run([str(exe), "run", "--store", f"chdb:{tmp_path / 'st'}", "--port", str(port)],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert "error: cannot start the owner:" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
