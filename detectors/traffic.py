@@ -1284,6 +1284,8 @@ class TrafficDetector:
         self.sites: dict[str, _SiteRuntime] = {}
         self.only_sites = set(sites) if sites is not None else None
         self._outbox: dict[str, _Outgoing] = {}       # id -> detection not yet inserted and published (latest state)
+        #: detection states stored in ``detections`` since start (what the detectors found, published or not)
+        self.stored_total = 0
         self._visits: dict[str, _VisitorQuery] = {}   # id -> visitor figures to add before it is emitted
 
     # -- setup ------------------------------------------------------------------------------------------
@@ -1845,6 +1847,7 @@ class TrafficDetector:
             store.insert("detections", detections_table([o.det for o in unstored], now))
             for o in unstored:
                 o.stored = True
+            self.stored_total += len(unstored)
         handed: list[_Outgoing] = []
         try:
             for o in ready:

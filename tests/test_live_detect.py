@@ -694,8 +694,24 @@ def test_a_produce_that_raised_leaves_nothing_pending() -> None:
     assert pub.confirm() == {b"k1"} and pub.failures == 0
 
 
+def test_detections_count_when_stored_even_if_kafka_does_not_confirm_them() -> None:
+    """forumpulse_traffic_detections_total counts what the detectors stored; with the broker away nothing is
+    confirmed (run_once returns []) and the counter stayed at 0 while the detections table filled (user trial)."""
+    from forumpulse.detectors.series import Detection
+    from forumpulse.pipeline.config import load_settings
+
+    svc = TrafficService(load_settings(), store=None, clock=lambda: 1_773_223_230.0)
+
+    def run_once(_store: Any, _now: datetime) -> list[Detection]:
+        svc.detector.stored_total += 3  # three states stored, none confirmed by Kafka
+        return []
+
+    svc.detector.run_once = run_once  # type: ignore[method-assign]
+    assert svc.tick() == [] and svc.emitted == 3
+
+
 def test_a_partly_failed_run_counts_what_it_emitted() -> None:
-    """run_once raising TrafficRunError after emitting detections: they count in
+    """run_once raising TrafficRunError after storing detections: they count in
     forumpulse_traffic_detections_total (before the fix the counter missed them)."""
     from forumpulse.detectors.series import Detection
     from forumpulse.detectors.traffic import TrafficRunError
@@ -706,6 +722,7 @@ def test_a_partly_failed_run_counts_what_it_emitted() -> None:
     emitted = [Detection("spike", "site", t, None, t, 1.0, 1.0, 1.0, "spike", site=s) for s in ("a", "b")]
 
     def run_once(_store: Any, _now: datetime) -> list[Detection]:
+        svc.detector.stored_total += len(emitted)
         raise TrafficRunError({"c": RuntimeError("store away")}, emitted)
 
     svc.detector.run_once = run_once  # type: ignore[method-assign]
