@@ -1212,6 +1212,13 @@ class FastPath:
         else:
             m = pc.match_substring_regex(chunk.arr, plan.regex).to_numpy(zero_copy_only=False)
         m &= chunk.valid
+        if chunk.n:  # a line opening with a byte order mark: the reference path drops the mark (decode_line)
+            starts = chunk.offs[:-1]
+            lead = chunk.buf[np.minimum(starts, len(chunk.buf) - 1)] == 0xEF
+            if lead.any():
+                for i in np.flatnonzero(lead):
+                    if bytes(chunk.buf[starts[i]:starts[i] + 3]) == b"\xef\xbb\xbf":
+                        m[i] = False
         if plan.squid and chunk.n > 1:
             # Tokens are found across the whole buffer (convert_squid), so a line's first token must not be the
             # tail of one that began earlier: the byte just before the line's start must be a "\n".  That byte

@@ -73,6 +73,24 @@ def test_nginx_upstream_variables_may_hold_lists() -> None:
     assert (r.upstream, r.vhost) == (None, "forum.example.org")
 
 
+def test_a_long_line_of_upstream_lists_that_fails_does_not_hang_the_parser() -> None:
+    """A damaged line with a long run of " : " list items used to make the regexes backtrack on every way of
+    splitting it between the list fields (8 s for a 20 kB line, minutes at the 64 kB limit; from a review).  Not a
+    speed target: a subprocess that must finish at all within a generous bound."""
+    import subprocess
+    import sys
+
+    code = ("from forumpulse.pipeline.formats import get_parser\n"
+            "spec = ('nginx:$remote_addr - $remote_user [$time_local] \"$request\" $status $body_bytes_sent '\n"
+            "        '\"$http_referer\" \"$http_user_agent\" $request_time $upstream_response_time $upstream_addr '\n"
+            "        '$upstream_status $host')\n"
+            "head = '203.0.113.5 - - [10/Mar/2024:14:02:11 +0100] \"GET /t/1 HTTP/1.1\" 200 5123 \"-\" \"M\" 0.5 '\n"
+            "r = get_parser(spec, max_line_bytes=1 << 20).parse(head + ' : '.join(['0.001'] * 12000) + ' a\\tb')\n"
+            "print(type(r).__name__, getattr(r, 'reason', ''))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("Drop"), r.stdout + r.stderr
+
+
 def test_apache_directives() -> None:
     fmt = 'apache:%a %{%Y-%m-%d %H:%M:%S}t.%{msec_frac}t %m %U%q %H %>s %B %{ms}T %v %{Content-Type}o %X %{foo}n'
     r = ok(fmt, "10.1.2.3 2019-05-05 20:49:14.690 GET /a/b?x=1 HTTP/1.0 302 10 42 v.example text/html + zz")

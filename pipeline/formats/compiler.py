@@ -34,7 +34,7 @@ WORD, STR, NUM, FLOAT, CLIENT, TIME_CLF, TIME_RAW, TIME_PARTS, URI, QUERY, SQUID
     "word", "str", "num", "float", "client", "time_clf", "time_raw", "time_parts", "uri", "query", "ss", "list")
 #: a value nginx may write as a list: one item per upstream server tried (", ") and per upstream group after an
 #: internal redirect (" : "), e.g. ``$upstream_status`` "502, 200" when a retry succeeded
-LIST_RX = r"[^\s,]+(?:(?:, | : )[^\s,]+)*"
+LIST_RX = r"[^\s,]+(?:(?:, | : )[^\s,]+)*+"  # possessive: adjacent lists cannot trade items (backtracking)
 
 
 @dataclass
