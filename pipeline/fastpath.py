@@ -1212,7 +1212,7 @@ class FastPath:
         else:
             m = pc.match_substring_regex(chunk.arr, plan.regex).to_numpy(zero_copy_only=False)
         m &= chunk.valid
-        if chunk.n:  # a line opening with a byte order mark: the reference path drops the mark (decode_line)
+        if chunk.n and len(chunk.buf):  # a line opening with a byte order mark: the reference drops the mark
             starts = chunk.offs[:-1]
             lead = chunk.buf[np.minimum(starts, len(chunk.buf) - 1)] == 0xEF
             if lead.any():
