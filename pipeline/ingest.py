@@ -6,20 +6,27 @@ mismatch is an error, never a silent loss.
 
 Idempotence, in two layers:
 
-* the file ledger (table ``ingest_files``, migration 0009): after a file is loaded, the bytes it had (count,
-  SHA-256, lines) are recorded under the hash of its first line.  A later ingest of a file that starts with the
-  same bytes -- the same file again, under any path spelling, grown since, renamed by logrotate, compressed --
-  skips them and reads only what follows (:attr:`FileCounts.skipped`).  Keyed by site, origin host and format:
-  the same content under another format is read again (and the command warns that its lines are now stored
-  twice).  A load with blocks left out for retention is not recorded, nor is stdin.
+* the file ledger (table ``ingest_files``, migration 0009): after each insert block is stored, the input's totals
+  at its end (bytes, lines, SHA-256) are recorded under the hash of the file's first line.  A later ingest of a
+  file that starts with the same bytes -- the same file again, under any path spelling, grown since, renamed by
+  logrotate, compressed, or a rerun after a crash or a store error -- skips the longest recorded prefix it holds
+  and reads only what follows (:attr:`FileCounts.skipped`).  Keyed by site, origin host and format: the same
+  content under another format is read again (and the command warns that its lines are now stored twice).  A
+  last line without newline is recorded twice, with it (used while the file still ends there) and up to the
+  newline before it (used once the line was completed: the whole line is read, its early half stays where it
+  went, usually quarantined as ``truncated``); a cut ``.gz`` is recorded only up to its last newline.  Blocks
+  left out for retention end the checkpoints of that file; stdin is not recorded.
 * every insert carries a deduplication token derived from the site, origin host, format, first line number and
-  the SHA-256 of the input up to the end of the block (not the file's name), so a run interrupted before the
-  ledger row was written (a crash, a store error) stores nothing twice when run again, within ClickHouse's
+  the SHA-256 of the input up to the end of the block (not the file's name): a block whose ledger row was not
+  written (a crash between the two) is stored once when the same input is read again, within ClickHouse's
   deduplication window (the last 1,000 parts per table, one per day of each insert block), rollups included.
   For larger replays, the Kafka consumer's offset-based tokens are the tool.
 
-Not covered: a file whose last line had no newline yet and was appended to afterwards -- the line's rest is read
-as a line of its own (quarantined with its reason, not lost); content loaded by a version without the ledger.
+Not covered: a copy cut short (a ``.gz`` still being written) of a file loaded further before re-stores what it
+holds past its last recorded checkpoint (at most one insert block, ``ingest.batch_lines``), as does a crash
+between a block's insert and its ledger row followed by growth of the file; content loaded by a version without
+the ledger; on a cluster, the ledger row goes through a Distributed table (asynchronous by default): an ingest
+of the same file started within seconds may not see it yet (its blocks are still deduplicated by their tokens).
 
 Retention: rows older than ``retention.raw_days`` (by their own timestamp) are dropped by the table TTL on
 insert; they are counted as ``expired`` and reported, so an archive backfill never loses lines silently
@@ -320,13 +327,20 @@ def ingest_stream(
     schema_ready: Callable[[], object] | None = None,
     first_line: int = 0,
     running: Any = None,
+    first_byte: int = 0,
+    checkpoint: Callable[[int, int, str], None] | None = None,
+    damaged: Callable[[], bool] | None = None,
 ) -> FileCounts:
     """Ingest one stream.  ``schema_ready`` (if given) is called before every insert, on the insert thread, and
     must return once the store's tables exist (it re-raises a failed migration): parsing of the first chunks
     overlaps the migrations.
 
     ``running``: a ``hashlib.sha256`` object holding the bytes before this stream (a file's skipped prefix, see
-    the module docstring), updated with every byte read here; ``first_line``: how many lines those were."""
+    the module docstring), updated with every byte read here; ``first_line`` / ``first_byte``: how many lines and
+    bytes those were.  ``checkpoint(bytes, lines, sha256)`` is called on the insert thread after each block is
+    stored, with the input's totals and hash at its end (the file ledger), until a block is left out for
+    retention; when ``damaged()`` says the input ended abnormally, the last one stops at the last newline (the
+    cut line is read again from an intact copy)."""
     counts = FileCounts(name=name or ctx.origin_file)
     retention_days = processor.settings.retention.raw_days
     rollup_days = processor.settings.retention.rollup_days
@@ -353,7 +367,8 @@ def ingest_stream(
             yield chunk, ctx, line_no, source_ref
             line_no += n
 
-    def load(batch: ProcessedBatch, token: str, all_expired: bool) -> None:  # on the inserter thread, in order
+    def load(batch: ProcessedBatch, token: str, all_expired: bool,
+             marks_: tuple[tuple[int, int, str], ...] = ()) -> None:  # on the inserter thread, in order
         if schema_ready is not None:
             schema_ready()
         dup: Callable[[], int] | None = getattr(store, "duplicated_blocks", None)  # chDB: the only writer
@@ -373,18 +388,36 @@ def ingest_stream(
         counts.loaded += batch.requests.num_rows
         counts.quarantined += batch.quarantine.num_rows
         counts.by_reason.update(batch.by_reason)
+        if checkpoint is not None:
+            for m in marks_:
+                if m[0] > 0:
+                    checkpoint(*m)
 
     pending: list[ProcessedBatch] = []  # processed chunks of the next insert block
+    end_bytes, end_lines = first_byte, first_line  # the input's totals at the end of the last chunk taken
+    # the same at the last newline when the last chunk ended without one (the input's last, unterminated line)
+    open_tail: tuple[int, int, Any] | None = None
+    marks = checkpoint is not None  # False from the first block left out for retention on
     block_digest = hashlib.sha256()  # the block's dedup token: its chunks' digests
     block_rows = block_gone = 0  # request rows of the block, and how many are past every TTL (raw and rollups)
 
-    def submit() -> None:
-        nonlocal pending, block_digest, block_rows, block_gone
+    def submit(last: bool = False) -> None:
+        nonlocal pending, block_digest, block_rows, block_gone, marks
         if not pending:
             return
-        if 0 < block_rows == block_gone:
+        gone = 0 < block_rows == block_gone
+        if gone:
             counts.blocks_past_retention += 1
-        inserter.submit(load, _concat(pending), block_digest.hexdigest()[:32], 0 < block_rows == block_gone)
+            marks = False
+        mark: tuple[tuple[int, int, str], ...] = ()
+        if marks:
+            mark = ((end_bytes, end_lines, running.hexdigest()),)
+            if last and open_tail is not None:
+                # the last line has no newline: a checkpoint at the newline before it too (used once the line is
+                # completed), and none past it when the input was cut (the line is read whole from a good copy)
+                at_nl = (open_tail[0], open_tail[1], open_tail[2].hexdigest())
+                mark = (at_nl,) if damaged is not None and damaged() else (at_nl, *mark)
+        inserter.submit(load, _concat(pending), block_digest.hexdigest()[:32], gone, mark)
         pending, block_digest = [], hashlib.sha256()
         block_rows = block_gone = 0
 
@@ -393,6 +426,12 @@ def ingest_stream(
             line_no = starts.popleft()
             nbytes = len(chunk)
             counts.bytes_read += nbytes
+            if not chunk.endswith(b"\n") and checkpoint is not None:  # the input's last line, unterminated
+                cut = chunk.rfind(b"\n") + 1
+                at_nl = running.copy()
+                at_nl.update(chunk[:cut])
+                open_tail = (end_bytes + cut, line_no + batch.read - 1, at_nl)
+            end_bytes, end_lines = end_bytes + nbytes, line_no + batch.read
             # the input's hash up to here (hardware-accelerated SHA-256: 2x blake2b here), one pass over the data
             # for the tokens and the ledger; the file's name is not part of it (another spelling, a rotated copy)
             running.update(chunk)
@@ -411,7 +450,7 @@ def ingest_stream(
                 submit()
             if on_progress:
                 on_progress(nbytes)
-        submit()
+        submit(last=True)
     counts.seconds = time.perf_counter() - t0
     if counts.read != counts.loaded + counts.quarantined:
         raise RuntimeError(
@@ -517,16 +556,19 @@ def _ingest_each(
                 _skip_bytes(fh, skip.bytes)
                 if cb:
                     cb(skip.bytes)
+            def checkpoint(nbytes: int, lines: int, sha: str, head: str = head, ctx: SourceContext = ctx) -> None:
+                _ledger_record(store, ctx, head, nbytes, lines, sha)
+
+            def damaged(fh: Any = fh) -> bool:
+                return getattr(fh, "damaged", None) is not None
+
             c = ingest_stream(store, processor, fh, ctx, batch_lines=settings.ingest.batch_lines, on_progress=cb,
                               name=path, pool=pool, schema_ready=schema_ready, first_line=skip.lines,
-                              running=skip.running)
+                              running=skip.running, first_byte=skip.bytes, checkpoint=checkpoint if head else None,
+                              damaged=damaged)
             c.error = getattr(fh, "damaged", None)
         c.skipped, c.skipped_from, c.other_format = skip.lines, skip.source, skip.other_format
         results.append(c)
-        if head and c.read and not c.blocks_past_retention:
-            if schema_ready is not None:
-                schema_ready()
-            _ledger_record(store, ctx, head, skip.bytes + c.bytes_read, skip.lines + c.read, skip.running.hexdigest())
     return results
 
 
@@ -578,27 +620,42 @@ def _ledger_lookup(store: Store, p: Path, ctx: SourceContext) -> tuple[str, list
 
 def _known_prefix(p: Path, ctx: SourceContext, prior: list[_Prior]) -> _Skip:
     """The longest recorded prefix, in this format, that the file still starts with (its bytes hashed again:
-    content decides, not the name).  Also notes a prefix recorded under another format only."""
+    content decides, not the name).  A prefix ending inside a line (a last line without newline when it was
+    loaded) counts only while the file ends there too: once the line was completed, the prefix at the newline
+    before it is taken and the line read again.  Also notes a prefix recorded under another format only."""
     skip = _Skip()
     if not prior:
         return skip
-    h, pos, other = hashlib.sha256(), 0, ""
+    # per recorded length: the hash there, the hash object (to continue), whether a newline ends it, more follows
+    at: dict[int, tuple[str, Any, bool, bool]] = {}
+    h, pos, last = hashlib.sha256(), 0, b"\n"
     with _open_maybe_compressed(p) as fh:
-        for r in prior:  # ascending prefix_bytes
-            while pos < r.prefix_bytes:
-                piece = fh.read(min(1 << 20, r.prefix_bytes - pos))
+        for size in sorted({r.prefix_bytes for r in prior}):
+            while pos < size:
+                piece = fh.read(min(1 << 20, size - pos))
                 if not piece:
                     break
                 h.update(piece)
                 pos += len(piece)
-            if pos < r.prefix_bytes:
+                last = piece[-1:]
+            if pos < size:
                 break  # the file is shorter than this (and every longer) prefix
-            if h.hexdigest() != r.prefix_sha256:
-                continue
-            if r.format == ctx.format:
-                skip = _Skip(r.prefix_bytes, r.prefix_lines, h.copy(), f"{r.origin_file}, {r.ingested_at}")
-            else:
-                other = f"{r.format} ({r.origin_file}, {r.ingested_at}, {r.prefix_lines:,} lines)"
+            nxt = fh.read(1)
+            at[size] = (h.hexdigest(), h.copy(), last == b"\n", bool(nxt))
+            if nxt:
+                h.update(nxt)
+                pos += 1
+                last = nxt
+    other = ""
+    for r in prior:
+        got = at.get(r.prefix_bytes)
+        if got is None or got[0] != r.prefix_sha256 or not (got[2] or not got[3]):
+            continue
+        if r.format == ctx.format:
+            if r.prefix_bytes > skip.bytes:
+                skip = _Skip(r.prefix_bytes, r.prefix_lines, got[1].copy(), f"{r.origin_file}, {r.ingested_at}")
+        else:
+            other = f"{r.format} ({r.origin_file}, {r.ingested_at}, {r.prefix_lines:,} lines)"
     if not skip.bytes:
         skip.other_format = other
     return skip

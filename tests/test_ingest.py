@@ -135,6 +135,77 @@ def test_a_grown_file_is_read_from_where_the_last_ingest_ended(store, settings, 
     assert store.query_rows("SELECT line_no FROM quarantine ORDER BY line_no") == q_lines  # numbered in the file
 
 
+def test_an_interrupted_ingest_rerun_after_the_file_grew_stores_nothing_twice(store, settings, tmp_path):
+    """A store error after some blocks, the log grows, the run is repeated (from a review: the last block's token
+    covered a longer chunk by then, so it was stored again).  The ledger's checkpoint after every stored block
+    makes the rerun start where the stored blocks end."""
+    from forumpulse.pipeline.store import StoreError
+
+    lines = ELASTIC.read_bytes().splitlines(keepends=True)
+    log = tmp_path / "access.log"
+    log.write_bytes(b"".join(lines[:700]))
+    settings.ingest.batch_lines = 300  # blocks of 300 lines: 300, 300, 100
+    failing = _FailingStore(store, fail_at=3)
+    with pytest.raises(StoreError, match="injected"):
+        ingest_paths(failing, settings, [str(log)], fmt="combined", workers=1)
+    with log.open("ab") as f:
+        f.write(b"".join(lines[700:]))
+    [c] = ingest_paths(store, settings, [str(log)], fmt="combined", workers=1)
+    assert (c.skipped, c.read) == (600, 400)
+    assert table_count(store, "requests") + table_count(store, "quarantine") == 1000
+
+
+def test_a_copy_shorter_than_the_last_load_resumes_from_a_checkpoint_it_holds(store, settings, tmp_path):
+    """A .gz still being written (cut short) of a file loaded further before: it skips to the last checkpoint it
+    holds in full, and what it adds past that is what the longer load had (same blocks): nothing doubled; the
+    cut line is recorded only up to the last newline, so the intact file reads it whole (from a review)."""
+    import gzip
+
+    all_lines = ELASTIC.read_bytes().splitlines(keepends=True)[:1000]
+    data = b"".join(all_lines)
+    settings.ingest.batch_lines = 200
+    log = tmp_path / "access.log"
+    log.write_bytes(b"".join(all_lines[:500]))
+    ingest_paths(store, settings, [str(log)], fmt="combined")
+    log.write_bytes(data)  # grown to 1000 lines
+    ingest_paths(store, settings, [str(log)], fmt="combined")
+    assert table_count(store, "requests") + table_count(store, "quarantine") == 1000
+    packed = gzip.compress(data)
+    cut = tmp_path / "access.log.1.gz"
+    cut.write_bytes(packed[: len(packed) * 8 // 10])
+    [k] = ingest_paths(store, settings, [str(cut)], fmt="combined")
+    assert k.error is not None and k.skipped >= 600  # the checkpoints at 200, 400, 500 (first load) and 700
+    # what it read past its last checkpoint is a shorter block than the one stored from there: stored again
+    # (bounded by one insert block, batch_lines -- the documented limit)
+    again = table_count(store, "requests") + table_count(store, "quarantine") - 1000
+    assert 0 <= again == k.read - k.already_stored <= 200
+    # the intact copy: everything was loaded before, nothing is read
+    whole = tmp_path / "access.log.2.gz"
+    whole.write_bytes(packed)
+    [w] = ingest_paths(store, settings, [str(whole)], fmt="combined")
+    assert (w.read, w.skipped) == (0, 1000)
+
+
+def test_a_last_line_without_newline_is_skipped_while_unchanged_and_read_again_once_completed(store, settings,
+                                                                                              tmp_path):
+    lines = ELASTIC.read_bytes().splitlines(keepends=True)
+    log = tmp_path / "access.log"
+    log.write_bytes(b"".join(lines[:10]) + lines[10][:-1])  # the 11th line complete but for its newline
+    [a] = ingest_paths(store, settings, [str(log)], fmt="combined")
+    [b] = ingest_paths(store, settings, [str(log)], fmt="combined")
+    assert (a.read, b.read, b.skipped) == (11, 0, 11)  # unchanged: nothing read again
+    log.write_bytes(b"".join(lines[:10]) + lines[10][:40])  # a line being written when it was read
+    store.command("TRUNCATE TABLE requests")
+    store.command("TRUNCATE TABLE quarantine")
+    store.command("TRUNCATE TABLE ingest_files")
+    [c] = ingest_paths(store, settings, [str(log)], fmt="combined")
+    log.write_bytes(b"".join(lines[:20]))  # completed, and more written
+    [d] = ingest_paths(store, settings, [str(log)], fmt="combined")
+    assert (c.read, d.skipped, d.read) == (11, 10, 10)  # the completed line is read whole, not its rest alone
+    assert table_count(store, "requests") == 20  # every complete line once; the early half stays quarantined
+    assert store.query_rows("SELECT reason, count() FROM quarantine GROUP BY reason") == [("truncated", 1)]
+
+
 def test_a_rewritten_file_is_read_whole_and_another_format_is_loaded_again_with_a_warning(store, settings,
                                                                                           tmp_path):
     log = tmp_path / "access.log"
@@ -326,11 +397,12 @@ def test_a_failed_background_insert_stops_ingestion_with_its_error_and_nothing_a
     loaded_first_chunk = table_count(store, "requests")
     assert 0 < loaded_first_chunk < 1000  # only the first chunk's rows (600 parse, 400 quarantined per 1,000)
     assert failing.requests_inserts == 2  # chunks 3..5 never reached the store
-    # re-running completes the file; the first chunk is deduplicated, nothing is doubled
+    # re-running completes the file from where the stored blocks end (the ledger's checkpoint after each block),
+    # nothing is doubled
     [c] = ingest_paths(store, settings, [str(big)], fmt="combined", workers=1)
-    assert (c.read, c.loaded + c.quarantined) == (5000, 5000)
-    assert table_count(store, "requests") == c.loaded
-    assert c.already_stored == 1000  # the first chunk's 600 rows and 400 quarantined lines
+    assert (c.skipped, c.read, c.loaded + c.quarantined) == (1000, 4000, 4000)
+    assert table_count(store, "requests") + table_count(store, "quarantine") == 5000
+    assert table_count(store, "requests") == 3000
 
 
 class _MigrationFails:

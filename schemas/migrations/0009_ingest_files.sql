@@ -3,13 +3,14 @@
 -- The insert blocks' deduplication tokens already make a re-run of the very same input store nothing twice, but a
 -- file that has grown since (more lines appended), been renamed by logrotate (access.log -> access.log.1), compressed
 -- (access.log.1.gz) or named another way (./access.log, an absolute path) gives other blocks, and its lines would
--- be stored again.  After a file is loaded, one row here records the bytes it had: how many, their SHA-256 and
--- lines, under the hash of its first line (`head_sha256`, the lookup key).  The next ingest of a file with the
--- same first line, site, origin host and format whose first `prefix_bytes` bytes have that hash skips them and
--- reads only what follows (pipeline/ingest.py).  Content decides, not the name; a file rewritten or truncated
--- (copytruncate) no longer matches and is read whole, its blocks deduplicated as before.  A load with rows
--- dropped by the retention TTL is not recorded (`db migrate --apply-retention` and the same file load them later).
--- Rows are tiny, one per load that added lines; no TTL.
+-- be stored again.  After each insert block of a file is stored, one row here records the input up to the block's
+-- end: how many bytes, their SHA-256 and lines, under the hash of the file's first line (`head_sha256`, the lookup
+-- key).  The next ingest of a file with the same first line, site, origin host and format whose first
+-- `prefix_bytes` bytes have that hash skips the longest such prefix and reads only what follows
+-- (pipeline/ingest.py, its module docstring says what is not covered).  Content decides, not the name; a file
+-- rewritten or truncated (copytruncate) no longer matches and is read whole, its blocks deduplicated as before.
+-- Checkpoints stop at the first block left out for retention (all its rows past both TTLs), so that
+-- `db migrate --apply-retention` and the same file load it later.  Rows are tiny, one per insert block; no TTL.
 CREATE TABLE IF NOT EXISTS ingest_files
 (
     site          LowCardinality(String),
