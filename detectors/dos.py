@@ -2053,16 +2053,20 @@ __all__ = ["Action", "Batch", "Candidate", "CrawlerVerifier", "Decision", "Decis
 # --------------------------------------------------------------------------------------------- replay / CLI
 
 
-def parse_file(path: str, fmt: str = "auto") -> Iterator[ParsedLine]:
+def parse_file(path: str, fmt: str = "auto", tz: str = "UTC") -> Iterator[ParsedLine]:
     """Parsed records of a log file (``-`` = stdin) with the pipeline's parsers; drops are skipped and counted
-    in ``parse_file.drops`` of the last call.  Trailing whitespace is stripped before parsing."""
+    in ``parse_file.drops`` of the last call.  Trailing whitespace and a leading byte order mark are stripped
+    before parsing; times written without an offset are in ``tz`` (the site's zone, as ingest reads them)."""
     import sys
     from pathlib import Path
 
     from forumpulse.pipeline.formats import get_parser  # lazy: the CLI imports this module at start
     from forumpulse.pipeline.ingest import _open_maybe_compressed
+    from forumpulse.pipeline.process import local_clock
 
-    parse = get_parser(fmt).parse
+    parser = get_parser(fmt)
+    parse = parser.parse
+    local = local_clock(tz) if getattr(parser, "naive_time", False) else None
     raw = None if path == "-" else _open_maybe_compressed(Path(path))  # .gz too, as ingest reads it
 
     def lines() -> Iterator[str]:
@@ -2080,9 +2084,9 @@ def parse_file(path: str, fmt: str = "auto") -> Iterator[ParsedLine]:
     drops = 0
     try:
         for line in lines():
-            r = parse(line.rstrip())
+            r = parse(line.rstrip().removeprefix("\ufeff"))
             if isinstance(r, ParsedLine):
-                yield r
+                yield r if local is None else r._replace(ts=local(r.ts))
             else:
                 drops += 1
     finally:
@@ -2191,7 +2195,10 @@ def dos_command(
     if not det.manager.cfg.enabled:  # an explicit offline replay (tuning) still runs; it applies no action anyway
         typer.echo(f"note: detectors.dos.enabled is false in {config}: the live service (run --dos) judges "
                    "nothing; this replay shows what it would decide if enabled", err=True)
-    for _ in detect_records(parse_file(input, format), det):
+    from forumpulse.pipeline.config import load_settings
+
+    tz = load_settings(config).sites[0].timezone  # ingest's default site: its zone for times without an offset
+    for _ in detect_records(parse_file(input, format, tz), det):
         pass
     sink.flush()
     lines, unparsed, ignored = det.stats["lines"], _drops.get(input, 0), det.stats["ignored"]

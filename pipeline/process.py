@@ -88,6 +88,34 @@ def decode_line(raw: bytes | str) -> str:
     return s
 
 
+def local_clock(tz: str) -> Callable[[int], int] | None:
+    """For a format whose times carry no zone: wall-clock ms (read as if UTC) -> UTC ms in time zone ``tz``,
+    the offset looked up once per local hour (per timestamp in an hour whose offset changes inside it);
+    ``None`` for UTC.  A wall time that occurs twice (the hour the clocks go back) is taken as the first, one that
+    does not occur (the clocks go forward) with the offset before the change."""
+    if tz == "UTC":
+        return None
+    from datetime import UTC, datetime
+    from zoneinfo import ZoneInfo
+
+    zone = ZoneInfo(tz)
+    offsets: dict[int, int | None] = {}  # local hour -> its offset; None: the offset changes inside the hour
+
+    def offset_at(ms: int) -> int:
+        delta = datetime.fromtimestamp(ms // 1000, UTC).replace(tzinfo=zone).utcoffset()
+        return int(delta.total_seconds() * 1000) if delta is not None else 0
+
+    def to_utc(ms: int) -> int:
+        h = ms // 3_600_000
+        if h not in offsets:
+            a, b = offset_at(h * 3_600_000), offset_at(h * 3_600_000 + 3_599_000)
+            offsets[h] = a if a == b else None  # e.g. Lord Howe's half-hour change at 02:00
+        off = offsets[h]
+        return ms - (off if off is not None else offset_at(ms))
+
+    return to_utc
+
+
 class Processor:
     """Holds parsers and enrichment caches for one process.  Not thread-safe: one per thread."""
 
@@ -150,29 +178,8 @@ class Processor:
                              len(lines), ctx, line_no_base, source_ref)
 
     def _local_clock(self, site: str) -> Callable[[int], int] | None:
-        """For a format whose times carry no zone: wall-clock ms (read as if UTC) -> UTC ms in the site's time
-        zone (``sites[].timezone``), the offset looked up once per local hour; ``None`` for a UTC site.  A wall
-        time that occurs twice (the hour the clocks go back) is taken as the first, one that does not occur (the
-        hour they go forward) with the offset before the change."""
-        tz = self.settings.site(site).timezone
-        if tz == "UTC":
-            return None
-        from datetime import UTC, datetime
-        from zoneinfo import ZoneInfo
-
-        zone = ZoneInfo(tz)
-        offsets: dict[int, int] = {}
-
-        def to_utc(ms: int) -> int:
-            h = ms // 3_600_000
-            off = offsets.get(h)
-            if off is None:
-                wall = datetime.fromtimestamp(h * 3600, UTC).replace(tzinfo=zone)
-                delta = wall.utcoffset()
-                off = offsets[h] = int(delta.total_seconds() * 1000) if delta is not None else 0
-            return ms - off
-
-        return to_utc
+        """:func:`local_clock` in the site's time zone (``sites[].timezone``)."""
+        return local_clock(self.settings.site(site).timezone)
 
     def reference_rows(
         self, ctx: SourceContext, items: Iterable[tuple[int, bytes | str]]

@@ -145,3 +145,42 @@ def test_a_byte_order_mark_before_the_first_line_is_not_part_of_it(tmp_path: Pat
     r = _run("parse", "-f", "combined", str(log), cwd=tmp_path)
     recs = [json.loads(x) for x in r.stdout.splitlines()]
     assert [d.get("error") for d in recs] == [None, None] and recs[0]["client_ip"] == "203.0.113.5"
+
+
+def test_a_zone_whose_clocks_change_inside_an_hour_is_converted_minute_by_minute() -> None:
+    """Lord Howe Island moves its clocks by 30 minutes at 02:00: an offset looked up once per hour put 02:45 (after
+    the change) half an hour before 02:15 would have been (from a review)."""
+    from datetime import UTC, datetime
+
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.process import Processor
+
+    s = load_settings()
+    s.sites = [SiteConfig(name="lh", timezone="Australia/Lord_Howe")]
+    to_utc = Processor(s)._local_clock("lh")
+    assert to_utc is not None
+
+    def utc(wall: str) -> str:
+        ms = int(datetime.fromisoformat(wall).replace(tzinfo=UTC).timestamp() * 1000)
+        return datetime.fromtimestamp(to_utc(ms) / 1000, UTC).strftime("%H:%M")
+
+    assert [utc(f"2024-10-06 {t}") for t in ("01:45", "02:45", "03:10")] == ["15:15", "15:45", "16:10"]
+
+
+def test_nginx_conf_escapes_are_undone_as_nginx_does() -> None:
+    from forumpulse.pipeline.formats.compiler import nginx_config_string
+
+    assert nginx_config_string(r"""'$remote_addr ' '\"$request\" $status\t';""") == '$remote_addr "$request" $status\t'
+
+
+def test_the_dos_replay_reads_times_and_marks_as_ingest_does(tmp_path: Path) -> None:
+    """``detect dos`` parses on its own path: times without an offset in the site's zone, a byte order mark
+    dropped -- its decisions' stream times matched ingest's rows only for UTC sites (from a review)."""
+    from forumpulse.detectors.dos import _drops, parse_file
+
+    log = tmp_path / "naive.log"
+    log.write_bytes(b'\xef\xbb\xbf203.0.113.5 - - [2024-07-10 14:02:11] "GET /t/1 HTTP/1.1" 200 10\n'
+                    b'203.0.113.5 - - [2024-07-10 14:02:12] "GET /t/1 HTTP/1.1" 200 10\n')
+    fmt = 'apache:%h %l %u [%{%Y-%m-%d %H:%M:%S}t] "%r" %>s %b'
+    got = [r.ts for r in parse_file(str(log), fmt, "Europe/Berlin")]
+    assert got == [1720612931000, 1720612932000] and _drops[str(log)] == 0  # 12:02:11Z, 12:02:12Z

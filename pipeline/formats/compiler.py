@@ -192,7 +192,8 @@ def nginx_config_string(fmt: str) -> str:
     if len(f) >= 2 and f[0] == f[-1] == "'":
         parts = re.findall(r"'((?:[^'\\]|\\.)*)'", f)
         if parts and not re.sub(r"'(?:[^'\\]|\\.)*'", "", f).strip():
-            return "".join(p.replace("\\'", "'") for p in parts)
+            unescape = {"t": "\t", "n": "\n", "r": "\r"}  # as nginx's config parser does; \x -> x otherwise
+            return re.sub(r"\\(.)", lambda m: unescape.get(m.group(1), m.group(1)), "".join(parts))
     return fmt
 
 
