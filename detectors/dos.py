@@ -455,42 +455,6 @@ class _DistinctWindow:
         return pd.DataFrame({"key": new_q // _BIG, "sec": new_q % _BIG, "distinct": dist})
 
 
-class _PaceWindow:
-    """Non-static requests per (address, user agent, second) of the last ``w`` seconds of earlier batches: what a
-    user agent sent just before a batch, so its pace is judged the same whatever the batch size."""
-
-    def __init__(self, w: int) -> None:
-        self.w = w
-        self.tail = pd.DataFrame({"ip": pd.Series(dtype=object), "ua": pd.Series(dtype=object),
-                                  "sec": pd.Series(dtype=np.int64), "n": pd.Series(dtype=np.int64)})
-
-    def update(self, ip: tuple[np.ndarray, np.ndarray], ua: tuple[np.ndarray, np.ndarray], rows: np.ndarray,
-               secs: np.ndarray, watermark_sec: int) -> None:
-        """Carry the lines ``rows`` (bool mask) of a batch whose second is within ``w`` of the watermark."""
-        lo = watermark_sec - self.w
-        keep_t = self.tail["sec"].to_numpy(dtype=np.int64) > lo
-        sel = np.flatnonzero(rows & (secs > lo))
-        parts = [self.tail[keep_t]] if keep_t.any() else []
-        if len(sel):
-            (ipc, ipu), (uac, uau) = ip, ua
-            nua = np.int64(max(len(uau), 1))
-            code = (ipc[sel] * nua + uac[sel]) * np.int64(self.w + 1) + (secs[sel] - lo)
-            uniq, n = np.unique(code, return_counts=True)
-            pair, off = uniq // (self.w + 1), uniq % (self.w + 1)
-            parts.append(pd.DataFrame({"ip": ipu[pair // nua], "ua": uau[pair % nua],
-                                       "sec": (off + lo).astype(np.int64), "n": n.astype(np.int64)}))
-        self.tail = pd.concat(parts, ignore_index=True) if len(parts) > 1 else (
-            parts[0].reset_index(drop=True) if parts else self.tail.iloc[:0])
-
-    def of(self, ip: str, lo_sec: int, hi_sec: int) -> pd.DataFrame:
-        """(ua, sec, n) rows of ``ip`` with lo_sec < sec <= hi_sec."""
-        t = self.tail
-        if not len(t):
-            return t
-        s = t["sec"].to_numpy(dtype=np.int64)
-        return t[(t["ip"].to_numpy(dtype=object) == ip) & (s > lo_sec) & (s <= hi_sec)]
-
-
 class _Baseline:
     """Learned per-address rate (EWMA of completed minutes) and number of users (distinct busy UAs)."""
 
@@ -532,31 +496,24 @@ class _Baseline:
         self.pending = g[g["minute"] >= wm]
         c = self.cfg
         floor = c.min_requests_per_user * c.users_per_unit
-        cap = c.max_user_requests_per_min
         if len(done):
             # only addresses busy enough to ever raise a threshold are learned (keeps this O(busy addresses))
             per = done.groupby(["ip", "minute"], sort=False)["n"].sum()
             per = per[per >= floor]
             if len(per):
-                done = done.assign(
-                    capped=np.where(done["ua"].to_numpy(dtype=object) == "", done["n"], done["n"].clip(upper=cap)),
-                    user=(done["n"] >= c.min_requests_per_user) & (done["n"] <= cap))
-                sums = done.groupby(["ip", "minute"], sort=False)[["capped", "user"]].sum().reindex(per.index)
+                busy = done[done["n"] >= c.min_requests_per_user].groupby(["ip", "minute"]).size()
+                users = busy.reindex(per.index, fill_value=0)
                 self._learn(per.index.get_level_values(0).tolist(), per.index.get_level_values(1).tolist(),
-                            sums["capped"].tolist(), sums["user"].tolist())
+                            per.tolist(), users.tolist())
         fast = np.flatnonzero(~slow)
         if len(fast):
             pk, pfirst = pd.factorize(g_ip[fast] * span + (mins[fast] - m0), sort=False)
-            nf = n[fast]
-            total = np.bincount(pk, weights=nf, minlength=len(pfirst))
-            # a user agent faster than a reader adds at most a reader's minute (one without any, in full)
-            no_ua = (uau == "")[g_ua[fast]] if len(uau) else np.zeros(len(fast), dtype=bool)
-            learned = np.bincount(pk, weights=np.where(no_ua, nf, np.minimum(nf, cap)), minlength=len(pfirst))
-            nusers = np.bincount(pk, weights=(nf >= c.min_requests_per_user) & (nf <= cap), minlength=len(pfirst))
+            total = np.bincount(pk, weights=n[fast], minlength=len(pfirst))
+            nusers = np.bincount(pk, weights=(n[fast] >= c.min_requests_per_user), minlength=len(pfirst))
             sel = np.flatnonzero(total >= floor)
             if len(sel):
                 self._learn(ipu[pfirst[sel] // span].tolist(), (pfirst[sel] % span + m0).tolist(),
-                            learned[sel].astype(np.int64).tolist(), nusers[sel].astype(np.int64).tolist())
+                            total[sel].astype(np.int64).tolist(), nusers[sel].astype(np.int64).tolist())
         if watermark_sec - self._last_prune > 600:
             self._last_prune = watermark_sec
             old = [k for k, v in self.seen.items() if v < watermark_sec - self.cfg.forget_after_s]
@@ -1336,9 +1293,6 @@ class DosDetector:
         #: the baselines (address, prefix) have learned every minute before this second (None: nothing yet)
         self.learned_to_sec: int | None = None
         self.baseline = _Baseline(self.rules)
-        #: user agents' recent non-static requests per address, for the pace test of the provisional users
-        self._pace = _PaceWindow(10)
-        self.has_ip_scale = any(r.key == "ip" and r.scale == "baseline" for r in self.rules.rules)
         self._prefixes = _PrefixCache()
         self.watermark_ms = 0
         self.stats: dict[str, int] = {"lines": 0, "ignored": 0, **{r.name: 0 for r in self.rules.rules}}
@@ -1484,8 +1438,6 @@ class DosDetector:
         # learn after judging: a batch is judged on what earlier batches taught, never on its own future
         nonstatic = self._mask_static(batch, cache)
         self.baseline.update(cache["ip"], batch.codes("user_agent"), nonstatic, secs, wm_sec)
-        if self.has_ip_scale:
-            self._pace.update(cache["ip"], batch.codes("user_agent"), nonstatic, secs, wm_sec)
         if self.has_swarm_rules:
             pc, pu = self._codes(batch, "path", cache)
             self.path_rates.update(pc[nonstatic], pu, secs[nonstatic], wm_sec)
@@ -1777,42 +1729,16 @@ class DosDetector:
 
     def _provisional_scale(self, b: Batch, cache: dict[str, Any], ip_code: int, sec: int) -> float:
         """Users behind an address seen in this batch (the learned baseline only knows earlier batches):
-        distinct user agents with >= min_requests_per_user requests in the 60 s up to ``sec`` whose non-static
-        requests keep a reader's pace (at most ``user_burst`` + ``max_user_requests_per_min`` / 60 per second
-        since the agent's first request in that span); capped at ``provisional_max_scale``.  A tool rotating
-        user agents sends each of them faster than a reader, so they lift nothing; one spreading its flood so
-        thinly that every agent keeps a reader's pace lifts at most the cap."""
+        distinct user agents with >= min_requests_per_user requests in the 60 s up to ``sec``; capped at
+        ``provisional_max_scale`` so a UA-rotating tool cannot raise its own threshold far."""
         c = self.rules.baseline
-        ipc, ipu = cache["ip"]
-        rows = np.flatnonzero(ipc == ip_code)
+        rows = np.flatnonzero(cache["ip"][0] == ip_code)
         t = b.ts[rows] // 1000
-        keep = (t <= sec) & (t > sec - 60)
-        rows, t = rows[keep], t[keep]
+        rows = rows[(t <= sec) & (t > sec - 60)]
         if len(rows) == 0:
             return 1.0
-        uac, uau = b.codes("user_agent")
-        ua = uac[rows]
-        counts = np.bincount(ua, minlength=len(uau))
-        cand = np.flatnonzero(counts >= c.min_requests_per_user)
-        if len(cand) < c.users_per_unit:  # too few to raise anything: no pace test needed
-            return 1.0
-        # the pace test: each user agent's non-static requests over the pace window up to sec, earlier batches
-        # included (a user agent sending more than a reader's burst plus a reader's pace since its first
-        # request there is no reader)
-        w = self._pace.w
-        ns = self._mask_static(b, cache)[rows] & (t > sec - w)
-        n_ua = np.bincount(ua[ns], minlength=len(uau)).astype(np.int64)
-        first = np.full(len(uau), sec + 1, dtype=np.int64)
-        np.minimum.at(first, ua[ns], t[ns])
-        past = self._pace.of(str(ipu[ip_code]), sec - w, sec)
-        if len(past):
-            pos = _index(uau).get_indexer(pd.Index(past["ua"].to_numpy(dtype=object)))
-            ok = pos >= 0
-            np.add.at(n_ua, pos[ok], past["n"].to_numpy(dtype=np.int64)[ok])
-            np.minimum.at(first, pos[ok], past["sec"].to_numpy(dtype=np.int64)[ok])
-        span = np.maximum(sec - first + 1, 1)
-        reader = n_ua[cand] <= c.user_burst + c.max_user_requests_per_min / 60.0 * span[cand]
-        users = int(reader.sum())
+        counts = np.bincount(b.codes("user_agent")[0][rows])
+        users = int((counts >= c.min_requests_per_user).sum())
         return float(min(c.provisional_max_scale, max(1.0, users / c.users_per_unit)))
 
     def _candidate(self, r: Rule, b: Batch, idx: np.ndarray, kc: np.ndarray, key_code: int, value: str,

@@ -116,13 +116,6 @@ class Baseline(_Strict):
     max_scale: float = Field(10.0, ge=1)
     provisional_max_scale: float = Field(3.0, ge=1, description="cap for users seen only in the current batch")
     forget_after_s: int = Field(3600, ge=60)
-    max_user_requests_per_min: int = Field(30, ge=1, description="a user agent sending more non-static requests "
-                                           "than a reader (this many a minute, after user_burst) is no user: it "
-                                           "does not raise the address's threshold, and adds at most this many a "
-                                           "minute to its learned rate (requests without a user agent count in "
-                                           "full)")
-    user_burst: int = Field(3, ge=1, description="non-static requests a reader may send at once (a page and its "
-                                 "XHRs) on top of max_user_requests_per_min")
 
 
 class PrefixBaseline(_Strict):
