@@ -423,6 +423,7 @@ class LiveDos:
         v = normalize_value(value)
         with self.lock:
             u = self.manager.unban(v, reason=reason)
+            self._untaint(v)
             held = u is not None
             if u is None:
                 import uuid
@@ -437,6 +438,12 @@ class LiveDos:
                 self.manager.dispatch(u)
             self.manager.flush()
         return {"unbanned": v, "held": held, "decision": u.to_json()}
+
+    def _untaint(self, value: str) -> None:
+        """A lifted ban lets its address (or range) teach its baseline again at once: the ban had stopped the
+        learning until its original expiry, so a NAT banned by mistake kept its old rate (from a review)."""
+        self.detector.baseline.tainted.pop(value, None)
+        self.detector.prefix_rates.tainted.pop(value, None)
 
     def sync_store_unbans(self) -> int:
         """Lift the bans this process holds that an ``unban`` row written since the last call (or since start)
@@ -458,9 +465,11 @@ class LiveDos:
                 held = self.manager.active.get(str(value))
                 if held is not None and held.created_at < int(at):
                     self.manager.unban(str(value), reason=str(reason) or "manual")
+                    self._untaint(str(value))
                     lifted += 1
                 elif held is None:  # an expired ban's value: its next ban is a first offence again too
                     self.manager.forget(str(value))
+                    self._untaint(str(value))
             self.manager.flush()
         # the next call reads from 2 minutes before this one (rows written late, or by a clock behind, are still
         # seen; one read twice finds its ban already lifted), never from before the start

@@ -220,3 +220,24 @@ def test_an_unban_written_on_the_store_resets_the_escalation_in_the_owner() -> N
     assert live.sync_store_unbans() == 0  # nothing held to lift
     again = mgr.submit(cand("198.51.100.7", T0 + 800_000))
     assert again is not None and (again.duration_s, again.evidence["offence"]) == (600, 1)
+
+
+def test_an_unban_lets_the_address_teach_its_baseline_again() -> None:
+    """A ban stops its address (or range) teaching its learned rate until the ban's expiry; a manual unban -- the
+    ban was wrong -- lifts that at once, through the owner and through an unban written on the store (from a
+    review: a NAT banned by mistake kept not learning its rate and fell into repeated bans)."""
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.live_detect import LiveDos
+
+    live = LiveDos(load_settings(None), store=None, actions=[], publish=False, restore=False,
+                   clock=lambda: T0 / 1000 + 10)
+    live.detector.baseline.tainted["198.51.100.7"] = T0 // 1000 + 600
+    live.detector.prefix_rates.tainted["198.51.100.0/24"] = T0 // 1000 + 600
+    live.unban("198.51.100.7")
+    live.unban("198.51.100.0/24")
+    assert "198.51.100.7" not in live.detector.baseline.tainted
+    assert "198.51.100.0/24" not in live.detector.prefix_rates.tainted
+    live.detector.baseline.tainted["192.0.2.9"] = T0 // 1000 + 600
+    live._query = lambda sql, what: [("192.0.2.9", T0 + 20_000, "manual")]  # type: ignore[method-assign]
+    live.sync_store_unbans()
+    assert "192.0.2.9" not in live.detector.baseline.tainted
