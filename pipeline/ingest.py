@@ -82,7 +82,7 @@ class FileCounts:
     skipped_from: str = ""
     #: the same first bytes were loaded before under another format (these lines are now stored twice)
     other_format: str = ""
-    #: insert blocks left out because every row was past retention (the load is then not recorded in the ledger)
+    #: insert blocks left out because every row was past retention (the ledger's checkpoints of the file end before the first)
     blocks_past_retention: int = 0
 
     @property
