@@ -77,6 +77,7 @@ from forumpulse.detectors.series import (
     SeasonalParams,
 )
 from forumpulse.pipeline.contracts import Beat, file_grew
+from forumpulse.pipeline.store import sql_string
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 log = logging.getLogger(__name__)
@@ -195,8 +196,7 @@ def _sql_ts(t: datetime) -> str:
     return f"toDateTime('{_utc(t):%Y-%m-%d %H:%M:%S}', 'UTC')"
 
 
-def _q(s: str) -> str:
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+_q = sql_string
 
 
 DETECTION_SCHEMA = pa.schema([

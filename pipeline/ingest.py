@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import pyarrow.compute as pc
 from forumpulse.pipeline.config import Settings, SourceConfig
 from forumpulse.pipeline.process import ProcessedBatch, Processor, SourceContext
-from forumpulse.pipeline.store import Store, migrate, migrate_in_background
+from forumpulse.pipeline.store import Store, migrate, migrate_in_background, sql_string
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -397,20 +397,18 @@ def ingest_stream(
     end_bytes, end_lines = first_byte, first_line  # the input's totals at the end of the last chunk taken
     # the same at the last newline when the last chunk ended without one (the input's last, unterminated line)
     open_tail: tuple[int, int, Any] | None = None
-    marks = checkpoint is not None  # False from the first block left out for retention on
     block_digest = hashlib.sha256()  # the block's dedup token: its chunks' digests
     block_rows = block_gone = 0  # request rows of the block, and how many are past every TTL (raw and rollups)
 
     def submit(last: bool = False) -> None:
-        nonlocal pending, block_digest, block_rows, block_gone, marks
+        nonlocal pending, block_digest, block_rows, block_gone
         if not pending:
             return
         gone = 0 < block_rows == block_gone
         if gone:
             counts.blocks_past_retention += 1
-            marks = False
         mark: tuple[tuple[int, int, str], ...] = ()
-        if marks:
+        if checkpoint is not None and not counts.blocks_past_retention:  # none from the first block left out on
             mark = ((end_bytes, end_lines, running.hexdigest()),)
             if last and open_tail is not None:
                 # the last line has no newline: a checkpoint at the newline before it too (used once the line is
@@ -613,7 +611,8 @@ def _ledger_lookup(store: Store, p: Path, ctx: SourceContext) -> tuple[str, list
     rows = store.query_rows(
         "SELECT format, prefix_bytes, prefix_lines, prefix_sha256, origin_file, "
         "formatDateTime(ingested_at, '%Y-%m-%d %H:%i UTC') FROM ingest_files "
-        f"WHERE site = {_sql(ctx.site)} AND origin_host = {_sql(ctx.origin_host)} AND head_sha256 = {_sql(head)} "
+        f"WHERE site = {sql_string(ctx.site)} AND origin_host = {sql_string(ctx.origin_host)} "
+        f"AND head_sha256 = {sql_string(head)} "
         "ORDER BY prefix_bytes, ingested_at")
     return head, [_Prior(str(f), int(b), int(n), str(h), str(o), str(t)) for f, b, n, h, o, t in rows]
 
@@ -681,9 +680,6 @@ def _ledger_record(store: Store, ctx: SourceContext, head: str, nbytes: int, lin
         "prefix_sha256": [sha], "origin_file": [ctx.origin_file],
         "ingested_at": pa.array([int(time.time() * 1000)], pa.timestamp("ms", tz="UTC"))}))
 
-
-def _sql(s: str) -> str:
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class GzipTolerant:

@@ -59,6 +59,11 @@ _INSERT_SETTINGS = {
 _REQUESTS_INSERT_SETTINGS = {**_INSERT_SETTINGS, "optimize_on_insert": 0, "max_partitions_per_insert_block": 0}
 
 
+
+def sql_string(s: str) -> str:
+    """``s`` as a ClickHouse string literal (backslash and quote escaped), for the few statements built by hand."""
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
 class StoreError(RuntimeError):
     """The store refused or failed an operation."""
 
