@@ -43,6 +43,7 @@ from forumpulse.detectors.dos_rules import DosConfig, Rule, RuleFilter, RuleSet,
 from forumpulse.pipeline.record import ParsedLine
 
 if TYPE_CHECKING:
+    from forumpulse.pipeline.config import Settings
     from forumpulse.pipeline.enrich import CrawlerNetworks
 
 log = logging.getLogger(__name__)
@@ -793,6 +794,11 @@ def canonical_network(value: str) -> _Net:
     return net
 
 
+def site_proxies(settings: Settings) -> list[str]:
+    """Every site's trusted proxies (``sites[].trusted_proxies``): the DoS detector never bans them."""
+    return sorted({n for site in settings.sites for n in site.trusted_proxies})
+
+
 def net_value(net: _Net) -> str:
     """A network as a decision value: the bare address for a /32 or /128, else the CIDR."""
     return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
@@ -905,10 +911,12 @@ class DecisionManager:
     def __init__(self, config: DosConfig | None = None, sinks: Sequence[DecisionSink] = (),
                  actions: Sequence[Action] = (), verifier: CrawlerVerifier | None = None,
                  wall_clock: Callable[[], float] = time.time, networks_file: str | None = None,
-                 keep_decisions: int = 100_000) -> None:
+                 keep_decisions: int = 100_000, trusted_proxies: Sequence[str] = ()) -> None:
         """``networks_file``: the crawler networks (``Settings.bots.networks_file``) for the default verifier; the
         built-in ``pipeline/rules/crawler_networks.yaml`` when ``None``.  ``keep_decisions``: how many of the
-        newest decisions ``decisions`` keeps in memory (the sinks get every one)."""
+        newest decisions ``decisions`` keeps in memory (the sinks get every one).  ``trusted_proxies``: the
+        sites' own proxies (``sites[].trusted_proxies``, :func:`site_proxies`), never banned -- a ban would cut
+        every visitor behind them off; counted as ``suppressed["trusted_proxy"]``."""
         self.cfg = config or DosConfig()
         self.sinks = list(sinks)
         self.actions = list(actions)
@@ -926,6 +934,8 @@ class DecisionManager:
         self.verifier = verifier
         self.wall = wall_clock
         self.allow = [ipaddress.ip_network(n) for n in self.cfg.allowlist]
+        self.proxies = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
+        self._proxy_warned: set[str] = set()
         self.active: dict[str, Decision] = {}
         self.offences: dict[str, deque[int]] = {}
         self.minute_bans: dict[int, int] = {}
@@ -940,7 +950,8 @@ class DecisionManager:
         self._breaker_warned: set[tuple[str, int]] = set()  # (breaker group, stream minute) already logged
         self._prune_offences_at = 1024
         self._prune_breaker_at = 10_000
-        self.suppressed: dict[str, int] = {"allowlist": 0, "crawler": 0, "active": 0, "invalid": 0,
+        self.suppressed: dict[str, int] = {"allowlist": 0, "trusted_proxy": 0, "crawler": 0, "active": 0,
+                                           "invalid": 0,
                                            "breaker_repeat": 0, **{r: 0 for r, _ in NEVER_BAN}}
         self.action_errors = 0
         #: stream time (ms) of the candidate being judged: ``stream_clock`` reads it
@@ -952,12 +963,19 @@ class DecisionManager:
         return self.stream_ms / 1000
 
     def is_allowlisted(self, value: str) -> bool:
+        """Whether ``value`` (an address or range) overlaps the allowlist or a trusted proxy."""
+        return self.overlaps(value, self.allow) or self.overlaps(value, self.proxies)
+
+    @staticmethod
+    def overlaps(value: str, nets: Sequence[_Net]) -> bool:
+        """Whether the address or range ``value`` overlaps one of ``nets`` (either inside the other); a value that
+        is not an address counts as overlapping, so it is never acted on."""
         try:
             net = canonical_network(value)
         except ValueError:
             return True  # not an address: never act on it
         return any(net.version == a.version and (net.subnet_of(a) or a.subnet_of(net))  # type: ignore[arg-type]
-                   for a in self.allow)
+                   for a in nets)
 
     def submit(self, c: Candidate) -> Decision | None:
         self.stream_ms = c.decided_at
@@ -976,7 +994,14 @@ class DecisionManager:
             self.suppressed[never] += 1
             log.warning("dos: refusing to ban %s (%s, never banned); rule %s", value, never, c.rule)
             return None
-        if self.is_allowlisted(value):
+        if self.overlaps(value, self.proxies):
+            self.suppressed["trusted_proxy"] += 1
+            if value not in self._proxy_warned:  # once per value: a live detector resubmits it every batch
+                self._proxy_warned.add(value)
+                log.warning("dos: refusing to ban %s: a trusted proxy (sites[].trusted_proxies) or a range "
+                            "holding one; rule %s (said once per address)", value, c.rule)
+            return None
+        if self.overlaps(value, self.allow):
             self.suppressed["allowlist"] += 1
             return None
         if c.scope == "ip" and self.verifier.verified(value, c.user_agents):
@@ -1979,18 +2004,20 @@ __all__ = ["Action", "Batch", "Candidate", "CrawlerVerifier", "Decision", "Decis
 # --------------------------------------------------------------------------------------------- replay / CLI
 
 
-def parse_file(path: str, fmt: str = "auto", tz: str = "UTC") -> Iterator[ParsedLine]:
+def parse_file(path: str, fmt: str = "auto", tz: str = "UTC", trusted_proxies: Sequence[str] = ()) -> Iterator[ParsedLine]:
     """Parsed records of a log file (``-`` = stdin) with the pipeline's parsers; drops are skipped and counted
     in ``parse_file.drops`` of the last call.  Trailing whitespace and a leading byte order mark are stripped
-    before parsing; times written without an offset are in ``tz`` (the site's zone, as ingest reads them)."""
+    before parsing; times written without an offset are in ``tz`` (the site's zone, as ingest reads them); a
+    client behind one of ``trusted_proxies`` is read from ``X-Forwarded-For`` (the site's, as ingest does)."""
     import sys
     from pathlib import Path
 
-    from forumpulse.pipeline.formats import get_parser  # lazy: the CLI imports this module at start
+    # lazy: the CLI imports this module at start
+    from forumpulse.pipeline.formats import TrustedProxies, get_parser
     from forumpulse.pipeline.ingest import _open_maybe_compressed
     from forumpulse.pipeline.process import local_clock
 
-    parser = get_parser(fmt)
+    parser = get_parser(fmt, trusted=TrustedProxies(list(trusted_proxies)))
     parse = parser.parse
     local = local_clock(tz) if getattr(parser, "naive_time", False) else None
     raw = None if path == "-" else _open_maybe_compressed(Path(path))  # .gz too, as ingest reads it
@@ -2057,12 +2084,14 @@ def build_detector(config_path: str | None = None, rules_file: str | None = None
     detect dos`` does, so a replay of old logs makes no ban that would be in force today."""
     cfg = DosConfig()
     networks_file = None
+    proxies: list[str] = []
     if config_path is not None:
         from forumpulse.pipeline.config import load_settings
 
         settings = load_settings(config_path)
         cfg = DosConfig.model_validate(settings.detectors.get("dos", {}))
         networks_file = settings.bots.networks_file
+        proxies = site_proxies(settings)
     if mode is not None:
         cfg = cfg.model_copy(update={"mode": mode})
     if crawler_verify is not None:
@@ -2072,7 +2101,7 @@ def build_detector(config_path: str | None = None, rules_file: str | None = None
     if isinstance(wall_clock, str) and wall_clock != "stream":
         raise ValueError(f"wall_clock: a clock or 'stream', not {wall_clock!r}")
     mgr = DecisionManager(cfg, sinks=sinks, actions=actions, verifier=verifier, networks_file=networks_file,
-                          wall_clock=time.time if wall_clock is None or isinstance(wall_clock, str) else wall_clock)
+                          trusted_proxies=proxies, wall_clock=time.time if wall_clock is None or isinstance(wall_clock, str) else wall_clock)
     if wall_clock == "stream":
         mgr.wall = mgr.stream_clock
     return DosDetector(rules, mgr)
@@ -2123,8 +2152,8 @@ def dos_command(
                    "nothing; this replay shows what it would decide if enabled", err=True)
     from forumpulse.pipeline.config import load_settings
 
-    tz = load_settings(config).sites[0].timezone  # ingest's default site: its zone for times without an offset
-    for _ in detect_records(parse_file(input, format, tz), det):
+    site = load_settings(config).sites[0]  # ingest's default site: its zone for times without an offset, its proxies
+    for _ in detect_records(parse_file(input, format, site.timezone, site.trusted_proxies), det):
         pass
     sink.flush()
     lines, unparsed, ignored = det.stats["lines"], _drops.get(input, 0), det.stats["ignored"]

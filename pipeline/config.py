@@ -91,6 +91,27 @@ class SiteConfig(_Strict):
                              "internal (left out of event reports' top referrers); lines are assigned to sites by "
                              "sources[].site and ingest --site, not by host")
 
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="addresses (CIDRs) of this site's own reverse proxies and load balancers (squid in front of "
+                    "Apache, a CDN's egress ranges): a line whose logged client is one of them takes its client from "
+                    "the X-Forwarded-For the format logs (%{X-Forwarded-For}i, $http_x_forwarded_for), walked from "
+                    "the right like mod_remoteip; and the DoS detector never bans them. Empty: the header is not "
+                    "believed (anyone can send one)")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        out = []
+        for c in v:
+            try:
+                out.append(str(ipaddress.ip_network(c.strip(), strict=False)))
+            except ValueError:
+                raise ValueError(f"not an address or CIDR: {c!r} (e.g. 10.0.0.5 or 10.0.0.0/24)") from None
+        return out
+
     @field_validator("engines")
     @classmethod
     def _engines(cls, v: list[str]) -> list[str]:

@@ -257,7 +257,14 @@ class LiveDos:
                  publish: bool | None = None, restore: bool = True, clock: Callable[[], float] = time.time) -> None:
         from forumpulse.detectors.actions import build_actions
         from forumpulse.detectors.decision_api import DecisionRegistry
-        from forumpulse.detectors.dos import DecisionManager, DosDetector, JsonLinesSink, KafkaSink, StoreSink
+        from forumpulse.detectors.dos import (
+            DecisionManager,
+            DosDetector,
+            JsonLinesSink,
+            KafkaSink,
+            StoreSink,
+            site_proxies,
+        )
         from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig, load_rules
 
         self.settings = settings
@@ -280,7 +287,8 @@ class LiveDos:
         if self.actions_cfg.jsonl_path:
             self.sinks.append(_GuardedSink(JsonLinesSink(self.actions_cfg.jsonl_path), "jsonl"))
         self.manager = DecisionManager(self.cfg, sinks=self.sinks, actions=acts, wall_clock=clock,
-                                       networks_file=settings.bots.networks_file)
+                                       networks_file=settings.bots.networks_file,
+                                       trusted_proxies=site_proxies(settings))
         self.detector = DosDetector(rules, self.manager)
         self.lock = threading.RLock()
         self.batches = 0
@@ -373,6 +381,12 @@ class LiveDos:
                     log.warning("not restoring the ban of %s (%s, never banned)", d.value, never)
                     continue
                 value = net_value(net)
+                if self.manager.overlaps(value, self.manager.proxies):  # banned before it was configured
+                    self.manager.suppressed["trusted_proxy"] += 1
+                    log.warning("not restoring the ban of %s: a trusted proxy (sites[].trusted_proxies); a firewall "
+                                "set may still hold it until it expires -- lift it now with `forumpulse detect unban "
+                                "%s`", value, value)
+                    continue
                 if value in self.manager.active:
                     continue
                 if value != d.value:
@@ -807,7 +821,7 @@ class DosCollector:
             made.add_metric([action, reason, scope, mode], n)
         yield made
         refused = CounterMetricFamily("forumpulse_dos_refused", "candidates not decided, by reason (allowlist, "
-                                      "verified crawler, already banned, loopback, ...)", labels=["reason"])
+                                      "trusted_proxy, verified crawler, already banned, loopback, ...)", labels=["reason"])
         for reason, n in sorted(dict(m.suppressed).items()):
             refused.add_metric([reason], n)
         yield refused

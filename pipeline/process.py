@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.enrich import REFERER_TOPIC, Enricher, status_page_kind
-from forumpulse.pipeline.formats import get_parser
+from forumpulse.pipeline.formats import PRESETS, TrustedProxies, compile_spec, get_parser
+from forumpulse.pipeline.formats._values import NO_PROXIES
 from forumpulse.pipeline.privacy import Privacy
 from forumpulse.pipeline.record import RECORD_FIELDS, Drop
 from forumpulse.pipeline.tables import QUARANTINE_SCHEMA, STREAM_SCHEMA
@@ -124,15 +125,40 @@ class Processor:
         self.enricher = Enricher(settings)
         self.privacy = Privacy(settings.privacy)
         self.max_line_bytes = settings.ingest.max_line_bytes
-        self._parsers: dict[str, object] = {}
+        self._parsers: dict[tuple[str, str], object] = {}
+        self._trusted: dict[str, TrustedProxies] = {}
         self._ip_changes = settings.privacy.client_ip != "keep"
         self._fast: FastPath | None = None
 
-    def parser(self, spec: str) -> object:
-        p = self._parsers.get(spec)
+    def trusted(self, site: str) -> TrustedProxies:
+        """The site's trusted proxies (``sites[].trusted_proxies``)."""
+        t = self._trusted.get(site)
+        if t is None:
+            t = self._trusted[site] = TrustedProxies(self.settings.site(site).trusted_proxies)
+        return t
+
+    def parser(self, spec: str, site: str | None = None) -> object:
+        """The parser of ``spec`` for ``site`` (its trusted proxies decide the client of a format that logs
+        ``X-Forwarded-For``); one per (spec, trusted proxies), so ``auto``'s preset state carries over."""
+        trusted = self.trusted(site) if site is not None else NO_PROXIES
+        p = self._parsers.get((spec, trusted.key))
         if p is None:
-            p = self._parsers[spec] = get_parser(spec, max_line_bytes=self.max_line_bytes)
+            p = self._parsers[(spec, trusted.key)] = get_parser(spec, max_line_bytes=self.max_line_bytes,
+                                                                trusted=trusted)
         return p
+
+    def forwarded_matters(self, ctx: SourceContext) -> bool:
+        """Whether the client of ``ctx``'s lines can come from ``X-Forwarded-For``: the site has trusted proxies
+        and the format logs the header (``auto`` may meet ``nginx_main``).  Such lines take the per-line path
+        (the fast path does not read the header)."""
+        if not self.trusted(ctx.site):
+            return False
+        if ctx.format == "auto":
+            return True
+        try:
+            return compile_spec(PRESETS.get(ctx.format, ctx.format)).forwarded
+        except ValueError:
+            return False
 
     def process(
         self, lines: Sequence[bytes | str], ctx: SourceContext, line_no_base: int = 0, source_ref: str = ""
@@ -144,7 +170,7 @@ class Processor:
             from forumpulse.pipeline.fastpath import FastPath
 
             self._fast = FastPath(self)
-        if lines and self._fast.supports(ctx.format):
+        if lines and self._fast.supports(ctx.format) and not self.forwarded_matters(ctx):
             batch = self._fast.run(lines, ctx, line_no_base, source_ref)  # type: ignore[arg-type]  # str lines: run() returns None
             if batch is not None:
                 return batch
@@ -163,7 +189,7 @@ class Processor:
             from forumpulse.pipeline.fastpath import FastPath
 
             self._fast = FastPath(self)
-        if len(lines) and self._fast.supports(ctx.format):
+        if len(lines) and self._fast.supports(ctx.format) and not self.forwarded_matters(ctx):
             batch = self._fast.run(lines, ctx, line_no_base, source_ref)
             if batch is not None:
                 return batch
@@ -187,7 +213,7 @@ class Processor:
         """Per-line processing of ``(index, raw)`` pairs: stream rows, real client addresses, quarantined
         ``(index, raw, drop, format)`` and the newest timestamp.  For ``auto`` the parser's preset state carries
         over from line to line (and from call to call), as it does in :meth:`process_reference`."""
-        parser = self.parser(ctx.format)
+        parser = self.parser(ctx.format, ctx.site)
         parse = parser.parse  # type: ignore[attr-defined]
         derive = self.enricher.derive
         topic_from_referer = self.enricher.topic_from_referer

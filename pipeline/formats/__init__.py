@@ -13,7 +13,7 @@ Public API::
 ``name``; for ``auto`` it is the preset that matched the last successfully parsed line (read it right after
 ``parse``).  :func:`parse_lines` yields ``ParsedLine | Drop`` for an iterable of lines.
 
-Guarantees: ``parse`` is a pure function of (line, spec) apart from bounded caches; it never raises for a
+Guarantees: ``parse`` is a pure function of (line, spec, trusted proxies) apart from bounded caches; it never raises for a
 ``str``; every :class:`Drop` reason is a key of :data:`~forumpulse.pipeline.record.DROP_REASONS`.  A trailing
 ``\\n``/``\\r\\n`` is removed.  Values are kept as logged (no unescaping of ``\\"`` or ``\\xHH``; privacy
 scrubbing is done later by :mod:`forumpulse.pipeline.privacy`).
@@ -33,6 +33,7 @@ from typing import Protocol
 from forumpulse.pipeline.record import Drop, ParsedLine
 
 from . import squid
+from ._values import NO_PROXIES, TrustedProxies
 from .compiler import CompiledFormat, compile_apache, compile_nginx
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "AutoParser",
     "FormatParser",
     "LineParser",
+    "TrustedProxies",
     "get_parser",
     "is_error_log_line",
     "parse_lines",
@@ -175,9 +177,10 @@ class AutoParser:
 
     name = "auto"
 
-    def __init__(self, max_line_bytes: int = 65536, order: Iterable[str] = AUTO_ORDER) -> None:
+    def __init__(self, max_line_bytes: int = 65536, order: Iterable[str] = AUTO_ORDER,
+                 trusted: TrustedProxies = NO_PROXIES) -> None:
         self.max_line_bytes = max_line_bytes
-        self._order = [(n, _compiled(n)) for n in order]
+        self._order = [(n, _compiled(n, trusted)) for n in order]
         self._use(0)
 
     def _use(self, i: int) -> None:
@@ -219,9 +222,11 @@ class AutoParser:
 _cache: dict[str, CompiledFormat] = {}
 
 
-def compile_spec(spec: str, require_time: bool = True) -> CompiledFormat:
-    """Compile ``apache:...``, ``nginx:...`` or ``squid:native|combined`` (cached per spec)."""
-    key = f"{require_time}:{spec}"
+def compile_spec(spec: str, require_time: bool = True, trusted: TrustedProxies = NO_PROXIES) -> CompiledFormat:
+    """Compile ``apache:...``, ``nginx:...`` or ``squid:native|combined`` (cached per spec and trusted proxies:
+    they decide the client of a format that logs ``X-Forwarded-For``, see
+    :func:`~forumpulse.pipeline.formats._values.forwarded_client`)."""
+    key = f"{require_time}:{trusted.key}:{spec}"
     c = _cache.get(key)
     if c is not None:
         return c
@@ -230,9 +235,9 @@ def compile_spec(spec: str, require_time: bool = True) -> CompiledFormat:
         raise ValueError(f"unknown format spec {spec!r}: use a preset ({', '.join(PRESETS)}), 'auto', "
                          "'apache:<LogFormat>' or 'nginx:<log_format>'")
     if kind == "apache":
-        c = compile_apache(body, require_time)
+        c = compile_apache(body, require_time, trusted)
     elif kind == "nginx":
-        c = compile_nginx(body, require_time)
+        c = compile_nginx(body, require_time, trusted)
     elif kind == "squid" and body == "native":
         c = squid.NATIVE
     elif kind == "squid" and body == "combined":
@@ -243,17 +248,18 @@ def compile_spec(spec: str, require_time: bool = True) -> CompiledFormat:
     return c
 
 
-def _compiled(preset: str) -> CompiledFormat:
-    return compile_spec(PRESETS[preset])
+def _compiled(preset: str, trusted: TrustedProxies = NO_PROXIES) -> CompiledFormat:
+    return compile_spec(PRESETS[preset], trusted=trusted)
 
 
-def get_parser(spec: str, *, max_line_bytes: int = 65536) -> LineParser:
-    """A parser for a preset name, ``auto``, ``apache:<LogFormat>`` or ``nginx:<log_format>``."""
+def get_parser(spec: str, *, max_line_bytes: int = 65536, trusted: TrustedProxies = NO_PROXIES) -> LineParser:
+    """A parser for a preset name, ``auto``, ``apache:<LogFormat>`` or ``nginx:<log_format>``.  ``trusted``:
+    the site's own proxies, whose ``X-Forwarded-For`` names the client (``sites[].trusted_proxies``)."""
     if spec == "auto":
-        return AutoParser(max_line_bytes)
+        return AutoParser(max_line_bytes, trusted=trusted)
     if spec in PRESETS:
-        return FormatParser(_compiled(spec), spec, max_line_bytes)
-    return FormatParser(compile_spec(spec), "custom", max_line_bytes)
+        return FormatParser(_compiled(spec, trusted), spec, max_line_bytes)
+    return FormatParser(compile_spec(spec, trusted=trusted), "custom", max_line_bytes)
 
 
 def parse_lines(lines: Iterable[str], spec: str, *, max_line_bytes: int = 65536) -> Iterator[ParsedLine | Drop]:

@@ -184,6 +184,95 @@ def classify_client(text: str) -> tuple[str | None, str | None] | None:
     return res
 
 
+# ---------------------------------------------------------------- X-Forwarded-For
+
+_PORT_V4 = re.compile(r"(\d{1,3}(?:\.\d{1,3}){3}):\d{1,5}", re.ASCII)
+_PORT_V6 = re.compile(r"\[([0-9A-Fa-f:.]+(?:%[^\]]*)?)\](?::\d{1,5})?", re.ASCII)
+
+
+def forwarded_entry(item: str) -> str | None:
+    """One ``X-Forwarded-For`` item -> the address it names (as :func:`classify_client` writes it), or ``None``
+    for anything else (``unknown``, a hostname, an obfuscated ``_hidden`` identifier, garbage).  A port
+    (``192.0.2.1:4711``, ``[2001:db8::1]:4711``, written by some load balancers) is dropped."""
+    t = item.strip()
+    m = _PORT_V4.fullmatch(t) or _PORT_V6.fullmatch(t)
+    if m is not None:
+        t = m.group(1)
+    c = classify_client(t) if t else None
+    return c[0] if c is not None else None
+
+
+class TrustedProxies:
+    """The site's own proxies and load balancers (``sites[].trusted_proxies``): the addresses whose
+    ``X-Forwarded-For`` is believed.  Immutable; ``key`` (the sorted normalised CIDRs) names it in caches.
+    Membership of an address text is cached (bounded like the other caches); a text that is not an address is
+    never trusted."""
+
+    def __init__(self, cidrs: tuple[str, ...] | list[str] = ()) -> None:
+        nets = {ipaddress.ip_network(c.strip(), strict=False) for c in cidrs}
+        self.networks = tuple(sorted(nets, key=lambda n: (n.version, str(n))))
+        self.key = ",".join(str(n) for n in self.networks)
+        self._seen: dict[str, bool] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.networks)
+
+    def __contains__(self, ip: object) -> bool:
+        if not isinstance(ip, str):
+            return False
+        v = self._seen.get(ip)
+        if v is None:
+            try:
+                a = ipaddress.ip_address(ip)
+                if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
+                    a = a.ipv4_mapped  # ::ffff:10.0.0.5 is 10.0.0.5 (a dual-stack socket logs it so)
+                v = any(a.version == n.version and a in n for n in self.networks)
+            except ValueError:
+                v = False
+            if len(self._seen) >= CACHE_LIMIT:
+                self._seen.clear()
+            self._seen[ip] = v
+        return v
+
+
+NO_PROXIES = TrustedProxies()
+
+
+def forwarded_client(peer: str | None, xff: str | None, trusted: TrustedProxies = NO_PROXIES) -> str | None:
+    """The client address of a request from its logged peer address and ``X-Forwarded-For`` value, the way
+    Apache's mod_remoteip and nginx's realip module (``real_ip_recursive on``) decide it: the addresses are
+    walked from the right (the peer, then the header's items from its end, each appended by the proxy that
+    received the request); the first address that is not a trusted proxy is the client.
+
+    * A peer that is not a trusted proxy is the client: its header is ignored, since anyone can send one.
+    * ``peer`` ``None`` (a format that logs the header *instead of* the peer, the common
+      ``LogFormat "%{X-Forwarded-For}i ..."`` behind a proxy): the header's last item was written by the proxy
+      in front of the server, so it is believed; trusted proxies further left are skipped the same way.
+    * An item that is not an address (``unknown``, garbage) ends the walk: the last address walked is the
+      client (a trusted proxy, rather than a value a client could have forged).  When every address is
+      trusted, the leftmost one is the client.
+    * ``None`` only when there is no address at all (no peer, header absent or ``-``, or its last item is not
+      an address).
+
+    Pure; never raises for ``str``/``None`` input.  Misuse: ``peer`` must be an address as
+    :func:`classify_client` returns it, not a hostname (a hostname is never a trusted proxy, so it is
+    returned as given)."""
+    items = [] if xff is None or xff == "-" else xff.split(",")
+    client: str | None = None
+    if peer is not None:
+        client = peer
+        if peer not in trusted:
+            return peer
+    for item in reversed(items):
+        a = forwarded_entry(item)
+        if a is None:
+            break
+        client = a
+        if a not in trusted:
+            break
+    return client
+
+
 # ---------------------------------------------------------------- requests and URLs
 
 _METHOD_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}", re.ASCII)

@@ -157,6 +157,8 @@ def _apache_field(mods: str, code: str) -> Tok:
         t = Tok(slot="vhost_v")
     elif code == "V":
         t = Tok(slot="vhost_V")
+    elif code == "i" and low == "x-forwarded-for":  # a list: "client, proxy1" (unquoted too)
+        t = Tok(slot="forwarded", kind=LIST)
     elif code == "i":
         slot = {"referer": "referer", "user-agent": "user_agent"}.get(low, "ignore")
         t = Tok(slot=slot, kind=STR)
@@ -255,6 +257,7 @@ _NGINX_SLOTS: dict[str, tuple[str, str]] = {
         "status", "response_time", "connect_time", "header_time", "response_length", "bytes_received",
         "bytes_sent")},
     "upstream_addr": ("upstream", LIST),
+    "http_x_forwarded_for": ("forwarded", LIST),
 }
 _TS_KIND = {"time_local": "clf", "time_iso8601": "iso", "msec": "epoch"}
 
@@ -494,8 +497,15 @@ def _first(slots: dict[str, list[int]], *names: str) -> int | None:
     return None
 
 
-def generate_converter(toks: list[Tok], require_time: bool = True) -> Callable[[tuple], ParsedLine | Drop]:
-    """Emit and compile ``convert(groups) -> ParsedLine | Drop`` for a token list."""
+def generate_converter(toks: list[Tok], require_time: bool = True,
+                       trusted: V.TrustedProxies = V.NO_PROXIES) -> Callable[[tuple], ParsedLine | Drop]:
+    """Emit and compile ``convert(groups) -> ParsedLine | Drop`` for a token list.
+
+    The client: the peer field (``%a`` > ``%{c}a`` > ``%h``, ``$remote_addr``); when the format also logs
+    ``X-Forwarded-For`` and the peer is one of ``trusted`` (the site's own proxies), the client is found in the
+    header (:func:`~._values.forwarded_client`); a format with the header and no peer field takes the client
+    from the header's right end.  Without trusted proxies a logged peer always wins (the header is the
+    client's to forge)."""
     slots: dict[str, list[int]] = {}
     time_groups: list[tuple[str, int]] = []  # (kind, group index)
     ranks: dict[int, int] = {}
@@ -523,7 +533,7 @@ def generate_converter(toks: list[Tok], require_time: bool = True) -> Callable[[
         "CLF": V._clf_cache, "iso": V.iso_timestamp_ms, "epoch": V.epoch_seconds_ms, "parts": _parts_cached,
         "client": V.classify_client, "CC": V._client_cache, "request_fields": V.request_fields,
         "split_url": V.split_url, "to_float": V.to_float, "user_": _user, "ctype": _ctype,
-        "BIG": 1 << 62,
+        "BIG": 1 << 62, "fwd": V.forwarded_client, "TP": trusted,
     }
 
     def dash(i: int) -> str:
@@ -554,13 +564,18 @@ def generate_converter(toks: list[Tok], require_time: bool = True) -> Callable[[
         L.append(f"    if ts is None: return bad('bad_timestamp', 'time', g[{first_i}])")
     # client
     ci = _first(slots, "client_a", "client_c", "client_h")
-    if ci is None:
+    xi = _first(slots, "forwarded")
+    if ci is None and xi is None:
         L.append("    c = (None, None)")
+    elif ci is None:
+        L.append(f"    c = (fwd(None, g[{xi}], TP), None)")
     else:
         L.append(f"    c = CC.get(g[{ci}])")
         L.append("    if c is None:")
         L.append(f"        c = client(g[{ci}]) if g[{ci}] is not None else None")
         L.append(f"        if c is None: return bad('bad_client', 'client', g[{ci}])")
+        if xi is not None and trusted:
+            L.append(f"    if c[0] is not None and c[0] in TP: c = (fwd(c[0], g[{xi}], TP), None)")
     k_ident = _first(slots, "ident")
     ident = dash(k_ident) if k_ident is not None else "None"
     k_user = _first(slots, "user")
@@ -652,6 +667,9 @@ class CompiledFormat:
     #: the time is a local wall-clock time without its UTC offset (an Apache ``%{%Y-%m-%d %H:%M:%S}t`` without
     #: ``%z``): the converter reads it as UTC and the processor moves it by the site's time zone
     naive_time: bool = False
+    #: the format logs ``X-Forwarded-For`` (``%{X-Forwarded-For}i``, ``$http_x_forwarded_for``): with the site's
+    #: trusted proxies the client may come from it, so the converter depends on them
+    forwarded: bool = False
 
 
 def naive_time(toks: list[Tok]) -> bool:
@@ -661,14 +679,16 @@ def naive_time(toks: list[Tok]) -> bool:
     return bool(kinds) and not other and not {"z", "sec", "msec", "usec", "clf"} & set(kinds)
 
 
-def compile_tokens(toks: list[Tok], source: str, require_time: bool = True) -> CompiledFormat:
+def compile_tokens(toks: list[Tok], source: str, require_time: bool = True,
+                   trusted: V.TrustedProxies = V.NO_PROXIES) -> CompiledFormat:
     fast, lenient, partial = build_regexes(toks)
-    return CompiledFormat(fast, lenient, partial, generate_converter(toks, require_time), source, naive_time(toks))
+    return CompiledFormat(fast, lenient, partial, generate_converter(toks, require_time, trusted), source,
+                          naive_time(toks), any(t.literal is None and t.slot == "forwarded" for t in toks))
 
 
-def compile_apache(fmt: str, require_time: bool = True) -> CompiledFormat:
-    return compile_tokens(tokenize_apache(fmt), "apache:" + fmt, require_time)
+def compile_apache(fmt: str, require_time: bool = True, trusted: V.TrustedProxies = V.NO_PROXIES) -> CompiledFormat:
+    return compile_tokens(tokenize_apache(fmt), "apache:" + fmt, require_time, trusted)
 
 
-def compile_nginx(fmt: str, require_time: bool = True) -> CompiledFormat:
-    return compile_tokens(tokenize_nginx(fmt), "nginx:" + fmt, require_time)
+def compile_nginx(fmt: str, require_time: bool = True, trusted: V.TrustedProxies = V.NO_PROXIES) -> CompiledFormat:
+    return compile_tokens(tokenize_nginx(fmt), "nginx:" + fmt, require_time, trusted)

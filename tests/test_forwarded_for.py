@@ -1,0 +1,187 @@
+"""A forum behind its own reverse proxy (squid in front of Apache, a load balancer in front of nginx).
+
+The origin server logs the proxy's address as the client.  With ``sites[].trusted_proxies`` the client comes
+from the ``X-Forwarded-For`` the format logs, walked from the right like Apache's mod_remoteip / nginx's realip
+module; without it the header is never believed (any client can send one).  The DoS detector never bans a
+trusted proxy: a ban there would cut every visitor off.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from forumpulse.detectors.dos import (
+    Batch,
+    DecisionManager,
+    DosDetector,
+    build_detector,
+    parse_file,
+)
+from forumpulse.detectors.dos_rules import DosConfig, load_rules
+from forumpulse.detectors.eval_dos import ordered, synth_flood, synth_humans
+from forumpulse.pipeline.config import ConfigError, Settings, SiteConfig, load_settings
+from forumpulse.pipeline.fastpath import plan_for_spec
+from forumpulse.pipeline.formats import PRESETS, TrustedProxies, get_parser
+from forumpulse.pipeline.formats._values import forwarded_client
+from forumpulse.pipeline.process import Processor, SourceContext
+from forumpulse.pipeline.record import ParsedLine
+
+PROXIES = TrustedProxies(["10.0.0.0/24", "192.0.2.64/26", "2001:db8:f::/48"])
+T0 = 1_700_000_000_000
+
+
+@pytest.mark.parametrize(("peer", "xff", "want"), [
+    # the peer is not one of ours: the header is the client's to forge, the peer is the client
+    ("198.51.100.7", "203.0.113.9", "198.51.100.7"),
+    # squid at 10.0.0.5 appended the address it saw
+    ("10.0.0.5", "203.0.113.9", "203.0.113.9"),
+    # a client-sent (forged) item left of what our proxy appended is not believed
+    ("10.0.0.5", "1.1.1.1, 203.0.113.9", "203.0.113.9"),
+    # two of our proxies in a row (a CDN edge range, then squid): both skipped
+    ("10.0.0.5", "203.0.113.9, 192.0.2.70", "203.0.113.9"),
+    # a proxy that wrote "unknown" (squid forwarded_for off): the walk stops at the last proxy
+    ("10.0.0.5", "203.0.113.9, unknown", "10.0.0.5"),
+    # no header (the proxy's own health check): the proxy is the client
+    ("10.0.0.5", "-", "10.0.0.5"),
+    ("10.0.0.5", None, "10.0.0.5"),
+    # every address is ours: the leftmost
+    ("10.0.0.5", "10.0.0.7", "10.0.0.7"),
+    # ports written by some load balancers, IPv6 with and without brackets
+    ("10.0.0.5", "203.0.113.9:51234", "203.0.113.9"),
+    ("10.0.0.5", "[2001:db8::7]:443", "2001:db8::7"),
+    ("2001:db8:f::1", "2001:db8::7, 2001:db8:f::2", "2001:db8::7"),
+    # a dual-stack socket logs an IPv4 proxy as ::ffff:a.b.c.d
+    ("::ffff:10.0.0.5", "203.0.113.9", "203.0.113.9"),
+    # a format that logs the header instead of the peer: its last item is the proxy's word
+    (None, "1.1.1.1, 203.0.113.9", "203.0.113.9"),
+    (None, "203.0.113.9, 10.0.0.5", "203.0.113.9"),
+    (None, "-", None),
+    (None, "unknown", None),
+])
+def test_client_is_the_first_untrusted_address_from_the_right(peer, xff, want):
+    assert forwarded_client(peer, xff, PROXIES) == want
+
+
+def test_without_trusted_proxies_the_header_never_replaces_a_peer():
+    assert forwarded_client("10.0.0.5", "203.0.113.9") == "10.0.0.5"
+    assert forwarded_client(None, "1.1.1.1, 203.0.113.9") == "203.0.113.9"
+
+
+def test_config_normalises_and_refuses_bad_proxy_entries():
+    assert SiteConfig(trusted_proxies=["10.0.0.5", "10.0.1.7/24"]).trusted_proxies == ["10.0.0.5/32", "10.0.1.0/24"]
+    with pytest.raises(ValueError, match=r"not an address or CIDR: 'squid\.local'"):
+        SiteConfig(trusted_proxies=["squid.local"])
+
+
+def test_config_file_error_names_the_key(tmp_path: Path):
+    f = tmp_path / "c.yaml"
+    f.write_text("sites:\n  - name: forum\n    trusted_proxies: [10.0.0.300]\n")
+    with pytest.raises(ConfigError, match=r"sites\.0\.trusted_proxies"):
+        load_settings(f)
+
+
+NGINX = ('10.0.0.5 - - [10/Oct/2023:13:55:36 +0000] "GET /threads/a.42/ HTTP/1.1" 200 512 "-" '
+         '"Mozilla/5.0 (X11; Linux x86_64) Firefox/118.0" "{xff}"\n')
+APACHE_XFF = '{xff} - - [10/Oct/2023:13:55:36 +0000] "GET /threads/a.42/ HTTP/1.1" 200 512 "-" "Mozilla/5.0"\n'
+APACHE_XFF_SPEC = 'apache:%{X-Forwarded-For}i %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i"'
+
+
+def test_parsers_read_the_header_only_for_trusted_peers():
+    line = NGINX.format(xff="1.1.1.1, 203.0.113.9")
+    assert get_parser("nginx_main").parse(line).client_ip == "10.0.0.5"  # type: ignore[union-attr]
+    assert get_parser("nginx_main", trusted=PROXIES).parse(line).client_ip == "203.0.113.9"  # type: ignore[union-attr]
+    assert get_parser("auto", trusted=PROXIES).parse(line).client_ip == "203.0.113.9"  # type: ignore[union-attr]
+    # the header logged instead of the peer (unquoted, a list with ", "), with or without trusted proxies
+    p = get_parser(APACHE_XFF_SPEC)
+    r = p.parse(APACHE_XFF.format(xff="1.1.1.1, 203.0.113.9"))
+    assert isinstance(r, ParsedLine) and (r.client_ip, r.path, r.status) == ("203.0.113.9", "/threads/a.42/", 200)
+    r = p.parse(APACHE_XFF.format(xff="-"))
+    assert isinstance(r, ParsedLine) and r.client_ip is None
+
+
+def _settings(proxies: list[str]) -> Settings:
+    s = load_settings()
+    s.sites = [SiteConfig(name="forum", trusted_proxies=proxies)]
+    s.privacy.client_ip = "keep"  # type: ignore[assignment]
+    return s
+
+
+@pytest.mark.parametrize("fmt", ["nginx_main", "auto"])
+def test_processor_takes_the_client_from_the_header_behind_a_trusted_proxy(fmt):
+    xffs = ["203.0.113.9", "1.1.1.1, 203.0.113.10", "-", "198.51.100.1, 10.0.0.9"]
+    lines = [NGINX.format(xff=x).encode() for x in xffs] * 50
+    ctx = SourceContext(site="forum", origin_host="web1", format=fmt)
+    behind = Processor(_settings(["10.0.0.0/24"]))
+    got = behind.process(lines, ctx)
+    want = ["203.0.113.9", "203.0.113.10", "10.0.0.5", "198.51.100.1"] * 50
+    assert got.stream.column("client_ip").to_pylist() == want
+    assert got.requests.column("client_ip").to_pylist() == want
+    assert got.loaded == len(lines)
+    # a site without trusted proxies keeps the peer, on the fast path and the reference path alike
+    plain = Processor(_settings([]))
+    for b in (plain.process(lines, ctx), plain.process_reference(lines, ctx)):
+        assert set(b.stream.column("client_ip").to_pylist()) == {"10.0.0.5"}
+    # another site of the same processor is not affected by this site's proxies
+    other = behind.process(lines, SourceContext(site="other", format=fmt))
+    assert set(other.stream.column("client_ip").to_pylist()) == {"10.0.0.5"}
+
+
+def test_header_instead_of_peer_stays_on_the_reference_path_and_agrees():
+    assert plan_for_spec(APACHE_XFF_SPEC, "custom") is None
+    assert plan_for_spec(PRESETS["nginx_main"], "nginx_main") is not None  # the preset keeps its fast path
+    lines = [APACHE_XFF.format(xff=x).encode() for x in ("203.0.113.9", "1.1.1.1, 203.0.113.10", "-")]
+    p = Processor(_settings([]))
+    ctx = SourceContext(format=APACHE_XFF_SPEC)
+    fast, ref = p.process(lines, ctx), p.process_reference(lines, ctx)
+    assert fast.stream.column("client_ip").to_pylist() == ["203.0.113.9", "203.0.113.10", None]
+    assert fast.stream.equals(ref.stream)
+
+
+def _flood_through_proxy() -> list[ParsedLine]:
+    rng = np.random.default_rng(5)
+    return ordered(synth_humans(rng, T0, 300, 20) + synth_flood(T0 + 60_000, "10.0.0.5", 60, 30)
+                   + synth_flood(T0 + 120_000, "198.51.100.7", 60, 10))
+
+
+def _run(records: list[ParsedLine], mgr: DecisionManager) -> DosDetector:
+    det = DosDetector(load_rules(mgr.cfg.rules_file, mgr.cfg.rule_overrides), mgr)
+    for i in range(0, len(records), 5000):
+        det.process(Batch.from_records(records[i:i + 5000]))
+    return det
+
+
+def test_dos_never_bans_a_trusted_proxy_nor_a_range_holding_one():
+    cfg = DosConfig(crawlers={"verify": "off"})  # type: ignore[arg-type]
+    recs = _flood_through_proxy()
+    unprotected = _run(recs, DecisionManager(cfg))
+    assert "10.0.0.5" in {d.value for d in unprotected.manager.decisions}  # the test would see a proxy ban
+    det = _run(recs, DecisionManager(cfg, trusted_proxies=["10.0.0.5/32"]))
+    values = {d.value for d in det.manager.decisions}
+    assert "198.51.100.7" in values  # a real flood is still banned
+    assert not any(ipaddress.ip_network(v, strict=False).overlaps(ipaddress.ip_network("10.0.0.5/32"))
+                   for v in values)
+    assert det.manager.suppressed["trusted_proxy"] >= 1
+
+
+def test_replay_reads_the_sites_trusted_proxies(tmp_path: Path):
+    conf = tmp_path / "c.yaml"
+    conf.write_text(textwrap.dedent("""\
+        sites:
+          - name: forum
+            trusted_proxies: [10.0.0.5]
+        detectors:
+          dos:
+            crawlers: {verify: "off"}
+        """))
+    det = build_detector(str(conf))
+    assert det.manager.proxies == [ipaddress.ip_network("10.0.0.5/32")]
+    log = tmp_path / "access.log"
+    log.write_text("".join(NGINX.format(xff=x) for x in ("203.0.113.9", "-")))
+    site = load_settings(conf).sites[0]
+    assert [r.client_ip for r in parse_file(str(log), "nginx_main", site.timezone, site.trusted_proxies)] == [
+        "203.0.113.9", "10.0.0.5"]
+    assert [r.client_ip for r in parse_file(str(log), "nginx_main")] == ["10.0.0.5", "10.0.0.5"]
