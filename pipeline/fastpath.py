@@ -90,8 +90,8 @@ _SLOTS_OK = {
     "ignore", "time", "client_a", "client_c", "client_h", "ident", "user", "request", "status_final", "status",
     "status_orig", "bytes_body", "bytes_total", "el_us", "el_ms", "el_s", "referer", "user_agent", "upstream",
     "content_type", "vhost_v", "vhost_V", "vhost_host", "vhost_sn", "squid_ss",
-    # X-Forwarded-For: skipped like an ignored field -- the processor sends the lines of a site with trusted
-    # proxies to the reference path, and a format with the header but no peer field is refused below
+    # X-Forwarded-For: read only for a site with trusted proxies (:func:`_forwarded`); a format with the header
+    # but no peer field is refused below
     "forwarded",
 }
 #: H1's fast bodies that can hold neither whitespace nor a quote, kept as they are (RE2 reads them alike).
@@ -267,7 +267,7 @@ def plan_for_spec(spec: str, name: str) -> SplitPlan | None:
         _first(slots, "el_us", "el_ms", "el_s"),
         _first(slots, "referer"), _first(slots, "user_agent"), _first(slots, "upstream"),
         _first(slots, "content_type"), _first(slots, "vhost_v", "vhost_V", "vhost_host", "vhost_sn"),
-        _first(slots, "squid_ss"),
+        _first(slots, "squid_ss"), _first(slots, "forwarded"),
     ) if g is not None}
 
     # Walk the tokens: split literals on '"' into segments, even segments on ' ' into pieces.
@@ -428,6 +428,35 @@ def _clients(view: pa.Array) -> tuple[pa.Array, pa.Array, np.ndarray | None, pa.
     bad_dict[other] = [r is None for r in res]
     bad = bad_dict[idx.to_numpy()] if bad_dict.any() else None
     return ip_dict.take(idx), host_dict.take(idx), bad, ip_dict, idx
+
+
+def _forwarded(real_ip: pa.Array, chost: pa.Array, ip_dict: pa.Array, idx: pa.Array, xff: pa.Array,
+               trusted: V.TrustedProxies) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
+    """:func:`_clients`' ``(real_ip, client_host, ip_dict, idx)`` after the reference converter's rule for a site
+    with trusted proxies: a row whose peer is one of them gets :func:`V.forwarded_client` of its peer and
+    logged ``X-Forwarded-For`` (called once per distinct pair) and no host."""
+    peers = ip_dict.to_pylist()
+    tr = np.array([u is not None and u in trusted for u in peers] + [False], dtype=bool)
+    pidx = np.asarray(idx.fill_null(len(peers)))
+    rows = np.flatnonzero(tr[pidx])
+    if len(rows) == 0:
+        return real_ip, chost, ip_dict, idx
+    xd = pc.dictionary_encode(xff)
+    if isinstance(xd, pa.ChunkedArray):
+        xd = xd.combine_chunks()
+    xtexts = xd.dictionary.cast(pa.string()).to_pylist()
+    xidx = np.asarray(xd.indices.fill_null(len(xtexts)))
+    xtexts.append(None)
+    pair = pidx[rows].astype(np.int64) * (len(xtexts) + 1) + xidx[rows]
+    uniq, inv = np.unique(pair, return_inverse=True)
+    got = [V.forwarded_client(peers[int(k) // (len(xtexts) + 1)], xtexts[int(k) % (len(xtexts) + 1)], trusted)
+           for k in uniq]
+    mask = np.zeros(len(real_ip), dtype=bool)
+    mask[rows] = True  # rows is sorted, so replace_with_mask fills them in this order
+    real = pc.replace_with_mask(real_ip, pa.array(mask), pa.array(got, pa.string()).take(pa.array(inv)))
+    host = pc.replace_with_mask(chost, pa.array(mask), pa.nulls(len(rows), pa.string()))
+    d = pc.dictionary_encode(real)
+    return real, host, d.dictionary, d.indices
 
 
 def _stored_hosts(p: Processor, chost: pa.Array) -> pa.Array:
@@ -925,6 +954,10 @@ class FastPath:
             real_ip, chost = none_str, none_str
         else:
             real_ip, chost, bad, ip_dict, idx = _clients(g.view(ci))
+            xi = _first(slots, "forwarded")
+            trusted = p.trusted(site)
+            if xi is not None and trusted:
+                real_ip, chost, ip_dict, idx = _forwarded(real_ip, chost, ip_dict, idx, g.view(xi), trusted)
             ip_idx = idx
             if bad is not None:
                 ok &= ~bad
@@ -1095,7 +1128,7 @@ class FastPath:
         parts: list[tuple[np.ndarray, str, _Cols]] = []  # (positions, source_format, columns) of fast rows
         ref_pos: list[int] = []
         if ctx.format == "auto":
-            parser = p.parser("auto")
+            parser = p.parser("auto", ctx.site)  # the object reference_rows advances (per trusted proxies)
             order = getattr(parser, "_order", None)
             if order is None or not hasattr(parser, "_last"):  # not the AutoParser this module knows
                 return p.process_reference(lines, ctx, line_no_base, source_ref)

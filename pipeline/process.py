@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.enrich import REFERER_TOPIC, Enricher, status_page_kind
-from forumpulse.pipeline.formats import PRESETS, TrustedProxies, compile_spec, get_parser
+from forumpulse.pipeline.formats import TrustedProxies, get_parser
 from forumpulse.pipeline.formats._values import NO_PROXIES
 from forumpulse.pipeline.privacy import Privacy
 from forumpulse.pipeline.record import RECORD_FIELDS, Drop
@@ -147,19 +147,6 @@ class Processor:
                                                                 trusted=trusted)
         return p
 
-    def forwarded_matters(self, ctx: SourceContext) -> bool:
-        """Whether the client of ``ctx``'s lines can come from ``X-Forwarded-For``: the site has trusted proxies
-        and the format logs the header (``auto`` may meet ``nginx_main``).  Such lines take the per-line path
-        (the fast path does not read the header)."""
-        if not self.trusted(ctx.site):
-            return False
-        if ctx.format == "auto":
-            return True
-        try:
-            return compile_spec(PRESETS.get(ctx.format, ctx.format)).forwarded
-        except ValueError:
-            return False
-
     def process(
         self, lines: Sequence[bytes | str], ctx: SourceContext, line_no_base: int = 0, source_ref: str = ""
     ) -> ProcessedBatch:
@@ -170,7 +157,7 @@ class Processor:
             from forumpulse.pipeline.fastpath import FastPath
 
             self._fast = FastPath(self)
-        if lines and self._fast.supports(ctx.format) and not self.forwarded_matters(ctx):
+        if lines and self._fast.supports(ctx.format):
             batch = self._fast.run(lines, ctx, line_no_base, source_ref)  # type: ignore[arg-type]  # str lines: run() returns None
             if batch is not None:
                 return batch
@@ -189,7 +176,7 @@ class Processor:
             from forumpulse.pipeline.fastpath import FastPath
 
             self._fast = FastPath(self)
-        if len(lines) and self._fast.supports(ctx.format) and not self.forwarded_matters(ctx):
+        if len(lines) and self._fast.supports(ctx.format):
             batch = self._fast.run(lines, ctx, line_no_base, source_ref)
             if batch is not None:
                 return batch

@@ -13,6 +13,8 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute
 import pytest
 from forumpulse.detectors.dos import (
     Batch,
@@ -185,3 +187,46 @@ def test_replay_reads_the_sites_trusted_proxies(tmp_path: Path):
     assert [r.client_ip for r in parse_file(str(log), "nginx_main", site.timezone, site.trusted_proxies)] == [
         "203.0.113.9", "10.0.0.5"]
     assert [r.client_ip for r in parse_file(str(log), "nginx_main")] == ["10.0.0.5", "10.0.0.5"]
+
+
+def _xff_lines(rng: np.random.Generator, n: int) -> list[bytes]:
+    """nginx_main lines through several proxies and none: trusted and untrusted peers (IPv4, IPv6, mapped),
+    headers forged, absent, empty, with ports, ``unknown``, lists -- and UA-less Googlebot behind the proxy."""
+    peers = ["10.0.0.5", "10.0.0.9", "198.51.100.7", "2001:db8:f::1", "::ffff:10.0.0.5", "192.0.2.70"]
+    xffs = ["203.0.113.9", "1.1.1.1, 203.0.113.9", "-", "", "unknown", "203.0.113.9, unknown",
+            "203.0.113.9:4711", "[2001:db8::7]:443", "2001:db8::7, 2001:db8:f::2", "66.249.66.1",
+            "10.0.0.7", "203.0.113.9, 192.0.2.70", "garbage here"]
+    uas = ["Mozilla/5.0 (X11; Linux x86_64) Firefox/118.0", "-"]
+    out = []
+    for i in range(n):
+        peer, xff, ua = peers[rng.integers(len(peers))], xffs[rng.integers(len(xffs))], uas[rng.integers(2)]
+        out.append(f'{peer} - - [10/Oct/2023:13:{i // 60 % 60:02d}:{i % 60:02d} +0000] "GET /threads/a.{i % 7}/ '
+                   f'HTTP/1.1" 200 {100 + i} "-" "{ua}" "{xff}"\n'.encode())
+    return out
+
+
+@pytest.mark.parametrize("privacy", ["keep", "pseudonymize"])
+@pytest.mark.parametrize("fmt", ["nginx_main", "auto",
+                                 'apache:%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i" "%{X-Forwarded-For}i"'])
+def test_fast_path_reads_the_header_exactly_as_the_reference(fmt, privacy):
+    from pydantic import SecretStr
+    from test_fastpath import assert_same
+
+    def proc() -> Processor:
+        s = _settings(["10.0.0.0/24", "192.0.2.64/26", "2001:db8:f::/48"])
+        s.privacy.client_ip = privacy  # type: ignore[assignment]
+        s.privacy.pseudonym_key = SecretStr("test-key-xff")
+        return Processor(s)
+
+    lines = _xff_lines(np.random.default_rng(7), 3000)
+    ctx = SourceContext(site="forum", origin_host="web1", format=fmt)
+    fast_p, ref_p = proc(), proc()
+    fast, ref = fast_p.process(lines, ctx), ref_p.process_reference(lines, ctx)
+    assert_same(fast, ref)
+    assert fast.loaded == len(lines)
+    ips = fast.stream.column("client_ip").to_pylist()
+    assert "203.0.113.9" in ips and "198.51.100.7" in ips and "2001:db8::7" in ips
+    assert "1.1.1.1" not in ips  # a forged item is never the client
+    if privacy == "keep":  # Googlebot's address behind the proxy names the UA-less rows
+        bots = fast.requests.filter(pa.compute.equal(fast.requests.column("client_ip"), "66.249.66.1"))
+        assert bots.num_rows and set(bots.column("bot_name").to_pylist()) >= {"Googlebot"}
