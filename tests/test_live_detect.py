@@ -527,6 +527,35 @@ def test_restore_keys_old_rows_canonically_and_refuses_what_is_never_banned(chdb
         store.close()
 
 
+def test_restore_refuses_a_ban_of_a_proxy_listed_since(chdb_path: Path, settings: Settings) -> None:
+    """A ban of the site's own reverse proxy, made before it was listed in ``sites[].trusted_proxies``, is not
+    restored, served to bouncers or re-applied when the owner starts; other bans are."""
+    from forumpulse.detectors.dos import Decision, StoreSink
+    from forumpulse.pipeline.config import SiteConfig
+
+    store = open_store(f"chdb:{chdb_path}?database=live_proxy")
+    try:
+        migrate(store, NO_TTL)
+        t0 = 1_760_000_000_000
+        sink = StoreSink(store)
+        for i, v in enumerate(("10.0.0.5", "198.51.100.40")):
+            sink.emit(Decision(id=f"ban-{v}", created_at=t0 + i, decided_at=t0 + i, first_seen=t0 + i,
+                               expires_at=t0 + 3_600_000, site="forum", action="ban", value=v, scope="ip",
+                               reason="client_flood", duration_s=3600, mode="enforce", origin="forumpulse",
+                               evidence={}))
+        sink.flush()
+        s = settings.model_copy(deep=True)
+        s.sites = [SiteConfig(name="forum", trusted_proxies=["10.0.0.0/29"])]
+        firewall = _Recorder("nftables", True)
+        live = LiveDos(s, store, actions=[firewall], publish=False, clock=lambda: t0 / 1000 + 10)
+        assert set(live.manager.active) == {"198.51.100.40"} and live.restored == 1
+        assert live.manager.suppressed["trusted_proxy"] == 1
+        assert [v for v, _ in firewall.bans] == ["198.51.100.40"]
+        live.close()
+    finally:
+        store.close()
+
+
 # ------------------------------------------------------------------------------------------------ traffic
 
 
