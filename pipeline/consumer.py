@@ -124,7 +124,7 @@ from forumpulse.pipeline.contracts import (
     heartbeat_time_ms,
     split_values,
 )
-from forumpulse.pipeline.kafka_client import client_config
+from forumpulse.pipeline.kafka_client import BrokerLink, client_config
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
 from forumpulse.pipeline.store import Store, StoreError, StoreLocationError, migrate, open_store
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -386,6 +386,12 @@ class LiveConsumer:
         #: called with (first ts, last ts) of every replayed batch's requests (the owner's RollupAuditor)
         self.replay_listeners: list[Callable[[datetime, datetime], None]] = []
         self.metrics = metrics or PipelineMetrics("consumer", self.instance)
+        #: whether the consumer reaches its brokers (librdkafka's statistics and errors): /fp/health, and the
+        #: gauge forumpulse_kafka_reachable
+        self.broker = BrokerLink()
+        Gauge("forumpulse_kafka_reachable", "1 when the loader's Kafka client has a broker connection up, 0 when "
+              "none (all brokers down), NaN until it knows", registry=self.metrics.registry
+              ).set_function(self.broker.gauge_value)
         self.processor = processor or Processor(settings)
         self._stop = threading.Event()
         self._parts: dict[tuple[str, int], _Part] = {}
@@ -445,6 +451,7 @@ class LiveConsumer:
         }
         if o.instance_id:
             conf["group.instance.id"] = o.instance_id
+        conf.update(self.broker.config())
         return client_config(conf, o.kafka_config)
 
     def run(self, idle_exit_s: float | None = None) -> dict[str, Any]:

@@ -20,11 +20,13 @@ then — a client that is never polled logs nothing.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 #: reconnect back-off for every client (milliseconds): first retry after 1 s, then exponential up to 10 s
@@ -75,6 +77,71 @@ def kafka_logger() -> logging.Logger:
     if not any(isinstance(f, RepeatFilter) for f in lg.filters):
         lg.addFilter(RepeatFilter())
     return lg
+
+
+class BrokerLink:
+    """Whether a client reaches its brokers, as librdkafka sees it: its statistics (every ``interval_ms``: any
+    broker connection in state ``UP``) and its error callback (``_ALL_BROKERS_DOWN``: none is).  For health
+    reports (``/fp/health``, ``forumpulse_kafka_reachable``): the client keeps retrying on its own, this only
+    tells whether it is getting anywhere.
+
+    Use: ``conf.update(link.config())`` before the client is built; the callbacks run inside the client's
+    ``poll``/``consume`` (a client that is never polled updates nothing, and :meth:`snapshot` says how old
+    the last word is).  Thread-safe: the owner's HTTP thread reads what the consumer thread writes."""
+
+    def __init__(self, interval_ms: int = 5000, clock: Callable[[], float] = time.time) -> None:
+        self.interval_ms = interval_ms
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.reachable: bool | None = None  # None: not known yet (no statistics, no error)
+        self.since: float | None = None  # when ``reachable`` took its value
+        self.checked_at: float | None = None
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+
+    def config(self) -> dict[str, Any]:
+        return {"statistics.interval.ms": self.interval_ms, "stats_cb": self.on_stats, "error_cb": self.on_error}
+
+    def _set(self, up: bool, now: float) -> None:
+        if self.reachable is not up:
+            self.reachable, self.since = up, now
+        self.checked_at = now
+
+    def on_stats(self, stats_json: str) -> None:
+        try:
+            brokers = json.loads(stats_json).get("brokers", {})
+        except ValueError:
+            return
+        states = [b.get("state") for b in brokers.values()
+                  if isinstance(b, dict) and b.get("source") not in ("internal", "logical")]
+        if states:
+            with self._lock:
+                self._set("UP" in states, self.clock())
+
+    def on_error(self, err: Any) -> None:
+        from confluent_kafka import KafkaError
+
+        now = self.clock()
+        with self._lock:
+            self.last_error, self.last_error_at = str(err), now
+            if err.code() == KafkaError._ALL_BROKERS_DOWN:
+                self._set(False, now)
+
+    def snapshot(self) -> dict[str, Any]:
+        """``reachable`` (true / false / null = not known yet), ``since`` (ISO time it took that value),
+        ``checked_s_ago``, ``last_error`` and its ``last_error_at``."""
+        def iso(t: float | None) -> str | None:
+            return None if t is None else datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+
+        with self._lock:
+            now = self.clock()
+            return {"reachable": self.reachable, "since": iso(self.since),
+                    "checked_s_ago": None if self.checked_at is None else round(now - self.checked_at, 1),
+                    "last_error": self.last_error, "last_error_at": iso(self.last_error_at)}
+
+    def gauge_value(self) -> float:
+        """1 reachable, 0 not, NaN not known yet (a Prometheus gauge)."""
+        return float("nan") if self.reachable is None else float(self.reachable)
 
 
 def client_config(conf: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -6,7 +6,7 @@ chDB lets one process open a data folder and cannot listen on a port.  In embedd
 * the ClickHouse-compatible endpoint (:mod:`forumpulse.pipeline.chhttp`): other commands and other consumers use
   ``--store clickhouse://127.0.0.1:8123/forumpulse``; curl, clickhouse-connect and Grafana's ClickHouse plugin
   (HTTP mode, within the documented subset) query it;
-* ``GET /fp/health`` (JSON: pid, store, uptime, consumer totals), ``GET /fp/sources`` (live/stuck/silent/quiet/dead
+* ``GET /fp/health`` (JSON: status ok/degraded/stopping, pid, store, uptime, consumer totals, Kafka reachability), ``GET /fp/sources`` (live/stuck/silent/quiet/dead
   per source, see :func:`forumpulse.pipeline.consumer.source_status`), ``GET /fp/listeners`` (the collectors'
   network listeners, up/down, see :func:`~forumpulse.pipeline.consumer.listener_status`), ``GET /metrics``
   (Prometheus text: the owner's, its consumer's, and the live detectors' ``forumpulse_dos_*`` /
@@ -112,10 +112,17 @@ class Owner:
     # ------------------------------------------------------------------------------------------ routes
 
     def _health(self, _req: RequestInfo) -> tuple[int, str, bytes]:
+        """Always 200 while the process serves (it waits for what is down, it does not stop); ``status`` is
+        ``stopping``, ``degraded`` (the loader reaches no Kafka broker: ``kafka`` says since when and the last
+        error) or ``ok``."""
+        kafka = self.consumer.broker.snapshot() if self.consumer else None
+        status = ("stopping" if self.stop_event.is_set() else
+                  "degraded" if kafka is not None and kafka["reachable"] is False else "ok")
         body = {
-            "status": "stopping" if self.stop_event.is_set() else "ok", "pid": os.getpid(),
+            "status": status, "pid": os.getpid(),
             "store": self.store_url, "uptime_s": round(time.time() - self.started, 1),
             "consumer": self.consumer.metrics.summary() if self.consumer else None,
+            "kafka": kafka,
         }
         return 200, "application/json", json.dumps(body).encode()
 

@@ -35,6 +35,21 @@ PARTITIONS = 4
 OUTAGE_S = 15  # longer than the consumer's 5-10 s commit / committed() timeouts
 
 
+def _reachable(port: int) -> float | None:
+    """``forumpulse_kafka_reachable`` of the loader's /metrics, None when it does not answer."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("forumpulse_kafka_reachable "):
+            return float(line.split()[1])
+    return None
+
+
 def _end_offsets(bootstrap: str, topic: str) -> list[int]:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -91,8 +106,10 @@ def test_kafka_stopped_and_killed_under_a_running_consumer_loses_nothing(tmp_pat
         create_topics(broker.bootstrap, PARTITIONS, topic, dlq)
         config = write_config(tmp_path / "fp.yaml", broker.bootstrap, f"chdb:{tmp_path / 'chdb'}")
         log = tmp_path / "consumer.log"
+        mport = free_port()
         sup = Supervised(consumer_cmd(config, "--topic", topic, "--dead-letter-topic", dlq, "--instance-id", "kout",
-                                      "--batch-lines", "3000", "--max-wait", "0.5"), log)
+                                      "--batch-lines", "3000", "--max-wait", "0.5", "--metrics-port", str(mport)), log)
+        seen_down = seen_up_again = 0
         try:
             sent = 0
             for i, (part, kill) in enumerate(zip(parts, (False, True, None), strict=True)):
@@ -104,13 +121,21 @@ def test_kafka_stopped_and_killed_under_a_running_consumer_loses_nothing(tmp_pat
                     # goes away (the producer keeps its lines and retries; the consumer must wait)
                     _wait_committed(broker.bootstrap, topic, sent + 5_000, sup, log)
                     broker.stop(kill=kill)
-                    time.sleep(OUTAGE_S)
+                    until = time.monotonic() + OUTAGE_S
+                    while time.monotonic() < until:  # the loader says it reaches no broker (gauge 0)
+                        seen_down += _reachable(mport) == 0.0
+                        time.sleep(1)
                     assert sup.proc.poll() is None, f"consumer exited with Kafka down ({i}): {log.read_text()[-3000:]}"
                     broker.start()
                 producer.join(300)
                 assert not producer.is_alive()
                 sent += len(part)
                 _wait_committed(broker.bootstrap, topic, sent, sup, log)
+                if kill is not None:
+                    deadline = time.monotonic() + 30
+                    while _reachable(mport) != 1.0 and time.monotonic() < deadline:
+                        time.sleep(0.5)
+                    seen_up_again += _reachable(mport) == 1.0
             assert _end_offsets(broker.bootstrap, topic) == committed_offsets(
                 broker.bootstrap, "forumpulse-loader", topic, PARTITIONS)
             assert stop(sup.proc) == 0, log.read_text()[-3000:]
@@ -125,6 +150,7 @@ def test_kafka_stopped_and_killed_under_a_running_consumer_loses_nothing(tmp_pat
         finally:
             stop(sup.proc)
     assert summary["store_errors"] == 0, summary
+    assert seen_down >= 2 and seen_up_again == 2, (seen_down, seen_up_again)  # forumpulse_kafka_reachable
     _assert_exact(diff, _expected_lines(msgs))
     # the outages were seen and logged, folded: librdkafka's own default logs ~20 refused connections a second
     text = log.read_text(errors="replace")

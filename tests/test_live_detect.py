@@ -141,6 +141,10 @@ def test_flood_through_kafka_is_banned_published_and_served(
         if source == "loader":  # the loader stored the lines too
             wait_until(lambda: store.query_rows("SELECT count() FROM requests")[0][0] == len(msgs), 60,
                        what="all lines loaded")
+            # its Kafka client's statistics say a broker is up (every 5 s)
+            wait_until(lambda: _http(f"http://127.0.0.1:{owner.port}/fp/health")[1]["kafka"]["reachable"] is True,
+                       30, what="/fp/health kafka reachable")
+            assert _http(f"http://127.0.0.1:{owner.port}/fp/health")[1]["status"] == "ok"
 
         published = broker.read_all(s.kafka.decisions_topic, expected=1)
         payloads = [json.loads(m.value) for m in published]

@@ -81,6 +81,52 @@ def test_a_consuming_owner_audits_the_hours_of_replayed_batches(chdb_path: Path,
         owner.shutdown()
 
 
+def test_health_says_degraded_while_the_loader_reaches_no_broker(chdb_path: Path, settings: Settings) -> None:
+    """A loader whose broker is down waits for it (it does not stop); /fp/health stays 200 but says
+    ``degraded``, with the Kafka side's state and last error, and the gauge reads 0."""
+    from forumpulse.pipeline.consumer import ConsumerOptions
+    from live_stack import wait_until
+
+    opts = ConsumerOptions(bootstrap_servers="127.0.0.1:9", topic="t", dead_letter_topic=None, group_id="g")
+    owner = Owner(settings, store_url=f"chdb:{chdb_path}", port=0, consume=True, consumer_options=opts, services=[])
+    owner.start()
+    try:
+        def health() -> dict:
+            code, body = _get(owner.port, "/fp/health")
+            assert code == 200
+            return json.loads(body)
+
+        wait_until(lambda: health()["status"] == "degraded", 30, what="/fp/health degraded")
+        h = health()
+        assert h["kafka"]["reachable"] is False and h["kafka"]["since"] and h["kafka"]["last_error"]
+        assert b"forumpulse_kafka_reachable 0.0" in _get(owner.port, "/metrics")[1]
+    finally:
+        owner.shutdown()
+
+
+def test_broker_link_reads_librdkafka_statistics() -> None:
+    """Up when any configured or learned broker connection is UP (the group coordinator's logical entry is not a
+    connection of its own); a later statistics without one turns it down, with the time it changed."""
+    from forumpulse.pipeline.kafka_client import BrokerLink
+
+    now = [1000.0]
+    link = BrokerLink(clock=lambda: now[0])
+    assert link.snapshot()["reachable"] is None and link.gauge_value() != link.gauge_value()  # NaN
+
+    def stats(*states: tuple[str, str]) -> str:
+        return json.dumps({"brokers": {f"b{i}": {"state": st, "source": src, "nodeid": i}
+                                       for i, (st, src) in enumerate(states)}})
+
+    link.on_stats(stats(("UP", "configured"), ("INIT", "logical")))
+    assert link.reachable is True and link.gauge_value() == 1.0
+    now[0] = 1010.0
+    link.on_stats(stats(("TRY_CONNECT", "configured"), ("UP", "logical"), ("UP", "internal")))
+    snap = link.snapshot()
+    assert snap["reachable"] is False and snap["since"] == "1970-01-01T00:16:50+00:00" and snap["checked_s_ago"] == 0
+    link.on_stats("not json")  # ignored
+    assert link.reachable is False
+
+
 def test_bootstrap_option_reaches_every_kafka_client_of_the_process(settings: Settings) -> None:
     """``run --bootstrap`` is the broker of the loader and of the DoS feed and the decision/event producers,
     which read ``settings.kafka.bootstrap_servers`` (they went to the default 127.0.0.1:9092 before)."""
