@@ -492,6 +492,7 @@ class BotsFile(_M):
     version: int
     custom: list[BotEntry] = Field(default_factory=list)
     names: list[BotEntry] = Field(default_factory=list)
+    browsers: list[BotEntry] = Field(default_factory=list)
     not_bots: list[str] = Field(default_factory=list)
 
 
@@ -517,6 +518,7 @@ class BotDetector:
         try:
             self._custom = [(e.name, re.compile(e.pattern, re.IGNORECASE)) for e in self.doc.custom]
             self._names = [(e.name, re.compile(e.pattern, re.IGNORECASE)) for e in self.doc.names]
+            self._browsers = [re.compile(e.pattern, re.IGNORECASE) for e in self.doc.browsers]
         except re.error as exc:
             raise RulesError(f"{p}: bad regular expression: {exc}") from None
         self._extra: list[re.Pattern[str]] = []
@@ -548,6 +550,8 @@ class BotDetector:
             if m:
                 named = m.groupdict().get("name")  # a (?P<name>...) group names the bot; else the match,
                 return True, ((named or m.group()).strip(" /;:,.-_()") or rx.pattern)[:64]  # without its "/"
+        if any(rx.search(ua) for rx in self._browsers):
+            return False, None
         if not self._cd.is_crawler(ua):
             return False, None
         for name, rx in self._names:

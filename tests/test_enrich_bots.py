@@ -27,6 +27,22 @@ def test_browser_is_not_a_bot(ua: str) -> None:
     assert DETECTOR.detect(ua) == (False, None)
 
 
+BROWSERS = [ua for e in DETECTOR.doc.browsers for ua in e.cases]
+
+
+@pytest.mark.parametrize("ua", BROWSERS, ids=[ua[:60] for ua in BROWSERS])
+def test_browser_entries_are_not_bots_though_crawlerdetect_flags_them(ua: str) -> None:
+    """A ``browsers`` entry earns its place: crawlerdetect alone calls its UA a crawler (Lynx's "libwww-FM")."""
+    from crawlerdetect import CrawlerDetect
+
+    assert DETECTOR.detect(ua) == (False, None)
+    assert CrawlerDetect().is_crawler(ua)
+
+
+def test_every_browser_entry_has_cases() -> None:
+    assert DETECTOR.doc.browsers and all(e.cases for e in DETECTOR.doc.browsers)
+
+
 @pytest.mark.parametrize("ua", [None, "", "   "])
 def test_empty_user_agent_is_not_a_bot_but_is_counted(ua: str | None) -> None:
     e = Enricher(Settings())
