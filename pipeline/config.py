@@ -397,23 +397,37 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     global _CURRENT_PATH
     p = path or os.environ.get("FORUMPULSE_CONFIG")
     _CURRENT_PATH = Path(p) if p else None
+    problems: list[str] = []
     try:
         if _CURRENT_PATH is not None and not _CURRENT_PATH.is_file():
             raise ConfigError([f"config: file {_CURRENT_PATH} does not exist"])
         try:
             settings = Settings(**overrides)
         except ValidationError as exc:
-            raise ConfigError([f"{'.'.join(str(x) for x in e['loc'])}: {_msg(e['msg'])}".removeprefix(": ")
-                               for e in exc.errors()]) from None
+            problems = [f"{'.'.join(str(x) for x in e['loc'])}: {_msg(e['msg'])}".removeprefix(": ")
+                        for e in exc.errors()]
+            # the other sections are still checked, so one run reports every problem: the keys that failed are
+            # set to their defaults for that (the file's other values are kept)
+            if not all(e["loc"] and e["loc"][0] in Settings.model_fields for e in exc.errors()):
+                raise ConfigError(problems) from None  # a problem of the file as a whole
+            defaults = {str(e["loc"][0]): Settings.model_fields[str(e["loc"][0])].get_default(
+                call_default_factory=True) for e in exc.errors()}
+            try:
+                settings = Settings(**{**overrides, **defaults})
+            except (ValidationError, ValueError):
+                raise ConfigError(problems) from None
         except (yaml.YAMLError, ValueError) as exc:
             raise ConfigError([f"config: {exc}"]) from None
     finally:
         _CURRENT_PATH = None
-    problems = [f"environment {k}: no section {k.split('__')[0][len('FORUMPULSE_'):].lower()!r} (sections: "
-                f"{', '.join(Settings.model_fields)})" for k in sorted(os.environ)
-                if k.startswith("FORUMPULSE_") and "__" in k
-                and k.split("__")[0][len("FORUMPULSE_"):].lower() not in Settings.model_fields]
+    problems += [f"environment {k}: no section {k.split('__')[0][len('FORUMPULSE_'):].lower()!r} (sections: "
+                 f"{', '.join(Settings.model_fields)})" for k in sorted(os.environ)
+                 if k.startswith("FORUMPULSE_") and "__" in k
+                 and k.split("__")[0][len("FORUMPULSE_"):].lower() not in Settings.model_fields]
+    failed = {p.split(".", 1)[0].split(":", 1)[0] for p in problems}
     for section, validators in _SECTION_VALIDATORS.items():
+        if section in failed:
+            continue  # already reported (its value was not even the section's shape)
         for validator in validators.values():
             try:
                 validator(getattr(settings, section))

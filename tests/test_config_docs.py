@@ -211,3 +211,25 @@ def test_misspelt_environment_section_and_unconfigured_site(tmp_path: Path) -> N
     cfg.write_text("sources:\n  - name: a\n    site: frum\n")
     r = _check(cfg)
     assert r.returncode == 0 and "note: sources.0.site 'frum' is not in sites" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_one_run_reports_the_core_and_the_detector_sections_problems(tmp_path: Path) -> None:
+    """A wrong site key and wrong detector keys are reported together (before, the detector sections were only
+    checked once every core key was right: a user fixed one batch of problems and met the next)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("sites:\n  - name: forum\n    timezone: Mars/Base\n    trusted_proxies: [nope]\n"
+                   "detectors:\n  dos:\n    allowlist: [example.com]\n  traffic:\n    site:\n      spike_ratio: -3\n")
+    with pytest.raises(ConfigError) as exc:
+        load_settings(cfg)
+    keys = [p.split(":", 1)[0] for p in exc.value.problems]
+    assert sorted(keys) == ["detectors.dos.allowlist", "detectors.traffic.site", "sites.0.timezone",
+                            "sites.0.trusted_proxies"], exc.value.problems
+    # a detectors value that is not a mapping is one problem, its validators are not run on the default
+    cfg.write_text("sites:\n  - name: forum\n    timezone: Mars/Base\ndetectors: 5\n")
+    with pytest.raises(ConfigError) as exc:
+        load_settings(cfg)
+    assert [p.split(":", 1)[0] for p in exc.value.problems] == ["sites.0.timezone", "detectors"], exc.value.problems
+    # a problem of the file as a whole (two sites of one name) is reported alone, as before
+    cfg.write_text("sites:\n  - name: a\n  - name: a\n")
+    with pytest.raises(ConfigError, match="two sites share a name"):
+        load_settings(cfg)
