@@ -107,9 +107,16 @@ class SiteConfig(_Strict):
         out = []
         for c in v:
             try:
-                out.append(str(ipaddress.ip_network(c.strip(), strict=False)))
+                net = ipaddress.ip_network(c.strip(), strict=False)
             except ValueError:
                 raise ValueError(f"not an address or CIDR: {c!r} (e.g. 10.0.0.5 or 10.0.0.0/24)") from None
+            if isinstance(net, ipaddress.IPv6Network) and net.network_address.ipv4_mapped is not None \
+                    and net.prefixlen >= 96:  # ::ffff:10.0.0.5 is how a dual-stack socket logs 10.0.0.5
+                net = ipaddress.ip_network(f"{net.network_address.ipv4_mapped}/{net.prefixlen - 96}")
+            if net.prefixlen < (8 if net.version == 4 else 32):
+                raise ValueError(f"{c!r} is too wide for a proxy list (every address in it could name any client "
+                                 "and would never be banned): list your proxies' own addresses or ranges")
+            out.append(str(net))
         return out
 
     @field_validator("engines")

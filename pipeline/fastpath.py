@@ -61,6 +61,7 @@ from forumpulse.pipeline.formats import _values as V
 from forumpulse.pipeline.formats.compiler import (
     CLIENT,
     FLOAT,
+    FORWARDED_RX,
     LIST,
     LIST_RX,
     NUM,
@@ -91,7 +92,7 @@ _SLOTS_OK = {
     "status_orig", "bytes_body", "bytes_total", "el_us", "el_ms", "el_s", "referer", "user_agent", "upstream",
     "content_type", "vhost_v", "vhost_V", "vhost_host", "vhost_sn", "squid_ss",
     # X-Forwarded-For: read only for a site with trusted proxies (:func:`_forwarded`); a format with the header
-    # but no peer field is refused below
+    # but no peer field goes to the reference path for such a site (Processor.process)
     "forwarded",
 }
 #: H1's fast bodies that can hold neither whitespace nor a quote, kept as they are (RE2 reads them alike).
@@ -177,7 +178,7 @@ def _restricted_body(toks: list[Tok], i: int, quoted: bool) -> str | None:
         return cond + _SAFE_BODIES[body]
     if body in (r"\S+", r"\S*"):
         return cond + rf'[^"{_WS}]' + body[-1]
-    if body == LIST_RX:  # one value: a line with a list (nginx tried several upstreams) takes the reference path
+    if body in (LIST_RX, FORWARDED_RX):  # one value: a line with a list takes the reference path
         return cond + rf'[^"{_WS},]+'
     m = re.fullmatch(r"\[\^\\s(\\?.)\]\+", body)
     if m:  # [^\s<stop>]+
@@ -258,8 +259,6 @@ def plan_for_spec(spec: str, name: str) -> SplitPlan | None:
             gi += 1
     for lst in slots.values():
         lst.sort(key=lambda k: ranks[k])
-    if "forwarded" in slots and _first(slots, "client_a", "client_c", "client_h") is None:
-        return None  # the client comes from X-Forwarded-For (a list): the reference converter reads it
     needed = {g for g in (
         _first(slots, "time"), _first(slots, "client_a", "client_c", "client_h"), _first(slots, "ident"),
         _first(slots, "user"), _first(slots, "request"), _first(slots, "status_final", "status", "status_orig"),

@@ -351,7 +351,9 @@ class LiveDos:
         receivers were told when the ban was made.  Action errors are logged and counted, never fatal.  A row
         is keyed by its canonical value (as a new decision is); one the manager would refuse now (loopback,
         unspecified, link-local, multicast -- written by a version that banned them -- or not an address) is
-        not restored, served to bouncers or re-applied: it is logged and counted in ``manager.suppressed``."""
+        not restored, served to bouncers or re-applied: it is logged and counted in ``manager.suppressed``.  A
+        ban of a trusted proxy (made before ``sites[].trusted_proxies`` listed it) is lifted: an unban goes to
+        the store, the decision stream (bouncers) and every action, so no firewall set keeps it."""
         try:
             active = active_from_store(self.store, self.clock())
         except Exception as exc:
@@ -381,11 +383,11 @@ class LiveDos:
                     log.warning("not restoring the ban of %s (%s, never banned)", d.value, never)
                     continue
                 value = net_value(net)
-                if self.manager.overlaps(value, self.manager.proxies):  # banned before it was configured
+                if self.manager.overlaps(value, self.manager.proxies):  # banned before it was listed: lift it
                     self.manager.suppressed["trusted_proxy"] += 1
-                    log.warning("not restoring the ban of %s: a trusted proxy (sites[].trusted_proxies); a firewall "
-                                "set may still hold it until it expires -- lift it now with `forumpulse detect unban "
-                                "%s`", value, value)
+                    self.manager.active[value] = d if value == d.value else replace(d, value=value)
+                    self.manager.unban(value, reason="trusted_proxy")  # store, decision stream, firewall actions
+                    log.warning("lifted the ban of %s at start: a trusted proxy (sites[].trusted_proxies)", value)
                     continue
                 if value in self.manager.active:
                     continue

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.enrich import REFERER_TOPIC, Enricher, status_page_kind
-from forumpulse.pipeline.formats import TrustedProxies, get_parser
+from forumpulse.pipeline.formats import PRESETS, TrustedProxies, compile_spec, get_parser
 from forumpulse.pipeline.formats._values import NO_PROXIES
 from forumpulse.pipeline.privacy import Privacy
 from forumpulse.pipeline.record import RECORD_FIELDS, Drop
@@ -147,6 +147,16 @@ class Processor:
                                                                 trusted=trusted)
         return p
 
+    def header_client(self, ctx: SourceContext) -> bool:
+        """Whether ``ctx``'s client is read from ``X-Forwarded-For`` logged instead of the peer (a site with trusted
+        proxies): such lines take the per-line path, which the vectorised one does not follow there."""
+        if ctx.format == "auto" or not self.trusted(ctx.site):
+            return False  # no preset logs the header without the peer
+        try:
+            return compile_spec(PRESETS.get(ctx.format, ctx.format)).header_client
+        except ValueError:
+            return False
+
     def process(
         self, lines: Sequence[bytes | str], ctx: SourceContext, line_no_base: int = 0, source_ref: str = ""
     ) -> ProcessedBatch:
@@ -157,7 +167,7 @@ class Processor:
             from forumpulse.pipeline.fastpath import FastPath
 
             self._fast = FastPath(self)
-        if lines and self._fast.supports(ctx.format):
+        if lines and self._fast.supports(ctx.format) and not self.header_client(ctx):
             batch = self._fast.run(lines, ctx, line_no_base, source_ref)  # type: ignore[arg-type]  # str lines: run() returns None
             if batch is not None:
                 return batch
@@ -176,7 +186,7 @@ class Processor:
             from forumpulse.pipeline.fastpath import FastPath
 
             self._fast = FastPath(self)
-        if len(lines) and self._fast.supports(ctx.format):
+        if len(lines) and self._fast.supports(ctx.format) and not self.header_client(ctx):
             batch = self._fast.run(lines, ctx, line_no_base, source_ref)
             if batch is not None:
                 return batch

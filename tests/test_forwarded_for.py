@@ -75,8 +75,14 @@ def test_without_trusted_proxies_the_header_never_replaces_a_peer():
 
 def test_config_normalises_and_refuses_bad_proxy_entries():
     assert SiteConfig(trusted_proxies=["10.0.0.5", "10.0.1.7/24"]).trusted_proxies == ["10.0.0.5/32", "10.0.1.0/24"]
+    # an IPv4-mapped spelling is the IPv4 proxy (peers are compared, and bans refused, as IPv4)
+    assert SiteConfig(trusted_proxies=["::ffff:10.0.0.5", "::ffff:10.0.0.0/120"]).trusted_proxies == [
+        "10.0.0.5/32", "10.0.0.0/24"]
     with pytest.raises(ValueError, match=r"not an address or CIDR: 'squid\.local'"):
         SiteConfig(trusted_proxies=["squid.local"])
+    for wide in ("0.0.0.0/0", "10.0.0.0/7", "::/0", "2001:db8::/31"):  # any client could name any address
+        with pytest.raises(ValueError, match="too wide"):
+            SiteConfig(trusted_proxies=[wide])
 
 
 def test_config_file_error_names_the_key(tmp_path: Path):
@@ -97,12 +103,41 @@ def test_parsers_read_the_header_only_for_trusted_peers():
     assert get_parser("nginx_main").parse(line).client_ip == "10.0.0.5"  # type: ignore[union-attr]
     assert get_parser("nginx_main", trusted=PROXIES).parse(line).client_ip == "203.0.113.9"  # type: ignore[union-attr]
     assert get_parser("auto", trusted=PROXIES).parse(line).client_ip == "203.0.113.9"  # type: ignore[union-attr]
-    # the header logged instead of the peer (unquoted, a list with ", "), with or without trusted proxies
-    p = get_parser(APACHE_XFF_SPEC)
+    # the header logged instead of the peer (unquoted, a list with ", "): believed only with trusted proxies
+    p = get_parser(APACHE_XFF_SPEC, trusted=PROXIES)
     r = p.parse(APACHE_XFF.format(xff="1.1.1.1, 203.0.113.9"))
     assert isinstance(r, ParsedLine) and (r.client_ip, r.path, r.status) == ("203.0.113.9", "/threads/a.42/", 200)
     r = p.parse(APACHE_XFF.format(xff="-"))
     assert isinstance(r, ParsedLine) and r.client_ip is None
+    r = get_parser(APACHE_XFF_SPEC).parse(APACHE_XFF.format(xff="1.1.1.1, 203.0.113.9"))
+    assert isinstance(r, ParsedLine) and r.client_ip is None and r.path == "/threads/a.42/"
+
+
+@pytest.mark.parametrize("where", ["last", "middle"])
+def test_an_unquoted_header_the_client_wrote_never_makes_its_line_unparseable(where):
+    """The header's left part is the client's: commas without a space, empty items, (at the end) spaces must
+    not get the line quarantined -- a quarantined line is invisible to the DoS detector.  With or without
+    trusted proxies; the client is then the peer or, behind a proxy, the item the proxy appended."""
+    spec = ('apache:%a %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i" %{X-Forwarded-For}i' if where == "last"
+            else 'apache:%a %{X-Forwarded-For}i %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i"')
+    sent = ["1.1.1.1,2.2.2.2", ", x", "a,,b", "1.1.1.1, 2.2.2.2", "-"] + (["x y", "1.1.1.1 ,junk"]
+                                                                           if where == "last" else [])
+    for trusted, want in ((TrustedProxies(), "10.0.0.5"), (PROXIES, "6.6.6.6")):
+        p = get_parser(spec, trusted=trusted)
+        for x in sent:
+            xff = x + ", 6.6.6.6"
+            line = (f'10.0.0.5 - - [10/Oct/2023:13:55:36 +0000] "GET / HTTP/1.1" 200 5 "-" "UA" {xff}'
+                    if where == "last" else
+                    f'10.0.0.5 {xff} - - [10/Oct/2023:13:55:36 +0000] "GET / HTTP/1.1" 200 5 "-" "UA"')
+            r = p.parse(line)
+            assert isinstance(r, ParsedLine) and r.client_ip == want and r.status == 200, (x, r)
+
+
+def test_formats_without_the_header_share_one_compiled_form():
+    from forumpulse.pipeline.formats import compile_spec
+
+    assert compile_spec(PRESETS["combined"], trusted=PROXIES) is compile_spec(PRESETS["combined"])
+    assert compile_spec(PRESETS["nginx_main"], trusted=PROXIES) is not compile_spec(PRESETS["nginx_main"])
 
 
 def _settings(proxies: list[str]) -> Settings:
@@ -132,15 +167,16 @@ def test_processor_takes_the_client_from_the_header_behind_a_trusted_proxy(fmt):
     assert set(other.stream.column("client_ip").to_pylist()) == {"10.0.0.5"}
 
 
-def test_header_instead_of_peer_stays_on_the_reference_path_and_agrees():
-    assert plan_for_spec(APACHE_XFF_SPEC, "custom") is None
-    assert plan_for_spec(PRESETS["nginx_main"], "nginx_main") is not None  # the preset keeps its fast path
+def test_header_instead_of_peer_is_read_behind_trusted_proxies_only_and_both_paths_agree():
+    assert plan_for_spec(APACHE_XFF_SPEC, "custom") is not None  # the fast path serves sites without proxies
+    assert plan_for_spec(PRESETS["nginx_main"], "nginx_main") is not None
     lines = [APACHE_XFF.format(xff=x).encode() for x in ("203.0.113.9", "1.1.1.1, 203.0.113.10", "-")]
-    p = Processor(_settings([]))
     ctx = SourceContext(format=APACHE_XFF_SPEC)
-    fast, ref = p.process(lines, ctx), p.process_reference(lines, ctx)
-    assert fast.stream.column("client_ip").to_pylist() == ["203.0.113.9", "203.0.113.10", None]
-    assert fast.stream.equals(ref.stream)
+    for proxies, want in (([], [None, None, None]), (["10.0.0.0/24"], ["203.0.113.9", "203.0.113.10", None])):
+        p = Processor(_settings(proxies))
+        fast, ref = p.process(lines, ctx), p.process_reference(lines, ctx)
+        assert fast.stream.column("client_ip").to_pylist() == want
+        assert fast.stream.equals(ref.stream)
 
 
 def _flood_through_proxy() -> list[ParsedLine]:
@@ -230,3 +266,24 @@ def test_fast_path_reads_the_header_exactly_as_the_reference(fmt, privacy):
     if privacy == "keep":  # Googlebot's address behind the proxy names the UA-less rows
         bots = fast.requests.filter(pa.compute.equal(fast.requests.column("client_ip"), "66.249.66.1"))
         assert bots.num_rows and set(bots.column("bot_name").to_pylist()) >= {"Googlebot"}
+
+
+@pytest.mark.parametrize("proxies", [[], ["10.0.0.0/24"]])
+def test_fast_path_agrees_on_an_unquoted_header_between_fields(proxies):
+    from test_fastpath import assert_same
+
+    spec = 'apache:%h %{X-Forwarded-For}i %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i"'
+    rng = np.random.default_rng(3)
+    xffs = ["203.0.113.9", "1.1.1.1, 203.0.113.9", "1.1.1.1,203.0.113.9", "-", ", 203.0.113.9", "unknown",
+            "[2001:db8::7]:443", "a,,b"]
+    lines = [f'{["10.0.0.5", "198.51.100.7"][rng.integers(2)]} {xffs[rng.integers(len(xffs))]} - - '
+             f'[10/Oct/2023:13:55:{i % 60:02d} +0000] "GET /t/{i % 9} HTTP/1.1" 200 {i} "-" "UA/1"\n'.encode()
+             for i in range(2000)]
+    ctx = SourceContext(site="forum", format=spec)
+    fast, ref = Processor(_settings(proxies)).process(lines, ctx), Processor(_settings(proxies)).process_reference(
+        lines, ctx)
+    assert_same(fast, ref)
+    assert fast.loaded == len(lines)
+    ips = set(fast.stream.column("client_ip").to_pylist())
+    assert ips == ({"10.0.0.5", "198.51.100.7"} if not proxies else
+                   {"203.0.113.9", "198.51.100.7", "10.0.0.5", "2001:db8::7"}), ips

@@ -532,8 +532,9 @@ def test_restore_keys_old_rows_canonically_and_refuses_what_is_never_banned(chdb
 
 
 def test_restore_refuses_a_ban_of_a_proxy_listed_since(chdb_path: Path, settings: Settings) -> None:
-    """A ban of the site's own reverse proxy, made before it was listed in ``sites[].trusted_proxies``, is not
-    restored, served to bouncers or re-applied when the owner starts; other bans are."""
+    """A ban of the site's own reverse proxy, made before it was listed in ``sites[].trusted_proxies``, is lifted
+    when the owner starts -- an unban row, a deletion for bouncers, an unban for the firewall action -- and not
+    re-applied; other bans are restored."""
     from forumpulse.detectors.dos import Decision, StoreSink
     from forumpulse.pipeline.config import SiteConfig
 
@@ -554,8 +555,13 @@ def test_restore_refuses_a_ban_of_a_proxy_listed_since(chdb_path: Path, settings
         live = LiveDos(s, store, actions=[firewall], publish=False, clock=lambda: t0 / 1000 + 10)
         assert set(live.manager.active) == {"198.51.100.40"} and live.restored == 1
         assert live.manager.suppressed["trusted_proxy"] == 1
-        assert [v for v, _ in firewall.bans] == ["198.51.100.40"]
+        assert [v for v, _ in firewall.bans] == ["198.51.100.40"] and firewall.unbans == ["10.0.0.5"]
+        stream = live.registry.stream("bouncer", True)
+        assert [d["value"] for d in stream["new"] or []] == ["198.51.100.40"]
         live.close()
+        assert [(str(a), str(v)) for a, v in store.query_rows(
+            "SELECT action, value FROM decisions WHERE value = '10.0.0.5' ORDER BY created_at")] == [
+            ("ban", "10.0.0.5"), ("unban", "10.0.0.5")]
     finally:
         store.close()
 

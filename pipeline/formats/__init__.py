@@ -230,6 +230,11 @@ def compile_spec(spec: str, require_time: bool = True, trusted: TrustedProxies =
     c = _cache.get(key)
     if c is not None:
         return c
+    if trusted:
+        plain = compile_spec(spec, require_time)
+        if not plain.forwarded:  # the proxies cannot change this format's converter: share it
+            _cache[key] = plain
+            return plain
     kind, sep, body = spec.partition(":")
     if not sep:
         raise ValueError(f"unknown format spec {spec!r}: use a preset ({', '.join(PRESETS)}), 'auto', "

@@ -35,6 +35,10 @@ WORD, STR, NUM, FLOAT, CLIENT, TIME_CLF, TIME_RAW, TIME_PARTS, URI, QUERY, SQUID
 #: a value nginx may write as a list: one item per upstream server tried (", ") and per upstream group after an
 #: internal redirect (" : "), e.g. ``$upstream_status`` "502, 200" when a retry succeeded
 LIST_RX = r"[^\s,]+(?:(?:, | : )[^\s,]+)*+"  # possessive: adjacent lists cannot trade items (backtracking)
+#: an unquoted ``X-Forwarded-For`` between other fields: its left part is whatever the client sent, so any items
+#: with or without a space after the comma, empty ones included ("a,b", ", x"), must not make the line unparseable
+#: (a quarantined line is invisible to the DoS detector).  Last on the line it is ``.*``.
+FORWARDED_RX = r"[^\s,]*(?:, ?[^\s,]*)*+"
 
 
 @dataclass
@@ -296,6 +300,8 @@ def _field_rx(toks: list[Tok], i: int, mode: str) -> str:
     bracketed = bool(prev and prev.endswith("[") and nxt and nxt.startswith("]"))
     stop = nxt[0] if nxt and not nxt[0].isspace() else None
 
+    if t.slot == "forwarded" and not quoted:
+        return r".*" if last else FORWARDED_RX
     if mode == "partial":
         if t.kind in (NUM, FLOAT):
             return r"[0-9.-]+"
@@ -503,9 +509,9 @@ def generate_converter(toks: list[Tok], require_time: bool = True,
 
     The client: the peer field (``%a`` > ``%{c}a`` > ``%h``, ``$remote_addr``); when the format also logs
     ``X-Forwarded-For`` and the peer is one of ``trusted`` (the site's own proxies), the client is found in the
-    header (:func:`~._values.forwarded_client`); a format with the header and no peer field takes the client
-    from the header's right end.  Without trusted proxies a logged peer always wins (the header is the
-    client's to forge)."""
+    header (:func:`~._values.forwarded_client`).  A format with the header and no peer field takes the client
+    from the header's right end when the site has trusted proxies, else it has none.  Without trusted proxies
+    the header is never read (it is the client's to forge)."""
     slots: dict[str, list[int]] = {}
     time_groups: list[tuple[str, int]] = []  # (kind, group index)
     ranks: dict[int, int] = {}
@@ -567,8 +573,8 @@ def generate_converter(toks: list[Tok], require_time: bool = True,
     xi = _first(slots, "forwarded")
     if ci is None and xi is None:
         L.append("    c = (None, None)")
-    elif ci is None:
-        L.append(f"    c = (fwd(None, g[{xi}], TP), None)")
+    elif ci is None:  # the header instead of the peer: believed only for a site with trusted proxies
+        L.append(f"    c = (fwd(None, g[{xi}], TP), None)" if trusted else "    c = (None, None)")
     else:
         L.append(f"    c = CC.get(g[{ci}])")
         L.append("    if c is None:")
@@ -670,6 +676,8 @@ class CompiledFormat:
     #: the format logs ``X-Forwarded-For`` (``%{X-Forwarded-For}i``, ``$http_x_forwarded_for``): with the site's
     #: trusted proxies the client may come from it, so the converter depends on them
     forwarded: bool = False
+    #: ... and logs no peer address: with trusted proxies the client is the header's right end
+    header_client: bool = False
 
 
 def naive_time(toks: list[Tok]) -> bool:
@@ -682,8 +690,10 @@ def naive_time(toks: list[Tok]) -> bool:
 def compile_tokens(toks: list[Tok], source: str, require_time: bool = True,
                    trusted: V.TrustedProxies = V.NO_PROXIES) -> CompiledFormat:
     fast, lenient, partial = build_regexes(toks)
+    fields = {t.slot for t in toks if t.literal is None}
     return CompiledFormat(fast, lenient, partial, generate_converter(toks, require_time, trusted), source,
-                          naive_time(toks), any(t.literal is None and t.slot == "forwarded" for t in toks))
+                          naive_time(toks), "forwarded" in fields,
+                          "forwarded" in fields and not fields & {"client_a", "client_c", "client_h"})
 
 
 def compile_apache(fmt: str, require_time: bool = True, trusted: V.TrustedProxies = V.NO_PROXIES) -> CompiledFormat:
