@@ -162,6 +162,23 @@ def test_apache_example_uses_a_forumpulse_preset() -> None:
     assert batch.requests.num_rows == 1 and batch.requests.column("status").to_pylist() == [200]
 
 
+def test_apache_behind_proxy_example_has_the_nginx_main_shape() -> None:
+    """The commented LogFormat for Apache behind a proxy parses as the preset it names, the header included: a
+    line through a trusted proxy gets its client from the header under both specs."""
+    from forumpulse.pipeline.formats import TrustedProxies, get_parser
+
+    text = (FWD / "apache-forumpulse.conf").read_text()
+    fmt = re.search(r'^#LogFormat "(.+)" forumpulse_nginx_main$', text, re.M)
+    assert fmt, "behind-proxy LogFormat not found"
+    spec = "apache:" + fmt.group(1).replace('\\"', '"')
+    line = ('10.0.0.5 - - [22/Nov/2026:03:00:00 +0000] "GET /threads/x.12/ HTTP/1.1" 200 512 "-" "Mozilla/5.0" '
+            '"1.1.1.1, 203.0.113.9"')
+    trusted = TrustedProxies(["10.0.0.5"])
+    a, b = get_parser(spec, trusted=trusted).parse(line), get_parser("nginx_main", trusted=trusted).parse(line)
+    assert a == b and a.client_ip == "203.0.113.9"  # type: ignore[union-attr]
+    assert re.search(r"^#CustomLog \S+ forumpulse_nginx_main$", text, re.M)
+
+
 def test_squid_example_uses_the_native_format() -> None:
     text = (FWD / "squid-forumpulse.conf").read_text()
     assert re.search(r"^access_log daemon:/var/log/squid/access.log squid$", text, re.M)
