@@ -127,16 +127,23 @@ class BrokerLink:
             if err.code() == KafkaError._ALL_BROKERS_DOWN:
                 self._set(False, now)
 
+    def stale_after_s(self) -> float:
+        """No word from the client for this long: its thread stopped polling (statistics come every interval)."""
+        return max(60.0, 6 * self.interval_ms / 1000)
+
     def snapshot(self) -> dict[str, Any]:
         """``reachable`` (true / false / null = not known yet), ``since`` (ISO time it took that value),
-        ``checked_s_ago``, ``last_error`` and its ``last_error_at``."""
+        ``checked_s_ago``, ``stale`` (no statistics for :meth:`stale_after_s`: the client is not being polled,
+        so ``reachable`` is old news), ``last_error`` and its ``last_error_at``."""
         def iso(t: float | None) -> str | None:
             return None if t is None else datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
         with self._lock:
             now = self.clock()
+            ago = None if self.checked_at is None else now - self.checked_at
             return {"reachable": self.reachable, "since": iso(self.since),
-                    "checked_s_ago": None if self.checked_at is None else round(now - self.checked_at, 1),
+                    "checked_s_ago": None if ago is None else round(ago, 1),
+                    "stale": ago is not None and ago > self.stale_after_s(),
                     "last_error": self.last_error, "last_error_at": iso(self.last_error_at)}
 
     def gauge_value(self) -> float:

@@ -113,11 +113,11 @@ class Owner:
 
     def _health(self, _req: RequestInfo) -> tuple[int, str, bytes]:
         """Always 200 while the process serves (it waits for what is down, it does not stop); ``status`` is
-        ``stopping``, ``degraded`` (the loader reaches no Kafka broker: ``kafka`` says since when and the last
-        error) or ``ok``."""
+        ``stopping``, ``degraded`` (the loader reaches no Kafka broker -- ``kafka`` says since when and the last
+        error -- or its Kafka client has not been polled for a minute: ``kafka.stale``) or ``ok``."""
         kafka = self.consumer.broker.snapshot() if self.consumer else None
         status = ("stopping" if self.stop_event.is_set() else
-                  "degraded" if kafka is not None and kafka["reachable"] is False else "ok")
+                  "degraded" if kafka is not None and (kafka["reachable"] is False or kafka["stale"]) else "ok")
         body = {
             "status": status, "pid": os.getpid(),
             "store": self.store_url, "uptime_s": round(time.time() - self.started, 1),

@@ -125,6 +125,12 @@ def test_broker_link_reads_librdkafka_statistics() -> None:
     assert snap["reachable"] is False and snap["since"] == "1970-01-01T00:16:50+00:00" and snap["checked_s_ago"] == 0
     link.on_stats("not json")  # ignored
     assert link.reachable is False
+    # the client stopped being polled (a stuck loader thread): the last word goes stale after a minute
+    link.on_stats(stats(("UP", "configured")))
+    now[0] += 61
+    assert link.snapshot()["reachable"] is True and link.snapshot()["stale"] is True
+    link.on_stats(stats(("UP", "configured")))
+    assert link.snapshot()["stale"] is False
 
 
 def test_bootstrap_option_reaches_every_kafka_client_of_the_process(settings: Settings) -> None:
