@@ -99,7 +99,14 @@ def _scope(store: Store, site: str, topic_id: int | None, group: str | None) -> 
     members = [r[0] for r in store.query_rows(
         f"SELECT topic_id FROM topic_groups FINAL WHERE site = {_q(site)} AND group_name = {_q(group)} ORDER BY topic_id")]
     if not members:
-        raise ReportError(f"topic group {group!r} has no topics in topic_groups for site {site!r}")
+        import difflib
+
+        have = [str(r[0]) for r in store.query_rows(
+            f"SELECT DISTINCT group_name FROM topic_groups FINAL WHERE site = {_q(site)} ORDER BY group_name")]
+        near = difflib.get_close_matches(group, have, n=1)
+        raise ReportError(f"topic group {group!r} has no topics in topic_groups for site {site!r}"
+                          + (f" -- did you mean {near[0]!r}?" if near else "")
+                          + f" (groups: {', '.join(have) or 'none'}; topics.groups in the configuration, loaded by `forumpulse db load-titles`)")
     return Scope("group", None, group, f"Topic group “{group}” ({len(members)} topics)",
                  f"topic_id IN ({', '.join(str(int(t)) for t in members)})")
 
@@ -140,6 +147,31 @@ def _bucket_seconds(span: timedelta) -> int:
         if b >= raw:
             return b
     return 86400
+
+
+def _interval_name(b: int) -> str:
+    """A chart interval as an editor says it: minute, 10 minutes, hour, 3 hours, day."""
+    if b % 86400 == 0:
+        return "day" if b == 86400 else f"{b // 86400} days"
+    if b % 3600 == 0:
+        return "hour" if b == 3600 else f"{b // 3600} hours"
+    return "minute" if b == 60 else f"{b // 60} minutes"
+
+
+def _per(b: int) -> str:
+    return f"per {_interval_name(b)}"
+
+
+def _count(n: int, word: str) -> str:
+    """``1 view``, ``46 views``."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _pct(x: float) -> str:
+    """A share that stays readable when small: 12.3%, 0.4%, 0.012% (not 0.0%), 0%."""
+    if x == 0:
+        return "0%"
+    return f"{x:.1f}%" if x >= 0.1 else f"{x:.2g}%"
 
 
 @dataclass
@@ -213,6 +245,10 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
         SELECT sum(views), sum(replies), uniqMerge(visitors), sum(bot_views)
         FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {rng}""")[0]
     if not rows or not any(tot[i] for i in (0, 1, 3)):
+        (ever,), = store.query_rows(f"SELECT count() FROM topic_minute WHERE {site_f} AND {sc.topic_filter}")
+        if not ever:
+            raise ReportError(f"{sc.label} has no traffic at all on site {site!r}: is the "
+                              + ("id" if sc.kind == "topic" else "group") + " right?")
         raise ReportError(f"no traffic for {sc.label} between {_fmt_t(t0)} and {_fmt_t(t1)}")
     site_tot = store.query_rows(f"SELECT sum(topic_views), sum(replies) FROM site_minute WHERE {site_f} AND {rng}")[0]
     b0 = t0 - timedelta(days=baseline_days)
@@ -305,7 +341,7 @@ def _cut_text(d: EventData) -> str:
 
 
 def _charts(d: EventData, out: Path, label: str) -> dict[str, bytes]:
-    per = "per minute" if d.bucket_s == 60 else f"per {d.bucket_s // 60} min"
+    per = _per(d.bucket_s)
     charts = {}
     cut = (f"not drawn: the interval from {_fmt_t(d.cut_from)} (the data ends inside it)"
            if d.cut_from is not None else "")
@@ -337,7 +373,8 @@ def _charts(d: EventData, out: Path, label: str) -> dict[str, bytes]:
     charts["share.png"] = _save(plt, fig, out / "share.png")
 
     plt, fig, ax = _fig()
-    ax.bar(d.times, d.visitors, width=d.bucket_s / 86400 * 0.9, color="#2ca02c", label="unique visitors")
+    # a bar covers its interval (times are interval starts): centred on the start it was drawn half an interval early
+    ax.bar(d.times, d.visitors, width=d.bucket_s / 86400 * 0.9, align="edge", color="#2ca02c", label="unique visitors")
     ax.set_title(f"Unique (human) visitors {per}")
     note(ax)
     charts["visitors.png"] = _save(plt, fig, out / "visitors.png")
@@ -466,12 +503,14 @@ def _event_report(
     isf = max(range(len(shares)), key=lambda i: (shares[i], -i))
     overall_share = 100.0 * d.total_views / d.site_total_views if d.site_total_views else 0.0
     bot_share = 100.0 * d.total_bot_views / max(d.total_views + d.total_bot_views, 1)
-    per = "minute" if d.bucket_s == 60 else f"{d.bucket_s // 60}-minute interval"
+    per = _interval_name(d.bucket_s)
     vph = d.total_views / max(d.data_hours, 1 / 60)
     if d.base_share:
         ratio = overall_share / d.base_share
-        base_txt = (f"That is {ratio:.1f}× its usual share of {d.base_share:.1f}% over the previous {baseline_days} days"
-                    f" ({_rate(vph)} views per hour against {_rate(d.base_views_per_hour or 0)} usually).")
+        base_txt = (f"Over the whole range its share was {ratio:.1f}× its usual {_pct(d.base_share)} of the previous "
+                    f"{baseline_days} days" + (f", and {shares[isf] / d.base_share:,.0f}× at its peak"
+                                               if d.total_views and shares[isf] >= 1.2 * overall_share else "")
+                    + f" ({_rate(vph)} views per hour against {_rate(d.base_views_per_hour or 0)} usually).")
     elif d.base_share == 0.0:
         base_txt = f"It had no views at all in the previous {baseline_days} days."
         ratio = math.inf
@@ -479,18 +518,24 @@ def _event_report(
         base_txt = f"There is no data from the previous {baseline_days} days to compare with."
         ratio = math.nan
     top_ref = f" Most visitors who arrived from elsewhere came from {d.referrers[0][0]}." if d.referrers else ""
+    if d.total_views:
+        peak_txt = (f"The busiest {per} began at {_fmt_t(d.times[ip])}, with {_count(int(d.views[ip]), 'view')}; "
+                    f"its share of the forum's topic views was highest, {_pct(shares[isf])}, in the {per} from "
+                    f"{_fmt_t(d.times[isf])}. ")
+    else:
+        peak_txt = "No person viewed it in this range. "
     summary = (
-        f"{sc.label} drew {_n(d.total_views)} views and {_n(d.total_replies)} replies from {_n(d.total_visitors)} "
-        f"people between {_fmt_t(t0)} and {_fmt_t(t1)} — {overall_share:.1f}% of all topic views on the forum. "
-        f"Interest peaked at {_fmt_t(d.times[ip])} with {_n(d.views[ip])} views in one {per}; its share of the "
-        f"forum's topic views peaked at {shares[isf]:.1f}% ({_fmt_t(d.times[isf])}). {base_txt}{top_ref}"
+        f"{sc.label} drew {_count(d.total_views, 'view')} and {_count(d.total_replies, 'reply').replace('replys', 'replies')} "
+        f"from {_count(d.total_visitors, 'person').replace('persons', 'people')} "
+        f"between {_fmt_t(t0)} and {_fmt_t(t1)} — {_pct(overall_share)} of all topic views on the forum. "
+        f"{peak_txt}{base_txt}{top_ref}"
     )
     figs = [("total-views", _n(d.total_views), "views"), ("total-replies", _n(d.total_replies), "replies"),
             ("total-visitors", _n(d.total_visitors), "unique visitors"),
-            ("peak-time", _fmt_t(d.times[ip]), f"peak views ({_n(d.views[ip])} per {per})"),
-            ("peak-share", f"{shares[isf]:.1f}%", "peak share of topic views"),
-            ("overall-share", f"{overall_share:.1f}%", "share over the whole range"),
-            ("baseline-share", "n/a" if d.base_share is None else f"{d.base_share:.1f}%",
+            ("peak-time", _fmt_t(d.times[ip]), f"start of the busiest {per} ({_count(int(d.views[ip]), 'view')})"),
+            ("peak-share", _pct(shares[isf]), f"highest share of topic views in one {per}"),
+            ("overall-share", _pct(overall_share), "share over the whole range"),
+            ("baseline-share", "n/a" if d.base_share is None else _pct(d.base_share),
              f"baseline share ({baseline_days} days before)"),
             ("baseline-ratio", "n/a" if math.isnan(ratio) else ("∞" if math.isinf(ratio) else f"{ratio:.1f}×"),
              "against baseline"),
@@ -621,14 +666,16 @@ def _write_failed(out: Path, exc: OSError) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _open_for_report(config: Path | None, store: str | None, site: str | None) -> tuple[Store, str, Any]:
+def _open_for_report(config: Path | None, store: str | None,
+                     site: str | None) -> tuple[Store, str, Any, bool]:
     """The store, site and the site's configuration (hosts, time zone) of a report: the options, else the
-    configuration (store.url, the first site)."""
+    configuration (store.url, the first site); and whether the site is one of ``sites[]``."""
     from forumpulse.pipeline.config import load_settings
 
     settings = load_settings(config)  # a bad file: ConfigError, reported by the CLI's main() (exit 2)
     name = site or settings.sites[0].name
-    return open_store(store or settings.store.url, existing=True), name, settings.site(name)
+    configured = any(s.name == name for s in settings.sites)
+    return open_store(store or settings.store.url, existing=True), name, settings.site(name), configured
 
 
 def report_event_command(
@@ -652,7 +699,7 @@ def report_event_command(
         typer.echo("error: give exactly one of --topic, --group, --event", err=True)
         raise typer.Exit(2)
     _check_out(out)
-    st, site, cfg = _open_for_report(config, store, site)
+    st, site, cfg, _ = _open_for_report(config, store, site)
     try:
         path = generate_event_report(st, topic_id=topic, group=group, event_id=event, time_from=time_from,
                                      time_to=time_to, out_dir=out, site=site, own_hosts=cfg.hosts, tz=cfg.timezone)
@@ -681,10 +728,18 @@ def report_daily_command(
         typer.echo(f"error: --day {day!r} is not a date YYYY-MM-DD", err=True)
         raise typer.Exit(2) from None
     _check_out(out)
-    st, site, cfg = _open_for_report(config, store, site)
+    st, site, cfg, configured = _open_for_report(config, store, site)
     tz = cfg.timezone
     if d is None:
         d = (datetime.now(ZoneInfo(tz)) - timedelta(days=1)).date()
+    # a site named by --site that is neither configured nor in the data is a typo (a configured site without data
+    # yet gets its empty page and a note, below)
+    if not configured and not st.query_rows(f"SELECT count() FROM site_minute WHERE site = {_q(site)}")[0][0]:
+        have = [str(r[0]) for r in st.query_rows("SELECT DISTINCT site FROM site_minute ORDER BY site")]
+        st.close()
+        typer.echo(f"error: site {site!r} is not configured and has no data (sites with data: "
+                   f"{', '.join(have) or 'none'}; --site or sites[] in the configuration)", err=True)
+        raise typer.Exit(2)
     try:
         path, n_events, n_topics = _daily_report(st, d, out, site, tz)
     except OSError as exc:

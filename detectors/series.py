@@ -544,8 +544,8 @@ class SeasonalDetector:
             valid = seg[~np.isnan(seg)]
             # minutes of a spring-forward hour do not exist: they are no missing data (a window over them is
             # judged on the minutes it has, scaled to the window)
-            if len(valid) >= 0.8 * (minutes - missing):
-                sums.append(float(valid.mean()) * minutes)
+            if len(valid) and len(valid) >= 0.8 * (minutes - missing):  # none: no word from this day (a window
+                sums.append(float(valid.mean()) * minutes)  # inside a skipped hour was NaN, with a warning)
         return sums
 
     def _day_expected(self, d: date, kind: DayKind | None = None) -> float:

@@ -171,6 +171,11 @@ def test_titles_csv_is_loaded_by_migrate_and_reports_use_the_configured_store(tm
     assert "note: no detections and no topic views on 2024-02-01 (UTC) for site board" in r.stderr  # nothing ingested
     assert not (tmp_path / "data").exists()  # not the built-in default ./data/chdb
     assert "board" in (tmp_path / "out" / "daily-2024-02-01.html").read_text()
+    # a --site typo (neither configured nor in the data) is an error, not an empty page with exit 0
+    r = subprocess.run([str(EXE), "report", "daily", "--day", "2024-02-01", "--out", str(tmp_path / "out2"), "-c",
+                        str(cfg), "--site", "bord"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and "site 'bord' is not configured and has no data" in r.stderr, r.stderr
+    assert not (tmp_path / "out2").exists()
     from forumpulse.pipeline.store import open_store
 
     s = open_store(f"chdb:{st}")

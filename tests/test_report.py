@@ -91,7 +91,9 @@ def test_event_report_numbers(world: Any, tmp_path: Path) -> None:
     assert f"{refs['news.example.com']:,}" in table
     assert "Election results thread" in text_of(page, "title")
     summary = text_of(page, "summary")
-    assert f"{views:,} views" in summary and "peaked" in summary
+    assert f"{views:,} views" in summary and "The busiest 10 minutes began at" in summary
+    # the peak's own ratio to the baseline is said apart from the whole range's (they were one "× its usual")
+    assert "× its usual" in summary and "at its peak" in summary
     # self-contained: no external fetches, charts inline and as files
     assert not re.search(r'(?:src|href)\s*=\s*"(?:https?:)?//', page)
     assert page.count('src="data:image/png;base64,') == 4
@@ -123,10 +125,16 @@ def test_errors(world: Any, tmp_path: Path) -> None:
         generate_event_report(store, out_dir=tmp_path)
     with pytest.raises(ReportError, match="no detection"):
         generate_event_report(store, event_id="nope", out_dir=tmp_path)
-    with pytest.raises(ReportError, match="no traffic"):
+    # a topic id that never had traffic is named as such (a typo), not as a quiet range
+    with pytest.raises(ReportError, match="Topic #999 has no traffic at all on site 'forum': is the id right"):
         generate_event_report(store, topic_id=999, time_from=FROM, time_to=TO, out_dir=tmp_path)
-    with pytest.raises(ReportError, match="no topics"):
+    with pytest.raises(ReportError, match=r"^no traffic for Topic #101"):  # a real topic, a range without it
+        generate_event_report(store, topic_id=101, time_from=FROM - timedelta(days=300),
+                              time_to=FROM - timedelta(days=299), out_dir=tmp_path)
+    with pytest.raises(ReportError, match=r"no topics.*\(groups: election, sports;"):
         generate_event_report(store, group="nope", out_dir=tmp_path)
+    with pytest.raises(ReportError, match="did you mean 'election'"):
+        generate_event_report(store, group="electoin", out_dir=tmp_path)
 
 
 def test_daily_report(world: Any, tmp_path: Path) -> None:
@@ -222,7 +230,7 @@ def test_views_per_hour_of_range_and_baseline_have_the_same_denominator(world: A
     page = generate_event_report(store, topic_id=7, site="sparse", time_from=T0 + timedelta(days=7),
                                  time_to=T0 + timedelta(days=8), out_dir=tmp_path).read_text()
     summary = text_of(page, "summary")
-    assert "1.0× its usual share" in summary
+    assert "its share was 1.0× its usual 100.0%" in summary
     assert "(6.0 views per hour against 6.0 usually)" in summary, summary
 
 
@@ -302,3 +310,25 @@ def test_chart_ticks_fall_on_the_zones_own_hours(tmp_path: Path) -> None:
     ticks = [mdates.num2date(t, tz=zone) for t in ax.get_xticks()]
     assert ticks and all(t.minute == 0 for t in ticks), ticks
     assert ax.get_xlabel() == "Asia/Kathmandu time"
+
+
+def test_wording_helpers_read_as_an_editor_says_them() -> None:
+    from forumpulse.dashboards.report import _count, _interval_name, _pct
+
+    assert [_interval_name(b) for b in (60, 600, 3600, 10800, 43200, 86400)] == [
+        "minute", "10 minutes", "hour", "3 hours", "12 hours", "day"]
+    assert (_count(1, "view"), _count(46, "view"), _count(1234, "view")) == ("1 view", "46 views", "1,234 views")
+    assert (_pct(51.84), _pct(0.35), _pct(0.0123), _pct(0.0)) == ("51.8%", "0.3%", "0.012%", "0%")
+
+
+def test_a_topic_nobody_viewed_gets_no_peak_sentence(world: Any, tmp_path: Path) -> None:
+    """Only bots viewed it: the summary said "Interest peaked at 00:00 with 0 views"."""
+    store, _ = world
+    rows = [dict(r, is_bot=True, bot_name="Googlebot") for r in _steady("botsonly", range(0, 120), {5: 1})]
+    rows += _steady("botsonly", range(0, 120), {6: 2})
+    store.insert("requests", fx.requests_table(rows), dedup_token="botsonly")
+    page = generate_event_report(store, topic_id=5, site="botsonly", time_from=T0, time_to=T0 + timedelta(hours=2),
+                                 out_dir=tmp_path).read_text()
+    summary = text_of(page, "summary")
+    assert "drew 0 views and 0 replies from 0 people" in summary and "No person viewed it" in summary, summary
+    assert "peaked" not in summary and "busiest" not in summary
