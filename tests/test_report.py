@@ -332,3 +332,31 @@ def test_a_topic_nobody_viewed_gets_no_peak_sentence(world: Any, tmp_path: Path)
     summary = text_of(page, "summary")
     assert "drew 0 views and 0 replies from 0 people" in summary and "No person viewed it" in summary, summary
     assert "peaked" not in summary and "busiest" not in summary
+
+
+def _readers(site: str, topic: int, n: int, client: Any) -> list[dict[str, Any]]:
+    """``n`` human views of ``topic`` over two hours, the k-th from ``client(k)``."""
+    return [dict(fx.REQ_DEFAULTS, site=site, ts=T0 + timedelta(seconds=20 * k), client_ip=client(k), topic_id=topic,
+                 page_kind="topic_view", url=f"/t/{topic}", path=f"/t/{topic}") for k in range(n)]
+
+
+def test_views_from_one_address_block_are_named_in_event_and_daily_reports(world: Any, tmp_path: Path) -> None:
+    """A flood from one /24 counts as human views (the rollups leave out known bots only): the reports say how
+    many came from which block; a topic read by many addresses gets no such note."""
+    store, _ = world
+    many = lambda k: f"::ffff:203.{k // 250}.{k % 250}.1"  # noqa: E731 - one reader per /24
+    rows = _readers("flooded", 9, 300, many) + _readers("flooded", 9, 120, lambda k: f"::ffff:198.51.100.{k % 7 + 1}")
+    rows += _readers("flooded", 8, 300, many)
+    store.insert("requests", fx.requests_table(rows), dedup_token="flooded")
+    t1 = T0 + timedelta(hours=2)
+    page = generate_event_report(store, topic_id=9, site="flooded", time_from=T0, time_to=t1,
+                                 out_dir=tmp_path / "e9").read_text()
+    note = text_of(page, "concentrated")
+    assert "120 views (28.6% of them) came from one address block, 198.51.100.0/24" in note, note
+    calm = generate_event_report(store, topic_id=8, site="flooded", time_from=T0, time_to=t1,
+                                 out_dir=tmp_path / "e8").read_text()
+    assert 'id="concentrated"' not in calm
+    daily = generate_daily_report(store, T0.date(), tmp_path / "d", site="flooded").read_text()
+    topics = text_of(daily, "topics")
+    assert "120 from 198.51.100.0/24" in topics and topics.count("/24") == 1, topics
+    assert 'id="concentrated"' in daily
