@@ -395,7 +395,9 @@ def _charts(d: EventData, out: Path, label: str) -> dict[str, bytes]:
     ax.plot(d.times, rs, color="#ff7f0e", linewidth=1.4, label="share of all replies")
     if d.base_share is not None:
         ax.axhline(d.base_share, color="#555555", linestyle="--", linewidth=1, label="baseline view share")
-    ax.set_ylim(0, 100)
+    # the scale follows the data (a topic at 2% drawn on 0-100% was a flat line), up to 100%
+    top = max([*vs, *rs, d.base_share or 0.0, 0.0])
+    ax.set_ylim(0, min(100.0, max(1.0, top * 1.15)))
     ax.set_ylabel("%")
     ax.set_title("Share of all topic views and replies on the forum")
     ax.legend(loc="upper left")
@@ -648,6 +650,8 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
         f"<td>{html.escape(str(lb))}</td><td>{html.escape(str(st))}</td><td>{_fmt_t(_utc(a))}</td>"
         f"<td>{_fmt_t(_utc(p))}</td><td class=\"n\">{sc:.2f}</td></tr>"
         for i, k, s, lb, st, a, p, sc in events)
+    (day_views,), = store.query_rows(f"SELECT sum(topic_views) FROM site_minute WHERE site = {_q(site)} AND "
+                                     f"minute >= {_ts(t0)} AND minute < {_ts(t1)}")
     conc = _concentrated(store, f"site = {_q(site)} AND ts >= {_ts(t0)} AND ts < {_ts(t1)} AND topic_id IN "
                                 f"({', '.join(str(int(t[0])) for t in topics) or '0'})", by_topic=True)
 
@@ -657,6 +661,7 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
 
     tp_rows = "".join(
         f"<tr><td class=\"n\">{tid}</td><td>{html.escape(title or '')}</td><td class=\"n\">{_n(v)}</td>"
+        f"<td class=\"n\">{_pct(100.0 * v / day_views) if day_views else 'n/a'}</td>"
         f"<td class=\"n\">{_n(r)}</td><td class=\"n\">{_n(u)}</td><td>{html.escape(flag(tid))}</td></tr>"
         for tid, title, v, r, u in topics)
     day_txt = f"{tz} day, {_fmt_t(t0)} – {_fmt_t(t1)}"
@@ -667,8 +672,8 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
                f"<th>start</th><th>peak</th><th>score</th></tr>{ev_rows}</table>" if ev_rows
                else "<p id=\"events\">No events were detected.</p>")
             + "<h2>Top topics</h2>"
-            + f"<table id=\"topics\"><tr><th>topic</th><th>title</th><th>views</th><th>replies</th><th>visitors</th>"
-            f"<th>views from one address block</th></tr>{tp_rows}</table>"
+            + f"<table id=\"topics\"><tr><th>topic</th><th>title</th><th>views</th><th>share of the day's "
+            f"topic views</th><th>replies</th><th>visitors</th><th>views from one address block</th></tr>{tp_rows}</table>"
             + ("<p class=\"meta\" id=\"concentrated\">A topic with views from one address block (IPv4 /24, IPv6 /64) "
                f"behind at least {CONCENTRATED_SHARE:.0%} of its views (and {CONCENTRATED_MIN_VIEWS} or more): a flood, "
                "a scraper posing as a browser or a crawler logged without its name looks like that (so do many readers "

@@ -147,6 +147,8 @@ def test_daily_report(world: Any, tmp_path: Path) -> None:
     (top, n), = views.most_common(1)
     topics = text_of(page, "topics")
     assert top == 101 and f"{n:,}" in topics and topics.index("Election") < topics.index("Garden")
+    # each topic's share of the day's human topic views (per-topic share, for editors)
+    assert f"{100 * n / sum(views.values()):.1f}%" in topics, topics
     empty = generate_daily_report(store, (T0 - timedelta(days=5)).date(), tmp_path).read_text()
     assert "No events were detected" in empty
 
