@@ -201,12 +201,27 @@ class EventData:
     concentrated: tuple[str, int] | None = None  # (address block, its human topic views) when one block dominates
 
 
-def _align(t: datetime, b: int, up: bool) -> datetime:
-    """``t`` on a boundary of ``b``-second buckets (epoch-aligned, as ``toStartOfInterval(minute, INTERVAL b
-    second)``), rounded down or up."""
-    s = int(t.timestamp())
+def _align(t: datetime, b: int, up: bool, off: int = 0) -> datetime:
+    """``t`` on a boundary of ``b``-second buckets of the clock ``off`` seconds ahead of UTC (as :func:`_bucket_sql`
+    groups them), rounded down or up."""
+    s = int(t.timestamp()) + off
     s = (s + (b - 1 if up else 0)) // b * b
-    return datetime.fromtimestamp(s, UTC)
+    return datetime.fromtimestamp(s - off, UTC)
+
+
+def _bucket_sql(b: int, off: int) -> str:
+    """The start of a row's ``b``-second bucket on the clock ``off`` seconds ahead of UTC: a day runs from the
+    site's midnight, an hour from its hour (India's too), not from UTC's."""
+    if off == 0:
+        return f"toStartOfInterval(minute, INTERVAL {b} second)"
+    return f"addSeconds(toStartOfInterval(addSeconds(minute, {off}), INTERVAL {b} second), {-off})"
+
+
+def _zone_offset(t: datetime) -> int:
+    """The report zone's UTC offset at ``t``, in seconds (the buckets of a range keep the offset at its start: a
+    DST change inside the range moves the later buckets' boundaries by the change, as a fixed clock would)."""
+    off = t.astimezone(_ZONE.get()).utcoffset()
+    return int(off.total_seconds()) if off is not None else 0
 
 
 def _data_span_hours(store: Store, site_f: str, rng: str) -> float | None:
@@ -254,18 +269,20 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
     counted in the totals but left out of the charts (``cut_from``): drawn as a whole interval it would show a
     drop that did not happen."""
     b = _bucket_seconds(t1 - t0)
-    t0, t1 = _align(t0, b, up=False), _align(t1, b, up=True)
+    off = _zone_offset(t0) if b > 60 else 0
+    t0, t1 = _align(t0, b, up=False, off=off), _align(t1, b, up=True, off=off)
+    bucket = _bucket_sql(b, off)
     rng = f"minute >= {_ts(t0)} AND minute < {_ts(t1)}"
     site_f = f"site = {_q(site)}"
     # every interval in which the site has data; the scope's figures are 0 where it had none (a chart line must
     # not bridge a quiet stretch); intervals without site data (no data) stay out
     rows = store.query_rows(f"""
         SELECT d.time, s.views, s.replies, s.visitors, s.bot_views, d.views, d.replies FROM (
-            SELECT toStartOfInterval(minute, INTERVAL {b} second) AS time, sum(topic_views) AS views,
+            SELECT {bucket} AS time, sum(topic_views) AS views,
                    sum(replies) AS replies
             FROM site_minute WHERE {site_f} AND {rng} GROUP BY time) AS d
         LEFT JOIN (
-            SELECT toStartOfInterval(minute, INTERVAL {b} second) AS time, sum(views) AS views,
+            SELECT {bucket} AS time, sum(views) AS views,
                    sum(replies) AS replies, uniqMerge(visitors) AS visitors, sum(bot_views) AS bot_views
             FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {rng} GROUP BY time) AS s ON s.time = d.time
         ORDER BY d.time SETTINGS join_use_nulls = 0""")

@@ -8,6 +8,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from PIL import Image
@@ -362,3 +363,22 @@ def test_views_from_one_address_block_are_named_in_event_and_daily_reports(world
     topics = text_of(daily, "topics")
     assert "120 from 198.51.100.0/24" in topics and topics.count("/24") == 1, topics
     assert 'id="concentrated"' in daily
+
+
+@pytest.mark.parametrize(("tz", "hours"), [("Asia/Kuala_Lumpur", 8), ("Asia/Kolkata", 5.5)])
+def test_chart_intervals_run_on_the_sites_clock(world: Any, tmp_path: Path, tz: str, hours: float) -> None:
+    """A 30-day range has 3-hour intervals: they begin at the site's 00:00, 03:00 ... (they began at UTC's:
+    02:00, 05:00 ... in Kuala Lumpur, and at half past in India), and the range begins at the site's midnight."""
+    from forumpulse.dashboards.report import _align, _bucket_seconds
+
+    store, _ = world
+    zone = ZoneInfo(tz)
+    t0 = datetime(T0.year, T0.month, T0.day, tzinfo=zone) - timedelta(days=5)
+    page = generate_event_report(store, topic_id=101, time_from=t0, time_to=t0 + timedelta(days=30),
+                                 out_dir=tmp_path, tz=tz).read_text()
+    assert _bucket_seconds(timedelta(days=30)) == 10800
+    busiest = text_of(page, "peak-time").split(" UTC")[0].strip()[-5:]
+    assert int(busiest[:2]) % 3 == 0 and busiest[3:] == "00", busiest
+    assert f"{t0:%Y-%m-%d} 00:00 UTC+0{int(hours)}:{int(hours % 1 * 60):02d} –" in page
+    off = int(hours * 3600)
+    assert _align(t0 + timedelta(minutes=1), 10800, up=False, off=off) == t0
