@@ -198,6 +198,8 @@ class EventData:
     t1: datetime
     cut_from: datetime | None = None  # start of a trailing interval left out of the charts (data ends inside it)
     cut_minutes: int = 0  # minutes of data in that interval (counted in the totals)
+    head_to: datetime | None = None  # end of a leading interval left out of the charts (data begins inside it)
+    head_minutes: int = 0
     concentrated: tuple[str, int] | None = None  # (address block, its human topic views) when one block dominates
 
 
@@ -314,7 +316,14 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
           AND lower(domainWithoutWWW(referer)) != lower(replaceRegexpOne(vhost, '^www\\.', ''))
         GROUP BY d HAVING d != '' ORDER BY n DESC, d LIMIT 10""")
     conc = _concentrated(store, f"{site_f} AND {sc.topic_filter} AND ts >= {_ts(t0)} AND ts < {_ts(t1)}").get(0)
-    (data_end,), = store.query_rows(f"SELECT maxOrNull(minute) FROM site_minute WHERE {site_f}")
+    (data_start, data_end), = store.query_rows(
+        f"SELECT minOrNull(minute), maxOrNull(minute) FROM site_minute WHERE {site_f}")
+    head_to, head_minutes = None, 0
+    if data_start is not None and len(rows) > 2 and _utc(data_start) > _utc(rows[0][0]):
+        # the site's data begins inside the first interval: drawn whole, it would look like a ramp-up
+        head_to, rows = _utc(rows[0][0]) + timedelta(seconds=b), rows[1:]
+        head_minutes = store.query_rows(f"SELECT count(DISTINCT minute) FROM site_minute WHERE {site_f} "
+                                        f"AND minute >= {_ts(t0)} AND minute < {_ts(head_to)}")[0][0]
     cut_from, cut_minutes = None, 0
     if data_end is not None and len(rows) > 1:
         end = _utc(data_end) + timedelta(minutes=1)  # the site's data (any range) ends here
@@ -331,8 +340,8 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
         total_bot_views=int(tot[3] or 0), site_total_views=int(site_tot[0] or 0),
         site_total_replies=int(site_tot[1] or 0), base_share=base_share, base_views_per_hour=base_vph,
         referrers=[(str(r[0]), int(r[1])) for r in refs], data_hours=_data_span_hours(store, site_f, rng) or 0.0,
-        t0=t0, t1=t1, cut_from=cut_from, cut_minutes=int(cut_minutes),
-        concentrated=(conc[0], conc[1]) if conc else None,
+        t0=t0, t1=t1, cut_from=cut_from, cut_minutes=int(cut_minutes), head_to=head_to,
+        head_minutes=int(head_minutes), concentrated=(conc[0], conc[1]) if conc else None,
     )
 
 
@@ -379,19 +388,25 @@ def _share(a: list[float], b: list[float]) -> list[float]:
 
 
 def _cut_text(d: EventData) -> str:
-    """The note on a trailing interval left out of the charts ('' when none)."""
-    if d.cut_from is None:
-        return ""
-    return (f"The interval from {_fmt_t(d.cut_from)} is not drawn: the data ends inside it ({d.cut_minutes} of "
-            f"{d.bucket_s // 60} minutes), and drawn as a whole interval it would look like a drop. Its traffic is "
-            "counted in the totals.")
+    """The note on a leading or trailing interval left out of the charts ('' when none)."""
+    out = []
+    if d.head_to is not None:
+        out.append(f"The interval before {_fmt_t(d.head_to)} is not drawn: the data begins inside it "
+                   f"({d.head_minutes} of {d.bucket_s // 60} minutes), and drawn as a whole interval it would look "
+                   "like a rise. Its traffic is counted in the totals.")
+    if d.cut_from is not None:
+        out.append(f"The interval from {_fmt_t(d.cut_from)} is not drawn: the data ends inside it ({d.cut_minutes} "
+                   f"of {d.bucket_s // 60} minutes), and drawn as a whole interval it would look like a drop. Its "
+                   "traffic is counted in the totals.")
+    return " ".join(out)
 
 
 def _charts(d: EventData, out: Path, label: str) -> dict[str, bytes]:
     per = _per(d.bucket_s)
     charts = {}
-    cut = (f"not drawn: the interval from {_fmt_t(d.cut_from)} (the data ends inside it)"
-           if d.cut_from is not None else "")
+    cut = "; ".join(
+        ([f"not drawn: the interval before {_fmt_t(d.head_to)} (the data begins inside it)"] if d.head_to else [])
+        + ([f"not drawn: the interval from {_fmt_t(d.cut_from)} (the data ends inside it)"] if d.cut_from else []))
 
     def note(ax: Any) -> None:  # the PNGs travel alone: each says what is left out
         if cut:
@@ -614,7 +629,7 @@ def _event_report(
            if conc_txt else "")
         + f"<div class=\"figures\">{fig_html}</div>"
         f"<h2>Views and replies</h2>{_img('views_replies.png', charts['views_replies.png'], 'views and replies')}"
-        + (f"<p class=\"meta\" id=\"cut-note\">{html.escape(_cut_text(d))}</p>" if d.cut_from else "")
+        + (f"<p class=\"meta\" id=\"cut-note\">{html.escape(_cut_text(d))}</p>" if _cut_text(d) else "")
         + f"<h2>Share of forum traffic</h2>{_img('share.png', charts['share.png'], 'share of all topic views')}"
         f"<h2>Unique visitors</h2>{_img('visitors.png', charts['visitors.png'], 'unique visitors')}"
         f"<h2>Humans and bots</h2>{_img('humans_bots.png', charts['humans_bots.png'], 'humans vs bots')}"
