@@ -171,7 +171,22 @@ def _pct(x: float) -> str:
     """A share that stays readable when small: 12.3%, 0.4%, 0.012% (not 0.0%), 0%."""
     if x == 0:
         return "0%"
+    if x < 0.001:
+        return "<0.001%"
+    if 99.9 < x < 100:
+        return "99.9%"  # not "100.0%" for a topic that is not the only one
     return f"{x:.1f}%" if x >= 0.1 else f"{x:.2g}%"
+
+
+def _ratio(x: float) -> str:
+    """0.2, 1.5, 28.7, 150 (not "0" or "1" for ratios under 1.5)."""
+    return f"{x:.1f}" if x < 10 else f"{x:,.0f}"
+
+
+def _one(b: int) -> str:
+    """``one minute``, ``one hour``, ``10 minutes``, ``3 hours``: an interval after "in"."""
+    name = _interval_name(b)
+    return name if name[0].isdigit() else f"one {name}"
 
 
 @dataclass
@@ -200,7 +215,7 @@ class EventData:
     cut_minutes: int = 0  # minutes of data in that interval (counted in the totals)
     head_to: datetime | None = None  # end of a leading interval left out of the charts (data begins inside it)
     head_minutes: int = 0
-    concentrated: tuple[str, int] | None = None  # (address block, its human topic views) when one block dominates
+    concentrated: tuple[str, int, int] | None = None  # (block, its views, views with an address) when one dominates
 
 
 def _align(t: datetime, b: int, up: bool, off: int = 0) -> datetime:
@@ -242,8 +257,9 @@ def _data_span_hours(store: Store, site_f: str, rng: str) -> float | None:
 #: crawler logged without one counts as human (the rollups leave out known bots only)
 CONCENTRATED_SHARE = 0.25
 CONCENTRATED_MIN_VIEWS = 50
-#: the block of a stored client address (IPv4 is stored IPv4-mapped: its /24 is the IPv6 /120); with
-#: privacy.client_ip truncate the stored address is already a block, with pseudonymize a pseudonym (its own block)
+#: the block of a stored client address (IPv4 is stored IPv4-mapped: its /24 is the IPv6 /120).  With
+#: privacy.client_ip truncate the stored address is already its truncated prefix (an IPv4 /16 is labelled as its
+#: first /24, an IPv6 /48 as its first /64); with pseudonymize, a pseudonymised /24 shares one fd04::/64
 _BLOCK = ("if(startsWith(toString(client_ip), '::ffff:'), "
           "concat(replaceRegexpOne(toString(IPv6CIDRToRange(client_ip, 120).1), '^::ffff:', ''), '/24'), "
           "concat(toString(IPv6CIDRToRange(client_ip, 64).1), '/64'))")
@@ -251,13 +267,15 @@ _BLOCK = ("if(startsWith(toString(client_ip), '::ffff:'), "
 
 def _concentrated(store: Store, where: str, by_topic: bool = False) -> dict[int, tuple[str, int, int]]:
     """Per topic (``0`` for the whole scope unless ``by_topic``): the address block behind the most human topic
-    views of ``requests`` rows matching ``where``, with its views and the total, when it passes the
-    :data:`CONCENTRATED_SHARE` / :data:`CONCENTRATED_MIN_VIEWS` bar."""
+    views of ``requests`` rows matching ``where``, with its views and the views with a stored address (the share
+    is of those: hostname clients and unresolvable ``::`` are left out, and raw rows past their retention are
+    gone), when it passes the :data:`CONCENTRATED_SHARE` / :data:`CONCENTRATED_MIN_VIEWS` bar."""
     key = "topic_id" if by_topic else "0"
     rows = store.query_rows(f"""
         SELECT k, argMax(block, n), max(n), sum(n) FROM (
             SELECT {key} AS k, {_BLOCK} AS block, count() AS n FROM requests
             WHERE {where} AND NOT is_bot AND page_kind = 'topic_view' AND client_host = ''
+              AND client_ip != toIPv6('::')
             GROUP BY k, block)
         GROUP BY k""")
     return {int(k): (str(b), int(n), int(tot)) for k, b, n, tot in rows
@@ -341,7 +359,7 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
         site_total_replies=int(site_tot[1] or 0), base_share=base_share, base_views_per_hour=base_vph,
         referrers=[(str(r[0]), int(r[1])) for r in refs], data_hours=_data_span_hours(store, site_f, rng) or 0.0,
         t0=t0, t1=t1, cut_from=cut_from, cut_minutes=int(cut_minutes), head_to=head_to,
-        head_minutes=int(head_minutes), concentrated=(conc[0], conc[1]) if conc else None,
+        head_minutes=int(head_minutes), concentrated=conc,
     )
 
 
@@ -571,8 +589,8 @@ def _event_report(
     vph = d.total_views / max(d.data_hours, 1 / 60)
     if d.base_share:
         ratio = overall_share / d.base_share
-        base_txt = (f"Over the whole range its share was {ratio:.1f}× its usual {_pct(d.base_share)} of the previous "
-                    f"{baseline_days} days" + (f", and {shares[isf] / d.base_share:,.0f}× at its peak"
+        base_txt = (f"Over the whole range its share was {_ratio(ratio)}× its usual {_pct(d.base_share)} of the previous "
+                    f"{baseline_days} days" + (f", and {_ratio(shares[isf] / d.base_share)}× at its peak"
                                                if d.total_views and shares[isf] >= 1.2 * overall_share else "")
                     + f" ({_rate(vph)} views per hour against {_rate(d.base_views_per_hour or 0)} usually).")
     elif d.base_share == 0.0:
@@ -596,8 +614,9 @@ def _event_report(
     )
     figs = [("total-views", _n(d.total_views), "views"), ("total-replies", _n(d.total_replies), "replies"),
             ("total-visitors", _n(d.total_visitors), "unique visitors"),
-            ("peak-time", _fmt_t(d.times[ip]), f"start of the busiest {per} ({_count(int(d.views[ip]), 'view')})"),
-            ("peak-share", _pct(shares[isf]), f"highest share of topic views in one {per}"),
+            ("peak-time", _fmt_t(d.times[ip]) if d.total_views else "n/a",
+             f"start of the busiest {per} ({_count(int(d.views[ip]), 'view')})"),
+            ("peak-share", _pct(shares[isf]), f"highest share of topic views in {_one(d.bucket_s)}"),
             ("overall-share", _pct(overall_share), "share over the whole range"),
             ("baseline-share", "n/a" if d.base_share is None else _pct(d.base_share),
              f"baseline share ({baseline_days} days before)"),
@@ -606,9 +625,9 @@ def _event_report(
             ("bot-share", f"{bot_share:.1f}%", "of views by bots")]
     conc_txt = ""
     if d.concentrated:
-        block, n = d.concentrated
-        conc_txt = (f"{_count(n, 'view')} ({_pct(100.0 * n / max(d.total_views, 1))} of them) came from one address "
-                    f"block, {block}. That is what a flood, a scraper posing as a browser or a crawler logged without "
+        block, n, tot = d.concentrated
+        conc_txt = (f"{_n(n)} of the {_count(tot, 'view')} with a stored address ({_pct(100.0 * n / tot)}) came from "
+                    f"one address block, {block}. That is what a flood, a scraper posing as a browser or a crawler logged without "
                     "its name looks like (or many readers behind one carrier's NAT); such views are counted above as "
                     "human. Compare the DoS detector's "
                     "decisions for that block before quoting these numbers.")

@@ -405,6 +405,8 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     p = path or os.environ.get("FORUMPULSE_CONFIG")
     _CURRENT_PATH = Path(p) if p else None
     problems: list[str] = []
+    settings: Settings | None
+    values: dict[str, Any] = {}  # sections with a problem of their own whose known parts are still validated
     try:
         if _CURRENT_PATH is not None and not _CURRENT_PATH.is_file():
             raise ConfigError([f"config: file {_CURRENT_PATH} does not exist"])
@@ -419,10 +421,17 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
                 raise ConfigError(problems) from None  # a problem of the file as a whole
             defaults = {str(e["loc"][0]): Settings.model_fields[str(e["loc"][0])].get_default(
                 call_default_factory=True) for e in exc.errors()}
+            for e in exc.errors():  # unknown detector sections: the known ones are still checked
+                if tuple(e["loc"]) == ("detectors",) and isinstance(e.get("input"), dict):
+                    values["detectors"] = {k: v for k, v in e["input"].items() if k in DETECTOR_SECTIONS}
             try:
                 settings = Settings(**{**overrides, **defaults})
             except (ValidationError, ValueError):
-                raise ConfigError(problems) from None
+                # a mapping section's bad keys survive its default (the file's mapping is merged into it): only
+                # the sections whose values are known here are checked further
+                if not values:
+                    raise ConfigError(problems) from None
+                settings = None
         except (yaml.YAMLError, ValueError) as exc:
             raise ConfigError([f"config: {exc}"]) from None
     finally:
@@ -431,13 +440,14 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
                  f"{', '.join(Settings.model_fields)})" for k in sorted(os.environ)
                  if k.startswith("FORUMPULSE_") and "__" in k
                  and k.split("__")[0][len("FORUMPULSE_"):].lower() not in Settings.model_fields]
-    failed = {p.split(".", 1)[0].split(":", 1)[0] for p in problems}
+    failed = {p.split(".", 1)[0].split(":", 1)[0] for p in problems} - set(values)
     for section, validators in _SECTION_VALIDATORS.items():
-        if section in failed:
-            continue  # already reported (its value was not even the section's shape)
+        if section in failed or (settings is None and section not in values):
+            continue  # already reported (its value was not even the section's shape), or not known
+        value = values[section] if section in values else getattr(settings, section)
         for validator in validators.values():
             try:
-                validator(getattr(settings, section))
+                validator(value)
             except ValidationError as exc:
                 problems += [f"{section}.{'.'.join(str(x) for x in e['loc'])}: {_msg(e['msg'])}"
                              for e in exc.errors()]
@@ -445,7 +455,7 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
                 problems.append(f"{section}: {exc}")
             except OSError as exc:  # a file the section names (rules_file, ...) cannot be read
                 problems.append(f"{section}: cannot read {exc.filename}: {exc.strerror}")
-    if problems:
+    if problems or settings is None:
         raise ConfigError(problems)
     return settings
 

@@ -89,9 +89,11 @@ class BrokerLink:
     ``poll``/``consume`` (a client that is never polled updates nothing, and :meth:`snapshot` says how old
     the last word is).  Thread-safe: the owner's HTTP thread reads what the consumer thread writes."""
 
-    def __init__(self, interval_ms: int = 5000, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, interval_ms: int = 5000, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.interval_ms = interval_ms
-        self.clock = clock
+        self.clock = clock  # for the times shown (since, last_error_at)
+        self.monotonic = monotonic  # for ages: a wall-clock step must not make the last word look stale
         self._lock = threading.Lock()
         self.reachable: bool | None = None  # None: not known yet (no statistics, no error)
         self.since: float | None = None  # when ``reachable`` took its value
@@ -105,7 +107,7 @@ class BrokerLink:
     def _set(self, up: bool, now: float) -> None:
         if self.reachable is not up:
             self.reachable, self.since = up, now
-        self.checked_at = now
+        self.checked_at = self.monotonic()
 
     def on_stats(self, stats_json: str) -> None:
         try:
@@ -139,8 +141,7 @@ class BrokerLink:
             return None if t is None else datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
         with self._lock:
-            now = self.clock()
-            ago = None if self.checked_at is None else now - self.checked_at
+            ago = None if self.checked_at is None else self.monotonic() - self.checked_at
             return {"reachable": self.reachable, "since": iso(self.since),
                     "checked_s_ago": None if ago is None else round(ago, 1),
                     "stale": ago is not None and ago > self.stale_after_s(),

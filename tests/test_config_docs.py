@@ -229,6 +229,12 @@ def test_one_run_reports_the_core_and_the_detector_sections_problems(tmp_path: P
     with pytest.raises(ConfigError) as exc:
         load_settings(cfg)
     assert [p.split(":", 1)[0] for p in exc.value.problems] == ["sites.0.timezone", "detectors"], exc.value.problems
+    # an unknown detector section does not hide a known section's problems
+    cfg.write_text("detectors:\n  livee: {}\n  dos:\n    no_such_key: 1\n")
+    with pytest.raises(ConfigError) as exc:
+        load_settings(cfg)
+    assert [p.split(":", 1)[0] for p in exc.value.problems] == ["detectors", "detectors.dos.no_such_key"], \
+        exc.value.problems
     # a problem of the file as a whole (two sites of one name) is reported alone, as before
     cfg.write_text("sites:\n  - name: a\n  - name: a\n")
     with pytest.raises(ConfigError, match="two sites share a name"):

@@ -41,6 +41,8 @@ def test_browser_entries_are_not_bots_though_crawlerdetect_flags_them(ua: str) -
 
 def test_every_browser_entry_has_cases() -> None:
     assert DETECTOR.doc.browsers and all(e.cases for e in DETECTOR.doc.browsers)
+    # an entry is the browser's real shape: a tool whose UA merely starts with "Lynx/" is still a bot
+    assert DETECTOR.detect("Lynx/1 python-requests/2.31.0")[0] is True
 
 
 @pytest.mark.parametrize("ua", [None, "", "   "])

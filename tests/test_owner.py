@@ -110,7 +110,7 @@ def test_broker_link_reads_librdkafka_statistics() -> None:
     from forumpulse.pipeline.kafka_client import BrokerLink
 
     now = [1000.0]
-    link = BrokerLink(clock=lambda: now[0])
+    link = BrokerLink(clock=lambda: now[0], monotonic=lambda: now[0])
     assert link.snapshot()["reachable"] is None and link.gauge_value() != link.gauge_value()  # NaN
 
     def stats(*states: tuple[str, str]) -> str:
@@ -131,6 +131,10 @@ def test_broker_link_reads_librdkafka_statistics() -> None:
     assert link.snapshot()["reachable"] is True and link.snapshot()["stale"] is True
     link.on_stats(stats(("UP", "configured")))
     assert link.snapshot()["stale"] is False
+    # the wall clock stepping (NTP) does not age the last word: ages are monotonic
+    stepped = BrokerLink(clock=lambda: now[0] + 3600)
+    stepped.on_stats(stats(("UP", "configured")))
+    assert stepped.snapshot()["stale"] is False
 
 
 def test_bootstrap_option_reaches_every_kafka_client_of_the_process(settings: Settings) -> None:
