@@ -162,9 +162,9 @@ def _per(b: int) -> str:
     return f"per {_interval_name(b)}"
 
 
-def _count(n: int, word: str) -> str:
-    """``1 view``, ``46 views``."""
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
+def _count(n: int, word: str, plural: str | None = None) -> str:
+    """``1 view``, ``46 views``; ``plural`` when it is not ``word + "s"`` (reply/replies, person/people)."""
+    return f"{n:,} " + (word if n == 1 else plural or word + "s")
 
 
 def _pct(x: float) -> str:
@@ -607,8 +607,8 @@ def _event_report(
     else:
         peak_txt = "No person viewed it in this range. "
     summary = (
-        f"{sc.label} drew {_count(d.total_views, 'view')} and {_count(d.total_replies, 'reply').replace('replys', 'replies')} "
-        f"from {_count(d.total_visitors, 'person').replace('persons', 'people')} "
+        f"{sc.label} drew {_count(d.total_views, 'view')} and {_count(d.total_replies, 'reply', 'replies')} "
+        f"from {_count(d.total_visitors, 'person', 'people')} "
         f"between {_fmt_t(t0)} and {_fmt_t(t1)} — {_pct(overall_share)} of all topic views on the forum. "
         f"{peak_txt}{base_txt}{top_ref}"
     )
@@ -623,6 +623,7 @@ def _event_report(
             ("baseline-ratio", "n/a" if math.isnan(ratio) else ("∞" if math.isinf(ratio) else f"{ratio:.1f}×"),
              "against baseline"),
             ("bot-share", f"{bot_share:.1f}%", "of views by bots")]
+    cut_text = _cut_text(d)
     conc_txt = ""
     if d.concentrated:
         block, n, tot = d.concentrated
@@ -648,7 +649,7 @@ def _event_report(
            if conc_txt else "")
         + f"<div class=\"figures\">{fig_html}</div>"
         f"<h2>Views and replies</h2>{_img('views_replies.png', charts['views_replies.png'], 'views and replies')}"
-        + (f"<p class=\"meta\" id=\"cut-note\">{html.escape(_cut_text(d))}</p>" if _cut_text(d) else "")
+        + (f"<p class=\"meta\" id=\"cut-note\">{html.escape(cut_text)}</p>" if cut_text else "")
         + f"<h2>Share of forum traffic</h2>{_img('share.png', charts['share.png'], 'share of all topic views')}"
         f"<h2>Unique visitors</h2>{_img('visitors.png', charts['visitors.png'], 'unique visitors')}"
         f"<h2>Humans and bots</h2>{_img('humans_bots.png', charts['humans_bots.png'], 'humans vs bots')}"

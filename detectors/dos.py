@@ -962,10 +962,6 @@ class DecisionManager:
         ``created_at`` equals its ``decided_at`` and its bans are not in force today)."""
         return self.stream_ms / 1000
 
-    def is_allowlisted(self, value: str) -> bool:
-        """Whether ``value`` (an address or range) overlaps the allowlist or a trusted proxy."""
-        return self.overlaps(value, self.allow) or self.overlaps(value, self.proxies)
-
     @staticmethod
     def overlaps(value: str, nets: Sequence[_Net]) -> bool:
         """Whether the address or range ``value`` overlaps one of ``nets`` (either inside the other); a value that

@@ -321,6 +321,7 @@ def test_wording_helpers_read_as_an_editor_says_them() -> None:
     assert [_interval_name(b) for b in (60, 600, 3600, 10800, 43200, 86400)] == [
         "minute", "10 minutes", "hour", "3 hours", "12 hours", "day"]
     assert (_count(1, "view"), _count(46, "view"), _count(1234, "view")) == ("1 view", "46 views", "1,234 views")
+    assert (_count(1, "person", "people"), _count(2, "reply", "replies")) == ("1 person", "2 replies")
     assert (_pct(51.84), _pct(0.35), _pct(0.0123), _pct(0.0)) == ("51.8%", "0.3%", "0.012%", "0%")
     assert (_pct(4.56e-5), _pct(99.96), _pct(100.0)) == ("<0.001%", "99.9%", "100.0%")  # no 1e-05%, no false 100%
     assert (_ratio(0.2), _ratio(1.34), _ratio(28.71), _ratio(150.2)) == ("0.2", "1.3", "29", "150")
