@@ -34,6 +34,7 @@ class SiteCalendar:
 
     def __init__(self, country: str | None, subdivision: str | None = None,
                  periods: Iterable[Any] = (), calendar_dir: Path | None = CALENDAR_DIR) -> None:
+        country = country.strip().upper() if country else country  # "us" is the US (holidays wants "US")
         self.country = country
         self.subdivision = subdivision
         self._official: Any = None

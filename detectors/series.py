@@ -885,16 +885,33 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
     keep the last row of the file.  Values that are not finite numbers are missing.  Absent rows mean "no data".
 
     Raises ValueError naming the file (and the row, for a timestamp that cannot be read).  ``notes`` (if given)
-    receives one line per thing a user should know about the input: values that were not numbers or infinite,
-    duplicate timestamps, extra columns."""
+    receives one line per thing a user should know about the input: values that were not numbers, empty, NaN or
+    infinite, duplicate timestamps, rows out of time order, timestamps without an offset, extra columns or extra
+    fields on some rows."""
+    longer: list[list[str]] = []
+
+    def _longer(fields: list[str]) -> list[str]:
+        longer.append(fields)
+        return fields[:2]  # the extra fields are ignored, as a whole extra column is
+
     try:
-        df = pd.read_csv(path, header=None, dtype=str, skip_blank_lines=True, keep_default_na=False)
+        try:
+            df = pd.read_csv(path, header=None, dtype=str, skip_blank_lines=True, keep_default_na=False)
+        except pd.errors.ParserError as exc:
+            if "Expected" not in str(exc):
+                raise
+            # some row has more fields than the first: read again, keeping timestamp,value of those rows
+            df = pd.read_csv(path, header=None, dtype=str, skip_blank_lines=True, keep_default_na=False,
+                             engine="python", on_bad_lines=_longer)
     except pd.errors.EmptyDataError:
         raise ValueError(f"{path}: the file is empty (expected timestamp,value rows)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read: {exc}") from None
     except pd.errors.ParserError as exc:
         raise ValueError(f"{path}: not a CSV of timestamp,value rows ({' '.join(str(exc).split())})") from None
+    if longer and notes is not None:
+        notes.append(f"{len(longer)} row(s) have more fields than the first row: only their timestamp,value is "
+                     f"read (first: {','.join(longer[0])!r})")
     if df.shape[1] < 2:
         raise ValueError(f"{path}: expected two columns timestamp,value (comma-separated), found {df.shape[1]}")
     first = str(df.iloc[0, 1])
@@ -926,6 +943,9 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
             i = int(bad[0])
             raise ValueError(f"{path}: row {i + 1 + header}: {col.iloc[i]!r} is not a timestamp "
                              f"({len(bad)} such row(s))")
+        naive = int((~col.str.contains(r"(?:Z|UTC|GMT|[+-]\d\d(?::?\d\d)?)$", case=False, regex=True)).sum())
+        if naive and notes is not None:
+            notes.append(f"{naive} timestamp(s) have no UTC offset and are read as UTC")
     raw = df.iloc[:, 1].str.strip()
     vals = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
     if notes is not None:
@@ -934,16 +954,70 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
             i = int(words[0])
             notes.append(f"{len(words)} value(s) are not numbers and count as missing (first: row {i + 1 + header}, "
                          f"{raw.iloc[i]!r})")
+        blank = int((np.isnan(vals) & ((raw == "") | raw.str.lower().isin(["nan", "na"])).to_numpy()).sum())
+        if blank:
+            notes.append(f"{blank} value(s) are empty or NaN and count as missing")
     infinite = int(np.isinf(vals).sum())
     if infinite and notes is not None:
         notes.append(f"{infinite} value(s) are infinite and count as missing")
     vals[~np.isfinite(vals)] = np.nan
-    s = pd.Series(vals, index=pd.DatetimeIndex(ts)).sort_index(kind="stable")
+    index = pd.DatetimeIndex(ts)
+    earlier = int((np.diff(index.to_numpy(dtype='datetime64[ns]').astype(np.int64)) < 0).sum()) if len(index) > 1 else 0
+    if earlier and notes is not None:
+        notes.append(f"{earlier} row(s) are earlier than the row before them: rows are read in time order")
+    s = pd.Series(vals, index=index).sort_index(kind="stable")
     dup = int(s.index.duplicated(keep="last").sum())
     if dup and notes is not None:
         notes.append(f"{dup} row(s) repeat an earlier timestamp: the last row of each timestamp is used")
     s = s[~s.index.duplicated(keep="last")]
     return [t.to_pydatetime() for t in s.index], s.to_numpy(dtype=np.float64)
+
+
+def series_notes(ts: Sequence[datetime], values: FloatArray, step: int | None, mode: str,
+                 min_history: int) -> list[str]:
+    """What a user of ``detect series`` should know about how the series will be read (stderr notes; reading only,
+    the events and scores do not depend on it): rows whose spacing is not the row step in force (each row is
+    read as covering one step: a series that turns from 1-minute to 5-minute rows would count a fifth of its
+    traffic, and no outage would be found), a ``--step`` the rows disagree with, the switch of ``auto`` to
+    generic mode, and a series too short to judge."""
+    out: list[str] = []
+    n = len(ts)
+    finite = int(np.isfinite(values).sum())
+    if finite < min_history:
+        out.append(f"only {finite} row(s) with a value: the score stays 0 before {min_history}, and the count "
+                   "detectors need a previous day of the same kind as a baseline")
+    elif n and ts[-1] - ts[0] < timedelta(days=1) and mode != "generic":
+        out.append("the series covers less than a day: the count detectors need a previous day of the same kind "
+                   "as a baseline, so they report nothing")
+    if n < 3:
+        return out
+    sec = _epoch_seconds(ts)
+    steps = np.diff(sec)
+    decided = int(_row_steps(sec)[-1])
+    used = int(step) if step else decided
+    if step and decided and step != decided:
+        out.append(f"--step {step}: the first {min(n, DECIDE_ROWS)} rows are {decided} s apart")
+    elif used > 0:
+        block = DECIDE_ROWS
+        for b in range(0, len(steps), block):
+            chunk = steps[b:b + block]
+            chunk = chunk[chunk > 0]
+            if len(chunk) < block // 2:
+                continue
+            vals_, counts = np.unique(chunk, return_counts=True)
+            common = int(vals_[np.argmax(counts)])
+            if common != used:
+                first = b + int(np.flatnonzero(steps[b:b + block] == common)[0])
+                out.append(f"rows from {_iso(ts[first + 1])} on are mostly {common} s apart, not the row step of "
+                           f"{used} s: every row is read as one {used}-s step (pass --step {common} if that is the "
+                           "series' real step, or split the file where the spacing changes)")
+                break
+    if mode == "auto":
+        k = _generic_from(np.asarray(values, dtype=np.float64))
+        if k < n:
+            out.append(f"row {k + 1} ({_iso(ts[k])}) is not a non-negative integer ({float(values[k])!r}): generic mode "
+                       "(the anomaly score) from that row on, instead of the count detectors")
+    return out
 
 
 MODES = ("auto", "counts", "generic")
@@ -1071,19 +1145,23 @@ def detect_series_command(
         rules = load_rules(rules_file)
     except OSError as exc:
         raise typer.BadParameter(f"cannot read {exc.filename}: {exc.strerror}", param_hint="--rules") from None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--rules") from None
     notes: list[str] = []
     try:
         ts, vals = read_series_csv(input, notes)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    notes += series_notes(ts, vals, step, "generic" if scores else mode, score_params(rules).min_history)
     for note in notes:
         print(f"note: {input}: {note}", file=sys.stderr)
     if scores:
         sc = anomaly_scores(vals, score_params(rules), ts if len(ts) > 1 else None, step)  # as in the NAB evaluation
         print("timestamp,value,score")
         for t, v, s in zip(ts, vals, sc, strict=True):
-            print(f"{_iso(t)},{'' if np.isnan(v) else repr(float(v))},{s:.6f}")
+            # floored, not rounded: a score held under the alarm (0.4999999...) must not print as 0.500000
+            print(f"{_iso(t)},{'' if np.isnan(v) else repr(float(v))},{math.floor(s * 1e6) / 1e6:.6f}")
         return
     for d in series_events(ts, vals, timezone, calendar, seasonal_params(rules), score_params(rules),
                            mode, step=step):

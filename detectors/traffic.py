@@ -98,10 +98,58 @@ RULES_VERSION = 9  # 9: health.stuck_grace_seconds (a silent source whose file g
 
 @lru_cache(maxsize=8)
 def _load_yaml(path: str) -> dict[str, Any]:
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
     if not isinstance(data, dict) or data.get("version") != RULES_VERSION:
-        raise ValueError(f"{path}: expected a mapping with version: {RULES_VERSION} (see detectors/rules/traffic.yaml)")
+        found = data.get("version") if isinstance(data, dict) else None
+        raise ValueError(f"{path}: expected a mapping with version: {RULES_VERSION}"
+                         + (f" (found version {found}: copy detectors/rules/traffic.yaml of this release and "
+                            "re-apply your changes)" if found is not None else " (see detectors/rules/traffic.yaml)"))
+    if Path(path).resolve() != RULES_FILE:
+        data = _as_replacement(path, data, _load_yaml(str(RULES_FILE)))
     return data
+
+
+def _same_kind(value: Any, shipped: Any) -> bool:
+    if isinstance(shipped, bool):
+        return isinstance(value, bool)
+    if isinstance(shipped, (int, float)):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, type(shipped))
+
+
+def _as_replacement(path: str, data: dict[str, Any], shipped: dict[str, Any]) -> dict[str, Any]:
+    """A replacement rules file (``rules_file``, ``--rules``): every section and key it names must exist in the
+    shipped file, with a value of the same kind (a typo is an error naming it, not a crash later); the keys it
+    leaves out keep the shipped values."""
+    import difflib
+
+    problems: list[str] = []
+    merged = copy.deepcopy(shipped)
+    for section, values in data.items():
+        if section == "version":
+            continue
+        if section not in shipped or not isinstance(shipped[section], dict):
+            near = difflib.get_close_matches(str(section), [k for k in shipped if k != "version"], n=1)
+            problems.append(f"unknown section {section!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+            continue
+        if not isinstance(values, dict):
+            problems.append(f"section {section!r} must be a mapping of rule: value")
+            continue
+        for k, v in values.items():
+            if k not in shipped[section]:
+                near = difflib.get_close_matches(str(k), list(shipped[section]), n=1)
+                problems.append(f"unknown rule {section}.{k}" + (f" (did you mean {section}.{near[0]}?)" if near else ""))
+            elif not _same_kind(v, shipped[section][k]):
+                problems.append(f"{section}.{k}: {v!r} is not a {type(shipped[section][k]).__name__} "
+                                f"(shipped: {shipped[section][k]!r})")
+            else:
+                merged[section][k] = v
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+    return merged
 
 
 def load_rules(path: str | Path | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -113,6 +161,9 @@ def load_rules(path: str | Path | None = None, overrides: dict[str, dict[str, An
         for k, v in values.items():
             if k not in rules[section]:
                 raise ValueError(f"unknown traffic rule {section}.{k}")
+            if not _same_kind(v, rules[section][k]):
+                raise ValueError(f"traffic rule {section}.{k}: {v!r} is not a {type(rules[section][k]).__name__} "
+                                 f"(shipped: {rules[section][k]!r})")
             rules[section][k] = v
     return rules
 
