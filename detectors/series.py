@@ -438,6 +438,7 @@ class SeasonalParams:
     outage_min_minutes: int = 60
     merge_minutes: int = 60         # a new event within this long after the previous one (same kind) continues it
     end_ratio: float = 0.5          # an event ends when the deviation falls below this share of its threshold
+    new_level_hours: float = 24.0   # a spike / unexplained dip open this long is the site's new level (0 = never)
 
 
 DayKind = str  # "workday" | "offday"
@@ -485,6 +486,7 @@ class SeasonalDetector:
         self.ref: dict[date, FloatArray] = {}
         self._unref_done: dict[str, datetime] = {}  # event id -> last minute marked in ``ref``
         self._recent_closed: dict[str, Detection] = {}
+        self._new_level_at: dict[str, datetime] = {}  # kind -> when its last event closed as a new level
         self._kinds: dict[date, DayKind] = {}
         self._spike_run = 0
         self._refs: dict[tuple[date, DayKind], list[date]] = {}
@@ -657,12 +659,14 @@ class SeasonalDetector:
         yield from self._dip(ts, local)
         if self.p.exclude_events:
             # the minutes of a reported spike (from its back-dated start) or unexplained dip stay out of future
-            # baselines, as outages do: last week's election night must not mask the same hours of the days after
+            # baselines, as outages do: last week's election night must not mask the same hours of the days after;
+            # except in the week after a new level (see _new_level): then they are that level seen on another kind
+            # of day
             spike = self.open.get("spike")
-            if spike is not None:
+            if spike is not None and not spike.detail.get("after_new_level"):
                 self._unref(spike, ts, self.p.bucket_minutes)
             dip = self.open.get("dip")
-            if dip is not None and dip.label == "unexplained":
+            if dip is not None and dip.label == "unexplained" and not dip.detail.get("after_new_level"):
                 self._unref(dip, ts, self.p.dip_bucket_minutes)
 
     def _prune(self, today: date) -> None:
@@ -720,12 +724,27 @@ class SeasonalDetector:
             det = self.open["outage"]
             recent = self._observed(local, 15, raw=True)[0]
             exp15, _ = self.expected(local, 15)
+            e = 0.0 if math.isnan(exp) else exp
             if not down and not math.isnan(exp15) and recent >= 0.5 * exp15:
-                yield self._close("outage", ts)
-            else:
-                det.observed += count
-                det.expected += 0.0 if math.isnan(exp) else exp
+                # it ends where the traffic came back: the minutes of the run of up minutes that led here are the
+                # recovery, not the outage (observed / expected leave them out)
+                back = det.detail.pop("_up_since", ts)
+                det.detail.pop("_up_obs", None)
+                det.detail.pop("_up_exp", None)
+                det.detail["minutes"] = int((back - det.start).total_seconds() // 60)
+                closed = self._close("outage", ts)
+                closed.end = back
+                yield closed
+            elif down:
+                # a minute still down: an up minute or a few before it were a flicker, part of the outage
+                det.observed += det.detail.pop("_up_obs", 0.0) + count
+                det.expected += det.detail.pop("_up_exp", 0.0) + e
+                det.detail.pop("_up_since", None)
                 det.detail["_last"] = ts
+            else:
+                det.detail.setdefault("_up_since", ts)
+                det.detail["_up_obs"] = det.detail.get("_up_obs", 0.0) + count
+                det.detail["_up_exp"] = det.detail.get("_up_exp", 0.0) + e
             return
         if down and not math.isnan(exp) and exp >= 1.0:
             self._down_run.append(ts)
@@ -753,6 +772,9 @@ class SeasonalDetector:
     def _open(self, kind: str, det: Detection, ts: datetime) -> Detection:
         """Open ``det`` unless the previous event of this kind ended less than ``merge_minutes`` ago: then that
         one continues (same id)."""
+        shift = self._new_level_at.get(kind)
+        if shift is not None and ts - shift <= timedelta(days=7):
+            det.detail["after_new_level"] = True
         prev = self._recent_closed.get(kind)
         # only an event of the same label continues: a holiday dip that closed at the end of the holiday must
         # not be reopened by the unexplained dip of the next day (it would close again at once, every minute)
@@ -772,6 +794,38 @@ class SeasonalDetector:
         self.closed.append(det)
         self._recent_closed[kind] = det
         return det
+
+    def _is_new_level(self, det: Detection, ts: datetime) -> bool:
+        return self.p.new_level_hours > 0 and ts - det.start >= timedelta(hours=self.p.new_level_hours)
+
+    def _new_level(self, kind: str, ts: datetime, ratio: float, window: int) -> Detection:
+        """Close a spike (an unexplained dip) that has held ``new_level_hours``: the site's traffic has moved to a
+        new level, not had an event.  Its minutes, kept out of the baselines while it was an event
+        (``exclude_events``), are given back, so the baselines learn the new level (reference days are the last
+        ``baseline_days`` of the same kind: a shift that began on a workday is learnt on workdays at once and on
+        weekends after its first weekend); a later event of this kind is a new one, not this one continued.
+        For the week after, an event of this kind is marked ``detail.after_new_level`` and its minutes are not
+        kept out of the baselines: on the kinds of day the shift has not been seen on yet (a weekend) it is the
+        same shift, and the next day of that kind learns it.  Without this an open event kept its minutes out of
+        every baseline and never closed, and a shift re-opened on every weekend day for weeks."""
+        det = self.open[kind]
+        det.detail["closed_by"] = "new_level"
+        det.detail["level_ratio"] = round(ratio, 3)  # the traffic against the old expectation when closed
+        closed = self._close(kind, ts)
+        self._recent_closed.pop(kind, None)
+        self._new_level_at[kind] = ts
+        first = closed.start - timedelta(minutes=window - 1)
+        m = first
+        while m <= ts:
+            loc = m.astimezone(self.tz)
+            d = loc.date()
+            if d in self.ref:
+                i = loc.hour * 60 + loc.minute
+                self.ref[d][i] = self.clean[d][i]
+            m += timedelta(minutes=1)
+        self._unref_done.pop(closed.id, None)
+        self._day_totals.clear()  # whole-day expectations read the baselines given back
+        return closed
 
     def _spike(self, ts: datetime, local: datetime) -> Iterator[Detection]:
         m = self.p.bucket_minutes
@@ -809,6 +863,8 @@ class SeasonalDetector:
             det.detail["ratio"] = round(ratio, 3)
         if obs / bound < 1.0 + (self.p.spike_ratio - 1.0) * self.p.end_ratio:
             yield self._close("spike", ts)
+        elif self._is_new_level(det, ts):
+            yield self._new_level("spike", ts, ratio, m)
         elif ratio >= PEAK_STEP * det.detail.get("_emitted_ratio", math.inf):
             det.detail["_emitted_ratio"] = ratio
             yield det  # grown by a quarter since last reported: the stored and published peak follows
@@ -852,6 +908,8 @@ class SeasonalDetector:
         end_limit = 1.0 - (1.0 - limit) * self.p.end_ratio
         if obs_scaled / bound > end_limit or (det.label == "holiday" and not holiday):
             yield self._close("dip", ts)
+        elif det.label == "unexplained" and self._is_new_level(det, ts):
+            yield self._new_level("dip", ts, ratio, m)
         elif ratio * PEAK_STEP < det.detail.get("_emitted_ratio", 0.0):  # (a dip at 0 stays reported once)
             det.detail["_emitted_ratio"] = ratio
             yield det  # deepened by a quarter since last reported

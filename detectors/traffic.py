@@ -87,7 +87,8 @@ RULES_FILE = Path(__file__).resolve().parent / "rules" / "traffic.yaml"
 # ------------------------------------------------------------------------------------------------ config
 
 
-RULES_VERSION = 9  # 9: health.stuck_grace_seconds (a silent source whose file grows is a pipeline_gap);
+RULES_VERSION = 10  # 10: site.new_level_hours (a spike / unexplained dip that holds a day is a new level);
+# 9: health.stuck_grace_seconds (a silent source whose file grows is a pipeline_gap);
 # 8: series.period_min_lag / period_max_lag (learned period, re-learnt after a period change);
 # 7: series.novelty_* (contextual novelty next to the anomaly likelihood);
 # 6: topic.measures / reply_window_minutes / min_replies / min_visitors (replies and visitors);
@@ -1788,9 +1789,12 @@ class TrafficDetector:
             elif not self._quiet(rt, until, int(tail.total_seconds() // 60), health):
                 why: dict[str, Any] = ({"reason": "no lines while log files grow", "growing": grown} if grown
                                        else {"reason": "no lines and no heartbeats"})
+                silent = int(tail.total_seconds() // 60)
+                exp, n = rt.seasonal.expected((until - timedelta(minutes=1)).astimezone(rt.seasonal.tz),
+                                              max(1, min(silent, 1440)))
                 rt.gap = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1), None,
-                                   rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0, "pipeline_gap",
-                                   why, site=rt.name)
+                                   rt.last_seen + timedelta(minutes=1), 0.0, round(exp, 1) if n else 0.0, 1.0,
+                                   "pipeline_gap", why, site=rt.name)
                 out.extend(_reported([rt.gap], until - timedelta(minutes=1)))
 
         def logged_tails(upto: datetime) -> None:
@@ -1869,7 +1873,8 @@ class TrafficDetector:
                 return  # a quiet night, not a gap
             exp, n = rt.seasonal.expected((minute - timedelta(minutes=1)).astimezone(rt.seasonal.tz), min(silent, 1440))
             g = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1),
-                          minute - timedelta(minutes=1), rt.last_seen + timedelta(minutes=1), 0.0, 0.0, 1.0,
+                          minute - timedelta(minutes=1), rt.last_seen + timedelta(minutes=1), 0.0,
+                          round(exp, 1) if n else 0.0, 1.0,
                           "pipeline_gap", {"reason": "no lines", "minutes": silent,
                                             "expected_requests": None if not n else round(exp, 1),
                                             "liveness": "unknown"},
@@ -2073,14 +2078,20 @@ def _history_cli(from_: str, to: str, config: str | None, store_url: str | None,
 
     # the sites the detectors ran over: the configured ones and every one with data (TrafficDetector._site_names)
     names = sorted({s.name for s in settings.sites} | set(spans))
+    configured = {s.name for s in settings.sites}
     for name in names:
         span = spans.get(name)
         if span is None:
             print(f"note: site {name}: no data in the store", file=sys.stderr)
-        elif end is not None and end > span[1] + timedelta(minutes=1):
+            continue
+        if name not in configured:
+            print(f"note: site {name}: not in the configuration: judged in UTC "
+                  "with no holiday calendar (add it under sites: with its timezone and country)", file=sys.stderr)
+        if end is not None and end > span[1] + timedelta(minutes=1):
             print(f"note: site {name}: its data ends at {z(span[1] + timedelta(minutes=1))} (last minute "
                   f"{z(span[1])}); the minutes after it up to --to are judged as silence (a pipeline_gap when no "
-                  "heartbeats either)", file=sys.stderr)
+                  "heartbeats either, recorded as open until a run over later data closes it; --dry-run only "
+                  "prints)", file=sys.stderr)
     if not found:
         have = ", ".join(f"{n} {z(a)} to {z(b + timedelta(minutes=1))}" for n, (a, b) in sorted(spans.items()))
         print(f"note: no detections from {z(start)} to {z(end) if end is not None else 'now'}; the store's data: "

@@ -7,11 +7,13 @@ one log source (origin/access.log) unless the case lists `sources` (file and sha
 event removes one file's rows in its range.  `reply_fraction` turns that share of the background topic rows into
 replies; a `topic` event with `page_kind` (topic_view / reply) or `clients` (that many distinct addresses, 0 = a
 new one per row) gets rows of its own.  Expectations: `detail_min` / `detail_max` / `detail_eq` (dotted paths into
-`detail`, e.g. `by_measure.replies.magnitude`) and `detail_has` (a list in `detail` holds the value).
+`detail`, e.g. `by_measure.replies.magnitude`) and `detail_has` (a list in `detail` holds the value);
+`expected_min` / `expected_max` bound the detection's `expected`.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -219,6 +221,8 @@ def _matches(det: Detection, rule: dict[str, Any], case: dict[str, Any]) -> bool
     if "scope_not" in rule and det.scope in rule["scope_not"]:
         return False
     if "start_from" in rule and det.start < _local(case, rule["start_from"]):
+        return False
+    if not rule.get("expected_min", -math.inf) <= det.expected <= rule.get("expected_max", math.inf):
         return False
     if any(float(_detail(det, k) or 0) < v for k, v in (rule.get("detail_min") or {}).items()):
         return False

@@ -99,3 +99,7 @@ def test_history_command_prints_and_stores(tmp_path: Path, capsys: pytest.Captur
                                    dry_run=True)
     err = capsys.readouterr().err
     assert "note: site other: no data in the store" in err and "note: site forum: its data ends at" in err
+    # a site with data that the configuration does not name is judged in UTC without a calendar: said so (trial)
+    assert ("note: site forum: not in the configuration: judged in UTC with no holiday calendar (add it under "
+            "sites: with its timezone and country)") in err
+    assert "site other: not in the configuration" not in err
