@@ -155,7 +155,8 @@ def nab_protocol_part(nab_dir: Path) -> ProtocolRun | None:
         category, fname = name.split("/")
         raw = nab_dir / "results" / "relativeEntropy" / category / f"relativeEntropy_{fname}"
         if differing is not None and raw.is_file():
-            differing += int(np.sum(pd.read_csv(raw)["anomaly_score"].to_numpy(dtype=float) != ahead))
+            published = pd.read_csv(raw)["anomaly_score"].to_numpy(dtype=float)
+            differing += int(np.sum(published != ahead)) if len(published) == len(ahead) else len(ahead)
         else:
             differing = None
     scores: dict[tuple[str, str, str], float] = {}

@@ -486,7 +486,8 @@ class SeasonalDetector:
         self.ref: dict[date, FloatArray] = {}
         self._unref_done: dict[str, datetime] = {}  # event id -> last minute marked in ``ref``
         self._recent_closed: dict[str, Detection] = {}
-        self._new_level_at: dict[str, datetime] = {}  # kind -> when its last event closed as a new level
+        # kind -> (when its last event closed as a new level, where that event began)
+        self._new_level_at: dict[str, tuple[datetime, datetime]] = {}
         self._kinds: dict[date, DayKind] = {}
         self._spike_run = 0
         self._refs: dict[tuple[date, DayKind], list[date]] = {}
@@ -708,6 +709,10 @@ class SeasonalDetector:
             det.end = self._last_seen_end(det)
             det.state = "closed"
             det.detail["closed_by"] = reason
+            if k == "outage":  # up minutes pending at the last seen minute: not part of it (its end is _last)
+                for key in ("_up_since", "_up_obs", "_up_exp"):
+                    det.detail.pop(key, None)
+                det.detail["minutes"] = int((det.end - det.start).total_seconds() // 60) + 1
             self.closed.append(det)
             yield det
 
@@ -772,20 +777,38 @@ class SeasonalDetector:
     def _open(self, kind: str, det: Detection, ts: datetime) -> Detection:
         """Open ``det`` unless the previous event of this kind ended less than ``merge_minutes`` ago: then that
         one continues (same id)."""
-        shift = self._new_level_at.get(kind)
-        if shift is not None and ts - shift <= timedelta(days=7):
-            det.detail["after_new_level"] = True
         prev = self._recent_closed.get(kind)
         # only an event of the same label continues: a holiday dip that closed at the end of the holiday must
         # not be reopened by the unexplained dip of the next day (it would close again at once, every minute)
         if (prev is not None and prev.end is not None and prev.label == det.label
                 and ts - prev.end <= timedelta(minutes=self.p.merge_minutes)):
             prev.end, prev.state = None, "open"
+            # what its close said (and an outage's pending recovery) no longer holds
+            for key in ("closed_by", "minutes", "_up_since", "_up_obs", "_up_exp"):
+                prev.detail.pop(key, None)
             if prev in self.closed:
                 self.closed.remove(prev)
             det = prev
+        if kind in ("spike", "dip") and self._unlearnt_shift(kind, ts):
+            det.detail["after_new_level"] = True
+        else:
+            det.detail.pop("after_new_level", None)
         self.open[kind] = det
         return det
+
+    def _unlearnt_shift(self, kind: str, ts: datetime) -> bool:
+        """Whether a new level of this kind began less than a week before ``ts`` and none of the reference days
+        of ``ts``'s window has seen it yet at this clock time (a shift that began on a Monday morning is new to
+        the first Saturday, and to the next Monday before 09:00 when it began on a Friday at 14:00)."""
+        shift = self._new_level_at.get(kind)
+        if shift is None or ts - shift[0] > timedelta(days=7):
+            return False
+        local = ts.astimezone(self.tz)
+        began = shift[1].astimezone(self.tz)
+        for r in self._reference_days(local.date(), self._day_kind(local.date())):
+            if datetime.combine(r, local.timetz()) >= began:
+                return False
+        return True
 
     def _close(self, kind: str, ts: datetime) -> Detection:
         det = self.open.pop(kind)
@@ -804,16 +827,18 @@ class SeasonalDetector:
         (``exclude_events``), are given back, so the baselines learn the new level (reference days are the last
         ``baseline_days`` of the same kind: a shift that began on a workday is learnt on workdays at once and on
         weekends after its first weekend); a later event of this kind is a new one, not this one continued.
-        For the week after, an event of this kind is marked ``detail.after_new_level`` and its minutes are not
-        kept out of the baselines: on the kinds of day the shift has not been seen on yet (a weekend) it is the
-        same shift, and the next day of that kind learns it.  Without this an open event kept its minutes out of
-        every baseline and never closed, and a shift re-opened on every weekend day for weeks."""
+        For the week after, an event of this kind that opens where no reference day has seen the new level yet (a
+        weekend after a shift on a workday; the hours of a Monday before the time a Friday shift began) is marked
+        ``detail.after_new_level`` and its minutes are not kept out of the baselines: it is most likely the same
+        shift, and the next day of that kind learns it (:meth:`_unlearnt_shift`).  Other events of the week are
+        ordinary.  Without this an open event kept its minutes out of every baseline and never closed, and a
+        shift re-opened on every weekend day for weeks."""
         det = self.open[kind]
         det.detail["closed_by"] = "new_level"
         det.detail["level_ratio"] = round(ratio, 3)  # the traffic against the old expectation when closed
         closed = self._close(kind, ts)
         self._recent_closed.pop(kind, None)
-        self._new_level_at[kind] = ts
+        self._new_level_at[kind] = (ts, closed.start)
         first = closed.start - timedelta(minutes=window - 1)
         m = first
         while m <= ts:
@@ -967,6 +992,7 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
         raise ValueError(f"{path}: cannot read: {exc}") from None
     except pd.errors.ParserError as exc:
         raise ValueError(f"{path}: not a CSV of timestamp,value rows ({' '.join(str(exc).split())})") from None
+    df = df.fillna("")  # rows shorter than the widest (python engine): their missing fields are empty
     if longer and notes is not None:
         notes.append(f"{len(longer)} row(s) have more fields than the first row: only their timestamp,value is "
                      f"read (first: {','.join(longer[0])!r})")
@@ -977,7 +1003,7 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
     try:
         float(first)
     except ValueError:
-        if first.strip() not in ("", "nan", "NaN"):
+        if first.strip().lower() not in ("", "nan", "na"):  # a missing first value is data, not a header
             df, header = df.iloc[1:], 1  # header row
     if df.empty:
         raise ValueError(f"{path}: no rows after the header")
@@ -1001,7 +1027,9 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
             i = int(bad[0])
             raise ValueError(f"{path}: row {i + 1 + header}: {col.iloc[i]!r} is not a timestamp "
                              f"({len(bad)} such row(s))")
-        naive = int((~col.str.contains(r"(?:Z|UTC|GMT|[+-]\d\d(?::?\d\d)?)$", case=False, regex=True)).sum())
+        # an offset follows a time of day ("2024-03-04" ends in "-04" but has none)
+        naive = int((~col.str.contains(r"\d:\d\d(?::\d\d(?:[.,]\d+)?)?\s*(?:Z|UTC|GMT|[+-]\d\d(?::?\d\d)?)$",
+                                       case=False, regex=True)).sum())
         if naive and notes is not None:
             notes.append(f"{naive} timestamp(s) have no UTC offset and are read as UTC")
     raw = df.iloc[:, 1].str.strip()
@@ -1062,10 +1090,9 @@ def series_notes(ts: Sequence[datetime], values: FloatArray, step: int | None, m
             chunk = chunk[chunk > 0]
             if len(chunk) < block // 2:
                 continue
-            vals_, counts = np.unique(chunk, return_counts=True)
-            common = int(vals_[np.argmax(counts)])
-            if common != used:
-                first = b + int(np.flatnonzero(steps[b:b + block] == common)[0])
+            common = int(np.median(chunk))  # jitter (59 / 60 / 61 s) is no change of spacing
+            if abs(common - used) > 0.1 * used:
+                first = b + int(np.flatnonzero(np.abs(steps[b:b + block] - common) <= 0.1 * common)[0])
                 out.append(f"rows from {_iso(ts[first + 1])} on are mostly {common} s apart, not the row step of "
                            f"{used} s: every row is read as one {used}-s step (pass --step {common} if that is the "
                            "series' real step, or split the file where the spacing changes)")

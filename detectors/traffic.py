@@ -113,12 +113,38 @@ def _load_yaml(path: str) -> dict[str, Any]:
     return data
 
 
-def _same_kind(value: Any, shipped: Any) -> bool:
+#: rules that count rows, minutes, windows, days, levels ...: used as sizes and slice bounds, so whole numbers only
+#: (other numeric rules -- hours, seconds, thresholds -- take any number)
+_WHOLE = ("_minutes", "_window", "_windows", "_days", "_short", "_cycles", "_levels", "_orders", "_buckets", "_lag",
+          "suppress", "min_history")
+
+
+def _whole(key: str, shipped: Any) -> bool:
+    return isinstance(shipped, int) and not isinstance(shipped, bool) and key.endswith(_WHOLE)
+
+
+def _same_kind(key: str, value: Any, shipped: Any) -> bool:
+    """``value`` may replace ``shipped``: a bool for a bool, a whole number for a counting rule (``30.0`` is 30,
+    ``30.5`` is refused: it would fail later as a slice bound), any number for another numeric rule, else the
+    same type."""
     if isinstance(shipped, bool):
         return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if _whole(key, shipped):
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
     if isinstance(shipped, (int, float)):
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, (int, float))
     return isinstance(value, type(shipped))
+
+
+def _as_shipped(key: str, value: Any, shipped: Any) -> Any:
+    return int(value) if _whole(key, shipped) else value
+
+
+def _kind_name(key: str, shipped: Any) -> str:
+    return "whole number" if _whole(key, shipped) else \
+        "number" if isinstance(shipped, (int, float)) and not isinstance(shipped, bool) else type(shipped).__name__
 
 
 def _as_replacement(path: str, data: dict[str, Any], shipped: dict[str, Any]) -> dict[str, Any]:
@@ -143,11 +169,11 @@ def _as_replacement(path: str, data: dict[str, Any], shipped: dict[str, Any]) ->
             if k not in shipped[section]:
                 near = difflib.get_close_matches(str(k), list(shipped[section]), n=1)
                 problems.append(f"unknown rule {section}.{k}" + (f" (did you mean {section}.{near[0]}?)" if near else ""))
-            elif not _same_kind(v, shipped[section][k]):
-                problems.append(f"{section}.{k}: {v!r} is not a {type(shipped[section][k]).__name__} "
+            elif not _same_kind(k, v, shipped[section][k]):
+                problems.append(f"{section}.{k}: {v!r} is not a {_kind_name(k, shipped[section][k])} "
                                 f"(shipped: {shipped[section][k]!r})")
             else:
-                merged[section][k] = v
+                merged[section][k] = _as_shipped(k, v, shipped[section][k])
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems))
     return merged
@@ -162,10 +188,10 @@ def load_rules(path: str | Path | None = None, overrides: dict[str, dict[str, An
         for k, v in values.items():
             if k not in rules[section]:
                 raise ValueError(f"unknown traffic rule {section}.{k}")
-            if not _same_kind(v, rules[section][k]):
-                raise ValueError(f"traffic rule {section}.{k}: {v!r} is not a {type(rules[section][k]).__name__} "
+            if not _same_kind(k, v, rules[section][k]):
+                raise ValueError(f"traffic rule {section}.{k}: {v!r} is not a {_kind_name(k, rules[section][k])} "
                                  f"(shipped: {rules[section][k]!r})")
-            rules[section][k] = v
+            rules[section][k] = _as_shipped(k, v, rules[section][k])
     return rules
 
 
@@ -1775,6 +1801,7 @@ class TrafficDetector:
                     back = since - timedelta(minutes=1)
                     rt.gap.end, rt.gap.state = back, "closed"
                     rt.gap.detail["closed_by"] = "heartbeats"
+                    rt.gap.expected = _gap_expected(rt, rt.gap.start, back)
                     blocked.append((rt.gap.start, back, datetime.min.replace(tzinfo=UTC)))
                     out.extend(_reported([rt.gap], until - timedelta(minutes=1)))
                     rt.gap = None
@@ -1789,11 +1816,9 @@ class TrafficDetector:
             elif not self._quiet(rt, until, int(tail.total_seconds() // 60), health):
                 why: dict[str, Any] = ({"reason": "no lines while log files grow", "growing": grown} if grown
                                        else {"reason": "no lines and no heartbeats"})
-                silent = int(tail.total_seconds() // 60)
-                exp, n = rt.seasonal.expected((until - timedelta(minutes=1)).astimezone(rt.seasonal.tz),
-                                              max(1, min(silent, 1440)))
-                rt.gap = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1), None,
-                                   rt.last_seen + timedelta(minutes=1), 0.0, round(exp, 1) if n else 0.0, 1.0,
+                gap_start = rt.last_seen + timedelta(minutes=1)
+                rt.gap = Detection("pipeline_gap", "pipeline", gap_start, None, gap_start, 0.0,
+                                   _gap_expected(rt, gap_start, until - timedelta(minutes=1)), 1.0,
                                    "pipeline_gap", why, site=rt.name)
                 out.extend(_reported([rt.gap], until - timedelta(minutes=1)))
 
@@ -1864,6 +1889,7 @@ class TrafficDetector:
     def _gap_check(self, rt: _SiteRuntime, minute: datetime, health: dict[str, Any]) -> Iterator[Detection]:
         if rt.gap is not None:  # lines are back: the gap closes at the last silent minute
             rt.gap.end, rt.gap.state = minute - timedelta(minutes=1), "closed"
+            rt.gap.expected = _gap_expected(rt, rt.gap.start, rt.gap.end)
             yield rt.gap
             rt.gap = None
             return
@@ -2045,6 +2071,15 @@ def detect_history_command(
     stderr says when nothing was found and when --to lies past a site's data (minutes without lines or
     heartbeats read as a pipeline gap)."""
     _history_cli(from_, to, config, store_url, record=not dry_run)
+
+
+def _gap_expected(rt: Any, start: datetime, last: datetime) -> float:
+    """A site-scope ``pipeline_gap``'s ``expected``: the seasonal expectation of the site's requests over its
+    minutes ``start..last`` (up to the last day of them), 0 when the site has no reference days yet.  Open, it is
+    that of the silence so far; closed, of the whole gap (live and history store the same figure)."""
+    minutes = int((last - start).total_seconds() // 60) + 1
+    exp, n = rt.seasonal.expected(last.astimezone(rt.seasonal.tz), max(1, min(minutes, 1440)))
+    return round(exp, 1) if n else 0.0
 
 
 def _history_cli(from_: str, to: str, config: str | None, store_url: str | None, record: bool = True) -> None:

@@ -107,3 +107,30 @@ def test_held_back_scores_never_print_as_the_alarm(tmp_path: Path, capsys: pytes
 def test_country_codes_are_not_case_sensitive() -> None:
     assert SiteCalendar("us").is_holiday(datetime(2024, 7, 4).date())
     assert SiteCalendar(" my ").holiday_name(datetime(2024, 2, 10).date())
+
+
+def test_review_edge_cases_of_the_notes(tmp_path: Path) -> None:
+    """Review: a date-only timestamp has no offset (its "-04" is the day); a row shorter than the widest gets the
+    empty-value note, not "None is not a number"; a missing first value is data, not a header; jitter of a
+    second around a 60 s step is no change of spacing."""
+    f = tmp_path / "d.csv"
+    f.write_text("2024-03-04,5\n2024-03-05,6\n")
+    notes: list[str] = []
+    read_series_csv(str(f), notes)
+    assert notes == ["2 timestamp(s) have no UTC offset and are read as UTC"]
+    f.write_text("2024-01-01T00:00Z,5\n2024-01-01T00:05Z,6,x\n2024-01-01T00:10Z\n")
+    notes = []
+    ts, vals = read_series_csv(str(f), notes)
+    assert len(ts) == 3 and np.isnan(vals[2])
+    assert "1 value(s) are empty or NaN and count as missing" in notes and not any("None" in n for n in notes)
+    f.write_text("2024-01-01T00:00Z,NA\n2024-01-01T00:05Z,6\n")
+    ts, vals = read_series_csv(str(f))
+    assert len(ts) == 2 and np.isnan(vals[0])
+    rng = np.random.default_rng(0)
+    jitter = [T0]
+    for _ in range(400):
+        jitter.append(jitter[-1] + timedelta(seconds=int(rng.integers(59, 62))))
+    assert not [n for n in series_notes(jitter, np.ones(len(jitter)), None, "counts", 30) if "apart" in n]
+    assert any("apart" in n for n in series_notes(jitter[:150] + [jitter[149] + timedelta(minutes=5 * k)
+                                                                  for k in range(1, 250)],
+                                                  np.ones(399), None, "counts", 30))
