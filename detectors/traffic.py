@@ -2029,9 +2029,13 @@ def detect_history(store: Any, start: datetime, end: datetime | None, settings: 
         later |= {str(r[0]) for r in store.query_rows(
             f"SELECT id FROM detections FINAL WHERE id IN ({', '.join(_q(d.id) for d in still_open)}) "
             f"AND state = 'closed' AND end_ts >= {_sql_ts(ends[name] - timedelta(minutes=1))}")}
+    kept_closed = len(later)
     later |= _gaps_under_stored_outages(store, out_list)
     if out_list and record:
         det._emit(store, [d for d in out_list if d.id not in later], datetime.now(UTC))
+        if kept_closed and echo:
+            print(f"note: {kept_closed} event(s) still open at the end of this range were closed by an earlier run "
+                  "over more data: printed as open here, their stored closed state is kept", file=sys.stderr)
     if echo:
         for d in out_list:
             print(d.to_json(), file=out or sys.stdout)
