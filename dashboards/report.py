@@ -18,8 +18,9 @@ Public API:
 
 What is in an event report: views and replies over time (absolute), their share of all topic views / replies
 (the rest of the forum is "all other topics"), unique visitors (human), peak time and peak share, a baseline
-comparison (the scope's share and hourly views over the ``baseline_days`` before the range; views per hour, in
-the range and the baseline alike, are over the wall time from the site's first to its last minute of data), top
+comparison (the scope's share and hourly views over the ``baseline_days`` before the range, less the minutes of
+the scope's own earlier surges stored in ``detections``, which the summary names; views per hour, in the range
+and the baseline alike, are over the wall time from the site's first to its last minute of data), top
 referrer
 domains (referrers are privacy-scrubbed at ingest), humans vs bots, and a plain-language summary.  Everything is
 read from ClickHouse: the rollups for series, ``requests`` only for referrers.
@@ -40,7 +41,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Annotated, Any
@@ -85,6 +86,11 @@ class Scope:
     group: str | None
     label: str
     topic_filter: str  # SQL predicate on topic_minute / requests topic_id
+
+    @property
+    def detection_scope(self) -> str:
+        """The ``scope`` of this topic's or group's ``topic_surge`` detections."""
+        return f"topic:{self.topic_id}" if self.kind == "topic" else f"group:{self.group}"
 
 
 def _scope(store: Store, site: str, topic_id: int | None, group: str | None) -> Scope:
@@ -216,6 +222,7 @@ class EventData:
     head_to: datetime | None = None  # end of a leading interval left out of the charts (data begins inside it)
     head_minutes: int = 0
     concentrated: tuple[str, int, int] | None = None  # (block, its views, views with an address) when one dominates
+    base_left_out: list[tuple[datetime, datetime]] = field(default_factory=list)  # earlier surges not in the baseline
 
 
 def _align(t: datetime, b: int, up: bool, off: int = 0) -> datetime:
@@ -318,12 +325,23 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
     site_tot = store.query_rows(f"SELECT sum(topic_views), sum(replies) FROM site_minute WHERE {site_f} AND {rng}")[0]
     b0 = t0 - timedelta(days=baseline_days)
     brng = f"minute >= {_ts(b0)} AND minute < {_ts(t0)}"
+    # the scope's own earlier surges (detected, in `detections`) are not its usual level: their minutes (from the
+    # start of the window that opened each) stay out of the baseline, as the surge detector keeps them out of its own
+    left_out = [(max(_utc(a), b0), min(_utc(e) if e is not None else t0, t0)) for a, e in store.query_rows(f"""
+        SELECT start_ts - toIntervalMinute(JSONExtractUInt(detail, 'window_minutes')), end_ts
+        FROM detections FINAL WHERE {site_f} AND kind = 'topic_surge' AND scope = {_q(sc.detection_scope)}
+          AND start_ts < {_ts(t0)} AND (end_ts IS NULL OR end_ts >= {_ts(b0)}) ORDER BY start_ts""")]
+    left_out = [(a, e) for a, e in left_out if a < e]
+    for a, e in left_out:
+        brng += f" AND NOT (minute >= {_ts(a)} AND minute <= {_ts(e)})"
     bv = store.query_rows(f"SELECT sum(views), count() FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {brng}")[0]
     bs = store.query_rows(f"SELECT sum(topic_views) FROM site_minute WHERE {site_f} AND {brng}")[0]
     base_share = base_vph = None
     if bs[0]:
         base_share = 100.0 * (bv[0] or 0) / bs[0]
-        base_vph = (bv[0] or 0) / (_data_span_hours(store, site_f, brng) or 1 / 60)
+        hours = (_data_span_hours(store, site_f, brng) or 1 / 60) - sum(
+            (e - a).total_seconds() / 3600 + 1 / 60 for a, e in left_out)  # span without the surges' minutes
+        base_vph = (bv[0] or 0) / max(hours, 1 / 60)
     # external referrers: not the site's own host names (sites[].hosts) nor the request's virtual host (a click
     # from one forum page to another is navigation, not an arrival); counted in human topic views
     own = ", ".join(_q(h.lower().removeprefix("www.")) for h in own_hosts) or "''"
@@ -359,7 +377,7 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
         site_total_replies=int(site_tot[1] or 0), base_share=base_share, base_views_per_hour=base_vph,
         referrers=[(str(r[0]), int(r[1])) for r in refs], data_hours=_data_span_hours(store, site_f, rng) or 0.0,
         t0=t0, t1=t1, cut_from=cut_from, cut_minutes=int(cut_minutes), head_to=head_to,
-        head_minutes=int(head_minutes), concentrated=conc,
+        head_minutes=int(head_minutes), concentrated=conc, base_left_out=left_out,
     )
 
 
@@ -593,6 +611,11 @@ def _event_report(
                     f"{baseline_days} days" + (f", and {_ratio(shares[isf] / d.base_share)}× at its peak"
                                                if d.total_views and shares[isf] >= 1.2 * overall_share else "")
                     + f" ({_rate(vph)} views per hour against {_rate(d.base_views_per_hour or 0)} usually).")
+        if d.base_left_out:
+            spans = "; ".join(f"{_fmt_t(a)} to {_fmt_t(e)}" for a, e in d.base_left_out)
+            many = len(d.base_left_out) > 1
+            base_txt += (f" {'Its earlier surges' if many else 'Its earlier surge'} in those days ({spans}) "
+                         f"{'are' if many else 'is'} left out of that usual level.")
     elif d.base_share == 0.0:
         base_txt = f"It had no views at all in the previous {baseline_days} days."
         ratio = math.inf

@@ -400,3 +400,24 @@ def test_an_interval_the_data_begins_inside_is_not_drawn(world: Any, tmp_path: P
     assert f"The interval before {(t0 + timedelta(hours=3)):%Y-%m-%d %H:%M} UTC is not drawn: the data begins inside it" \
         in note and "(60 of 180 minutes)" in note, note
     assert f"{2 * (30 * 1440 - 120):,}" in text_of(page, "total-views")  # counted from 05:00 on
+
+
+def test_the_scopes_earlier_surge_is_left_out_of_its_baseline(world: Any, tmp_path: Path) -> None:
+    """Editorial trial's open item: a topic that surged three days before the report had that surge in its "usual"
+    share, so the report understated the new surge.  A stored topic_surge of the same scope in the baseline days is
+    left out (as the detector leaves it out of its own baseline), and the summary says so."""
+    store, _ = world
+    rows = _steady("relapse", range(0, 8 * 1440), {5: 1, 6: 4})  # topic 5: 20% of topic views
+    rows += _steady("relapse", range(3 * 1440 + 600, 3 * 1440 + 780), {5: 20})  # day 3, 3 hours: a surge
+    store.insert("requests", fx.requests_table(rows), dedup_token="relapse")
+    args = dict(topic_id=5, site="relapse", time_from=T0 + timedelta(days=7), time_to=T0 + timedelta(days=8))
+    before = text_of(generate_event_report(store, out_dir=tmp_path / "a", **args).read_text(), "summary")
+    assert "its usual 20.0%" not in before and "left out" not in before  # the surge inflates the usual share
+    det = [{"id": "relapse-1", "kind": "topic_surge", "site": "relapse", "scope": "topic:5",
+            "start_ts": T0 + timedelta(days=3, minutes=605), "end_ts": T0 + timedelta(days=3, minutes=779),
+            "peak_ts": T0 + timedelta(days=3, minutes=700), "observed": 0.8, "expected": 0.2, "score": 9.0,
+            "label": "surge", "state": "closed", "detail": '{"window_minutes": 5}', "updated_at": T0}]
+    store.insert("detections", fx.ts_table(det, ("start_ts", "end_ts", "peak_ts", "updated_at")))
+    after = text_of(generate_event_report(store, out_dir=tmp_path / "b", **args).read_text(), "summary")
+    assert "its usual 20.0%" in after and "(60 views per hour against 60 usually)" in after, after
+    assert "Its earlier surge in those days (" in after and "is left out of that usual level." in after
