@@ -223,6 +223,7 @@ class EventData:
     head_minutes: int = 0
     concentrated: tuple[str, int, int] | None = None  # (block, its views, views with an address) when one dominates
     base_left_out: list[tuple[datetime, datetime]] = field(default_factory=list)  # earlier surges not in the baseline
+    concentrated_site: int = 0  # that block's human topic views of the whole forum in the range
 
 
 def _align(t: datetime, b: int, up: bool, off: int = 0) -> datetime:
@@ -352,6 +353,11 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
           AND lower(domainWithoutWWW(referer)) != lower(replaceRegexpOne(vhost, '^www\\.', ''))
         GROUP BY d HAVING d != '' ORDER BY n DESC, d LIMIT 10""")
     conc = _concentrated(store, f"{site_f} AND {sc.topic_filter} AND ts >= {_ts(t0)} AND ts < {_ts(t1)}").get(0)
+    conc_site = 0  # that block's human topic views of the whole forum in the range (for the share without it)
+    if conc is not None:
+        conc_site = int(store.query_rows(f"""
+            SELECT count() FROM requests WHERE {site_f} AND ts >= {_ts(t0)} AND ts < {_ts(t1)} AND NOT is_bot
+              AND page_kind = 'topic_view' AND client_host = '' AND {_BLOCK} = {_q(conc[0])}""")[0][0])
     (data_start, data_end), = store.query_rows(
         f"SELECT minOrNull(minute), maxOrNull(minute) FROM site_minute WHERE {site_f}")
     head_to, head_minutes = None, 0
@@ -377,7 +383,7 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
         site_total_replies=int(site_tot[1] or 0), base_share=base_share, base_views_per_hour=base_vph,
         referrers=[(str(r[0]), int(r[1])) for r in refs], data_hours=_data_span_hours(store, site_f, rng) or 0.0,
         t0=t0, t1=t1, cut_from=cut_from, cut_minutes=int(cut_minutes), head_to=head_to,
-        head_minutes=int(head_minutes), concentrated=conc, base_left_out=left_out,
+        head_minutes=int(head_minutes), concentrated=conc, concentrated_site=conc_site, base_left_out=left_out,
     )
 
 
@@ -655,6 +661,11 @@ def _event_report(
                     "its name looks like (or many readers behind one carrier's NAT); such views are counted above as "
                     "human. Compare the DoS detector's "
                     "decisions for that block before quoting these numbers.")
+        rest, rest_site = d.total_views - n, d.site_total_views - d.concentrated_site
+        if rest >= 0 and rest_site > 0:
+            conc_txt += (f" Without that block's views it drew {_count(rest, 'view')}, "
+                         f"{_pct(100.0 * rest / rest_site)} of the forum's topic views ({_pct(overall_share)} with "
+                         "them).")
     fig_html = "".join(f'<div class="fig" id="{i}"><div class="v">{html.escape(v)}</div><div class="k">'
                        f"{html.escape(k)}</div></div>" for i, v, k in figs)
     ref_rows = "".join(f"<tr><td>{html.escape(dm)}</td><td class=\"n\">{_n(n)}</td></tr>" for dm, n in d.referrers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 import sys
 from collections import Counter
@@ -360,6 +361,9 @@ def test_views_from_one_address_block_are_named_in_event_and_daily_reports(world
                                  out_dir=tmp_path / "e9").read_text()
     note = text_of(page, "concentrated")
     assert "120 of the 420 views with a stored address (28.6%) came from one address block, 198.51.100.0/24" in note, note
+    # and what the figures are without it (editorial trial: named, not subtracted): 300 of the forum's other 600
+    assert ("Without that block's views it drew 300 views, 50.0% of the forum's topic views (58.3% with them)."
+            in html.unescape(note))
     calm = generate_event_report(store, topic_id=8, site="flooded", time_from=T0, time_to=t1,
                                  out_dir=tmp_path / "e8").read_text()
     assert 'id="concentrated"' not in calm
