@@ -328,21 +328,39 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
     brng = f"minute >= {_ts(b0)} AND minute < {_ts(t0)}"
     # the scope's own earlier surges (detected, in `detections`) are not its usual level: their minutes (from the
     # start of the window that opened each) stay out of the baseline, as the surge detector keeps them out of its own
-    left_out = [(max(_utc(a), b0), min(_utc(e) if e is not None else t0, t0)) for a, e in store.query_rows(f"""
-        SELECT start_ts - toIntervalMinute(JSONExtractUInt(detail, 'window_minutes')), end_ts
-        FROM detections FINAL WHERE {site_f} AND kind = 'topic_surge' AND scope = {_q(sc.detection_scope)}
-          AND start_ts < {_ts(t0)} AND (end_ts IS NULL OR end_ts >= {_ts(b0)}) ORDER BY start_ts""")]
-    left_out = [(a, e) for a, e in left_out if a < e]
-    for a, e in left_out:
+    one = timedelta(minutes=1)
+    spans: list[tuple[datetime, datetime]] = []  # minutes left out, merged (re-runs can store overlapping ones)
+    shown: list[tuple[datetime, datetime]] = []  # the detections' own start and end, for the summary
+    for a, st, e in store.query_rows(f"""
+            SELECT start_ts - toIntervalMinute(JSONExtractUInt(detail, 'window_minutes')), start_ts, end_ts
+            FROM detections FINAL WHERE {site_f} AND kind = 'topic_surge' AND scope = {_q(sc.detection_scope)}
+              AND start_ts < {_ts(t0)} AND (end_ts IS NULL OR end_ts >= {_ts(b0)}) ORDER BY start_ts"""):
+        lo, hi = max(_utc(a), b0), min(_utc(e) if e is not None else t0, t0 - one)
+        if lo > hi:
+            continue
+        shown.append((max(_utc(st), b0), min(_utc(e) if e is not None else t0, t0)))
+        if spans and lo <= spans[-1][1] + one:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], hi))
+        else:
+            spans.append((lo, hi))
+    full = brng
+    for a, e in spans:
         brng += f" AND NOT (minute >= {_ts(a)} AND minute <= {_ts(e)})"
     bv = store.query_rows(f"SELECT sum(views), count() FROM topic_minute WHERE {site_f} AND {sc.topic_filter} AND {brng}")[0]
     bs = store.query_rows(f"SELECT sum(topic_views) FROM site_minute WHERE {site_f} AND {brng}")[0]
     base_share = base_vph = None
     if bs[0]:
         base_share = 100.0 * (bv[0] or 0) / bs[0]
-        hours = (_data_span_hours(store, site_f, brng) or 1 / 60) - sum(
-            (e - a).total_seconds() / 3600 + 1 / 60 for a, e in left_out)  # span without the surges' minutes
-        base_vph = (bv[0] or 0) / max(hours, 1 / 60)
+        # wall time of the baseline's data less the left-out minutes inside it (each counted once)
+        first, last = store.query_rows(f"SELECT minOrNull(minute), maxOrNull(minute) FROM site_minute "
+                                       f"WHERE {site_f} AND {full}")[0]
+        hours = 1 / 60
+        if first is not None and last is not None:
+            first, last = _utc(first), _utc(last)
+            gone = sum((max(timedelta(0), min(e, last) - max(a, first) + one) for a, e in spans), timedelta(0))
+            hours = max((last - first + one - gone).total_seconds() / 3600, 1 / 60)
+        base_vph = (bv[0] or 0) / hours
+    left_out = shown
     # external referrers: not the site's own host names (sites[].hosts) nor the request's virtual host (a click
     # from one forum page to another is navigation, not an arrival); counted in human topic views
     own = ", ".join(_q(h.lower().removeprefix("www.")) for h in own_hosts) or "''"
@@ -357,7 +375,8 @@ def _collect(store: Store, site: str, sc: Scope, t0: datetime, t1: datetime, bas
     if conc is not None:
         conc_site = int(store.query_rows(f"""
             SELECT count() FROM requests WHERE {site_f} AND ts >= {_ts(t0)} AND ts < {_ts(t1)} AND NOT is_bot
-              AND page_kind = 'topic_view' AND client_host = '' AND {_BLOCK} = {_q(conc[0])}""")[0][0])
+              AND page_kind = 'topic_view' AND client_host = '' AND client_ip != toIPv6('::')
+              AND {_BLOCK} = {_q(conc[0])}""")[0][0])
     (data_start, data_end), = store.query_rows(
         f"SELECT minOrNull(minute), maxOrNull(minute) FROM site_minute WHERE {site_f}")
     head_to, head_minutes = None, 0
@@ -620,7 +639,7 @@ def _event_report(
         if d.base_left_out:
             spans = "; ".join(f"{_fmt_t(a)} to {_fmt_t(e)}" for a, e in d.base_left_out)
             many = len(d.base_left_out) > 1
-            base_txt += (f" {'Its earlier surges' if many else 'Its earlier surge'} in those days ({spans}) "
+            base_txt += (f" {'Its surges' if many else 'Its surge'} detected in those days ({spans}) "
                          f"{'are' if many else 'is'} left out of that usual level.")
     elif d.base_share == 0.0:
         base_txt = f"It had no views at all in the previous {baseline_days} days."
@@ -663,9 +682,9 @@ def _event_report(
                     "decisions for that block before quoting these numbers.")
         rest, rest_site = d.total_views - n, d.site_total_views - d.concentrated_site
         if rest >= 0 and rest_site > 0:
-            conc_txt += (f" Without that block's views it drew {_count(rest, 'view')}, "
-                         f"{_pct(100.0 * rest / rest_site)} of the forum's topic views ({_pct(overall_share)} with "
-                         "them).")
+            conc_txt += (f" Without that block's views, {sc.label} drew {_count(rest, 'view')}: "
+                         f"{_pct(100.0 * rest / rest_site)} of the forum's topic views without that block "
+                         f"({_pct(overall_share)} with it; the other figures above include it).")
     fig_html = "".join(f'<div class="fig" id="{i}"><div class="v">{html.escape(v)}</div><div class="k">'
                        f"{html.escape(k)}</div></div>" for i, v, k in figs)
     ref_rows = "".join(f"<tr><td>{html.escape(dm)}</td><td class=\"n\">{_n(n)}</td></tr>" for dm, n in d.referrers)

@@ -772,7 +772,9 @@ class SeasonalDetector:
             det = Detection("outage", self.scope, start, None, start, obs, e, 1.0, "outage",
                             {"down_minutes": len(self._down_run)}, site=self.site)
             self._down_run = []
-            yield self._open("outage", det, start)
+            opened = self._open("outage", det, start)
+            opened.detail["_last"] = ts  # the last minute seen down (a no-data close right away ends here)
+            yield opened
 
     def _open(self, kind: str, det: Detection, ts: datetime) -> Detection:
         """Open ``det`` unless the previous event of this kind ended less than ``merge_minutes`` ago: then that
@@ -1028,8 +1030,8 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
             raise ValueError(f"{path}: row {i + 1 + header}: {col.iloc[i]!r} is not a timestamp "
                              f"({len(bad)} such row(s))")
         # an offset follows a time of day ("2024-03-04" ends in "-04" but has none)
-        naive = int((~col.str.contains(r"\d:\d\d(?::\d\d(?:[.,]\d+)?)?\s*(?:Z|UTC|GMT|[+-]\d\d(?::?\d\d)?)$",
-                                       case=False, regex=True)).sum())
+        naive = int((~col.str.contains(r"(?:\d:\d\d(?::\d\d)?|T\d{4}(?:\d\d)?)(?:[.,]\d+)?\s*"
+                                       r"(?:Z|UTC|GMT|[+-]\d\d(?::?\d\d)?)$", case=False, regex=True)).sum())
         if naive and notes is not None:
             notes.append(f"{naive} timestamp(s) have no UTC offset and are read as UTC")
     raw = df.iloc[:, 1].str.strip()
@@ -1090,7 +1092,10 @@ def series_notes(ts: Sequence[datetime], values: FloatArray, step: int | None, m
             chunk = chunk[chunk > 0]
             if len(chunk) < block // 2:
                 continue
-            common = int(np.median(chunk))  # jitter (59 / 60 / 61 s) is no change of spacing
+            # the step most rows are within 10% of (jitter of 59 / 60 / 61 s is no change of spacing)
+            cands = np.unique(chunk)
+            near = [int((np.abs(chunk - c) <= 0.1 * c).sum()) for c in cands]
+            common = int(cands[int(np.argmax(near))])
             if abs(common - used) > 0.1 * used:
                 first = b + int(np.flatnonzero(np.abs(steps[b:b + block] - common) <= 0.1 * common)[0])
                 out.append(f"rows from {_iso(ts[first + 1])} on are mostly {common} s apart, not the row step of "

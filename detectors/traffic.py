@@ -116,7 +116,7 @@ def _load_yaml(path: str) -> dict[str, Any]:
 #: rules that count rows, minutes, windows, days, levels ...: used as sizes and slice bounds, so whole numbers only
 #: (other numeric rules -- hours, seconds, thresholds -- take any number)
 _WHOLE = ("_minutes", "_window", "_windows", "_days", "_short", "_cycles", "_levels", "_orders", "_buckets", "_lag",
-          "suppress", "min_history")
+          "suppress", "min_history", "baseline_hours")
 
 
 def _whole(key: str, shipped: Any) -> bool:
@@ -2035,7 +2035,7 @@ def detect_history(store: Any, start: datetime, end: datetime | None, settings: 
         det._emit(store, [d for d in out_list if d.id not in later], datetime.now(UTC))
         if kept_closed and echo:
             print(f"note: {kept_closed} event(s) still open at the end of this range were closed by an earlier run "
-                  "over more data: printed as open here, their stored closed state is kept", file=sys.stderr)
+                  "over more data: printed as open here, their stored closed record is kept", file=sys.stderr)
     if echo:
         for d in out_list:
             print(d.to_json(), file=out or sys.stdout)

@@ -134,3 +134,17 @@ def test_review_edge_cases_of_the_notes(tmp_path: Path) -> None:
     assert any("apart" in n for n in series_notes(jitter[:150] + [jitter[149] + timedelta(minutes=5 * k)
                                                                   for k in range(1, 250)],
                                                   np.ones(399), None, "counts", 30))
+
+
+def test_a_block_of_two_spacings_does_not_crash_the_notes(tmp_path: Path) -> None:
+    """Review: 60 s rows then 120 s rows put a block half and half; its median (90 s) is no row's step, and the
+    note crashed looking for it.  Compact ISO times with an offset are not called offset-less."""
+    ts = [T0 + timedelta(seconds=60 * i) for i in range(151)]
+    ts += [ts[-1] + timedelta(seconds=120 * (i + 1)) for i in range(300)]
+    notes = series_notes(ts, np.ones(len(ts)), None, "counts", 30)
+    assert any("mostly 120 s apart, not the row step of 60 s" in n for n in notes), notes
+    f = tmp_path / "c.csv"
+    f.write_text("20240304T100000Z,5\n2024-03-04T1001+0100,6\n")
+    got: list[str] = []
+    read_series_csv(str(f), got)
+    assert not any("offset" in n for n in got), got

@@ -146,3 +146,12 @@ def test_an_outage_closed_by_no_data_and_reopened_carries_nothing_stale() -> Non
         if s["state"] == "open":
             assert "closed_by" not in s["detail"] and "minutes" not in s["detail"], s
     assert closes[-1]["end"] >= "2024-03-12T11:44:00Z" and "closed_by" not in closes[-1]["detail"]
+
+
+def test_an_outage_closed_by_no_data_right_after_it_opened_keeps_its_minutes() -> None:
+    """Review: 10 minutes down (the confirmation), then no data: the outage ends at its last down minute, not at
+    its start (it read 'minutes: 1')."""
+    ts, x = _outage_minutes([(0, 9, True), (10, 40, False)])
+    o = [d for d in series_events(ts, x, seasonal=SeasonalParams(outage_min_minutes=10)) if d.kind == "outage"]
+    assert len(o) == 1 and o[0].detail["closed_by"] == "no_data"
+    assert o[0].end == T0 + timedelta(days=8, hours=10, minutes=9) and o[0].detail["minutes"] == 10

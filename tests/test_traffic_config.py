@@ -86,7 +86,7 @@ def test_history_command_prints_and_stores(tmp_path: Path, capsys: pytest.Captur
     cap = capsys.readouterr()
     assert [(d["kind"], d["state"]) for d in map(json.loads, cap.out.splitlines())] == [("spike", "open")]
     assert ("note: 1 event(s) still open at the end of this range were closed by an earlier run over more data: "
-            "printed as open here, their stored closed state is kept") in cap.err
+            "printed as open here, their stored closed record is kept") in cap.err
     assert stored() == [("spike", "closed")]
     # nothing found: a note says so, with the data the store has
     traffic.detect_history_command(from_="2026-03-05", to="2026-03-06", config=None, store_url=url, dry_run=True)

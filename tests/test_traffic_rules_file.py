@@ -55,6 +55,8 @@ def test_overrides_of_the_wrong_kind_are_refused() -> None:
         load_rules(overrides={"site": {"bucket_minutes": 30.5}})
     whole = load_rules(overrides={"site": {"bucket_minutes": 30.0}})["site"]["bucket_minutes"]
     assert whole == 30 and isinstance(whole, int)  # 30.0 would break slicing later (review)
+    with pytest.raises(ValueError, match=r"topic.baseline_hours: 0.5 is not a whole number"):  # int() made it 0
+        load_rules(overrides={"topic": {"baseline_hours": 0.5}})
     # hours, seconds and thresholds take fractions (a test shortens health.gap_blinds_site_hours to 0.1)
     assert load_rules(overrides={"health": {"gap_blinds_site_hours": 0.1}})["health"]["gap_blinds_site_hours"] == 0.1
 
