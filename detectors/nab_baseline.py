@@ -5,7 +5,7 @@ row (``AnomalyDetector.__init__`` in NAB's ``nab/detectors/base.py`` sets ``inpu
 file).  The published leaders use them: HTM sizes its encoder from them, CAD OSE, Relative Entropy and ARTime
 quantise on that range, ARTime and CAD OSE also take the file's length.  Issue #4 asks for a *streaming* score —
 row t may use rows <= t only — so our detector cannot know a file's range in advance.  How much that is worth
-on NAB is measured here on the one published detector whose raw output NAB ships per row: **Relative
+on NAB is measured here on the published detector whose per-row raw output our NAB data holds: **Relative
 Entropy** (Wang et al., "Statistical techniques for online anomaly detection in data centers", 2011, as run in
 NAB: 5 bins, a window of 52 rows, the chi-squared 0.99 point with 4 degrees of freedom; a window that agrees
 with a stored hypothesis is normal — NAB's "seen often enough" count of 1 is below every count after an agreement,
