@@ -449,6 +449,10 @@ DayKind = str  # "workday" | "offday"
 PEAK_STEP = 1.25
 
 
+#: an open outage's pending recovery (the run of up minutes since it was last down, and their counts), in ``detail``
+_RECOVERY = ("_up_since", "_up_obs", "_up_exp")
+
+
 #: reference days are searched at most this many days back (:meth:`SeasonalDetector._find_reference_days`)
 REFERENCE_DAYS_BACK = 42
 
@@ -694,14 +698,23 @@ class SeasonalDetector:
         anomaly was already in it), or from the last minute marked -- to ``ts`` as no data for future baselines
         (``ref``); the detector's own view of the current window (``clean``) is unchanged."""
         first = det.start - timedelta(minutes=window - 1)
-        m = max(first, self._unref_done.get(det.id, first - timedelta(minutes=1)) + timedelta(minutes=1))
-        while m <= ts:
-            loc = m.astimezone(self.tz)
-            arr = self.ref.get(loc.date())
-            if arr is not None:
-                arr[loc.hour * 60 + loc.minute] = np.nan
-            m += timedelta(minutes=1)
+        self._set_ref(max(first, self._unref_done.get(det.id, first - timedelta(minutes=1)) + timedelta(minutes=1)),
+                      ts, restore=False)
         self._unref_done[det.id] = ts
+
+    def _set_ref(self, first: datetime, last: datetime, restore: bool) -> None:
+        """The minutes ``first..last`` of ``ref`` (what baselines read): no data (``restore=False``, an event's
+        minutes) or ``clean`` again (``restore=True``, a new level's minutes given back; outage minutes stay NaN
+        there)."""
+        m = first
+        while m <= last:
+            loc = m.astimezone(self.tz)
+            d = loc.date()
+            arr = self.ref.get(d)
+            if arr is not None:
+                i = loc.hour * 60 + loc.minute
+                arr[i] = self.clean[d][i] if restore else np.nan
+            m += timedelta(minutes=1)
 
     def _close_all(self, ts: datetime, reason: str) -> Iterator[Detection]:
         for k in list(self.open):
@@ -710,7 +723,7 @@ class SeasonalDetector:
             det.state = "closed"
             det.detail["closed_by"] = reason
             if k == "outage":  # up minutes pending at the last seen minute: not part of it (its end is _last)
-                for key in ("_up_since", "_up_obs", "_up_exp"):
+                for key in _RECOVERY:
                     det.detail.pop(key, None)
                 det.detail["minutes"] = int((det.end - det.start).total_seconds() // 60) + 1
             self.closed.append(det)
@@ -733,9 +746,9 @@ class SeasonalDetector:
             if not down and not math.isnan(exp15) and recent >= 0.5 * exp15:
                 # it ends where the traffic came back: the minutes of the run of up minutes that led here are the
                 # recovery, not the outage (observed / expected leave them out)
-                back = det.detail.pop("_up_since", ts)
-                det.detail.pop("_up_obs", None)
-                det.detail.pop("_up_exp", None)
+                back = det.detail.get("_up_since", ts)
+                for key in _RECOVERY:
+                    det.detail.pop(key, None)
                 det.detail["minutes"] = int((back - det.start).total_seconds() // 60)
                 closed = self._close("outage", ts)
                 closed.end = back
@@ -786,7 +799,7 @@ class SeasonalDetector:
                 and ts - prev.end <= timedelta(minutes=self.p.merge_minutes)):
             prev.end, prev.state = None, "open"
             # what its close said (and an outage's pending recovery) no longer holds
-            for key in ("closed_by", "minutes", "_up_since", "_up_obs", "_up_exp"):
+            for key in ("closed_by", "minutes", *_RECOVERY):
                 prev.detail.pop(key, None)
             if prev in self.closed:
                 self.closed.remove(prev)
@@ -841,15 +854,7 @@ class SeasonalDetector:
         closed = self._close(kind, ts)
         self._recent_closed.pop(kind, None)
         self._new_level_at[kind] = (ts, closed.start)
-        first = closed.start - timedelta(minutes=window - 1)
-        m = first
-        while m <= ts:
-            loc = m.astimezone(self.tz)
-            d = loc.date()
-            if d in self.ref:
-                i = loc.hour * 60 + loc.minute
-                self.ref[d][i] = self.clean[d][i]
-            m += timedelta(minutes=1)
+        self._set_ref(closed.start - timedelta(minutes=window - 1), ts, restore=True)
         self._unref_done.pop(closed.id, None)
         self._day_totals.clear()  # whole-day expectations read the baselines given back
         return closed
