@@ -273,7 +273,7 @@ def db_migrate(
         "one removes older rows); without it differences are only reported")] = False,
 ) -> None:
     """Apply pending schema migrations (idempotent; records what ran in schema_migrations), then load
-    topics.titles_csv when it is configured.  Tables keep the retention they were created with until
+    topics.titles_csv when it is configured and make topic_groups the configured topics.groups.  Tables keep the retention they were created with until
     --apply-retention changes it."""
     from forumpulse.pipeline.enrich import load_configured_titles
     from forumpulse.pipeline.store import apply_retention as apply_ttl
@@ -285,15 +285,17 @@ def db_migrate(
     try:
         ran = migrate(st, params)
         rows = st.query_rows("SELECT version, name, applied_at FROM schema_migrations ORDER BY version")
-        titles = load_configured_titles(st, settings)
+        loaded = load_configured_titles(st, settings)
         changes = apply_ttl(st, params) if apply_retention else retention_changes(st, params)
     finally:
         st.close()
     typer.echo(f"applied now: {', '.join(f'{m.version:04d}_{m.name}' for m in ran) or 'nothing (up to date)'}")
     for v, n, at in rows:
         typer.echo(f"  {int(v):04d}_{n}  applied {at}")
-    if titles is not None:
-        typer.echo(f"topic titles: {titles:,} loaded from {settings.topics.titles_csv} (topics.titles_csv)")
+    if loaded.titles is not None:
+        typer.echo(f"topic titles: {loaded.titles:,} loaded from {settings.topics.titles_csv} (topics.titles_csv)")
+    for w in loaded.groups.warnings():
+        typer.echo(f"warning: {w}", err=True)
     for c in changes:
         days = lambda d: f"{d} days" if d else "forever"  # noqa: E731
         if apply_retention:
@@ -385,8 +387,9 @@ def db_load_titles(
     config: ConfigOpt = None,
     store: StoreOpt = None,
 ) -> None:
-    """Load topic titles (names for topic ids) and resolve the configured topic groups into topic_groups."""
-    from forumpulse.pipeline.enrich import load_topic_titles, topic_group_rows
+    """Load topic titles (names for topic ids) and make topic_groups the configured topic groups (memberships no
+    longer configured are removed; a group without members is warned about)."""
+    from forumpulse.pipeline.enrich import load_topic_titles, sync_topic_groups
     from forumpulse.pipeline.ingest import ensure_schema
 
     settings = _settings(config, store)
@@ -399,11 +402,12 @@ def db_load_titles(
     try:
         ensure_schema(st, settings)
         st.insert("topic_titles", titles)
-        groups = topic_group_rows(settings, titles)
-        st.insert("topic_groups", groups)
+        groups = sync_topic_groups(st, settings, titles)
     finally:
         st.close()
-    typer.echo(f"loaded {titles.num_rows:,} topic titles and {groups.num_rows:,} topic-group memberships")
+    typer.echo(f"loaded {titles.num_rows:,} topic titles and {groups.memberships:,} topic-group memberships")
+    for w in groups.warnings():
+        typer.echo(f"warning: {w}", err=True)
 
 
 @db_app.command("cluster-ddl")

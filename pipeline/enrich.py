@@ -66,8 +66,10 @@ __all__ = [
     "BotDetector",
     "CrawlerNetworks",
     "Enricher",
+    "GroupSync",
     "RulesError",
     "StaticClassifier",
+    "TitlesLoad",
     "TopicRules",
     "benchmark_derive",
     "builtin_rules_path",
@@ -76,6 +78,7 @@ __all__ = [
     "load_topic_rules",
     "load_topic_titles",
     "log_requests",
+    "sync_topic_groups",
     "synthetic_requests",
     "topic_group_rows",
 ]
@@ -858,17 +861,72 @@ def load_topic_titles(csv_path: str | Path, updated_at: datetime | None = None) 
         raise RulesError(f"{p}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
-def load_configured_titles(store: Any, settings: Settings) -> int | None:
-    """Load ``topics.titles_csv`` (when set) into ``topic_titles`` and resolve the configured topic groups into
-    ``topic_groups``; returns the number of titles, None when no file is configured.  Idempotent: rows carry the
-    file's modification time, so reloading an unchanged file adds nothing the ReplacingMergeTrees keep.  Called by
-    ``db migrate``, ``db load-titles`` without a CSV, the owner process at start and the demo."""
-    if not settings.topics.titles_csv:
-        return None
-    titles = load_topic_titles(settings.topics.titles_csv)
-    store.insert("topic_titles", titles)
-    store.insert("topic_groups", topic_group_rows(settings, titles))
-    return int(titles.num_rows)
+@dataclass(frozen=True)
+class GroupSync:
+    """What :func:`sync_topic_groups` did: memberships written, memberships the store had that the configuration
+    no longer has (deleted), and configured groups that got no member (``site/name``: no ``topic_ids`` and a
+    ``title_pattern`` matching no title, or no titles loaded)."""
+
+    memberships: int
+    removed: int
+    empty: tuple[str, ...]
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.removed:
+            out.append(f"topic groups: {self.removed:,} membership(s) no longer in topics.groups were removed "
+                       "from topic_groups")
+        for g in self.empty:
+            out.append(f"topic group {g} has no topics: no topic_ids, and its title_pattern matches no loaded "
+                       "title (topics.titles_csv); its surges cannot be detected or reported")
+        return out
+
+
+def sync_topic_groups(store: Any, settings: Settings, titles: pa.Table | None) -> GroupSync:
+    """Make ``topic_groups`` hold exactly the configured groups (:func:`topic_group_rows`): insert them with one
+    new stamp, then delete every older row, so a group or a topic removed from ``topics.groups`` is gone for the
+    detectors, the reports and the dashboards (rows were only ever added before: a removed group kept being
+    reported).  The configuration is the only writer of that table.  Idempotent; a concurrent loader with another
+    configuration would win or lose as a whole.  On a cluster the delete runs on the local tables ``ON CLUSTER``
+    (the cluster named by the Distributed table)."""
+    stamp = datetime.now(tz=UTC)
+    rows = topic_group_rows(settings, titles, updated_at=stamp)
+    bound = f"toDateTime64('{stamp.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}', 3, 'UTC')"
+    before = {(str(a), str(b), int(c)) for a, b, c in store.query_rows(
+        "SELECT DISTINCT site, group_name, topic_id FROM topic_groups")}
+    configured = {(r["site"], r["group_name"], r["topic_id"]) for r in rows.to_pylist()}
+    if rows.num_rows:
+        store.insert("topic_groups", rows)
+    target = "topic_groups"
+    engine = store.query_rows("SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
+                              "AND name = 'topic_groups'")
+    dist = re.match(r"Distributed\(\s*'?(\w+)'?\s*,\s*'?(\w+)'?\s*,\s*'?(\w+)'?", str(engine[0][0])) if engine else None
+    if dist:
+        target = f"{dist.group(2)}.{dist.group(3)} ON CLUSTER {dist.group(1)}"
+    store.command(f"ALTER TABLE {target} DELETE WHERE updated_at < {bound} SETTINGS mutations_sync = 2")
+    have = {(site, name) for site, name, _ in configured}
+    empty = tuple(f"{g.site}/{g.name}" for g in settings.topics.groups if (g.site, g.name) not in have)
+    return GroupSync(rows.num_rows, len(before - configured), empty)
+
+
+@dataclass(frozen=True)
+class TitlesLoad:
+    """What :func:`load_configured_titles` loaded: titles (None when ``topics.titles_csv`` is not set) and the
+    group synchronisation."""
+
+    titles: int | None
+    groups: GroupSync
+
+
+def load_configured_titles(store: Any, settings: Settings) -> TitlesLoad:
+    """Load ``topics.titles_csv`` (when set) into ``topic_titles`` and make ``topic_groups`` the configured topic
+    groups (:func:`sync_topic_groups`; without titles, groups by their ``topic_ids`` only).  Idempotent: title rows
+    carry the file's modification time, so reloading an unchanged file adds nothing the ReplacingMergeTree keeps.
+    Called by ``db migrate``, ``db load-titles`` without a CSV, the owner process at start and the demo."""
+    titles = load_topic_titles(settings.topics.titles_csv) if settings.topics.titles_csv else None
+    if titles is not None:
+        store.insert("topic_titles", titles)
+    return TitlesLoad(None if titles is None else int(titles.num_rows), sync_topic_groups(store, settings, titles))
 
 
 def _read_topic_titles(p: Path, updated_at: datetime | None) -> pa.Table:

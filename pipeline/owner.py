@@ -162,7 +162,8 @@ class Owner:
     def _start(self) -> None:
         self.store = open_store_waiting(self.store_url, self.stop_event,
                                         migrate_params=self.settings.retention.migration_params())
-        load_configured_titles(self.store, self.settings)  # topics.titles_csv, when set (idempotent)
+        for w in load_configured_titles(self.store, self.settings).groups.warnings():  # titles_csv, topics.groups
+            log.warning("%s", w)
         ctx = self.ctx = OwnerContext(self.settings, self.store, self.stop_event, password=self.password,
                                       consume=self.consume)
         for service in self.services:

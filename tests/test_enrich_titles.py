@@ -71,3 +71,26 @@ def test_tables_insert_into_the_schema(store: Store) -> None:
     assert len(rows) == 5
     assert store.query_rows("SELECT group_name, topic_id FROM topic_groups ORDER BY topic_id") == [
         ("election", 1), ("election", 2)]
+
+
+def test_sync_makes_topic_groups_the_configured_groups(store: Store) -> None:
+    """A group or a topic removed from topics.groups leaves the table (it was only ever added to, and the
+    detectors kept reporting a removed group); a group without members is named."""
+    from forumpulse.pipeline.enrich import sync_topic_groups
+
+    titles = load_topic_titles(FIX / "topics.csv", updated_at=STAMP)
+    v1 = Settings(topics={"groups": [{"name": "election", "site": "forum", "topic_ids": [1, 2]},
+                                     {"name": "pets", "site": "forum", "topic_ids": [2, 3]}]})
+    first = sync_topic_groups(store, v1, titles)
+    assert (first.memberships, first.removed, first.empty) == (4, 0, ())
+    v2 = Settings(topics={"groups": [{"name": "election", "site": "forum", "topic_ids": [1]},
+                                     {"name": "nomatch", "site": "forum", "title_pattern": "no such title"}]})
+    second = sync_topic_groups(store, v2, titles)
+    assert (second.memberships, second.removed, second.empty) == (1, 3, ("forum/nomatch",))
+    assert store.query_rows("SELECT group_name, topic_id FROM topic_groups FINAL ORDER BY group_name, topic_id") == [
+        ("election", 1)]
+    assert any("nomatch has no topics" in w for w in second.warnings())
+    assert any("3 membership(s) no longer in topics.groups" in w for w in second.warnings())
+    again = sync_topic_groups(store, v2, titles)  # idempotent
+    assert (again.memberships, again.removed) == (1, 0)
+    assert store.query_rows("SELECT count() FROM topic_groups") == [(1,)]
