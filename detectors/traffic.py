@@ -980,8 +980,10 @@ class TransferDetector:
         if worse:
             det.observed, det.peak_ts = obs, ts
             det.detail["ratio"] = round(ratio, 3)
+            det.detail["requests"] = n  # of the window `observed` comes from (was: of the opening window)
         if not bad:
-            det.end, det.state = ts, "closed"
+            # ts is the end of the window that recovered: the regression ended where that window began
+            det.end, det.state = ts - timedelta(minutes=int(r["window_minutes"])), "closed"
             del self.open[key]
             yield det
 

@@ -232,6 +232,10 @@ def _matches(det: Detection, rule: dict[str, Any], case: dict[str, Any]) -> bool
         return False
     if any(v not in (_detail(det, k) or []) for k, v in (rule.get("detail_has") or {}).items()):
         return False
+    if "end_from" in rule and (det.end is None or det.end < _local(case, rule["end_from"])):
+        return False
+    if "end_to" in rule and (det.end is None or det.end > _local(case, rule["end_to"])):
+        return False
     return not ("start_to" in rule and det.start > _local(case, rule["start_to"]))
 
 
