@@ -96,6 +96,9 @@ def test_event_report_numbers(world: Any, tmp_path: Path) -> None:
     assert f"{views:,} views" in summary and "The busiest 10 minutes began at" in summary
     # the peak's own ratio to the baseline is said apart from the whole range's (they were one "× its usual")
     assert "× its usual" in summary and "at its peak" in summary
+    # the views per hour (the whole range's) stand next to the whole range's ratio, not after "at its peak"
+    assert re.search(r"× its usual .*? days \([\d,.]+ views per hour against [\d,.]+ usually\), and [\d,.]+× at "
+                     r"its peak\.", summary), summary
     # self-contained: no external fetches, charts inline and as files
     assert not re.search(r'(?:src|href)\s*=\s*"(?:https?:)?//', page)
     assert page.count('src="data:image/png;base64,') == 4
@@ -187,6 +190,8 @@ def test_an_open_event_runs_to_the_end_of_the_data(world: Any, tmp_path: Path) -
     page = generate_event_report(store, event_id="ev-open", out_dir=tmp_path / "e").read_text()
     meta = text_of(page, "event-meta")
     assert "still open (data to" in meta, meta
+    # the detection's own peak share (over its trailing window) is shown, apart from the report's intervals
+    assert "(50.0% of topic views over the detector's window to that minute)" in meta, meta
     daily = generate_daily_report(store, (FROM + timedelta(days=1, hours=12)).date(), tmp_path / "d").read_text()
     assert "ev-open" in text_of(daily, "events")  # listed while open, not only once closed
 
