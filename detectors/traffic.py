@@ -2079,6 +2079,22 @@ def detect_history_command(
     _history_cli(from_, to, config, store_url, record=not dry_run)
 
 
+def _hosts_without_timing(store: Any, start: datetime, end: datetime) -> dict[str, list[str]]:
+    """Site -> origin hosts with requests in ``start..end`` but none with a response time (``transfer_minute``
+    has only timed rows): the transfer and latency detectors never see those hosts, which would otherwise pass
+    in silence.  Reads the raw ``requests`` (two low-cardinality columns); hosts whose raw rows have expired are
+    not listed."""
+    rng = f"BETWEEN {_sql_ts(start)} AND {_sql_ts(end)}"
+    seen = store.query_rows(f"SELECT DISTINCT site, origin_host FROM requests WHERE ts {rng}")
+    timed = {(str(a), str(b)) for a, b in store.query_rows(
+        f"SELECT DISTINCT site, origin_host FROM transfer_minute WHERE minute {rng}")}
+    out: dict[str, list[str]] = {}
+    for site, host in sorted((str(a), str(b)) for a, b in seen):
+        if (site, host) not in timed:
+            out.setdefault(site, []).append(host or "(none)")
+    return out
+
+
 def _gap_expected(rt: Any, start: datetime, last: datetime) -> float:
     """A site-scope ``pipeline_gap``'s ``expected``: the seasonal expectation of the site's requests over its
     minutes ``start..last`` (up to the last day of them), 0 when the site has no reference days yet.  Open, it is
@@ -2111,6 +2127,8 @@ def _history_cli(from_: str, to: str, config: str | None, store_url: str | None,
         found = detect_history(store, start, end, settings, echo=True, now=now, record=record)
         spans = {str(site): (_utc(lo), _utc(hi)) for site, lo, hi in store.query_rows(
             "SELECT site, min(minute), max(minute) FROM site_minute GROUP BY site")}
+        untimed = (_hosts_without_timing(store, start, end or now)
+                   if "transfer" in validate_detectors_section(settings.detectors).traffic.enabled else {})
     finally:
         store.close()
 
@@ -2128,6 +2146,11 @@ def _history_cli(from_: str, to: str, config: str | None, store_url: str | None,
         if name not in configured:
             print(f"note: site {name}: not in the configuration: judged in UTC "
                   "with no holiday calendar (add it under sites: with its timezone and country)", file=sys.stderr)
+        if untimed.get(name):
+            print(f"note: site {name}: no response times from origin host(s) {', '.join(untimed[name])} in this "
+                  "range: transfer and latency regressions were not judged there (their log format has no "
+                  "response time: log one, e.g. Apache %D (preset combined_d), nginx $request_time, squid's "
+                  "native format)", file=sys.stderr)
         if end is not None and end > span[1] + timedelta(minutes=1):
             print(f"note: site {name}: its data ends at {z(span[1] + timedelta(minutes=1))} (last minute "
                   f"{z(span[1])}); the minutes after it up to --to are judged as silence (a pipeline_gap when no "

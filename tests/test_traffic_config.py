@@ -63,6 +63,14 @@ def test_history_command_prints_and_stores(tmp_path: Path, capsys: pytest.Captur
     store.insert("requests", pa.table({
         "ts": pa.array(rows, pa.timestamp("ms", tz="UTC")), "site": ["forum"] * m, "client_ip": ["::ffff:10.0.0.1"] * m,
         "status": pa.array([200] * m, pa.uint16()), "is_bot": [False] * m, "is_static": [False] * m}))
+    # a proxy host that logs response times (the rows above have none: no origin host, no elapsed_ms)
+    timed = [t0 + timedelta(days=day, hours=h, seconds=30) for day in range(9) for h in range(24)]
+    k = len(timed)
+    store.insert("requests", pa.table({
+        "ts": pa.array(timed, pa.timestamp("ms", tz="UTC")), "site": ["forum"] * k, "origin_host": ["px1"] * k,
+        "client_ip": ["::ffff:10.0.0.2"] * k, "status": pa.array([200] * k, pa.uint16()), "is_bot": [False] * k,
+        "is_static": [False] * k, "bytes": pa.array([5000] * k, pa.uint64()),
+        "elapsed_ms": pa.array([12.0] * k, pa.float32())}))
     store.close()
 
     def stored() -> list[tuple[object, ...]]:
@@ -77,6 +85,9 @@ def test_history_command_prints_and_stores(tmp_path: Path, capsys: pytest.Captur
     cap = capsys.readouterr()
     assert [(d["kind"], d["start"][:13]) for d in map(json.loads, cap.out.splitlines())] == [("spike", "2026-03-10T10")]
     assert "--dry-run: 1 detection(s) printed, not recorded" in cap.err and stored() == []
+    # hosts without response times are named: transfer / latency never judged them (trial 30: silence before)
+    assert ("note: site forum: no response times from origin host(s) (none) in this range: transfer and latency "
+            "regressions were not judged there") in cap.err and "px1" not in cap.err
     traffic.detect_history_command(from_="2026-03-09", to="2026-03-11", config=None, store_url=url)
     out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [(d["kind"], d["start"][:13]) for d in out] == [("spike", "2026-03-10T10")]
