@@ -73,6 +73,7 @@ __all__ = [
     "TopicRules",
     "benchmark_derive",
     "builtin_rules_path",
+    "empty_groups",
     "load_configured_titles",
     "load_post_map",
     "load_topic_rules",
@@ -904,9 +905,14 @@ def sync_topic_groups(store: Any, settings: Settings, titles: pa.Table | None) -
     if dist:
         target = f"{dist.group(2)}.{dist.group(3)} ON CLUSTER {dist.group(1)}"
     store.command(f"ALTER TABLE {target} DELETE WHERE updated_at < {bound} SETTINGS mutations_sync = 2")
-    have = {(site, name) for site, name, _ in configured}
-    empty = tuple(f"{g.site}/{g.name}" for g in settings.topics.groups if (g.site, g.name) not in have)
-    return GroupSync(rows.num_rows, len(before - configured), empty)
+    return GroupSync(rows.num_rows, len(before - configured), empty_groups(settings, rows))
+
+
+def empty_groups(settings: Settings, rows: pa.Table) -> tuple[str, ...]:
+    """Configured groups (``site/name``) without a row in ``rows`` (:func:`topic_group_rows`): no ``topic_ids``,
+    and a ``title_pattern`` that matches no title (or no titles loaded)."""
+    have = set(zip(rows.column("site").to_pylist(), rows.column("group_name").to_pylist(), strict=True))
+    return tuple(f"{g.site}/{g.name}" for g in settings.topics.groups if (g.site, g.name) not in have)
 
 
 @dataclass(frozen=True)

@@ -363,3 +363,19 @@ def test_a_fatal_consumer_error_without_the_fatal_flag_is_fatal():
     assert _is_fatal(KafkaError(KafkaError._FATAL, "Static consumer fenced by other consumer"))
     assert _is_fatal(KafkaError(KafkaError._TRANSPORT, "x", fatal=True))
     assert not _is_fatal(KafkaError(KafkaError._TRANSPORT, "broker down"))
+
+
+def test_config_check_warns_about_groups_without_members(tmp_path):
+    """A group with no topic_ids whose title_pattern matches no title is found when the configuration is checked,
+    not on election night when its report comes back empty (user trial 30)."""
+    titles = tmp_path / "titles.csv"
+    titles.write_text("site,topic_id,title\nboard,7,Election night live\nboard,8,Cats\n")
+    cfg = tmp_path / "fp.yaml"
+    cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\nsites:\n  - name: board\ntopics:\n  titles_csv: {titles}\n"
+                   "  groups:\n    - {name: vote, site: board, title_pattern: '(?i)election'}\n"
+                   "    - {name: nomatch, site: board, title_pattern: 'no such title'}\n"
+                   "    - {name: empty, site: board}\n")
+    r = subprocess.run([str(EXE), "config", "check", "-c", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "configuration OK" in r.stdout, r.stderr
+    assert f"warning: topic group board/nomatch has no topics: no topic_ids, and its title_pattern matches no title of {titles}" in r.stderr
+    assert "warning: topic group board/empty has no topics" in r.stderr and "board/vote" not in r.stderr
