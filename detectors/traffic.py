@@ -71,6 +71,7 @@ import typer
 import yaml
 from forumpulse.detectors.calendar import SiteCalendar, site_calendar
 from forumpulse.detectors.series import (
+    REFERENCE_DAYS_BACK,
     Detection,
     ScoreParams,
     SeasonalDetector,
@@ -1998,7 +1999,11 @@ def detect_history(store: Any, start: datetime, end: datetime | None, settings: 
     not written to ``detections`` when the store holds an ``outage`` of the site overlapping it: a live run saw the
     sources heartbeating through that silence, and its outage stands."""
     det = TrafficDetector(settings, echo=False, out=out, sites=sites)
-    warm = _utc(start) - timedelta(days=det.cfg.history_days)
+    # warmed at least as far back as the site baseline looks for its reference days (REFERENCE_DAYS_BACK): with
+    # only history_days (15), a day after a festival week found fewer same-kind days than a run over more data,
+    # so a nightly run (--from D --to D+1) gave the same dip another start, another id, and left that record
+    # open for ever (user trial 31)
+    warm = _utc(start) - timedelta(days=max(det.cfg.history_days, REFERENCE_DAYS_BACK + 1))
     lag = det.cfg.lag_minutes
     det.cfg = det.cfg.model_copy(update={"lag_minutes": 0})
     clock = _utc(now or datetime.now(UTC))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import forumpulse.detectors.traffic as traffic
 import pyarrow as pa
@@ -121,3 +122,34 @@ def test_history_command_prints_and_stores(tmp_path: Path, capsys: pytest.Captur
     assert ("note: site forum: not in the configuration: judged in UTC with no holiday calendar (add it under "
             "sites: with its timezone and country)") in err
     assert "site other: not in the configuration" not in err
+
+
+def test_history_warms_as_far_back_as_the_site_baseline_reaches(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A history run reads from REFERENCE_DAYS_BACK + 1 days before --from (not history_days = 15): after a
+    festival week the site baseline's same-kind days lie further back, and a nightly run (--from D --to D+1) gave a
+    dip another start and id than a run over more data, and left that record open (user trial 31)."""
+    from forumpulse.detectors.series import REFERENCE_DAYS_BACK
+
+    url = f"chdb:{tmp_path / 'db'}"
+    store = open_store(url)
+    migrate(store, {"raw_ttl_days": 0, "rollup_ttl_days": 0})
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    store.insert("requests", pa.table({
+        "ts": pa.array([t0], pa.timestamp("ms", tz="UTC")), "site": ["forum"], "client_ip": ["::ffff:10.0.0.1"],
+        "status": pa.array([200], pa.uint16()), "is_bot": [False], "is_static": [False]}))
+    reads: list[datetime] = []
+    real = traffic.TrafficDetector._advance
+
+    def spy(self: Any, store: Any, rt: Any, start: datetime, until: datetime, now: datetime,
+            live: bool = False) -> Any:
+        reads.append(start)
+        return real(self, store, rt, start, until, now, live)
+
+    monkeypatch.setattr(traffic.TrafficDetector, "_advance", spy)
+    try:
+        frm = datetime(2026, 3, 20, tzinfo=UTC)
+        traffic.detect_history(store, frm, frm + timedelta(days=1), record=False)
+    finally:
+        store.close()
+    assert reads == [frm - timedelta(days=REFERENCE_DAYS_BACK + 1)]
