@@ -47,6 +47,9 @@ class SiteCalendar:
             except NotImplementedError as exc:
                 raise ValueError(f"no holiday calendar for country {country!r}: {exc}") from None
             self.weekend = set(getattr(self._official, "weekend", {5, 6}))
+            # the package takes alpha-3 codes too ("MYS"); the festival file is named by the alpha-2 code it
+            # resolves to (with "MYS" the Chinese New Year week was silently lost: trial 31)
+            country = self.country = str(getattr(self._official, "country", country) or country)
         self._periods: list[tuple[str, date, date]] = []
         for p in periods:
             if isinstance(p, tuple):

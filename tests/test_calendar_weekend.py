@@ -45,3 +45,12 @@ def test_weekend_working_days_are_workdays() -> None:
 def test_no_country_weekend_is_saturday_sunday() -> None:
     cal = SiteCalendar(None)
     assert [cal.is_offday(date(2026, 3, d)) for d in range(9, 16)] == [False] * 5 + [True, True]
+
+
+@pytest.mark.parametrize("code", ["MYS", "mys", "MY"])
+def test_alpha3_country_keeps_the_festival_weeks(code: str) -> None:
+    """``holidays`` takes "MYS"; the festival file is named by the alpha-2 code (trial 31: with "MYS" the
+    Chinese New Year week was silently lost, only the official days were holidays)."""
+    cal = SiteCalendar(code)
+    assert cal.country == "MY"
+    assert cal.holiday_name(date(2024, 2, 8)) == "Chinese New Year week"
