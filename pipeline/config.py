@@ -310,12 +310,28 @@ def register_section_validator(section: str, validator: Callable[[Any], Any]) ->
     _SECTION_VALIDATORS.setdefault(section, {})[getattr(validator, "__qualname__", repr(validator))] = validator
 
 
+class _Loader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, except that a date-like scalar that is no real date (``2024-02-30``) stays a
+    string: the field holding it then reports it by key (YAML's date constructor raised "day is out of range for
+    month" with no key or line)."""
+
+
+def _timestamp(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    try:
+        return yaml.SafeLoader.construct_yaml_timestamp(loader, node)  # type: ignore[arg-type]
+    except ValueError:
+        return loader.construct_scalar(node)  # type: ignore[arg-type]
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp)
+
+
 class _YamlSource(PydanticBaseSettingsSource):
     def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
         super().__init__(settings_cls)
         self.data: dict[str, Any] = {}
         if path is not None:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = yaml.load(path.read_text(), Loader=_Loader) or {}  # _Loader is a SafeLoader
             if not isinstance(loaded, dict):
                 raise ValueError(f"{path}: the top level must be a mapping")
             self.data = loaded

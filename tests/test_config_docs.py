@@ -147,6 +147,9 @@ def test_config_check_accepts_the_example() -> None:
          "'23/05/2026' is not a day YYYY-MM-DD"),
         ("sites:\n  - name: f\n    holiday_periods:\n      - {name: a, start: 2026-06-07, end: 2026-05-23}\n",
          "sites.0.holiday_periods.0", "end 2026-05-23 is before start 2026-06-07"),
+        # an impossible unquoted date is reported by its key (YAML's date constructor raised with none: trial 31)
+        ("sites:\n  - name: f\n    holiday_periods:\n      - {name: a, start: 2024-02-08, end: 2024-02-30}\n",
+         "sites.0.holiday_periods.0.end", "'2024-02-30' is not a day YYYY-MM-DD"),
     ],
 )
 def test_config_check_reports_key_and_reason(tmp_path: Path, body: str, key: str, reason: str) -> None:
