@@ -752,6 +752,8 @@ class _Plan:
                 a, b = a // HOUR_MS * HOUR_MS, -(-b // HOUR_MS) * HOUR_MS
             if a < self.t0 or b > self.t1 or b <= a:
                 raise ValueError(f"{sp.kind}: window {_iso(a)}..{_iso(b)} is outside the run")
+            # the truth's duration is the window's (an explicit `/4h` read as the default 3 h: trial 31)
+            params["duration_h"] = round((b - a) / HOUR_MS, 4)
             s = new(sp.kind, a, b, params)
             s.scope = {"site": cfg.site}
             if sp.kind == "pipeline_gap":

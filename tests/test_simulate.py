@@ -311,6 +311,9 @@ def test_exact_line_count_and_explicit_placement(tmp_path: Path) -> None:
     assert sum(s["lines"] for s in truth["sources"]) == 40_000
     fl = _scn(truth, "flood_ip")
     assert fl["start_local"].startswith("2024-01-23T14:00:00+08:00") and fl["end_ms"] - fl["start_ms"] == 300_000
+    # the truth's duration is the explicit one (it said the default: 0.2 h for /5m, 3 h for /1h; trial 31)
+    assert fl["magnitude"]["duration_h"] == round(5 / 60, 4)
+    assert _scn(truth, "outage")["magnitude"]["duration_h"] == 1.0
     got = sum(len(p.read_text().splitlines()) for p in tmp_path.glob("*.log"))
     assert got == 40_000
     with pytest.raises(ValueError, match="more than half"):
