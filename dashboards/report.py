@@ -727,6 +727,19 @@ def _event_report(
     return path
 
 
+def _duration(start: datetime, end: datetime | None) -> str:
+    """``2 h 05 min`` / ``40 min`` between two times; empty while open."""
+    if end is None:
+        return ""
+    m = max(0, int((end - start).total_seconds() // 60))
+    return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{m} min"
+
+
+def _figure(x: float) -> str:
+    """An event's observed / expected figure (a share, a rate, a count): 4 significant digits."""
+    return f"{x:,.4g}" if abs(x) < 1e4 else f"{x:,.0f}"
+
+
 def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "forum", tz: str = "UTC") -> Path:
     """The day's detections (latest state) and top topics by human views, as one HTML page; returns its path.
     ``day`` is a calendar day in the site's time zone ``tz`` (an editor's day, not the UTC day), and the page
@@ -745,7 +758,7 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
     nxt = day + timedelta(days=1)
     t1 = datetime(nxt.year, nxt.month, nxt.day, tzinfo=zone).astimezone(UTC)  # 23 or 25 hours on DST days
     events = store.query_rows(f"""
-        SELECT id, kind, scope, label, state, start_ts, peak_ts, score FROM detections FINAL
+        SELECT id, kind, scope, label, state, start_ts, end_ts, peak_ts, observed, expected, score FROM detections FINAL
         WHERE site = {_q(site)} AND start_ts < {_ts(t1)} AND (end_ts IS NULL OR end_ts >= {_ts(t0)})
         ORDER BY score DESC, start_ts, id LIMIT 50""")
     topics = store.query_rows(f"""
@@ -759,8 +772,10 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
     ev_rows = "".join(
         f"<tr><td>{html.escape(str(i))}</td><td>{html.escape(str(k))}</td><td>{html.escape(str(s))}</td>"
         f"<td>{html.escape(str(lb))}</td><td>{html.escape(str(st))}</td><td>{_fmt_t(_utc(a))}</td>"
-        f"<td>{_fmt_t(_utc(p))}</td><td class=\"n\">{sc:.2f}</td></tr>"
-        for i, k, s, lb, st, a, p, sc in events)
+        f"<td>{_fmt_t(_utc(e)) if e is not None else 'open'}</td><td>{_duration(_utc(a), _utc(e) if e is not None else None)}</td>"
+        f"<td>{_fmt_t(_utc(p))}</td><td class=\"n\">{_figure(ob)}</td><td class=\"n\">{_figure(ex)}</td>"
+        f"<td class=\"n\">{sc:.2f}</td></tr>"
+        for i, k, s, lb, st, a, e, p, ob, ex, sc in events)
     (day_views,), = store.query_rows(f"SELECT sum(topic_views) FROM site_minute WHERE site = {_q(site)} AND "
                                      f"minute >= {_ts(t0)} AND minute < {_ts(t1)}")
     conc = _concentrated(store, f"site = {_q(site)} AND ts >= {_ts(t0)} AND ts < {_ts(t1)} AND topic_id IN "
@@ -780,8 +795,11 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
             f"{html.escape(day_txt)}</p>"
             "<h2>Top events</h2>"
             + (f"<table id=\"events\"><tr><th>id</th><th>kind</th><th>scope</th><th>label</th><th>state</th>"
-               f"<th>start</th><th>peak</th><th>score</th></tr>{ev_rows}</table>" if ev_rows
-               else "<p id=\"events\">No events were detected.</p>")
+               f"<th>start</th><th>end</th><th>duration</th><th>peak</th><th>observed</th><th>expected</th>"
+               f"<th>score</th></tr>{ev_rows}</table>" if ev_rows
+               else "<p id=\"events\">No detections are recorded for this day.  They are recorded by the live "
+                    "detectors (forumpulse run) or by forumpulse detect --from … --to …: a day no run has covered "
+                    "shows none either.</p>")
             + "<h2>Top topics</h2>"
             + f"<table id=\"topics\"><tr><th>topic</th><th>title</th><th>views</th><th>share of the day's "
             f"topic views</th><th>replies</th><th>visitors</th><th>views from one address block</th></tr>{tp_rows}</table>"
