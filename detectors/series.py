@@ -743,7 +743,10 @@ class SeasonalDetector:
             recent = self._observed(local, 15, raw=True)[0]
             exp15, _ = self.expected(local, 15)
             e = 0.0 if math.isnan(exp) else exp
-            if not down and not math.isnan(exp15) and recent >= 0.5 * exp15:
+            # back when the last 15 minutes reach half of what was expected, scaled by the level the site had in the
+            # hours before the outage when that was lower (a holiday: at 0.35x a workday's traffic the site stayed
+            # "down" for hours after it answered again, and the holiday dip went unreported: trial 31)
+            if not down and not math.isnan(exp15) and recent >= 0.5 * exp15 * det.detail.get("_level", 1.0):
                 # it ends where the traffic came back: the minutes of the run of up minutes that led here are the
                 # recovery, not the outage (observed / expected leave them out)
                 back = det.detail.get("_up_since", ts)
@@ -787,7 +790,18 @@ class SeasonalDetector:
             self._down_run = []
             opened = self._open("outage", det, start)
             opened.detail["_last"] = ts  # the last minute seen down (a no-data close right away ends here)
+            opened.detail.setdefault("_level", self._level_before(start))
             yield opened
+
+    def _level_before(self, start: datetime) -> float:
+        """The site's traffic in the ``dip_bucket_minutes`` before ``start`` as a share of its expectation, in
+        ``[0.2, 1]`` (1 without a baseline): what "back" means for an outage that began on a quiet day."""
+        local = (start - timedelta(minutes=1)).astimezone(self.tz)
+        obs, _ = self._observed(local, self.p.dip_bucket_minutes, raw=True)
+        exp, n = self.expected(local, self.p.dip_bucket_minutes)
+        if not n or math.isnan(exp) or exp <= 0:
+            return 1.0
+        return min(1.0, max(0.2, obs / exp))
 
     def _open(self, kind: str, det: Detection, ts: datetime) -> Detection:
         """Open ``det`` unless the previous event of this kind ended less than ``merge_minutes`` ago: then that

@@ -74,3 +74,22 @@ def test_per_day_state_is_pruned_without_changing_what_is_detected() -> None:
     edge = T0 + timedelta(days=days - 1 - pruned.keep_days)
     assert all(c.end is not None and c.end >= edge for c in pruned.closed)
     assert len(pruned._unref_done) <= 2
+
+
+def test_an_outage_on_a_quiet_day_ends_when_the_site_is_back_at_that_days_level() -> None:
+    """A holiday (here: a day at 35% of the usual traffic from midnight) with an outage 10:00-13:00: the outage
+    ends at 13:00, when the site answers at the day's own level again.  It waited for half of a normal day's
+    traffic, so it stayed open for the rest of the quiet day (trial 31: 2-2.6 h on Chinese New Year)."""
+    days = 15
+    x = np.full(days * DAY, 100.0)
+    q = (days - 1) * DAY
+    x[q:] = 35.0
+    x[q + 600:q + 780] = 0.0
+    det = SeasonalDetector("UTC", None, seasonal_params(load_rules(), rollup=True), scope="site", site="forum")
+    out = _run(det, x)
+    outages = [d for d in {d.id: d for d in out}.values() if d.kind == "outage"]
+    assert len(outages) == 1, [d.to_json() for d in out]
+    o = outages[0]
+    t = T0 + timedelta(minutes=q)
+    assert o.start == t + timedelta(hours=10) and o.state == "closed", o.to_json()
+    assert o.end == t + timedelta(hours=13), o.to_json()
