@@ -37,6 +37,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -117,14 +118,22 @@ def _scope(store: Store, site: str, topic_id: int | None, group: str | None) -> 
                  f"topic_id IN ({', '.join(str(int(t)) for t in members)})")
 
 
+#: a topic surge's lead measure (``detail.measure``) as the report names it
+_MEASURE_WORD = {"views": "views", "replies": "replies", "visitors": "visitors"}
+
+
 def _event(store: Store, site: str, event_id: str) -> tuple[int | None, str | None, datetime, datetime, dict[str, Any]]:
     rows = store.query_rows(
-        "SELECT scope, start_ts, end_ts, kind, label, score, observed, expected, peak_ts "
+        "SELECT scope, start_ts, end_ts, kind, label, score, observed, expected, peak_ts, detail "
         f"FROM detections FINAL WHERE site = {_q(site)} AND id = {_q(event_id)}"
     )
     if not rows:
         raise ReportError(f"no detection with id {event_id!r} for site {site!r}")
-    scope, start, end, kind, label, score, observed, expected, peak = rows[0]
+    scope, start, end, kind, label, score, observed, expected, peak, detail = rows[0]
+    try:
+        measure = str(json.loads(detail or "{}").get("measure", "views"))
+    except (ValueError, AttributeError):
+        measure = "views"
     still_open = end is None
     if still_open:  # an event still going on: the report runs to the end of the data, not to its peak
         last = store.query_rows(f"SELECT maxOrNull(minute) FROM site_minute WHERE site = {_q(site)}")
@@ -132,7 +141,8 @@ def _event(store: Store, site: str, event_id: str) -> tuple[int | None, str | No
     start, end = _utc(start), _utc(end)
     pad = max(timedelta(hours=1), (end - start) / 4)
     meta = {"id": event_id, "kind": kind, "label": label, "score": score, "observed": observed,
-            "expected": expected, "peak": _utc(peak), "start": start, "end": end, "open": still_open}
+            "expected": expected, "peak": _utc(peak), "start": start, "end": end, "open": still_open,
+            "measure": measure}
     if still_open:
         return (*_event_scope(scope, event_id), start - max(timedelta(hours=1), (end - start) / 4), end, meta)
     return (*_event_scope(scope, event_id), start - pad, end + pad, meta)
@@ -697,8 +707,9 @@ def _event_report(
                    f'peak {_fmt_t(meta["peak"])}'
                    # the detector's peak share is over its trailing window to that minute; the summary's over
                    # the report's clock-aligned intervals, so the two can differ by a few points
-                   + (f' ({_pct(100.0 * float(meta["observed"]))} of topic views over the detector\'s window to '
-                      'that minute)' if meta["kind"] == "topic_surge" else "")
+                   + (f' ({_pct(100.0 * float(meta["observed"]))} of topic '
+                      f'{html.escape(_MEASURE_WORD.get(meta["measure"], meta["measure"]))} over the detector\'s '
+                      'window to that minute)' if meta["kind"] == "topic_surge" else "")
                    + f', score {meta["score"]:.2f}</p>')
     body = (
         f"<h1 id=\"title\">{html.escape(sc.label)}</h1>"

@@ -201,7 +201,7 @@ def cad_ose_protocol_part(nab_dir: Path, rebinned: bool = False, workers: int = 
     period from its length) and streaming (running min and max, rest period 150; with ``rebinned`` also the form
     that replays earlier rows on every new range: row t scored as NAB would score the file cut at t, ~6 min more).
     The NAB-protocol run is checked against NAB's published per-file contextOSE scores and TP/TN/FP/FN counts at
-    the published thresholds (the shared copy has no raw output of it).  ~1.5 min on 2 cores."""
+    the published thresholds (the shared copy has no raw output of it).  ~2.5 min on 2 cores (~9 with ``rebinned``)."""
     from concurrent.futures import ProcessPoolExecutor
 
     if not (nab_dir / "labels" / "combined_windows.json").is_file():
@@ -735,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
                          "the same days / lines per day is re-used (detection only)")
     ap.add_argument("--cad-ose-rebinned", action="store_true",
                     help="NAB part: also CAD OSE streaming with the memory re-binned on every range change "
-                         "(replay; ~6 min more on 2 cores)")
+                         "(replay; ~7 min more on 2 cores)")
     args = ap.parse_args(argv)
     data: Path = args.data
     parts = set(args.only or ["nab", "nasa", "sim"])  # dev only on request

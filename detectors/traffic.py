@@ -2089,10 +2089,11 @@ def _hosts_without_timing(store: Any, start: datetime, end: datetime) -> dict[st
     has only timed rows): the transfer and latency detectors never see those hosts, which would otherwise pass
     in silence.  Reads the raw ``requests`` (two low-cardinality columns); hosts whose raw rows have expired are
     not listed."""
-    rng = f"BETWEEN {_sql_ts(start)} AND {_sql_ts(end)}"
-    seen = store.query_rows(f"SELECT DISTINCT site, origin_host FROM requests WHERE ts {rng}")
+    lo = _sql_ts(start.replace(second=0, microsecond=0))  # whole minutes on both sides, end exclusive
+    seen = store.query_rows(f"SELECT DISTINCT site, origin_host FROM requests WHERE ts >= {lo} "
+                            f"AND ts < {_sql_ts(end)}")
     timed = {(str(a), str(b)) for a, b in store.query_rows(
-        f"SELECT DISTINCT site, origin_host FROM transfer_minute WHERE minute {rng}")}
+        f"SELECT DISTINCT site, origin_host FROM transfer_minute WHERE minute >= {lo} AND minute < {_sql_ts(end)}")}
     out: dict[str, list[str]] = {}
     for site, host in sorted((str(a), str(b)) for a, b in seen):
         if (site, host) not in timed:

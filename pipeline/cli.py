@@ -402,7 +402,7 @@ def db_load_titles(
     try:
         ensure_schema(st, settings)
         st.insert("topic_titles", titles)
-        groups = sync_topic_groups(st, settings, titles)
+        groups = sync_topic_groups(st, settings)
     finally:
         st.close()
     typer.echo(f"loaded {titles.num_rows:,} topic titles and {groups.memberships:,} topic-group memberships")

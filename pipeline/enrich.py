@@ -79,6 +79,7 @@ __all__ = [
     "load_topic_rules",
     "load_topic_titles",
     "log_requests",
+    "stored_titles",
     "sync_topic_groups",
     "synthetic_requests",
     "topic_group_rows",
@@ -878,34 +879,61 @@ class GroupSync:
             out.append(f"topic groups: {self.removed:,} membership(s) no longer in topics.groups were removed "
                        "from topic_groups")
         for g in self.empty:
-            out.append(f"topic group {g} has no topics: no topic_ids, and its title_pattern matches no loaded "
-                       "title (topics.titles_csv); its surges cannot be detected or reported")
+            out.append(f"topic group {g} has no topics: no topic_ids, and its title_pattern matches no title in "
+                       "the store (topics.titles_csv); its surges cannot be detected or reported")
         return out
 
 
-def sync_topic_groups(store: Any, settings: Settings, titles: pa.Table | None) -> GroupSync:
-    """Make ``topic_groups`` hold exactly the configured groups (:func:`topic_group_rows`): insert them with one
-    new stamp, then delete every older row, so a group or a topic removed from ``topics.groups`` is gone for the
-    detectors, the reports and the dashboards (rows were only ever added before: a removed group kept being
-    reported).  The configuration is the only writer of that table.  Idempotent; a concurrent loader with another
-    configuration would win or lose as a whole.  On a cluster the delete runs on the local tables ``ON CLUSTER``
-    (the cluster named by the Distributed table)."""
+def sync_topic_groups(store: Any, settings: Settings) -> GroupSync:
+    """Make ``topic_groups`` hold exactly the configured groups (:func:`topic_group_rows`, patterns matched against
+    every title in the store's ``topic_titles``, not only a file just loaded), so a group or a topic removed from
+    ``topics.groups`` is gone for the detectors, the reports and the dashboards (rows were only ever added before: a
+    removed group kept being reported).  The configuration is the only writer of that table.
+
+    Writes only what differs: when the table already holds the configured memberships nothing is written (a
+    restart runs no mutation); stale memberships are deleted (``ALTER TABLE … DELETE`` of the rows older than this
+    load, ``ON CLUSTER`` on the local tables of a cluster; the writer role has ``ALTER DELETE`` on this table only,
+    ``deploy/clickhouse/ingest_user.sql``).  With **no group configured** the table is left as it is (a command
+    run without the configuration file must not wipe the groups).  Idempotent; two loaders with different
+    configurations running at once may leave the union of both."""
+    if not settings.topics.groups:
+        return GroupSync(0, 0, ())
+    titles = stored_titles(store)
     stamp = datetime.now(tz=UTC)
     rows = topic_group_rows(settings, titles, updated_at=stamp)
-    bound = f"toDateTime64('{stamp.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}', 3, 'UTC')"
     before = {(str(a), str(b), int(c)) for a, b, c in store.query_rows(
-        "SELECT DISTINCT site, group_name, topic_id FROM topic_groups")}
+        "SELECT site, group_name, topic_id FROM topic_groups FINAL")}
     configured = {(r["site"], r["group_name"], r["topic_id"]) for r in rows.to_pylist()}
-    if rows.num_rows:
+    empty = empty_groups(settings, rows)
+    if before == configured:
+        return GroupSync(rows.num_rows, 0, empty)
+    stale = before - configured
+    if rows.num_rows:  # all of them, with the new stamp: the delete below removes what is older
         store.insert("topic_groups", rows)
-    target = "topic_groups"
-    engine = store.query_rows("SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
-                              "AND name = 'topic_groups'")
-    dist = re.match(r"Distributed\(\s*'?(\w+)'?\s*,\s*'?(\w+)'?\s*,\s*'?(\w+)'?", str(engine[0][0])) if engine else None
-    if dist:
-        target = f"{dist.group(2)}.{dist.group(3)} ON CLUSTER {dist.group(1)}"
-    store.command(f"ALTER TABLE {target} DELETE WHERE updated_at < {bound} SETTINGS mutations_sync = 2")
-    return GroupSync(rows.num_rows, len(before - configured), empty_groups(settings, rows))
+    if stale:
+        bound = f"toDateTime64('{stamp.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}', 3, 'UTC')"
+        target = "topic_groups"
+        engine = store.query_rows("SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
+                                  "AND name = 'topic_groups'")
+        full = str(engine[0][0]) if engine else ""
+        if full.startswith("Distributed"):
+            dist = re.match(r"Distributed\(\s*'?([^,']+)'?\s*,\s*'?([^,']+)'?\s*,\s*'?([^,']+)'?", full)
+            if dist is None:
+                raise RulesError(f"topic_groups: cannot read the cluster of its Distributed engine ({full[:120]}); "
+                                 "remove stale memberships by hand")
+            target = f"{dist.group(2).strip()}.{dist.group(3).strip()} ON CLUSTER {dist.group(1).strip()}"
+        # the configured memberships were just written again with the new stamp, so "older than it" is the stale
+        store.command(f"ALTER TABLE {target} DELETE WHERE updated_at < {bound} SETTINGS mutations_sync = 2")
+    return GroupSync(rows.num_rows, len(stale), empty)
+
+
+def stored_titles(store: Any) -> pa.Table:
+    """Every topic title in the store's ``topic_titles`` (the latest per site and topic), as a table for
+    :func:`topic_group_rows`."""
+    got = store.query_rows("SELECT site, topic_id, argMax(title, updated_at) FROM topic_titles "
+                           "GROUP BY site, topic_id ORDER BY site, topic_id")
+    return pa.table({"site": [str(r[0]) for r in got], "topic_id": [int(r[1]) for r in got],
+                     "title": [str(r[2] or "") for r in got]})
 
 
 def empty_groups(settings: Settings, rows: pa.Table) -> tuple[str, ...]:
@@ -932,7 +960,7 @@ def load_configured_titles(store: Any, settings: Settings) -> TitlesLoad:
     titles = load_topic_titles(settings.topics.titles_csv) if settings.topics.titles_csv else None
     if titles is not None:
         store.insert("topic_titles", titles)
-    return TitlesLoad(None if titles is None else int(titles.num_rows), sync_topic_groups(store, settings, titles))
+    return TitlesLoad(None if titles is None else int(titles.num_rows), sync_topic_groups(store, settings))
 
 
 def _read_topic_titles(p: Path, updated_at: datetime | None) -> pa.Table:

@@ -50,7 +50,7 @@ from forumpulse.pipeline.consumer import (
     open_store_waiting,
     source_status,
 )
-from forumpulse.pipeline.enrich import load_configured_titles
+from forumpulse.pipeline.enrich import RulesError, load_configured_titles
 from forumpulse.pipeline.metrics import PipelineMetrics
 from forumpulse.pipeline.store import Store
 from prometheus_client import CollectorRegistry, generate_latest
@@ -162,8 +162,14 @@ class Owner:
     def _start(self) -> None:
         self.store = open_store_waiting(self.store_url, self.stop_event,
                                         migrate_params=self.settings.retention.migration_params())
-        for w in load_configured_titles(self.store, self.settings).groups.warnings():  # titles_csv, topics.groups
-            log.warning("%s", w)
+        try:
+            for w in load_configured_titles(self.store, self.settings).groups.warnings():  # titles_csv, groups
+                log.warning("%s", w)
+        except RulesError:
+            raise  # a bad titles file: refused at start, as before
+        except Exception as exc:  # e.g. a writer role from before ALTER DELETE on topic_groups
+            log.warning("topic groups not synchronised with topics.groups (the detectors still read the "
+                        "configured groups): %s", exc)
         ctx = self.ctx = OwnerContext(self.settings, self.store, self.stop_event, password=self.password,
                                       consume=self.consume)
         for service in self.services:

@@ -449,6 +449,9 @@ def test_ingest_user_sql_is_least_privilege() -> None:
     assert grants, "no grants found"
     for privs, target in grants:
         assert target.startswith(("forumpulse.", "system.")), target
+        if privs == "ALTER DELETE":  # only on the topic groups, which the loaders make the configured ones
+            assert target in ("forumpulse.topic_groups", "forumpulse.topic_groups_local"), target
+            continue
         assert not re.search(r"\b(ALL|DROP|ALTER|TRUNCATE|ACCESS MANAGEMENT)\b", privs), privs
         if target.startswith("system."):
             assert privs == "SELECT"

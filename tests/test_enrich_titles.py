@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.enrich import load_topic_titles, topic_group_rows
@@ -75,22 +76,32 @@ def test_tables_insert_into_the_schema(store: Store) -> None:
 
 def test_sync_makes_topic_groups_the_configured_groups(store: Store) -> None:
     """A group or a topic removed from topics.groups leaves the table (it was only ever added to, and the
-    detectors kept reporting a removed group); a group without members is named."""
+    detectors kept reporting a removed group); a group without members is named; patterns match every title in
+    the store, not only a file just loaded; an unchanged configuration writes nothing; no configured group leaves
+    the table alone (a command run without the configuration file)."""
     from forumpulse.pipeline.enrich import sync_topic_groups
 
-    titles = load_topic_titles(FIX / "topics.csv", updated_at=STAMP)
+    store.insert("topic_titles", load_topic_titles(FIX / "topics.csv", updated_at=STAMP))
     v1 = Settings(topics={"groups": [{"name": "election", "site": "forum", "topic_ids": [1, 2]},
-                                     {"name": "pets", "site": "forum", "topic_ids": [2, 3]}]})
-    first = sync_topic_groups(store, v1, titles)
-    assert (first.memberships, first.removed, first.empty) == (4, 0, ())
+                                     {"name": "pets", "site": "forum", "topic_ids": [2, 3]},
+                                     {"name": "vote", "site": "forum", "title_pattern": "(?i)election"}]})
+    first = sync_topic_groups(store, v1)
+    assert (first.memberships, first.removed, first.empty) == (6, 0, ())
+    count = store.query_rows("SELECT count() FROM topic_groups")
+    again = sync_topic_groups(store, v1)  # unchanged: nothing written, no mutation
+    assert (again.memberships, again.removed) == (6, 0) and store.query_rows("SELECT count() FROM topic_groups") == count
+    # another titles file loaded later: the pattern still matches the titles already in the store
+    store.insert("topic_titles", pa.table({"site": ["forum"], "topic_id": pa.array([9], pa.uint64()),
+                                           "title": ["Gardening"], "forum": [""],
+                                           "updated_at": pa.array([STAMP], pa.timestamp("ms", tz="UTC"))}))
+    assert sync_topic_groups(store, v1).removed == 0
     v2 = Settings(topics={"groups": [{"name": "election", "site": "forum", "topic_ids": [1]},
                                      {"name": "nomatch", "site": "forum", "title_pattern": "no such title"}]})
-    second = sync_topic_groups(store, v2, titles)
-    assert (second.memberships, second.removed, second.empty) == (1, 3, ("forum/nomatch",))
+    second = sync_topic_groups(store, v2)
+    assert (second.memberships, second.removed, second.empty) == (1, 5, ("forum/nomatch",))
     assert store.query_rows("SELECT group_name, topic_id FROM topic_groups FINAL ORDER BY group_name, topic_id") == [
         ("election", 1)]
     assert any("nomatch has no topics" in w for w in second.warnings())
-    assert any("3 membership(s) no longer in topics.groups" in w for w in second.warnings())
-    again = sync_topic_groups(store, v2, titles)  # idempotent
-    assert (again.memberships, again.removed) == (1, 0)
-    assert store.query_rows("SELECT count() FROM topic_groups") == [(1,)]
+    assert any("5 membership(s) no longer in topics.groups" in w for w in second.warnings())
+    assert sync_topic_groups(store, Settings()).memberships == 0  # nothing configured: the table is left alone
+    assert store.query_rows("SELECT count() FROM topic_groups FINAL") == [(1,)]

@@ -4,8 +4,9 @@
 --   (deploy/clickhouse/initdb/10-forumpulse-users.sh does that)
 -- Run once as an admin, after `forumpulse db migrate` or before it (grants do not need the tables to exist).
 --
--- Least privilege: reads and inserts in database forumpulse only; no DROP, ALTER, TRUNCATE, no other database,
--- no user management.  CREATE DATABASE / CREATE TABLE on forumpulse are granted only because the client issues
+-- Least privilege: reads and inserts in database forumpulse only; no DROP, TRUNCATE, no ALTER but the DELETE of
+-- topic_groups (the loaders make that table the configured topic groups: a removed group's rows are deleted), no
+-- other database, no user management.  CREATE DATABASE / CREATE TABLE on forumpulse are granted only because the client issues
 -- `CREATE DATABASE IF NOT EXISTS forumpulse` and `CREATE TABLE IF NOT EXISTS schema_migrations` when it
 -- connects (no-ops once `forumpulse db migrate` has run as admin); schema changes stay with the admin.
 -- Materialized views created by the admin insert into the rollups with the admin's (definer's) rights.
@@ -17,6 +18,9 @@ CREATE ROLE IF NOT EXISTS forumpulse_writer;
 GRANT SELECT, INSERT ON forumpulse.* TO forumpulse_writer;
 GRANT CREATE DATABASE ON forumpulse.* TO forumpulse_writer;
 GRANT CREATE TABLE ON forumpulse.* TO forumpulse_writer;
+-- topic groups removed from topics.groups (pipeline/enrich.py sync_topic_groups); on a cluster, the local table
+GRANT ALTER DELETE ON forumpulse.topic_groups TO forumpulse_writer;
+GRANT ALTER DELETE ON forumpulse.topic_groups_local TO forumpulse_writer;
 -- clickhouse-connect probes the server on connect
 GRANT SELECT ON system.settings TO forumpulse_writer;
 
