@@ -872,9 +872,14 @@ class GroupSync:
     memberships: int
     removed: int
     empty: tuple[str, ...]
+    kept_stale: int = 0  # stale memberships left in place (a cluster whose Distributed engine could not be read)
 
     def warnings(self) -> list[str]:
         out = []
+        if self.kept_stale:
+            out.append(f"topic groups: {self.kept_stale:,} membership(s) no longer in topics.groups are still in "
+                       "topic_groups (its Distributed engine names no cluster this reads): delete them on the "
+                       "local tables by hand")
         if self.removed:
             out.append(f"topic groups: {self.removed:,} membership(s) no longer in topics.groups were removed "
                        "from topic_groups")
@@ -918,10 +923,10 @@ def sync_topic_groups(store: Any, settings: Settings) -> GroupSync:
         full = str(engine[0][0]) if engine else ""
         if full.startswith("Distributed"):
             dist = re.match(r"Distributed\(\s*'?([^,']+)'?\s*,\s*'?([^,']+)'?\s*,\s*'?([^,']+)'?", full)
-            if dist is None:
-                raise RulesError(f"topic_groups: cannot read the cluster of its Distributed engine ({full[:120]}); "
-                                 "remove stale memberships by hand")
-            target = f"{dist.group(2).strip()}.{dist.group(3).strip()} ON CLUSTER {dist.group(1).strip()}"
+            if dist is None:  # left in place, said so: a Distributed table takes no mutation
+                return GroupSync(rows.num_rows, 0, empty, len(stale))
+            db, local, cluster = (dist.group(i).strip() for i in (2, 3, 1))
+            target = f"`{db}`.`{local}` ON CLUSTER `{cluster}`"
         # the configured memberships were just written again with the new stamp, so "older than it" is the stale
         store.command(f"ALTER TABLE {target} DELETE WHERE updated_at < {bound} SETTINGS mutations_sync = 2")
     return GroupSync(rows.num_rows, len(stale), empty)

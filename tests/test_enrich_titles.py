@@ -105,3 +105,37 @@ def test_sync_makes_topic_groups_the_configured_groups(store: Store) -> None:
     assert any("5 membership(s) no longer in topics.groups" in w for w in second.warnings())
     assert sync_topic_groups(store, Settings()).memberships == 0  # nothing configured: the table is left alone
     assert store.query_rows("SELECT count() FROM topic_groups FINAL") == [(1,)]
+
+
+def test_sync_on_a_cluster_deletes_on_the_local_tables_or_says_it_could_not() -> None:
+    """On a cluster the delete runs ON CLUSTER on the local table the Distributed engine names; an engine this
+    cannot read leaves the stale rows and says so (no ALTER on the Distributed table, which takes none)."""
+    from forumpulse.pipeline.enrich import sync_topic_groups
+
+    class FakeCluster:
+        def __init__(self, engine: str) -> None:
+            self.engine, self.commands, self.inserted = engine, [], 0
+
+        def query_rows(self, sql: str) -> list[tuple[object, ...]]:
+            if "FROM topic_titles" in sql:
+                return []
+            if "FROM topic_groups" in sql:
+                return [("forum", "old", 7)]
+            if "system.tables" in sql:
+                return [(self.engine,)]
+            raise AssertionError(sql)
+
+        def insert(self, table: str, rows: object) -> None:
+            self.inserted += 1
+
+        def command(self, sql: str) -> None:
+            self.commands.append(sql)
+
+    s = Settings(topics={"groups": [{"name": "election", "site": "forum", "topic_ids": [1]}]})
+    ok = FakeCluster("Distributed('forum-cluster', 'forumpulse', 'topic_groups_local', rand())")
+    got = sync_topic_groups(ok, s)
+    assert got.removed == 1 and len(ok.commands) == 1
+    assert ok.commands[0].startswith("ALTER TABLE `forumpulse`.`topic_groups_local` ON CLUSTER `forum-cluster` DELETE")
+    odd = FakeCluster("Distributed(currentDatabase())")
+    got = sync_topic_groups(odd, s)
+    assert odd.commands == [] and got.kept_stale == 1 and "delete them on the local tables" in got.warnings()[0]
