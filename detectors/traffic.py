@@ -78,6 +78,7 @@ from forumpulse.detectors.series import (
     SeasonalParams,
 )
 from forumpulse.pipeline.contracts import Beat, file_grew
+from forumpulse.pipeline.enrich import latest_titles
 from forumpulse.pipeline.store import sql_string
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -1389,17 +1390,15 @@ class TrafficDetector:
 
     def _groups(self, store: Any, site: str) -> dict[str, set[int]]:
         groups: dict[str, set[int]] = {}
+        titles: list[tuple[str, int, str]] | None = None  # read once, for the first group with a title pattern
         for g in self.settings.topics.groups:
             if g.site != site:
                 continue
             ids = set(g.topic_ids)
             if g.title_pattern:
                 rx = re.compile(g.title_pattern)
-                for tid, title in store.query_rows(
-                        f"SELECT topic_id, argMax(title, updated_at) FROM topic_titles WHERE site = {_q(site)} "
-                        "GROUP BY topic_id"):
-                    if rx.search(title or ""):
-                        ids.add(int(tid))
+                titles = titles if titles is not None else latest_titles(store, site)
+                ids |= {tid for _, tid, title in titles if rx.search(title)}
             groups[g.name] = ids
         for name, tid in store.query_rows(
                 f"SELECT group_name, topic_id FROM topic_groups FINAL WHERE site = {_q(site)}"):

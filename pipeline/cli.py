@@ -445,15 +445,19 @@ def config_check(config: ConfigOpt = None) -> None:
                    "by its own rule: fix the rule or the case; `forumpulse parse` shows how a line is attributed)",
                    err=True)
         raise typer.Exit(2)
-    from forumpulse.pipeline.enrich import empty_groups, load_topic_titles, topic_group_rows
+    from forumpulse.pipeline.enrich import (
+        empty_group_warning,
+        empty_groups,
+        load_topic_titles,
+        topic_group_rows,
+    )
 
     titles = load_topic_titles(s.topics.titles_csv) if s.topics.titles_csv else None
     typer.echo(f"configuration OK: {len(s.sites)} site(s), {len(s.sources)} source(s), store {mask_url(s.store.url)}"
                + (f", {cases} fixture case(s) of the user rules passed" if cases else ""))
     for g in empty_groups(s, topic_group_rows(s, titles)):
-        typer.echo(f"warning: topic group {g} has no topics: no topic_ids, and its title_pattern matches no title"
-                   + (f" of {s.topics.titles_csv}" if titles is not None else " (topics.titles_csv is not set)")
-                   + ": its surges cannot be detected or reported", err=True)
+        typer.echo("warning: " + empty_group_warning(g, f"of {s.topics.titles_csv}" if titles is not None
+                                                       else "(topics.titles_csv is not set)"), err=True)
     for where in s.unconfigured_sites():
         typer.echo(f"note: {where} is not in sites: it gets the defaults (UTC, no holiday calendar)")
 

@@ -58,6 +58,7 @@ import yaml
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.privacy import BoundedCache
 from forumpulse.pipeline.record import PAGE_KINDS
+from forumpulse.pipeline.store import sql_string
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = [
@@ -884,8 +885,7 @@ class GroupSync:
             out.append(f"topic groups: {self.removed:,} membership(s) no longer in topics.groups were removed "
                        "from topic_groups")
         for g in self.empty:
-            out.append(f"topic group {g} has no topics: no topic_ids, and its title_pattern matches no title in "
-                       "the store (topics.titles_csv); its surges cannot be detected or reported")
+            out.append(empty_group_warning(g, "in the store (topics.titles_csv)"))
         return out
 
 
@@ -932,13 +932,28 @@ def sync_topic_groups(store: Any, settings: Settings) -> GroupSync:
     return GroupSync(rows.num_rows, len(stale), empty)
 
 
-def stored_titles(store: Any) -> pa.Table:
-    """Every topic title in the store's ``topic_titles`` (the latest per site and topic), as a table for
-    :func:`topic_group_rows`."""
-    got = store.query_rows("SELECT site, topic_id, argMax(title, updated_at) FROM topic_titles "
+def latest_titles(store: Any, site: str | None = None) -> list[tuple[str, int, str]]:
+    """``(site, topic_id, title)`` of every topic in the store's ``topic_titles`` (the latest title of each, ``""``
+    for none), of one site or of all; ordered by site and topic.  The one place that reads what a title pattern
+    is matched against (the group sync here, the traffic detector's groups)."""
+    where = "" if site is None else f" WHERE site = {sql_string(site)}"
+    got = store.query_rows(f"SELECT site, topic_id, argMax(title, updated_at) FROM topic_titles{where} "
                            "GROUP BY site, topic_id ORDER BY site, topic_id")
-    return pa.table({"site": [str(r[0]) for r in got], "topic_id": [int(r[1]) for r in got],
-                     "title": [str(r[2] or "") for r in got]})
+    return [(str(a), int(b), str(c or "")) for a, b, c in got]
+
+
+def empty_group_warning(group: str, titles_from: str) -> str:
+    """The warning for a configured group (``site/name``) with no member; ``titles_from`` says which titles its
+    pattern was matched against."""
+    return (f"topic group {group} has no topics: no topic_ids, and its title_pattern matches no title {titles_from}: "
+            "its surges cannot be detected or reported")
+
+
+def stored_titles(store: Any) -> pa.Table:
+    """Every topic title in the store's ``topic_titles`` (the latest per site and topic, :func:`latest_titles`), as
+    a table for :func:`topic_group_rows`."""
+    got = latest_titles(store)
+    return pa.table({"site": [r[0] for r in got], "topic_id": [r[1] for r in got], "title": [r[2] for r in got]})
 
 
 def empty_groups(settings: Settings, rows: pa.Table) -> tuple[str, ...]:
