@@ -787,6 +787,12 @@ class SeasonalDetector:
                     yield prev
             det = Detection("outage", self.scope, start, None, start, obs, e, 1.0, "outage",
                             {"down_minutes": len(self._down_run)}, site=self.site)
+            for t in self._down_run:  # the minutes that confirmed it are outage minutes too: out of baselines
+                lt = t.astimezone(self.tz)
+                if lt.date() in self.excluded:
+                    i = lt.hour * 60 + lt.minute
+                    self.excluded[lt.date()][i] = True
+                    self.clean[lt.date()][i] = self.ref[lt.date()][i] = np.nan
             self._down_run = []
             opened = self._open("outage", det, start)
             opened.detail["_last"] = ts  # the last minute seen down (a no-data close right away ends here)
@@ -795,13 +801,26 @@ class SeasonalDetector:
 
     def _level_before(self, start: datetime) -> float:
         """The site's traffic in the ``dip_bucket_minutes`` before ``start`` as a share of its expectation, in
-        ``[0.2, 1]`` (1 without a baseline): what "back" means for an outage that began on a quiet day."""
+        ``[0.2, 1]``: what "back" means for an outage that began on a quiet day.  Judged on the minutes of that
+        window that have data and were not in an outage (an earlier outage, or a silence, in those hours is not a
+        quiet day: it made a second outage close at a third of the site's level); 1 without a baseline or with
+        fewer than a sixth of the window judged."""
         local = (start - timedelta(minutes=1)).astimezone(self.tz)
-        obs, _ = self._observed(local, self.p.dip_bucket_minutes, raw=True)
-        exp, n = self.expected(local, self.p.dip_bucket_minutes)
+        m = self.p.dip_bucket_minutes
+        exp, n = self.expected(local, m)
         if not n or math.isnan(exp) or exp <= 0:
             return 1.0
-        return min(1.0, max(0.2, obs / exp))
+        d = local.date()
+        on_day, on_prev = self._window_clock(d, local.hour * 60 + local.minute, m)
+        vals, out = self.days[d][on_day], self.excluded[d][on_day]
+        prev = d - timedelta(days=1)
+        if len(on_prev) and prev in self.days:
+            vals = np.concatenate([self.days[prev][on_prev], vals])
+            out = np.concatenate([self.excluded[prev][on_prev], out])
+        keep = ~np.isnan(vals) & ~out
+        if int(keep.sum()) < m / 6:
+            return 1.0
+        return min(1.0, max(0.2, float(vals[keep].mean()) * m / exp))
 
     def _open(self, kind: str, det: Detection, ts: datetime) -> Detection:
         """Open ``det`` unless the previous event of this kind ended less than ``merge_minutes`` ago: then that

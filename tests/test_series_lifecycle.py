@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+import pytest
 from forumpulse.detectors.series import Detection, SeasonalDetector
 from forumpulse.detectors.traffic import load_rules, seasonal_params
 
@@ -93,3 +94,32 @@ def test_an_outage_on_a_quiet_day_ends_when_the_site_is_back_at_that_days_level(
     t = T0 + timedelta(minutes=q)
     assert o.start == t + timedelta(hours=10) and o.state == "closed", o.to_json()
     assert o.end == t + timedelta(hours=13), o.to_json()
+
+
+def _closing_minute(det: SeasonalDetector, values: np.ndarray, kind: str) -> dict[str, int]:
+    """Detection id -> the minute (index into ``values``, NaN = no row) at which its closed state was emitted."""
+    closed: dict[str, int] = {}
+    for i, v in enumerate(values):
+        if np.isnan(v):
+            continue
+        for d in det.update(T0 + timedelta(minutes=int(i)), float(v)):
+            if d.kind == kind and d.state == "closed":
+                closed.setdefault(d.id, i)
+    return closed
+
+
+@pytest.mark.parametrize("before", ["outage", "silence"])
+def test_an_earlier_outage_or_silence_is_no_quiet_day_for_the_next_outage(before: str) -> None:
+    """An ordinary day: the hours before a second outage held an earlier outage (or a stretch with no rows).  Those
+    minutes are not the site's level: the second outage is back when the site reaches half of its usual traffic,
+    not when it answers at 40% of it (the earlier outage counted as quiet traffic lowered the bar to a third)."""
+    days = 8
+    x = np.full(days * DAY, 100.0)
+    q = (days - 1) * DAY
+    x[q + 600:q + 660] = 0.0 if before == "outage" else np.nan  # 10:00-11:00
+    x[q + 750:q + 840] = 0.0   # the second outage, 12:30-14:00
+    x[q + 840:q + 885] = 40.0  # answers at 40% until 14:45
+    det = SeasonalDetector("UTC", None, seasonal_params(load_rules(), rollup=True), scope="site", site="forum")
+    closed = _closing_minute(det, x, "outage")
+    assert len(closed) == (2 if before == "outage" else 1), closed
+    assert max(closed.values()) >= q + 885, f"closed at minute {max(closed.values()) - q} of the day"
