@@ -911,8 +911,13 @@ class TransferDetector:
             if (level > det.observed) if rise else (level < det.observed):
                 det.observed, det.peak_ts = level, ts
                 det.detail["ratio"] = round(rel, 3)
+            if (value >= ratio * ref and value - ref >= float(r.get("creep_min_rise_ms", 0.0)) if rise
+                    else value <= ref / ratio):
+                det.detail["_last_bad"] = ts  # this window on its own is still over the threshold
             if not bad:
-                det.end, det.state = ts, "closed"
+                # the level is a day's median: it comes back about half a day after the windows did; the
+                # regression ended with the last window over the threshold on its own (the end of that window)
+                det.end, det.state = max(det.start, det.detail.pop("_last_bad", ts)), "closed"
                 del self.creep_open[key]
                 self.creep_run[key] = 0
                 yield det

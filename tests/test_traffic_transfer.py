@@ -116,9 +116,17 @@ def test_creep_reference_is_frozen_while_open_and_recovery_closes_it() -> None:
     ramp = [_p95(10 * day + i) * (1.0 + i / (3 * day)) for i in range(3 * day)]
     hold = [_p95(13 * day + i) * 2.0 for i in range(10 * day)]
     back = [_p95(23 * day + i) for i in range(2 * day)]
-    got = _feed_latency(TransferDetector(load_rules(), "s"), calm + ramp + hold + back)
-    states = [(i, state) for i, state, _ in got]
+    det = TransferDetector(load_rules(), "s")
+    ends = []
+    for i, v in enumerate(calm + ramp + hold + back):
+        for d in det.update("latency_regression", T0 + timedelta(minutes=15 * (i + 1)),
+                            [("origin", "10.0.0.11", "lt100k", 100, v)]):
+            ends.append((i, d.state, d.end))
+    states = [(i, state) for i, state, _ in ends]
     assert [s for _, s in states].count("open") >= 1 and states[-1][1] == "closed", states
     closed_at = states[-1][0]
     assert 23 * day < closed_at <= 24 * day + day // 2, (closed_at - 23 * day) / day
+    # closed when the day's median came back (about half a day later), it ended where the windows came back: at
+    # the end of the last window at 2x (window 23 * day - 1 ends at 23 days after T0)
+    assert ends[-1][2] == T0 + timedelta(days=23), ends[-1]
     assert all(s == "open" for i, s in states if i < 23 * day)
