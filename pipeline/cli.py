@@ -460,6 +460,9 @@ def config_check(config: ConfigOpt = None) -> None:
                                                        else "(topics.titles_csv is not set)"), err=True)
     for where in s.unconfigured_sites():
         typer.echo(f"note: {where} is not in sites: it gets the defaults (UTC, no holiday calendar)")
+    for what in s.long_holiday_periods():
+        typer.echo(f"warning: {what}: a holiday period this long calls every dip in it a holiday (a year typo?)",
+                   err=True)
 
 
 @config_app.command("show")

@@ -151,6 +151,9 @@ class SiteConfig(_Strict):
         return v
 
 
+LONG_HOLIDAY_DAYS = 92  # a holiday period longer than a quarter of a year is likely a typo (config check warns)
+
+
 class HolidayPeriod(_Strict):
     name: str = Field(description="what the period is, e.g. Chinese New Year week")
     start: date = Field(description="first day, YYYY-MM-DD (site time zone; quoted or not)")
@@ -396,6 +399,14 @@ class Settings(BaseSettings):
         out = [f"sources.{i}.site {x.site!r}" for i, x in enumerate(self.sources) if x.site not in names]
         out += [f"topics.groups.{i}.site {g.site!r}" for i, g in enumerate(self.topics.groups) if g.site not in names]
         return out
+
+    def long_holiday_periods(self, days: int = LONG_HOLIDAY_DAYS) -> list[str]:
+        """Holiday periods longer than ``days`` days (``sites.N.holiday_periods.M``: name, length): allowed (a
+        school forum's summer break), but a year typo (``2042-02-16`` for ``2024-02-16``) makes a festival week
+        cover years, every dip in it a "holiday"; ``config check`` says so."""
+        return [f"sites.{i}.holiday_periods.{j} {p.name!r}: {p.start} to {p.end}, {(p.end - p.start).days + 1:,} days"
+                for i, site in enumerate(self.sites) for j, p in enumerate(site.holiday_periods)
+                if (p.end - p.start).days + 1 > days]
 
     def site(self, name: str) -> SiteConfig:
         for s in self.sites:

@@ -367,11 +367,15 @@ def test_a_fatal_consumer_error_without_the_fatal_flag_is_fatal():
 
 def test_config_check_warns_about_groups_without_members(tmp_path):
     """A group with no topic_ids whose title_pattern matches no title is found when the configuration is checked,
-    not on election night when its report comes back empty (user trial 30)."""
+    not on election night when its report comes back empty (user trial 30); so is a holiday period whose end year
+    is a typo (trial 31: an 18-year "Chinese New Year week" called every dip in it a holiday)."""
     titles = tmp_path / "titles.csv"
     titles.write_text("site,topic_id,title\nboard,7,Election night live\nboard,8,Cats\n")
     cfg = tmp_path / "fp.yaml"
-    cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\nsites:\n  - name: board\ntopics:\n  titles_csv: {titles}\n"
+    cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\nsites:\n  - name: board\n"
+                   "    holiday_periods:\n      - {name: CNY week, start: 2024-02-08, end: 2024-02-16}\n"
+                   "      - {name: CNY 2025, start: 2025-01-27, end: 2042-02-04}\n"
+                   f"topics:\n  titles_csv: {titles}\n"
                    "  groups:\n    - {name: vote, site: board, title_pattern: '(?i)election'}\n"
                    "    - {name: nomatch, site: board, title_pattern: 'no such title'}\n"
                    "    - {name: empty, site: board}\n")
@@ -379,3 +383,6 @@ def test_config_check_warns_about_groups_without_members(tmp_path):
     assert r.returncode == 0 and "configuration OK" in r.stdout, r.stderr
     assert f"warning: topic group board/nomatch has no topics: no topic_ids, and its title_pattern matches no title of {titles}" in r.stderr
     assert "warning: topic group board/empty has no topics" in r.stderr and "board/vote" not in r.stderr
+    assert ("warning: sites.0.holiday_periods.1 'CNY 2025': 2025-01-27 to 2042-02-04, 6,218 days: a holiday period "
+            "this long calls every dip in it a holiday (a year typo?)") in r.stderr, r.stderr
+    assert "holiday_periods.0" not in r.stderr
