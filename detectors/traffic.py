@@ -984,7 +984,9 @@ class TransferDetector:
                 yield det
             return
         worse = obs < det.observed if key[0] == "transfer_regression" else obs > det.observed
-        if worse:
+        # the worst window is one with as many responses as the current worst's, or with enough for a rate to mean
+        # something (tail_min_requests): a window of one slow response is no worse a regression (trial 30)
+        if worse and n >= min(int(r.get("tail_min_requests", 0)), int(det.detail.get("requests", 0))):
             det.observed, det.peak_ts = obs, ts
             det.detail["ratio"] = round(ratio, 3)
             det.detail["requests"] = n  # of the window `observed` comes from (was: of the opening window)

@@ -130,3 +130,18 @@ def test_creep_reference_is_frozen_while_open_and_recovery_closes_it() -> None:
     # the end of the last window at 2x (window 23 * day - 1 ends at 23 days after T0)
     assert ends[-1][2] == T0 + timedelta(days=23), ends[-1]
     assert all(s == "open" for i, s in states if i < 23 * day)
+
+
+def test_the_worst_window_of_an_open_regression_rests_on_enough_responses() -> None:
+    """Open (20 responses at 1/5 of the rate), a window with one response at 1/100 does not become the regression's
+    worst rate (``observed``): a single slow transfer says nothing of the upstream (user trial 30); a window with as
+    many responses does."""
+    det = TransferDetector(load_rules(), "s")
+    seen = []
+    windows = [*[(40, 500e6, 400e6)] * 20, (20, 100e6, 90e6), (1, 5e6, 5e6), (3, 90e6, 80e6), (25, 80e6, 70e6)]
+    for i, (n, med, q05) in enumerate(windows):
+        seen += [(i, d.observed, dict(d.detail)) for d in det.update(
+            "transfer_regression", T0 + timedelta(minutes=15 * (i + 1)), [("proxy", "10.0.0.5", "ge10m", n, med, q05)])]
+    (d,) = det.open.values()
+    assert seen[0][0] == 20 and d.observed == 80e6 and d.detail["requests"] == 25, (d.observed, d.detail)
+    assert d.peak_ts == T0 + timedelta(minutes=15 * 24)
