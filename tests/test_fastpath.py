@@ -410,3 +410,16 @@ def test_topic_views_and_replies_depend_on_the_status_alike_on_both_paths(fmt):
         assert ref.requests.column("page_kind").to_pylist() == [k for *_, k in _STATUS_CASES]
         topics = ref.requests.column("topic_id").to_pylist()
         assert topics == [9 if "a.9" in t else 5 if "t=5" in t else 0 for _, t, _, _ in _STATUS_CASES]
+
+
+def test_apache_balancer_worker_takes_the_fast_path_with_the_reference_results(pair):
+    """%{BALANCER_WORKER_NAME}e (an Apache reverse proxy's backend) fills ``upstream`` on both paths alike."""
+    fast_p, ref_p = pair
+    fmt = 'apache:%a %t "%r" %>s %B %D "%{BALANCER_WORKER_NAME}e"'
+    lines = [b'203.0.113.5 [10/Mar/2024:14:02:11 +0100] "GET /t/1 HTTP/1.1" 200 5000000 812000 '
+             b'"http://10.0.0.5:8080"\n',
+             b'203.0.113.6 [10/Mar/2024:14:02:12 +0100] "GET /a.css HTTP/1.1" 200 10 90 "-"\n'] * 50
+    ctx = SourceContext(site="forum", origin_host="web1", origin_file="p.log", format=fmt)
+    fast, _ = run_both(fast_p, ref_p, lines, ctx, base=0)
+    assert fast.requests.column("upstream").to_pylist()[:2] == ["http://10.0.0.5:8080", None]
+    assert fast_p._fast is not None and fast_p._fast.last_fast_rows == 100

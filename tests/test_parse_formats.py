@@ -102,6 +102,20 @@ def test_apache_directives() -> None:
     assert (r.status, r.bytes, r.elapsed_ms) == (200, 0, 2100.0)
 
 
+def test_apache_balancer_worker_is_the_upstream() -> None:
+    """An Apache reverse proxy logs the backend mod_proxy_balancer chose with %{BALANCER_WORKER_NAME}e: it is the
+    upstream the transfer and latency detectors key on ("-" when the request was not proxied); another environment
+    variable is not."""
+    fmt = 'apache:%a %t "%r" %>s %B %D "%{BALANCER_WORKER_NAME}e" "%{HTTPS}e"'
+    r = ok(fmt, '10.1.2.3 [10/Oct/2000:13:55:36 -0700] "GET /t/1 HTTP/1.1" 200 5000000 812000 '
+                '"http://10.0.0.5:8080" "on"')
+    assert (r.upstream, r.elapsed_ms, r.bytes) == ("http://10.0.0.5:8080", 812.0, 5000000)
+    r = ok(fmt, '10.1.2.3 [10/Oct/2000:13:55:36 -0700] "GET /static/a.css HTTP/1.1" 200 10 90 "-" "on"')
+    assert r.upstream is None
+    assert ok('apache:%a %t "%r" %>s %B "%{HTTPS}e"',
+              '10.1.2.3 [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.1" 200 1 "on"').upstream is None
+
+
 def test_apache_custom_time_usec_and_epoch() -> None:
     r = ok("apache:%h %{sec}t %>s", "1.2.3.4 1700000000 200")
     assert r.ts == 1700000000000

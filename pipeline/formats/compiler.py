@@ -16,7 +16,8 @@ compiled with ``exec`` once, so the per-line cost is one match, a tuple of group
 Field precedence when a format logs the same thing twice: client ``%a`` > ``%{c}a`` > ``%h``; status ``%>s`` >
 ``%s`` > ``%<s``; bytes body (``%b``/``%B``/``$body_bytes_sent``) > total (``%O``/``$bytes_sent``); elapsed
 ``%D``/``%{us}T`` > ``%{ms}T`` > ``%T``/``$request_time``; vhost ``%v`` > ``%V`` > ``$host`` > ``$server_name``.
-A request line (``%r``/``$request``) wins over separate method/URI/protocol directives.
+A request line (``%r``/``$request``) wins over separate method/URI/protocol directives.  The upstream is nginx's
+``$upstream_addr`` or, for an Apache reverse proxy, ``%{BALANCER_WORKER_NAME}e`` (mod_proxy_balancer).
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ def _apache_time(arg: str | None) -> Tok:
     return Tok(slot="time", kind=TIME_PARTS, parts=parts, parts_rx=rx)
 
 
+#: environment variables an Apache reverse proxy can log (``%{NAME}e``) that name the backend it used:
+#: mod_proxy_balancer sets ``BALANCER_WORKER_NAME`` (e.g. ``http://10.0.0.5:8080``) per request
+_APACHE_UPSTREAM_ENV = ("balancer_worker_name",)
+
+
 def _apache_field(mods: str, code: str) -> Tok:
     arg = None
     m = re.search(r"\{([^}]*)\}", mods)
@@ -172,6 +178,8 @@ def _apache_field(mods: str, code: str) -> Tok:
         t = Tok(kind=STR)
     elif code == "p":
         t = Tok(kind=NUM)
+    elif code == "e" and low in _APACHE_UPSTREAM_ENV:  # mod_proxy_balancer's chosen worker: the upstream
+        t = Tok(slot="upstream", kind=STR)
     else:  # e n C X L R f A ... and unknown letters: a field we skip
         t = Tok(kind=STR if code in "eniCo" else WORD)
     t.conditional = cond
