@@ -758,6 +758,42 @@ def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "f
     return _daily_report(store, day, out_dir, site, tz)[0]
 
 
+def _judged(store: Store, site: str, t0: datetime, t1: datetime) -> list[tuple[datetime, datetime]] | None:
+    """The parts of ``[t0, t1)`` a detection run judged for ``site`` (``detection_runs``, migration 0010: history
+    runs' ranges, live sessions' minutes), merged and in order; None for a store without that table (not yet
+    migrated: nothing is known)."""
+    (have,), = store.query_rows("SELECT count() FROM system.tables WHERE database = currentDatabase() "
+                                "AND name = 'detection_runs'")
+    if not int(have):
+        return None
+    spans: list[tuple[datetime, datetime]] = []
+    for a, b in store.query_rows(f"SELECT from_ts, to_ts FROM detection_runs FINAL WHERE site = {_q(site)} "
+                                 f"AND from_ts < {_ts(t1)} AND to_ts > {_ts(t0)} ORDER BY from_ts, to_ts"):
+        lo, hi = max(_utc(a), t0), min(_utc(b), t1)
+        if spans and lo <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], hi))
+        else:
+            spans.append((lo, hi))
+    return spans
+
+
+def _judged_text(spans: list[tuple[datetime, datetime]] | None, t0: datetime, t1: datetime, day: date) -> str:
+    """What the daily report says about which minutes of the day the detectors judged."""
+    if spans is None:
+        return ("Which minutes of this day the detectors judged is not recorded in this store (it predates "
+                "migration 0010: run forumpulse db migrate).")
+    whole = (t1 - t0).total_seconds()
+    done = sum((b - a).total_seconds() for a, b in spans)
+    rerun = f"forumpulse detect --from {day.isoformat()} --to {(day + timedelta(days=1)).isoformat()}"
+    if not spans:
+        return f"No detection run covered this day: its events are unknown, not absent ({rerun} judges it)."
+    if done >= whole:
+        return "The detectors judged the whole day."
+    parts = ", ".join(f"{_fmt_t(a)} – {_fmt_t(b)}" for a, b in spans)
+    return (f"The detectors judged only {parts} ({100.0 * done / whole:.0f}% of the day): events in the rest are "
+            f"unknown ({rerun} judges it; give --from/--to in UTC or with an offset for part of it).")
+
+
 def _daily_report(store: Store, day: date, out_dir: Path, site: str, tz: str) -> tuple[Path, int, int]:
     """:func:`generate_daily_report`, also returning how many events and topics the page lists."""
     with _shown_in(tz) as zone:
@@ -787,6 +823,7 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
         f"<td>{_fmt_t(_utc(p))}</td><td class=\"n\">{_figure(ob)}</td><td class=\"n\">{_figure(ex)}</td>"
         f"<td class=\"n\">{sc:.2f}</td></tr>"
         for i, k, s, lb, st, a, e, p, ob, ex, sc in events)
+    judged = _judged(store, site, t0, t1)
     (day_views,), = store.query_rows(f"SELECT sum(topic_views) FROM site_minute WHERE site = {_q(site)} AND "
                                      f"minute >= {_ts(t0)} AND minute < {_ts(t1)}")
     conc = _concentrated(store, f"site = {_q(site)} AND ts >= {_ts(t0)} AND ts < {_ts(t1)} AND topic_id IN "
@@ -805,12 +842,11 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
     body = (f"<h1 id=\"title\">Daily report {day.isoformat()}</h1><p class=\"meta\">{html.escape(site)} · "
             f"{html.escape(day_txt)}</p>"
             "<h2>Top events</h2>"
+            + f"<p class=\"meta\" id=\"judged\">{html.escape(_judged_text(judged, t0, t1, day))}</p>"
             + (f"<table id=\"events\"><tr><th>id</th><th>kind</th><th>scope</th><th>label</th><th>state</th>"
                f"<th>start</th><th>end</th><th>duration</th><th>peak</th><th>observed</th><th>expected</th>"
                f"<th>score</th></tr>{ev_rows}</table>" if ev_rows
-               else "<p id=\"events\">No detections are recorded for this day.  They are recorded by the live "
-                    "detectors (forumpulse run) or by forumpulse detect --from … --to …: a day no run has covered "
-                    "shows none either.</p>")
+               else "<p id=\"events\">No detections are recorded for this day.</p>")
             + "<h2>Top topics</h2>"
             + f"<table id=\"topics\"><tr><th>topic</th><th>title</th><th>views</th><th>share of the day's "
             f"topic views</th><th>replies</th><th>visitors</th><th>views from one address block</th></tr>{tp_rows}</table>"

@@ -288,6 +288,24 @@ DETECTION_SCHEMA = pa.schema([
 ])
 
 
+RUNS_SCHEMA = pa.schema([
+    ("site", pa.string()), ("mode", pa.string()), ("from_ts", pa.timestamp("s", tz="UTC")),
+    ("to_ts", pa.timestamp("s", tz="UTC")), ("recorded_at", pa.timestamp("ms", tz="UTC"))])
+"""``detection_runs`` (migration 0010): the minutes ``[from_ts, to_ts)`` a run judged for a site."""
+
+#: a live session moves its ``detection_runs`` row on at most this often (and at its first run)
+RUNS_EVERY = timedelta(minutes=15)
+
+
+def record_runs(store: Any, runs: Iterable[tuple[str, str, datetime, datetime]], now: datetime) -> None:
+    """Insert ``(site, mode, from, to)`` rows into ``detection_runs`` (mode ``history`` or ``live``); the latest
+    ``recorded_at`` per (site, mode, from) stands, so a live session re-inserts its row as it goes on."""
+    rows = [{"site": site, "mode": mode, "from_ts": _utc(a), "to_ts": _utc(b), "recorded_at": _utc(now)}
+            for site, mode, a, b in runs if b > a]
+    if rows:
+        store.insert("detection_runs", pa.Table.from_pylist(rows, schema=RUNS_SCHEMA))
+
+
 def detections_table(dets: Iterable[Detection], now: datetime) -> pa.Table:
     rows = [{
         "id": d.id, "kind": d.kind, "site": d.site, "scope": d.scope, "start_ts": _utc(d.start),
@@ -1250,6 +1268,8 @@ class _SiteRuntime:
     gap: Detection | None = None
     last_seen: datetime | None = None
     groups_mark: tuple[Any, ...] | None = None  # state of topic_groups / topic_titles the groups were read at
+    judged_from: datetime | None = None      # live: the first minute this session read (its detection_runs row)
+    runs_recorded_to: datetime | None = None  # live: the to_ts last written to detection_runs
 
 
 TransferRow = tuple[str, str, str, int, float, float]
@@ -1459,9 +1479,28 @@ class TrafficDetector:
                 log.warning("traffic detectors: site %s failed (retried at the next run): %s", name,
                             (str(exc).splitlines() or [""])[0][:300])
         sent = self._flush(store, now)
+        self._record_live_runs(store, now)
         if errors:
             raise TrafficRunError(errors, sent)
         return sent
+
+    def _record_live_runs(self, store: Any, now: datetime) -> None:
+        """Move this session's ``detection_runs`` rows on (at the first run, then every :data:`RUNS_EVERY` of
+        judged minutes).  Best effort: a failed insert is logged and tried again at the next run; it never holds
+        the detections back."""
+        due = [rt for rt in self.sites.values() if rt.judged_from is not None and rt.cursor is not None
+               and (rt.runs_recorded_to is None or rt.cursor - rt.runs_recorded_to >= RUNS_EVERY)]
+        if not due:
+            return
+        try:
+            record_runs(store, [(rt.name, "live", rt.judged_from, rt.cursor) for rt in due  # type: ignore[misc]
+                                ], now)
+        except Exception as exc:
+            log.warning("traffic detectors: detection_runs not updated (tried again at the next run): %s",
+                        (str(exc).splitlines() or [""])[0][:300])
+            return
+        for rt in due:
+            rt.runs_recorded_to = rt.cursor
 
     def _run_site(self, store: Any, name: str, until: datetime, now: datetime) -> None:
         """One site's step of :meth:`run_once`: read, feed, commit the cursor, queue the detections."""
@@ -1478,6 +1517,8 @@ class TrafficDetector:
                 del self.sites[name]  # half-fed: start the site afresh rather than feed its minutes twice
                 raise
             rt.cursor = until
+            if rt.judged_from is None:
+                rt.judged_from = start
             for d in dets:
                 prev = self._outbox.get(d.id)
                 self._outbox[d.id] = _Outgoing(_first_report(prev.det if prev else None, d))
@@ -2049,6 +2090,15 @@ def detect_history(store: Any, start: datetime, end: datetime | None, settings: 
         if kept_closed and echo:
             print(f"note: {kept_closed} event(s) still open at the end of this range were closed by an earlier run "
                   "over more data: printed as open here, their stored closed record is kept", file=sys.stderr)
+    if record:
+        # the minutes this run judged, per site (report daily tells a day no run covered from a quiet one); after
+        # the detections, which a store not yet migrated to 0010 must not lose
+        try:
+            record_runs(store, [(name, "history", _utc(start), until) for name, until in ends.items()],
+                        datetime.now(UTC))
+        except Exception as exc:
+            print(f"warning: the judged range was not recorded in detection_runs (run `forumpulse db migrate` after "
+                  f"an upgrade): {(str(exc).splitlines() or [''])[0][:200]}", file=sys.stderr)
     if echo:
         for d in out_list:
             print(d.to_json(), file=out or sys.stdout)

@@ -6,7 +6,7 @@ import html
 import re
 import sys
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -17,6 +17,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).parent))
 import test_dashboards_fixture as fx
 from forumpulse.dashboards.report import ReportError, generate_daily_report, generate_event_report
+from forumpulse.detectors.traffic import record_runs
 from forumpulse.pipeline.store import migrate, open_store
 
 T0 = fx.T0
@@ -160,8 +161,39 @@ def test_daily_report(world: Any, tmp_path: Path) -> None:
     # each topic's share of the day's human topic views (per-topic share, for editors)
     assert f"{100 * n / sum(views.values()):.1f}%" in topics, topics
     empty = generate_daily_report(store, (T0 - timedelta(days=5)).date(), tmp_path).read_text()
-    # said as what it is: nothing recorded (a day no detect run covered shows none either: trial 31)
-    assert "No detections are recorded for this day" in empty and "a day no run has covered" in empty
+    assert "No detections are recorded for this day" in empty
+
+
+def test_daily_report_tells_an_unjudged_day_from_a_quiet_one(world: Any, tmp_path: Path) -> None:
+    """A day without detections is quiet only where a detection run judged it (detection_runs): a nightly
+    `detect --from D --to D+1` that did not run left the day unknown, and the page said nothing of it (trial 31).
+    Live sessions' and history runs' ranges add up; a live row moved on counts as its latest state."""
+    store, _ = world
+    day = date(2025, 6, 2)
+    t0 = datetime(2025, 6, 2, tzinfo=UTC)
+
+    def judged() -> str:
+        return text_of(generate_daily_report(store, day, tmp_path, site="judged").read_text(), "judged")
+
+    assert judged() == ("No detection run covered this day: its events are unknown, not absent (forumpulse detect "
+                        "--from 2025-06-02 --to 2025-06-03 judges it).")
+    now = datetime.now(UTC)
+    record_runs(store, [("judged", "live", t0 - timedelta(days=15), t0 + timedelta(hours=3))], now)
+    record_runs(store, [("judged", "live", t0 - timedelta(days=15), t0 + timedelta(hours=6))],
+                now + timedelta(seconds=1))  # the same session, moved on
+    record_runs(store, [("judged", "history", t0 + timedelta(hours=12), t0 + timedelta(hours=18))], now)
+    assert judged() == ("The detectors judged only 2025-06-02 00:00 UTC – 2025-06-02 06:00 UTC, 2025-06-02 12:00 UTC "
+                        "– 2025-06-02 18:00 UTC (50% of the day): events in the rest are unknown (forumpulse detect "
+                        "--from 2025-06-02 --to 2025-06-03 judges it; give --from/--to in UTC or with an offset for "
+                        "part of it).")
+    record_runs(store, [("judged", "history", t0 + timedelta(hours=5), t0 + timedelta(days=1))], now)
+    assert judged() == "The detectors judged the whole day."
+    store.command("RENAME TABLE detection_runs TO detection_runs_away")  # a store from before migration 0010
+    try:
+        assert judged() == ("Which minutes of this day the detectors judged is not recorded in this store (it "
+                            "predates migration 0010: run forumpulse db migrate).")
+    finally:
+        store.command("RENAME TABLE detection_runs_away TO detection_runs")
 
 
 def test_own_hosts_are_not_external_referrers(world: Any, tmp_path: Path) -> None:

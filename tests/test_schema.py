@@ -8,6 +8,7 @@ import time
 
 import pyarrow as pa
 import pytest
+from forumpulse.detectors.traffic import RUNS_SCHEMA
 from forumpulse.pipeline.consumer import (
     BATCHES_SCHEMA,
     BEAT_TYPE,
@@ -29,7 +30,8 @@ EXPECTED_TABLES = {
     "requests", "quarantine", "site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute",
     "prefix_hour", "transfer_minute",
     "detections", "decisions", "pipeline_stats", "source_liveness", "topic_titles", "topic_groups",
-    "consumer_batches", "consumer_progress", "source_heartbeat_minute", "ingest_files", "schema_migrations",
+    "consumer_batches", "consumer_progress", "source_heartbeat_minute", "ingest_files", "detection_runs",
+    "schema_migrations",
 }
 
 # Arrow type written by the code -> ClickHouse column type the schema must have.
@@ -63,7 +65,7 @@ def test_migrations_apply_from_zero_and_are_idempotent(empty_store):
 @pytest.mark.parametrize(("table", "schema"), [
     ("requests", REQUESTS_SCHEMA), ("quarantine", QUARANTINE_SCHEMA), ("consumer_batches", BATCHES_SCHEMA),
     ("source_liveness", LIVENESS_SCHEMA), ("consumer_progress", PROGRESS_SCHEMA),
-    ("source_heartbeat_minute", HEARTBEAT_LOG_SCHEMA)])
+    ("source_heartbeat_minute", HEARTBEAT_LOG_SCHEMA), ("detection_runs", RUNS_SCHEMA)])
 def test_tables_match_what_the_code_writes(module_store, table, schema):
     cols = {n: t for n, t in module_store.query_rows(
         f"SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '{table}' "

@@ -216,3 +216,36 @@ def test_history_reports_events_overlapping_the_range(store: Store) -> None:
     later = detect_history(store, datetime(2026, 3, 11, 13, 30, tzinfo=UTC), to, settings, sites=["mid"])
     assert not [d for d in later if d.kind == "outage"], [d.to_json() for d in later]
     assert all(d.end is None or d.end >= datetime(2026, 3, 11, 13, 30, tzinfo=UTC) for d in later)
+    # each run's range is recorded as judged (report daily tells a day no run covered from a quiet one); a dry
+    # run records nothing
+    detect_history(store, datetime(2026, 3, 11, 9, 0, tzinfo=UTC), to, settings, sites=["mid"], record=False)
+    assert _runs(store, "mid") == [("history", datetime(2026, 3, 11, 11, 0, tzinfo=UTC), to),
+                                   ("history", datetime(2026, 3, 11, 13, 30, tzinfo=UTC), to)]
+
+
+def _runs(store: Store, site: str) -> list[tuple[str, datetime, datetime]]:
+    return [(str(m), datetime.fromtimestamp(int(a), UTC), datetime.fromtimestamp(int(b), UTC)) for m, a, b in
+            store.query_rows("SELECT mode, toUnixTimestamp(from_ts), toUnixTimestamp(to_ts) FROM detection_runs "
+                             f"FINAL WHERE site = '{site}' ORDER BY mode, from_ts")]
+
+
+def test_a_live_session_records_the_minutes_it_judged(store: Store) -> None:
+    """A live session's detection_runs row starts at the first minute it read (its warm-up) and is moved on
+    every 15 judged minutes; a failed insert of it is tried again at the next run and holds no detection back."""
+    end = datetime(2026, 3, 11, 15, 0, tzinfo=UTC)
+    store.insert("requests", _requests("lv", end, [(datetime(2026, 3, 11, 14, 0, tzinfo=UTC), end)], seed=5))
+    flaky = FlakyStore(store)
+    det = TrafficDetector(_settings("lv"), sites=["lv"])
+    now = datetime(2026, 3, 11, 13, 55, 30, tzinfo=UTC)
+    det.run_once(flaky, now)
+    first = datetime(2026, 3, 11, 13, 54, tzinfo=UTC)
+    warm = first - timedelta(days=det.cfg.history_days)
+    assert _runs(store, "lv") == [("live", warm, first)]
+    det.run_once(flaky, now + timedelta(minutes=10))  # 10 more minutes judged: not yet moved on
+    assert _runs(store, "lv")[0][2] == first
+    flaky.insert_table = "detection_runs"
+    opened = det.run_once(flaky, now + timedelta(minutes=20))  # the outage opens; the runs row fails
+    assert flaky.failed == ["insert"] and any(d.kind == "outage" for d in opened)
+    assert _runs(store, "lv")[0][2] == first
+    det.run_once(flaky, now + timedelta(minutes=21))
+    assert _runs(store, "lv") == [("live", warm, datetime(2026, 3, 11, 14, 15, tzinfo=UTC))]

@@ -571,4 +571,18 @@ ORDER BY (site, origin_host, head_sha256, format, prefix_bytes);
 CREATE TABLE IF NOT EXISTS forumpulse.ingest_files ON CLUSTER forum_cluster AS forumpulse.ingest_files_local
 ENGINE = Distributed(forum_cluster, forumpulse, ingest_files_local, rand());
 
+CREATE TABLE IF NOT EXISTS forumpulse.detection_runs_local ON CLUSTER forum_cluster
+(
+    site        LowCardinality(String),
+    mode        LowCardinality(String),
+    from_ts     DateTime('UTC'),
+    to_ts       DateTime('UTC'),
+    recorded_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/detection_runs_local', '{replica}', recorded_at)
+ORDER BY (site, mode, from_ts);
+
+CREATE TABLE IF NOT EXISTS forumpulse.detection_runs ON CLUSTER forum_cluster AS forumpulse.detection_runs_local
+ENGINE = Distributed(forum_cluster, forumpulse, detection_runs_local, rand());
+
 CREATE TABLE IF NOT EXISTS forumpulse.schema_migrations ON CLUSTER forum_cluster (version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/schema_migrations', '{replica}') ORDER BY version;

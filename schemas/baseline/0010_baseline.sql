@@ -1,15 +1,15 @@
--- forumpulse schema baseline: the schema that migrations 0001-0006 build, as one file for NEW databases.
+-- forumpulse schema baseline: the schema that migrations 0001-0010 build, as one file for NEW databases.
 --
--- `migrate` applies this file instead of the 0001-0006 chain when the database has no table yet, then records
--- 0001-0006 in schema_migrations with their own checksums, so later migrations apply exactly as after the chain.
--- A new store then sends 27 queries instead of 52 (0.12 instead of 0.24-0.37 CPU-s here, and 0.15 s instead of
--- 0.29-0.40 s; each query also waits for the GIL once more while `forumpulse ingest` parses beside it).  Any
--- database that already has a table (an existing store, or a baseline interrupted half-way) takes the chain, whose
--- statements are idempotent.
+-- `migrate` applies this file instead of the 0001-0010 chain when the database has no table yet, then records
+-- 0001-0010 in schema_migrations with their own checksums, so later migrations apply exactly as after the chain.
+-- A new store then sends 29 queries instead of 54 (the 0006 baseline, squashed again at 0010: 33 by then; each
+-- query costs a new store's set-up time, and waits for the GIL once more while `forumpulse ingest` parses beside
+-- it).  Any database that already has a table (an existing store, or a baseline interrupted half-way) takes the
+-- chain, whose statements are idempotent.
 --
 -- The file name says the last migration it covers.  tests/test_schema_baseline.py checks that a database made
 -- from it equals one made by the chain (every table's and view's CREATE statement, for several retention
--- settings) and that the chain completes a half-applied baseline.  A new migration (0007...) is added to
+-- settings) and that the chain completes a half-applied baseline.  A new migration (0011...) is added to
 -- schemas/migrations/ as before and applies on top of this baseline; nothing here changes then.
 -- Comments and rationale for each table are in the migrations themselves; placeholders as there.
 
@@ -433,3 +433,66 @@ ENGINE = ReplacingMergeTree(created_at)
 ORDER BY (group_id, topic, partition, first_offset)
 TTL toDateTime(created_at) + INTERVAL 30 DAY
 SETTINGS non_replicated_deduplication_window = 1000;
+
+-- migration 0007: how far each consumer group has loaded each Kafka partition.
+
+CREATE TABLE IF NOT EXISTS consumer_progress
+(
+    group_id    LowCardinality(String),
+    topic       LowCardinality(String),
+    partition   UInt32,
+    loaded_ts   DateTime64(3, 'UTC'),
+    next_offset UInt64,
+    lag         Int64,
+    active      Bool,
+    instance    LowCardinality(String),
+    updated_at  DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(updated_at)
+ORDER BY (group_id, topic, partition);
+
+-- migration 0008: a log of the sources' heartbeats, one row per source and minute.
+
+CREATE TABLE IF NOT EXISTS source_heartbeat_minute
+(
+    site        LowCardinality(String),
+    origin_host LowCardinality(String),
+    origin_file LowCardinality(String),
+    minute      DateTime('UTC'),
+    first_beat  SimpleAggregateFunction(min, Tuple(DateTime64(3, 'UTC'), UInt64, UInt64)),
+    last_beat   SimpleAggregateFunction(max, Tuple(DateTime64(3, 'UTC'), UInt64, UInt64))
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toYYYYMM(minute)
+ORDER BY (site, origin_host, origin_file, minute)
+{rollup_ttl:minute};
+
+-- migration 0009: which file contents `forumpulse ingest` has loaded, so a file is read once.
+
+CREATE TABLE IF NOT EXISTS ingest_files
+(
+    site          LowCardinality(String),
+    origin_host   LowCardinality(String),
+    format        String,
+    head_sha256   String,
+    prefix_bytes  UInt64,
+    prefix_lines  UInt64,
+    prefix_sha256 String,
+    origin_file   String,
+    ingested_at   DateTime64(3, 'UTC')
+)
+ENGINE = MergeTree
+ORDER BY (site, origin_host, head_sha256, format, prefix_bytes);
+
+-- migration 0010: which minutes the traffic detectors have judged, so a report can tell a day
+
+CREATE TABLE IF NOT EXISTS detection_runs
+(
+    site        LowCardinality(String),
+    mode        LowCardinality(String),
+    from_ts     DateTime('UTC'),
+    to_ts       DateTime('UTC'),
+    recorded_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(recorded_at)
+ORDER BY (site, mode, from_ts);
