@@ -620,16 +620,20 @@ class SeasonalDetector:
         """The count of the ``minutes`` *elapsed* minutes ending at ``local`` (inclusive) and how many of them
         have data: on a spring-forward day (or the day after one whose gap ends it) the window reaches back over
         the local minutes that do not exist."""
-        d = local.date()
-        arr = self.days[d] if raw else self.clean[d]
-        on_day, on_prev = self._window_clock(d, local.hour * 60 + local.minute, minutes)
-        seg = arr[on_day]
-        prev = d - timedelta(days=1)
-        if len(on_prev) and prev in self.days:
-            pa = self.days[prev] if raw else self.clean[prev]
-            seg = np.concatenate([pa[on_prev], seg])
+        seg = self._window(self.days if raw else self.clean, local, minutes)
         valid = seg[~np.isnan(seg)]
         return float(valid.sum()), len(valid)
+
+    def _window(self, per_day: dict[date, npt.NDArray[Any]], local: datetime, minutes: int) -> npt.NDArray[Any]:
+        """The values of a per-day minute array (``days``, ``clean``, ``excluded``) over the ``minutes`` elapsed
+        minutes ending at ``local`` (inclusive), oldest first, as :meth:`_window_clock` picks them."""
+        d = local.date()
+        on_day, on_prev = self._window_clock(d, local.hour * 60 + local.minute, minutes)
+        seg = per_day[d][on_day]
+        prev = d - timedelta(days=1)
+        if len(on_prev) and prev in per_day:
+            seg = np.concatenate([per_day[prev][on_prev], seg])
+        return seg
 
     # -- streaming ------------------------------------------------------------------------------------
     def update(self, ts: datetime, count: float) -> Iterator[Detection]:
@@ -810,13 +814,7 @@ class SeasonalDetector:
         exp, n = self.expected(local, m)
         if not n or math.isnan(exp) or exp <= 0:
             return 1.0
-        d = local.date()
-        on_day, on_prev = self._window_clock(d, local.hour * 60 + local.minute, m)
-        vals, out = self.days[d][on_day], self.excluded[d][on_day]
-        prev = d - timedelta(days=1)
-        if len(on_prev) and prev in self.days:
-            vals = np.concatenate([self.days[prev][on_prev], vals])
-            out = np.concatenate([self.excluded[prev][on_prev], out])
+        vals, out = self._window(self.days, local, m), self._window(self.excluded, local, m)
         keep = ~np.isnan(vals) & ~out
         if int(keep.sum()) < m / 6:
             return 1.0

@@ -1488,13 +1488,16 @@ class TrafficDetector:
         """Move this session's ``detection_runs`` rows on (at the first run, then every :data:`RUNS_EVERY` of
         judged minutes).  Best effort: a failed insert is logged and tried again at the next run; it never holds
         the detections back."""
-        due = [rt for rt in self.sites.values() if rt.judged_from is not None and rt.cursor is not None
-               and (rt.runs_recorded_to is None or rt.cursor - rt.runs_recorded_to >= RUNS_EVERY)]
+        due, runs = [], []
+        for rt in self.sites.values():
+            if rt.judged_from is not None and rt.cursor is not None and (
+                    rt.runs_recorded_to is None or rt.cursor - rt.runs_recorded_to >= RUNS_EVERY):
+                due.append(rt)
+                runs.append((rt.name, "live", rt.judged_from, rt.cursor))
         if not due:
             return
         try:
-            record_runs(store, [(rt.name, "live", rt.judged_from, rt.cursor) for rt in due  # type: ignore[misc]
-                                ], now)
+            record_runs(store, runs, now)
         except Exception as exc:
             log.warning("traffic detectors: detection_runs not updated (tried again at the next run): %s",
                         (str(exc).splitlines() or [""])[0][:300])

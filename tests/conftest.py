@@ -53,8 +53,8 @@ def _fresh(chdb_path: Path, migrated: bool) -> Store:
 def _drop(chdb_path: Path, st: Store) -> None:
     """Drop a test's database when it is done (the store may have been closed by the test).  Every database left
     in the session's one chDB folder made the next ones slower to create and use (~30 tables each: a fresh
-    migrated store took 1 s with 20 databases left, 5.8 s with 120), and the suite's time grew quadratically
-    with its number of tests."""
+    migrated store took 1 s with 20 databases left, 5.8 s with 120), so each test's set-up cost grew with the
+    number of tests run before it."""
     db = getattr(st, "database", None)
     if db is None:
         st.close()
