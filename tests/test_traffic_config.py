@@ -142,9 +142,9 @@ def test_history_warms_as_far_back_as_the_site_baseline_reaches(tmp_path: Path,
     real = traffic.TrafficDetector._advance
 
     def spy(self: Any, store: Any, rt: Any, start: datetime, until: datetime, now: datetime,
-            live: bool = False) -> Any:
+            live: bool = False, topics_from: datetime | None = None) -> Any:
         reads.append(start)
-        return real(self, store, rt, start, until, now, live)
+        return real(self, store, rt, start, until, now, live, topics_from)
 
     monkeypatch.setattr(traffic.TrafficDetector, "_advance", spy)
     try:
@@ -153,3 +153,42 @@ def test_history_warms_as_far_back_as_the_site_baseline_reaches(tmp_path: Path,
     finally:
         store.close()
     assert reads == [frm - timedelta(days=REFERENCE_DAYS_BACK + 1)]
+
+
+def test_history_feeds_the_topic_detectors_history_days_only(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The site baseline is warmed with 43 days, the topic detectors (whose baselines reach baseline_hours back)
+    with ``history_days`` before --from, as a live run warms them: fed the 43 days, a one-day run of a forum with
+    300 topics read every minute took 1,423 s and 5.2 GB (604 s and 2.1 GB fed 15 days)."""
+    url = f"chdb:{tmp_path / 'db'}"
+    store = open_store(url)
+    migrate(store, {"raw_ttl_days": 0, "rollup_ttl_days": 0})
+    frm = datetime(2026, 3, 20, tzinfo=UTC)
+    days = traffic.TrafficSettings().history_days
+    edge = frm - timedelta(days=days)
+    minutes = [frm - timedelta(days=30), edge - timedelta(minutes=1), edge, edge + timedelta(minutes=1),
+               frm + timedelta(hours=1)]
+    store.insert("requests", pa.table({
+        "ts": pa.array(minutes, pa.timestamp("ms", tz="UTC")), "site": ["forum"] * 5,
+        "client_ip": ["::ffff:10.0.0.1"] * 5, "status": pa.array([200] * 5, pa.uint16()),
+        "is_bot": [False] * 5, "is_static": [False] * 5, "topic_id": pa.array([7] * 5, pa.uint64())}))
+    fed: dict[str, list[datetime]] = {"topic": [], "site": []}
+    topic_update, site_update = traffic.TopicSurgeDetector.update, traffic.SeasonalDetector.update
+
+    def topic_spy(self: Any, minute: datetime, *a: Any, **k: Any) -> Any:
+        fed["topic"].append(minute)
+        return topic_update(self, minute, *a, **k)
+
+    def site_spy(self: Any, ts: datetime, count: float) -> Any:
+        if count:
+            fed["site"].append(ts)
+        return site_update(self, ts, count)
+
+    monkeypatch.setattr(traffic.TopicSurgeDetector, "update", topic_spy)
+    monkeypatch.setattr(traffic.SeasonalDetector, "update", site_spy)
+    try:
+        traffic.detect_history(store, frm, frm + timedelta(days=1), record=False)
+    finally:
+        store.close()
+    assert fed["site"] == minutes
+    assert fed["topic"] == minutes[2:]
