@@ -97,7 +97,8 @@ def ensure_schema(store: Store, settings: Settings) -> None:
 
 def context_for(path: str, settings: Settings, fmt: str | None, site: str | None, origin_host: str | None) -> SourceContext:
     """Source context for a file: explicit options win, then the first configured source whose ``paths`` glob
-    matches, then defaults (first configured site, this host's name, ``auto`` format)."""
+    matches, then defaults (first configured site, this host's name, ``auto`` format).  ``origin_file`` is the
+    file's absolute path (without resolving symlinks), whatever the working directory."""
     src: SourceConfig | None = None
     for s in settings.sources:
         if any(fnmatch.fnmatch(path, g) or fnmatch.fnmatch(os.path.abspath(path), g) for g in s.paths):
@@ -106,7 +107,10 @@ def context_for(path: str, settings: Settings, fmt: str | None, site: str | None
     return SourceContext(
         site=site or (src.site if src else settings.sites[0].name),
         origin_host=origin_host or (src.origin_host if src and src.origin_host else socket.gethostname()),
-        origin_file=path if path != "-" else "stdin",
+        # absolute, as syslog-ng names a file it tails (its configured path): a file loaded with a relative path
+        # and then tailed live is one source, not two -- the first of which would fall silent at the switch
+        # and stay in a pipeline_gap (user trial 32: the site detectors blinded for a day)
+        origin_file=os.path.abspath(path) if path != "-" else "stdin",
         format=fmt or (src.format if src else "auto"),
     )
 

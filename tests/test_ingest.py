@@ -112,6 +112,20 @@ def test_a_file_read_under_another_name_renamed_or_compressed_is_not_stored_agai
     assert (other.read, other.skipped) == (1000, 0)
 
 
+def test_a_file_loaded_by_a_relative_path_is_the_source_syslog_ng_tails(store, settings, tmp_path, monkeypatch):
+    """``origin_file`` is the absolute path whatever the working directory, as syslog-ng names the file it
+    tails: a backfill of ``logs/access.log`` up to now and the live lines after it are one source.  With the
+    path as typed they were two, and the backfilled one fell silent at the switch: a pipeline_gap that never
+    closed and kept the site detectors blind for a day (user trial 32)."""
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" / "access.log"
+    log.write_bytes(MIXED.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    ingest_paths(store, settings, ["logs/access.log"], fmt="combined", origin_host="web1")
+    files = store.query_rows("SELECT DISTINCT origin_file FROM requests")
+    assert files == [(str(log),)]
+
+
 def test_a_grown_file_is_read_from_where_the_last_ingest_ended(store, settings, tmp_path):
     lines = ELASTIC.read_bytes().splitlines(keepends=True)
     log = tmp_path / "access.log"
