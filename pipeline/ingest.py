@@ -38,6 +38,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import re
 import socket
 import sys
 import time
@@ -95,10 +96,29 @@ def ensure_schema(store: Store, settings: Settings) -> None:
     migrate(store, settings.retention.migration_params())
 
 
+#: a rotated file's suffix: logrotate's ``.1`` .. and ``dateext`` (``-20260101``, ``-2026010112``, ``-2026-01-01``)
+_ROTATED = re.compile(r"(?:\.\d{1,3}|-\d{8}|-\d{10}|-\d{4}-\d{2}-\d{2})$")
+
+
+def source_file(path: str) -> str:
+    """The log source a file belongs to, as syslog-ng names the file it tails: its absolute path (symlinks not
+    resolved), without a compression suffix and a rotation suffix (``access.log.2.gz``, ``access.log-20260101``
+    -> ``access.log``).  So a backfill by a relative path, the rotated archives and the live lines after them are
+    one source: with a name per file, each file fell silent where its lines end -- a pipeline_gap that never
+    closed, and the site detectors not fed for a day after it (user trial 32).  The file itself is named in
+    quarantine references and in the ingest ledger."""
+    p = os.path.abspath(path)
+    for ext in COMPRESSED:
+        if p.endswith(ext):
+            p = p[: -len(ext)]
+            break
+    return _ROTATED.sub("", p) or p
+
+
 def context_for(path: str, settings: Settings, fmt: str | None, site: str | None, origin_host: str | None) -> SourceContext:
     """Source context for a file: explicit options win, then the first configured source whose ``paths`` glob
     matches, then defaults (first configured site, this host's name, ``auto`` format).  ``origin_file`` is the
-    file's absolute path (without resolving symlinks), whatever the working directory."""
+    file's :func:`source_file`, whatever the working directory."""
     src: SourceConfig | None = None
     for s in settings.sources:
         if any(fnmatch.fnmatch(path, g) or fnmatch.fnmatch(os.path.abspath(path), g) for g in s.paths):
@@ -107,10 +127,7 @@ def context_for(path: str, settings: Settings, fmt: str | None, site: str | None
     return SourceContext(
         site=site or (src.site if src else settings.sites[0].name),
         origin_host=origin_host or (src.origin_host if src and src.origin_host else socket.gethostname()),
-        # absolute, as syslog-ng names a file it tails (its configured path): a file loaded with a relative path
-        # and then tailed live is one source, not two -- the first of which would fall silent at the switch
-        # and stay in a pipeline_gap (user trial 32: the site detectors blinded for a day)
-        origin_file=os.path.abspath(path) if path != "-" else "stdin",
+        origin_file=source_file(path) if path != "-" else "stdin",
         format=fmt or (src.format if src else "auto"),
     )
 
@@ -352,7 +369,7 @@ def ingest_stream(
     # insert into requests: skipping it would lose them too); 0 = forever
     skip_days = max(retention_days, rollup_days) if retention_days > 0 and rollup_days > 0 else 0
     t0 = time.perf_counter()
-    source_ref = f"file:{ctx.origin_file}"
+    source_ref = f"file:{os.path.abspath(name) if name and name != 'stdin' else ctx.origin_file}"
     running = running if running is not None else hashlib.sha256()
 
     starts: deque[int] = deque()
@@ -558,8 +575,9 @@ def _ingest_each(
                 _skip_bytes(fh, skip.bytes)
                 if cb:
                     cb(skip.bytes)
-            def checkpoint(nbytes: int, lines: int, sha: str, head: str = head, ctx: SourceContext = ctx) -> None:
-                _ledger_record(store, ctx, head, nbytes, lines, sha)
+            def checkpoint(nbytes: int, lines: int, sha: str, head: str = head, ctx: SourceContext = ctx,
+                           file: str = os.path.abspath(path)) -> None:
+                _ledger_record(store, ctx, head, nbytes, lines, sha, file)
 
             def damaged(fh: Any = fh) -> bool:
                 return getattr(fh, "damaged", None) is not None
@@ -675,13 +693,14 @@ def _skip_bytes(fh: BinaryIO, n: int) -> None:
         n -= len(piece)
 
 
-def _ledger_record(store: Store, ctx: SourceContext, head: str, nbytes: int, lines: int, sha: str) -> None:
+def _ledger_record(store: Store, ctx: SourceContext, head: str, nbytes: int, lines: int, sha: str,
+                   file: str) -> None:
     import pyarrow as pa
 
     store.insert("ingest_files", pa.table({
         "site": [ctx.site], "origin_host": [ctx.origin_host], "format": [ctx.format], "head_sha256": [head],
         "prefix_bytes": pa.array([nbytes], pa.uint64()), "prefix_lines": pa.array([lines], pa.uint64()),
-        "prefix_sha256": [sha], "origin_file": [ctx.origin_file],
+        "prefix_sha256": [sha], "origin_file": [file],
         "ingested_at": pa.array([int(time.time() * 1000)], pa.timestamp("ms", tz="UTC"))}))
 
 

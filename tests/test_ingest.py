@@ -112,18 +112,33 @@ def test_a_file_read_under_another_name_renamed_or_compressed_is_not_stored_agai
     assert (other.read, other.skipped) == (1000, 0)
 
 
-def test_a_file_loaded_by_a_relative_path_is_the_source_syslog_ng_tails(store, settings, tmp_path, monkeypatch):
-    """``origin_file`` is the absolute path whatever the working directory, as syslog-ng names the file it
-    tails: a backfill of ``logs/access.log`` up to now and the live lines after it are one source.  With the
-    path as typed they were two, and the backfilled one fell silent at the switch: a pipeline_gap that never
-    closed and kept the site detectors blind for a day (user trial 32)."""
+def test_a_backfill_of_rotated_archives_by_a_relative_path_is_the_source_syslog_ng_tails(store, settings, tmp_path,
+                                                                                          monkeypatch):
+    """``origin_file`` is the absolute path of the file syslog-ng tails, whatever the working directory and
+    without the rotation and compression suffixes: a backfill of ``logs/access.log.1.gz`` and ``logs/access.log``
+    up to now and the live lines after it are one source.  With the path as typed each file was a source of its
+    own that fell silent where its lines ended: a pipeline_gap that never closed, and the site detectors not fed
+    for a day after it (user trial 32).  The ledger still names the file itself."""
+    import gzip
+
+    from forumpulse.pipeline.ingest import source_file
+
     (tmp_path / "logs").mkdir()
+    lines = ELASTIC.read_bytes().splitlines(keepends=True)
+    (tmp_path / "logs" / "access.log.1.gz").write_bytes(gzip.compress(b"".join(lines[:500])))
     log = tmp_path / "logs" / "access.log"
-    log.write_bytes(MIXED.read_bytes())
+    log.write_bytes(b"".join(lines[500:]))
     monkeypatch.chdir(tmp_path)
-    ingest_paths(store, settings, ["logs/access.log"], fmt="combined", origin_host="web1")
-    files = store.query_rows("SELECT DISTINCT origin_file FROM requests")
-    assert files == [(str(log),)]
+    got = ingest_paths(store, settings, ["logs/access.log.1.gz", "logs/access.log"], fmt="combined",
+                       origin_host="web1")
+    assert [c.read for c in got] == [500, 500]
+    assert store.query_rows("SELECT DISTINCT origin_file FROM requests") == [(str(log),)]
+    assert sorted(r[0] for r in store.query_rows("SELECT DISTINCT origin_file FROM ingest_files")) == [
+        str(log), str(log) + ".1.gz"]
+    for name in ("access.log.2", "access.log-20260101.gz", "access.log-2026010112", "access.log-2026-01-01.bz2"):
+        assert source_file(f"/var/log/{name}") == "/var/log/access.log"
+    for name in ("access.log", "web1.log", "access_log_Jul95", "forum-2024.log"):
+        assert source_file(f"/var/log/{name}") == f"/var/log/{name}"
 
 
 def test_a_grown_file_is_read_from_where_the_last_ingest_ended(store, settings, tmp_path):
