@@ -746,6 +746,7 @@ class TrafficService:
         self.errors = 0
         self.emitted = 0
         self.last_run = 0.0  # wall time of the last run (epoch s)
+        self.run_started = 0.0  # clock() when the run under way began (0 between runs)
 
     @property
     def publish_failures(self) -> int:
@@ -756,7 +757,8 @@ class TrafficService:
         """One run at ``clock()``; returns the detections it published (errors are logged, counted, re-raised).
         :attr:`emitted` counts the detection states the run stored -- published or not, also those of a run that
         failed for some sites."""
-        now = datetime.fromtimestamp(self.clock(), UTC)
+        self.run_started = self.clock()
+        now = datetime.fromtimestamp(self.run_started, UTC)
         stored = getattr(self.detector, "stored_total", 0)
         try:
             dets = self.detector.run_once(self.store, now)
@@ -766,6 +768,7 @@ class TrafficService:
         finally:
             self.runs += 1
             self.last_run = now.timestamp()
+            self.run_started = 0.0
             if self.flush is not None:
                 with contextlib.suppress(Exception):
                     self.flush()
@@ -870,6 +873,12 @@ class TrafficCollector:
                                   value=svc.publish_failures)
         yield GaugeMetricFamily("forumpulse_traffic_last_run_timestamp_seconds", "wall time of the last run",
                                 value=svc.last_run)
+        # a run under way is no stuck thread: the first one warms the baselines on history_days of rollups and
+        # took 2-4 min for a 1M-lines/day forum (user trial 32, where the documented staleness alert fired)
+        yield GaugeMetricFamily("forumpulse_traffic_run_in_progress_seconds",
+                                "seconds the traffic detector run under way has taken so far (0 between runs; the "
+                                "first run warms the baselines and can take minutes)",
+                                value=max(0.0, svc.clock() - svc.run_started) if svc.run_started else 0.0)
         behind = GaugeMetricFamily("forumpulse_traffic_minutes_judged_behind_seconds",
                                    "wall clock minus the end of the last complete minute judged, per site",
                                    labels=["site"])
