@@ -359,3 +359,12 @@ def test_command_function(tmp_path: Path) -> None:
     assert sum(len(p.read_text().splitlines()) for p in tmp_path.glob("*.log")) == 80_000
     bad = CliRunner().invoke(app, ["simulate", "--out", str(tmp_path), "--format", "xml"])
     assert bad.exit_code == 2 and "unknown format" in bad.output
+
+
+def test_a_short_event_rises_and_decays_within_its_window(tmp_path: Path) -> None:
+    """``event@…/80m`` rises and decays in proportion to its length: with the default 5 h rise it was cut off
+    at 80 min at a few percent of traffic, and its truth gave a peak after its end (user trial 32)."""
+    res = simulate(_small(tmp_path, 3, scenarios=parse_scenarios("event@2024-01-23T20:00/80m")))
+    ev = _scn(json.loads(res.truth_path.read_text()), "event")
+    assert ev["magnitude"]["rise_h"] == round(5.0 * (80 / 60) / 18.0, 4)
+    assert ev["start_ms"] < datetime.fromisoformat(ev["peak"].replace("Z", "+00:00")).timestamp() * 1000 < ev["end_ms"]
