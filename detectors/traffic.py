@@ -644,14 +644,17 @@ class TopicSurgeDetector:
         ratio = float(self.r["share_ratio"])
         end_ratio = float(self.r["end_share_ratio"])
         judged = ("views", *(m for m in self.measures if m != "views"))
+        # the scopes judged: open, fired, or with a measure at its count floor and at the share floor (the first
+        # two conditions of :meth:`_passes`, the same arithmetic as :meth:`_stat`); any other scope cannot open,
+        # and on a forum with hundreds of topics a minute that is nearly all of them
         scopes = set(self.open) | set(fired)
-        for m in judged:
-            scopes |= set(st.rollings[m].win_sum)
-        floors = [(st.rollings[m].win_sum, self.min_count[m]) for m in self.measures]
+        min_share = float(self.r["min_share"])
+        for m in self.measures:
+            r, mc = st.rollings[m], self.min_count[m]
+            tot = max(r.win_total, 1)
+            scopes.update(k for k, c in r.win_sum.items() if c >= mc and c / tot >= min_share)
         for scope in sorted(scopes):
             det = self.open.get(scope)
-            if det is None and scope not in fired and not any(w.get(scope, 0) >= mc for w, mc in floors):
-                continue  # no measure reaches its count floor (most scopes, most minutes): nothing can open
             stats = {m: self._stat(m, scope) for m in judged}
             if det is None:
                 passed = [m for m in self.measures if self._passes(m, scope, stats[m])]
@@ -1275,15 +1278,52 @@ class _SiteRuntime:
 TransferRow = tuple[str, str, str, int, float, float]
 
 
+_TopicDay = dict[datetime, dict[int, tuple[int, int, int]]]  # minute -> topic -> views, replies, visitors
+TopicRows = Mapping[datetime, dict[int, tuple[int, int, int]]]
+
+
+class _TopicRowsByDay(Mapping[datetime, dict[int, tuple[int, int, int]]]):
+    """History runs: the topic rows of ``[start, until)`` read a day at a time, as :meth:`TrafficDetector._feed`
+    asks for its minutes in order (a forum with hundreds of topics a minute has tens of millions of rows in the
+    43 days a history run reads; only one day's are held).  ``load(a, b)`` reads ``[a, b)``.  A minute outside the
+    loaded day loads the day that starts at it.  Misuse: not for live runs, whose window is read whole before any
+    detector is fed (a read failing half-way would leave the detectors half-fed; a history run's detectors are
+    thrown away with the error); iterating or ``len`` would read everything and are refused."""
+
+    def __init__(self, load: Callable[[datetime, datetime], _TopicDay], start: datetime, until: datetime,
+                 chunk: timedelta = timedelta(days=1)) -> None:
+        self._load, self._start, self._until, self._chunk = load, start, until, chunk
+        self._lo = self._hi = start
+        self._rows: _TopicDay = {}
+        self.reads = 0
+
+    def __getitem__(self, minute: datetime) -> dict[int, tuple[int, int, int]]:
+        if not self._start <= minute < self._until:
+            raise KeyError(minute)
+        if not self._lo <= minute < self._hi:
+            self._lo, self._hi = minute, min(minute + self._chunk, self._until)
+            self._rows = {}  # the previous day's rows go before the next day's are read
+            self._rows = self._load(self._lo, self._hi)
+            self.reads += 1
+        return self._rows[minute]
+
+    def __iter__(self) -> Iterator[datetime]:
+        raise TypeError("_TopicRowsByDay is read by minute only (get / [])")
+
+    def __len__(self) -> int:
+        raise TypeError("_TopicRowsByDay is read by minute only (get / [])")
+
+
 @dataclass
 class _Window:
     """Everything one site's advance over ``[start, until)`` needs from the store, read before any detector of
-    the site is fed (so a failing read leaves the detectors as they were)."""
+    the site is fed (so a failing read leaves the detectors as they were) -- except a history run's topic rows,
+    read a day at a time as they are fed (:class:`_TopicRowsByDay`)."""
 
     start: datetime
     until: datetime
     site_rows: list[tuple[datetime, int, int, int, int]]  # minute, requests, 5xx + no status, topic views, pageviews
-    topic_rows: dict[datetime, dict[int, tuple[int, int, int]]]  # minute -> topic -> views, replies, visitors
+    topic_rows: TopicRows  # minute -> topic -> views, replies, visitors
     source_rows: list[tuple[str, datetime, int]]           # host/file, minute, lines
     fresh: set[str]                                         # sources heartbeating at the evaluated time
     transfer: list[tuple[datetime, list[tuple[str, list[TransferRow]]]]]  # complete windows (end, rows), in order
@@ -1457,7 +1497,8 @@ class TrafficDetector:
 
         * all store reads for the site's new minutes happen before any of its detectors is fed; a failing read
           leaves the detectors and the site's cursor untouched, and the next call reads the same minutes again —
-          no minute is fed twice or skipped;
+          no minute is fed twice or skipped (the first run, which warms the detectors on ``history_days``, reads
+          its topic rows a day at a time while feeding: a read failing there discards the site's state, as below);
         * detections wait in an outbox until they are inserted into ``detections`` and handed to ``producer``
           (and printed): a failing insert, producer or visitor query keeps them, in their latest state, for the
           next call.  A detection is inserted again only after its state changed, and handed to the producer
@@ -1514,7 +1555,10 @@ class TrafficDetector:
         if mark is not None:
             until = min(until, mark.replace(second=0, microsecond=0))
         if start < until:
-            win = self._read(store, rt, start, until, now, live=True)
+            # the first run warms on history_days: its topic rows are read a day at a time as they are fed (a
+            # forum with hundreds of topics a minute has millions of rows in 15 days); a read failing there is a
+            # failure while feeding, handled below
+            win = self._read(store, rt, start, until, now, live=True, topics_by_day=rt.cursor is None)
             try:
                 dets, visits = self._feed(rt, win)
             except Exception:
@@ -1535,7 +1579,9 @@ class TrafficDetector:
 
     # -- reading (no detector state is touched) -------------------------------------------------------------
     def _read(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime, now: datetime,
-              live: bool, topics_from: datetime | None = None) -> _Window:
+              live: bool, topics_from: datetime | None = None, topics_by_day: bool = False) -> _Window:
+        """``topics_by_day``: the topic rows are read a day at a time while they are fed (history runs only: see
+        :class:`_TopicRowsByDay`); otherwise everything is read here, before any detector is fed."""
         enabled = set(self.cfg.enabled)
         topic_start = max(start, topics_from) if topics_from is not None else start
         site_rows = [(_utc(m), int(req), int(err), int(tv), int(pv)) for m, req, err, tv, pv in store.query_rows(
@@ -1543,13 +1589,18 @@ class TrafficDetector:
             "FROM site_minute "
             f"WHERE site = {_q(rt.name)} AND minute >= {_sql_ts(start)} AND minute < {_sql_ts(until)} "
             "GROUP BY minute ORDER BY minute")]
-        topic_rows: dict[datetime, dict[int, tuple[int, int, int]]] = {}
-        if "topic" in enabled:
+        def topics(a: datetime, b: datetime) -> _TopicDay:
+            rows: _TopicDay = {}
             for minute, tid, v, r, u in store.query_rows(
                     "SELECT minute, topic_id, sum(views), sum(replies), uniqMerge(visitors) FROM topic_minute "
-                    f"WHERE site = {_q(rt.name)} AND minute >= {_sql_ts(topic_start)} AND minute < {_sql_ts(until)} "
+                    f"WHERE site = {_q(rt.name)} AND minute >= {_sql_ts(a)} AND minute < {_sql_ts(b)} "
                     "GROUP BY minute, topic_id"):
-                topic_rows.setdefault(_utc(minute), {})[int(tid)] = (int(v), int(r), int(u or 0))
+                rows.setdefault(_utc(minute), {})[int(tid)] = (int(v), int(r), int(u or 0))
+            return rows
+
+        topic_rows: TopicRows = {}
+        if "topic" in enabled:
+            topic_rows = _TopicRowsByDay(topics, topic_start, until) if topics_by_day else topics(topic_start, until)
         source_rows: list[tuple[str, datetime, int]] = []
         fresh: set[str] = set()
         if "site" in enabled:
@@ -1967,9 +2018,10 @@ class TrafficDetector:
                  now: datetime, live: bool = False, topics_from: datetime | None = None) -> list[Detection]:
         """History: read ``[start, until)``, feed it and add the visitor figures (an error propagates).  Heartbeats
         are judged at ``now`` (with the live clock-skew allowance when ``live``).  ``topics_from``: the topic
-        detectors see the minutes from then on only (as if the data began there)."""
+        detectors see the minutes from then on only (as if the data began there).  The topic rows are read a day
+        at a time as they are fed: ``rt``'s detectors are half-fed after an error, so they are for this run only."""
         dets, visits = self._feed(rt, self._read(store, rt, start, until, now, live=live,
-                                                 topics_from=topics_from))
+                                                 topics_from=topics_from, topics_by_day=True))
         for q in {q.det.id: q for q in visits}.values():  # the last peak of each surge decides, as live
             self._add_visitors(store, q)
         return dets

@@ -192,3 +192,115 @@ def test_history_feeds_the_topic_detectors_history_days_only(tmp_path: Path,
         store.close()
     assert fed["site"] == minutes
     assert fed["topic"] == minutes[2:]
+
+
+def test_topic_rows_by_day_reads_one_day_at_a_time() -> None:
+    """History runs read the topic rows a day at a time as they are fed, not the whole range at once."""
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    until = start + timedelta(days=2, hours=12)
+    loads: list[tuple[datetime, datetime]] = []
+
+    def load(a: datetime, b: datetime) -> dict[datetime, dict[int, tuple[int, int, int]]]:
+        loads.append((a, b))
+        return {m: {1: (int((m - start).total_seconds() // 60), 0, 0)} for m in (a, b - timedelta(minutes=1))}
+
+    rows = traffic._TopicRowsByDay(load, start, until)
+    assert rows.get(start - timedelta(minutes=1), {}) == {} and loads == []  # before the range: nothing read
+    assert rows.get(start, {}) == {1: (0, 0, 0)}
+    assert rows.get(start + timedelta(minutes=5), {}) == {}  # no row that minute, same day: no new read
+    last = start + timedelta(days=1) - timedelta(minutes=1)
+    assert rows[last] == {1: (1439, 0, 0)} and len(loads) == 1
+    nxt = start + timedelta(days=1, minutes=3)  # the next minute asked starts the next read
+    assert rows.get(nxt) == {1: (1443, 0, 0)}
+    assert rows.get(start + timedelta(days=2, hours=1)) == {1: (2940, 0, 0)}  # past the second day: a third read
+    assert loads == [(start, start + timedelta(days=1)), (nxt, nxt + timedelta(days=1)),
+                     (start + timedelta(days=2, hours=1), until)]
+    assert rows.get(until, {}) == {} and len(loads) == 3
+    with pytest.raises(TypeError):
+        list(rows)
+
+
+def _topic_days_store(tmp_path: Path, frm: datetime) -> tuple[Any, int]:
+    """A store with topic views five times a day from 4 days before ``frm`` to a day after it."""
+    store = open_store(f"chdb:{tmp_path / 'db'}")
+    migrate(store, {"raw_ttl_days": 0, "rollup_ttl_days": 0})
+    ts = [frm - timedelta(days=d, hours=h, minutes=m) for d in range(-1, 5) for h in (0, 5, 10, 15, 20) for m in (0, 1)]
+    n = len(ts)
+    store.insert("requests", pa.table({
+        "ts": pa.array(ts, pa.timestamp("ms", tz="UTC")), "site": ["forum"] * n,
+        "client_ip": [f"::ffff:10.0.0.{i % 5}" for i in range(n)], "status": pa.array([200] * n, pa.uint16()),
+        "is_bot": [False] * n, "is_static": [False] * n,
+        "topic_id": pa.array([7 + i % 3 for i in range(n)], pa.uint64())}))
+    return store, n
+
+
+def test_history_topic_rows_by_day_feed_what_one_read_feeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A history run over days of topic views feeds the topic detectors exactly what reading the whole range at
+    once fed them (every minute's counts), with one topic read per day."""
+    frm = datetime(2026, 3, 20, tzinfo=UTC)
+    store, n = _topic_days_store(tmp_path, frm)
+    fed: list[tuple[datetime, dict[int, tuple[int, ...]]]] = []
+    topic_update = traffic.TopicSurgeDetector.update
+
+    def spy(self: Any, minute: datetime, counts: Any, total: int) -> Any:
+        if counts:
+            fed.append((minute, dict(counts)))
+        return topic_update(self, minute, counts, total)
+
+    monkeypatch.setattr(traffic.TopicSurgeDetector, "update", spy)
+    reads: list[int] = []
+    by_day = traffic._TopicRowsByDay
+
+    def counted(*a: Any, **k: Any) -> Any:
+        rows = by_day(*a, **k)
+        reads.append(id(rows))
+        return rows
+
+    try:
+        monkeypatch.setattr(traffic, "_TopicRowsByDay", counted)
+        traffic.detect_history(store, frm, frm + timedelta(days=2), record=False)
+        daily, fed[:] = list(fed), []
+        monkeypatch.setattr(traffic, "_TopicRowsByDay", lambda load, a, b: load(a, b))  # one read, as before
+        traffic.detect_history(store, frm, frm + timedelta(days=2), record=False)
+    finally:
+        store.close()
+    assert len(reads) == 1
+    assert daily == fed and len(fed) == n  # every minute with views, same counts
+    assert {m.date() for m, _ in daily} >= {(frm - timedelta(days=d)).date() for d in range(-1, 5)}
+
+
+def test_live_first_run_reads_topic_rows_by_day_later_runs_whole(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live: the first run warms on history_days and reads its topic rows a day at a time; the next runs read their
+    few minutes whole, before feeding (a failing read leaves the detectors untouched)."""
+    frm = datetime(2026, 3, 20, tzinfo=UTC)
+    store, _ = _topic_days_store(tmp_path, frm)
+    made: list[tuple[datetime, datetime]] = []
+    by_day = traffic._TopicRowsByDay
+
+    def counted(load: Any, a: datetime, b: datetime) -> Any:
+        made.append((a, b))
+        return by_day(load, a, b)
+
+    monkeypatch.setattr(traffic, "_TopicRowsByDay", counted)
+    reads: list[str] = []
+    query_rows = type(store).query_rows
+
+    def spy(self: Any, sql: str, *a: Any, **k: Any) -> Any:
+        if "FROM topic_minute" in sql:
+            reads.append(sql)
+        return query_rows(self, sql, *a, **k)
+
+    monkeypatch.setattr(type(store), "query_rows", spy)
+    det = traffic.TrafficDetector()
+    try:
+        det.run_once(store, frm + timedelta(days=1))
+        first = len(reads)
+        det.run_once(store, frm + timedelta(days=1, minutes=3))
+    finally:
+        store.close()
+    cfg = traffic.TrafficSettings()
+    until = frm + timedelta(days=1, minutes=-cfg.lag_minutes)
+    assert made == [(until - timedelta(days=cfg.history_days), until)]
+    assert first >= 5  # the warm-up: one read per day with topic views (6 of them), not one for 15 days
+    assert len(reads) == first + 1 and len(made) == 1  # then the new minutes, read whole
