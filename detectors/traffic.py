@@ -702,10 +702,32 @@ class TopicSurgeDetector:
                 yield det
             if not any(stats[m].share >= end_ratio * b and stats[m].n >= self.min_count[m] / 3
                        for m, b in bases.items() if m in stats):
-                det.end, det.state = minute, "closed"
+                det.end, det.state = self._end(scope, det, [m for m in bases if m in stats], minute), "closed"
                 del self.open[scope]
                 self._closed[scope] = det
                 yield det
+
+    def _end(self, scope: str, det: Detection, measures: list[str], minute: datetime) -> datetime:
+        """The end of ``scope``'s event that closes at ``minute``: the minute after the last one with a count of any
+        of its ``measures`` in that measure's window (the window's first minute when it holds none), when earlier
+        than ``minute`` (never before the start or the peak).  A surge that stops at once closes only when its
+        windows' shares fall, up to a window later (30 minutes for replies); its end is when the counts stopped.  A
+        surge that fades keeps counts to the last minute, so its end is ``minute``."""
+        end: datetime | None = None
+        for m in measures:
+            r = self.state.rollings[m]
+            if not r.win:
+                return minute
+            stop = r.win[0][0]  # no count in the window: they stopped before it
+            for item_minute, counts, _ in reversed(r.win):
+                c = counts.get(scope)
+                if c is not None and c[r.idx] > 0:
+                    stop = item_minute + timedelta(minutes=1)
+                    break
+            end = stop if end is None else max(end, stop)
+        if end is None or end >= minute:
+            return minute
+        return max(end, det.start, det.peak_ts)
 
     def _cross(self, scope: str, det: Detection, new: list[str], stats: dict[str, _Stat]) -> None:
         """Measures ``new`` passed their test while ``scope``'s event is open (or reopens): freeze their baseline
