@@ -89,7 +89,9 @@ RULES_FILE = Path(__file__).resolve().parent / "rules" / "traffic.yaml"
 # ------------------------------------------------------------------------------------------------ config
 
 
-RULES_VERSION = 10  # 10: site.new_level_hours (a spike / unexplained dip that holds a day is a new level);
+RULES_VERSION = 11  # 11: health.gap_blinds_min_share (a source gap blinds the site model only for a source that
+# carried that share of the site's lines);
+# 10: site.new_level_hours (a spike / unexplained dip that holds a day is a new level);
 # 9: health.stuck_grace_seconds (a silent source whose file grows is a pipeline_gap);
 # 8: series.period_min_lag / period_max_lag (learned period, re-learnt after a period change);
 # 7: series.novelty_* (contextual novelty next to the anomaly likelihood);
@@ -1095,6 +1097,14 @@ class SourceGapDetector:
         hist = [n for m, n in self.recent.get(src, ()) if m > last - timedelta(minutes=60)]
         return sum(hist) / 60.0 * silent
 
+    def _site_share(self, src: str, last: datetime) -> float:
+        """``src``'s share of the site's lines: its lines in the hour up to its last line against those plus the
+        latest hour of every other source not in a gap (each source keeps its own last hour: a quiet source's
+        gap can open an hour or more into its silence)."""
+        mine = sum(n for m, n in self.recent.get(src, ()) if m > last - timedelta(minutes=60))
+        others = sum(n for k, q in self.recent.items() if k != src and k not in self.open for _, n in q)
+        return mine / (mine + others) if mine + others > 0 else 1.0
+
     def update(self, src: str, minute: datetime, n: int) -> Iterator[Detection]:
         q = self.recent.setdefault(src, deque())
         gap_min = int(self.h["gap_min_minutes"])
@@ -1187,9 +1197,10 @@ class SourceGapDetector:
             silent = int((until - last).total_seconds() // 60) - 1
             exp = self._expected(src, last, silent)
             if exp >= threshold:
-                why = ({"reason": "source silent, its file grows"} if stuck
+                why: dict[str, Any] = ({"reason": "source silent, its file grows"} if stuck
                        else {"reason": "source silent, no heartbeat"} if judged
                        else {"reason": "source silent", "liveness": "unknown"})
+                why["site_share"] = round(self._site_share(src, last), 4)
                 det = Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1), None,
                                 last + timedelta(minutes=1), 0.0, exp, 1.0, "pipeline_gap", why, site=self.site)
                 self.open[src] = det
@@ -1885,9 +1896,13 @@ class TrafficDetector:
             rt.sources.alive(win.until, win.fresh, grew=grew_in(end_log))
             last = win.until - timedelta(minutes=1)
             never = datetime.min.replace(tzinfo=UTC)
+            # a source gap blinds the site only for a source that carried gap_blinds_min_share of its lines (a
+            # one-off sender or a minor file falling silent must not switch the site's spikes and dips off)
+            min_share = float(health.get("gap_blinds_min_share", 0.0))
             blocked = [(d.start, d.end or last, d.detail.get("_reported", never))
-                       for d in out if d.kind == "pipeline_gap"]
-            blocked += [(d.start, last, d.detail.get("_reported", never)) for d in rt.sources.open.values()]
+                       for d in out if d.kind == "pipeline_gap" and d.detail.get("site_share", 1.0) >= min_share]
+            blocked += [(d.start, last, d.detail.get("_reported", never)) for d in rt.sources.open.values()
+                        if d.detail.get("site_share", 1.0) >= min_share]
             cap = timedelta(hours=float(health.get("gap_blinds_site_hours", 24)))
             blocked = [(lo, min(hi, lo + cap), r) for lo, hi, r in blocked]
             blocked = [(lo, hi, r) for lo, hi, r in blocked if hi >= win.start]
