@@ -1122,7 +1122,9 @@ class SourceGapDetector:
                 yield Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1),
                                 minute - timedelta(minutes=1), last + timedelta(minutes=1), 0.0, exp, 1.0,
                                 "pipeline_gap", {"reason": "source silent", "minutes": silent,
-                                                 "liveness": "unknown"}, site=self.site, state="closed")
+                                                 "liveness": "unknown",
+                                                 "site_share": round(self._site_share(src, last), 4)},
+                                site=self.site, state="closed")
         q.append((minute, n))
         self._alive.pop(src, None)  # lines again: a later silence needs heartbeats of its own
         while q and q[0][0] <= minute - timedelta(minutes=60):
@@ -1316,19 +1318,19 @@ TopicRows = Mapping[datetime, dict[int, tuple[int, int, int]]]
 
 
 class _TopicRowsByDay(Mapping[datetime, dict[int, tuple[int, int, int]]]):
-    """History runs: the topic rows of ``[start, until)`` read a day at a time, as :meth:`TrafficDetector._feed`
-    asks for its minutes in order (a forum with hundreds of topics a minute has tens of millions of rows in the
-    43 days a history run reads; only one day's are held).  ``load(a, b)`` reads ``[a, b)``.  A minute outside the
-    loaded day loads the day that starts at it.  Misuse: not for live runs, whose window is read whole before any
-    detector is fed (a read failing half-way would leave the detectors half-fed; a history run's detectors are
-    thrown away with the error); iterating or ``len`` would read everything and are refused."""
+    """History runs and a live process's first run (the ``history_days`` warm-up): the topic rows of ``[start,
+    until)`` read a day at a time, as :meth:`TrafficDetector._feed` asks for its minutes in order (a forum with
+    hundreds of topics a minute has millions of rows in 15 days; only one day's are held).  ``load(a, b)`` reads
+    ``[a, b)``.  A minute outside the loaded day loads the day that starts at it.  Misuse: only where detectors
+    left half-fed by a read failing half-way are thrown away (a history run's with the error; a live site's state
+    after a failure while feeding) -- a live run's later windows are read whole before any detector is fed;
+    iterating or ``len`` would read everything and are refused."""
 
     def __init__(self, load: Callable[[datetime, datetime], _TopicDay], start: datetime, until: datetime,
                  chunk: timedelta = timedelta(days=1)) -> None:
         self._load, self._start, self._until, self._chunk = load, start, until, chunk
         self._lo = self._hi = start
         self._rows: _TopicDay = {}
-        self.reads = 0
 
     def __getitem__(self, minute: datetime) -> dict[int, tuple[int, int, int]]:
         if not self._start <= minute < self._until:
@@ -1337,7 +1339,6 @@ class _TopicRowsByDay(Mapping[datetime, dict[int, tuple[int, int, int]]]):
             self._lo, self._hi = minute, min(minute + self._chunk, self._until)
             self._rows = {}  # the previous day's rows go before the next day's are read
             self._rows = self._load(self._lo, self._hi)
-            self.reads += 1
         return self._rows[minute]
 
     def __iter__(self) -> Iterator[datetime]:
@@ -1350,8 +1351,8 @@ class _TopicRowsByDay(Mapping[datetime, dict[int, tuple[int, int, int]]]):
 @dataclass
 class _Window:
     """Everything one site's advance over ``[start, until)`` needs from the store, read before any detector of
-    the site is fed (so a failing read leaves the detectors as they were) -- except a history run's topic rows,
-    read a day at a time as they are fed (:class:`_TopicRowsByDay`)."""
+    the site is fed (so a failing read leaves the detectors as they were) -- except the topic rows of a history
+    run and of a live site's first run, read a day at a time as they are fed (:class:`_TopicRowsByDay`)."""
 
     start: datetime
     until: datetime
@@ -1613,8 +1614,9 @@ class TrafficDetector:
     # -- reading (no detector state is touched) -------------------------------------------------------------
     def _read(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime, now: datetime,
               live: bool, topics_from: datetime | None = None, topics_by_day: bool = False) -> _Window:
-        """``topics_by_day``: the topic rows are read a day at a time while they are fed (history runs only: see
-        :class:`_TopicRowsByDay`); otherwise everything is read here, before any detector is fed."""
+        """``topics_by_day``: the topic rows are read a day at a time while they are fed (history runs and a live
+        site's first run: see :class:`_TopicRowsByDay`); otherwise everything is read here, before any detector
+        is fed."""
         enabled = set(self.cfg.enabled)
         topic_start = max(start, topics_from) if topics_from is not None else start
         site_rows = [(_utc(m), int(req), int(err), int(tv), int(pv)) for m, req, err, tv, pv in store.query_rows(
