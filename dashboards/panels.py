@@ -242,7 +242,8 @@ def liveness_sources(where: str = "1 = 1") -> str:
     nor a host-level heartbeat without lines) matching ``where`` with ``own_hb_ms`` (their newest heartbeat, or
     their host's: empty ``origin_file``, same site or ``*``), ``cover`` (the listeners that may have received a
     source without heartbeats of its own: array of (site, collector, listener, hb_ms), oldest first: a source is
-    quiet only while all of them are up), ``grew`` (its file grew lately: see :data:`STUCK_WINDOW_S`) and
+    quiet only while all of them are up; a listener that stopped heartbeating before the source's last line — a
+    retired collector, an old port — did not receive it and is left out), ``grew`` (its file grew lately: see :data:`STUCK_WINDOW_S`) and
     ``state`` (live | stuck | silent | quiet | dead); ``now_s`` must be defined."""
     return f"""
     SELECT s.site AS site, s.origin_host AS origin_host, s.origin_file AS origin_file, s.line_ms AS line_ms,
@@ -250,7 +251,8 @@ def liveness_sources(where: str = "1 = 1") -> str:
            arrayFilter(x -> x.3 = s.origin_file AND (x.1 = s.site OR x.1 = '*'), l.ls) AS exact,
            if(own_hb_ms > 0, [],
               if(notEmpty(exact) OR startsWith(s.origin_file, '/') OR {LISTENER_LABEL.format(col="s.origin_file")},
-                 exact, arrayFilter(x -> x.1 = '*', l.ls))) AS unsorted_cover,
+                 exact, arrayFilter(x -> x.1 = '*', l.ls))) AS may_cover,
+           arrayFilter(x -> s.line_ms = 0 OR x.4 >= s.line_ms - {HEARTBEAT_TIMEOUT_S * 1000}, may_cover) AS unsorted_cover,
            arraySort(x -> (x.4, x.2, x.3, x.1), unsorted_cover) AS cover,
            if(empty(cover), 0, cover[1].4) AS via_ms,
            toInt64(now_s) * 1000 AS now_ms,

@@ -1591,6 +1591,9 @@ def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_time
         via: _Row | None = None
         if hb == 0:  # no heartbeat of its own, ever: a network sender (or a file whose heartbeats never came)
             cover = _covering(r, listeners)
+            if r.line_ms > 0:  # a listener down before the sender's last line did not receive it (a retired
+                # collector or an old port: listener rows never expire, and would make every sender dead for good)
+                cover = [x for x in cover if x.hb_ms >= r.line_ms - round(heartbeat_timeout_s * 1000)]
             # quiet only while EVERY listener that may have received it is up: judged by the oldest (a sender
             # of a collector that died is not vouched for by another collector with the same listener label)
             via = min(cover, key=lambda x: (x.hb_ms, x.host, x.file, x.site)) if cover else None

@@ -167,3 +167,20 @@ def test_a_sender_is_quiet_only_while_every_collector_that_may_receive_it_is_up(
                   ("rawsite", "10.0.0.9", "tcp:5140", 2000, None)])
     [s] = source_status(store, now=NOW, quiet_after_s=300, heartbeat_timeout_s=120)
     assert (s.state, s.listener) == ("quiet", "collA tcp:5140")
+
+
+def test_a_listener_down_before_the_senders_last_line_does_not_vouch_or_condemn(store: Store) -> None:
+    """A retired collector or an old syslog port (its listener row never expires) went down hours before the
+    sender's last line: it did not receive that line, so the listener that is up decides (user trial 33: every
+    heartbeat-less syslog sender was dead for good after a port change)."""
+    _rows(store, [("*", "coll1", "syslog5424:15515", None, 6 * 3600),   # the old port, down for 6 hours
+                  ("*", "coll1", "syslog5424:25515", None, 10),          # the port in use, up
+                  ("forum", "web3.remote.example", "forum/combined_d", 1500, None)])
+    [s] = source_status(store, now=NOW, quiet_after_s=300, heartbeat_timeout_s=120)
+    assert (s.state, s.listener) == ("quiet", "coll1 syslog5424:25515")
+    store.command("TRUNCATE TABLE source_liveness")
+    _rows(store, [("*", "coll1", "syslog5424:15515", None, 6 * 3600),
+                  ("*", "coll1", "syslog5424:25515", None, 1000),        # the port in use stopped after the line
+                  ("forum", "web3.remote.example", "forum/combined_d", 1500, None)])
+    [s] = source_status(store, now=NOW, quiet_after_s=300, heartbeat_timeout_s=120)
+    assert (s.state, s.listener) == ("dead", "coll1 syslog5424:25515")

@@ -160,6 +160,17 @@ def test_senders_are_dead_once_their_listener_stops(store: Store) -> None:
     assert {r["status"] for r in assert_listeners_agree(store, "forum", earlier)} == {"up"}
 
 
+def test_a_listener_down_before_the_senders_last_line_is_left_out(store: Store) -> None:
+    """An old syslog port (its listener row never expires) went down hours before the sender's last line: the panel
+    judges the sender by the port in use, as source_status does (user trial 33)."""
+    _insert(store, [("*", "coll1", "syslog5424:15515", None, 6 * 3600), ("*", "coll1", "syslog5424:25515", None, 10),
+                    ("forum", "web3", "forum/combined_d", 1500, None)])
+    [r] = assert_sources_agree(store, "forum")
+    assert (r["status"], r["listener"]) == ("quiet", "coll1 syslog5424:25515")
+    assert {(x["listener"], x["sources"]) for x in assert_listeners_agree(store, "forum")} == {
+        ("syslog5424:15515", 0), ("syslog5424:25515", 1)}
+
+
 SITES = ("forum", "board", "*")
 HOSTS = ("coll1", "coll2", "web1", "web2", "10.0.0.5")
 FILES = ("", "-", "tcp:5140", "udp:5140", "syslog:5514", "syslog5424:5515", "forum/combined", "board/squid",
