@@ -736,6 +736,11 @@ class SeasonalDetector:
     def _last_seen_end(self, det: Detection) -> datetime:
         return det.detail.pop("_last", det.peak_ts)
 
+    @property
+    def down(self) -> bool:
+        """The last minutes fed were down (an outage is being confirmed) or an outage is open."""
+        return bool(self._down_run) or "outage" in self.open
+
     def _outage(self, ts: datetime, local: datetime, count: float) -> Iterator[Detection]:
         exp, n = self.expected(local, 1)
         if n == 0 and "outage" not in self.open:

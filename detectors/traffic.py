@@ -1305,6 +1305,9 @@ class _SiteRuntime:
     transfer_cursor: datetime | None = None
     gap: Detection | None = None
     last_seen: datetime | None = None
+    # the first minute of a silence fed as zeros before gap_min_minutes because the site was down (answering
+    # errors) when it fell silent; None once lines come back
+    down_silence_from: datetime | None = None
     groups_mark: tuple[Any, ...] | None = None  # state of topic_groups / topic_titles the groups were read at
     judged_from: datetime | None = None      # live: the first minute this session read (its detection_runs row)
     runs_recorded_to: datetime | None = None  # live: the to_ts last written to detection_runs
@@ -1926,12 +1929,27 @@ class TrafficDetector:
             """A run's step at ``until`` for a site silent since ``rt.last_seen``: lines stopped but the
             shippers heartbeat -> the site answers nothing (zeros, the outage path); no heartbeat, or a log file
             that grows meanwhile (written, not read: a stuck shipper) -> a ``pipeline_gap`` (unless a quiet
-            night)."""
+            night).  A site down (its last minutes answered errors: an outage is being confirmed or is open) that
+            falls silent while the shippers heartbeat gets its zeros at once, not ``gap_min_minutes`` later: an
+            error storm turning into silence is confirmed as an outage when its down minutes add up, not 10
+            minutes after (user trial 33).  A file then seen growing stops the zeros and opens the
+            ``pipeline_gap`` from the silence's first minute."""
             assert rt.last_seen is not None
-            tail = until - rt.last_seen - timedelta(minutes=1)
-            if tail < gap_min:
+            silent_from = rt.down_silence_from or rt.last_seen + timedelta(minutes=1)
+            tail = until - silent_from
+            early = tail < gap_min
+            if early and not (fresh and rt.gap is None and (rt.down_silence_from or rt.seasonal.down)):
                 return
-            grown = log_.growing(rt.last_seen + timedelta(minutes=1) + grace, until) if fresh and log_ else []
+            grown = log_.growing(silent_from + grace, until) if fresh and log_ else []
+            if early:
+                if not grown and until - rt.last_seen > timedelta(minutes=1):
+                    rt.down_silence_from = silent_from
+                    m = rt.last_seen + timedelta(minutes=1)
+                    while m < until:
+                        feed_site(m, 0.0, until - timedelta(minutes=1))
+                        rt.last_seen = m
+                        m += timedelta(minutes=1)
+                return
             if rt.gap is not None and rt.gap.detail.get("growing"):
                 return  # the files were seen growing: no lines since is the shipper's silence until lines return
             if fresh and not grown:
@@ -1962,7 +1980,7 @@ class TrafficDetector:
             elif not self._quiet(rt, until, int(tail.total_seconds() // 60), health):
                 why: dict[str, Any] = ({"reason": "no lines while log files grow", "growing": grown} if grown
                                        else {"reason": "no lines and no heartbeats"})
-                gap_start = rt.last_seen + timedelta(minutes=1)
+                gap_start = silent_from
                 rt.gap = Detection("pipeline_gap", "pipeline", gap_start, None, gap_start, 0.0,
                                    _gap_expected(rt, gap_start, until - timedelta(minutes=1)), 1.0,
                                    "pipeline_gap", why, site=rt.name)
@@ -1973,10 +1991,16 @@ class TrafficDetector:
             of the time (history, or a live catch-up, with the heartbeat log)."""
             if hb is None or rt.last_seen is None:
                 return
-            t = max(rt.last_seen + timedelta(minutes=1) + gap_min, hb.known_from, win.start + timedelta(minutes=1))
+
+            def first() -> datetime:  # the first minute site_tail may act at (every minute while the site is down)
+                assert rt.last_seen is not None
+                down = rt.down_silence_from is not None or (rt.gap is None and rt.seasonal.down)
+                return rt.last_seen + timedelta(minutes=2) if down else rt.last_seen + timedelta(minutes=1) + gap_min
+
+            t = max(first(), hb.known_from, win.start + timedelta(minutes=1))
             while t <= upto:
                 site_tail(t, hb.at(t), hb)
-                t = max(t + timedelta(minutes=1), rt.last_seen + timedelta(minutes=1) + gap_min)
+                t = max(t + timedelta(minutes=1), first())
 
         for minute, req, err, tviews, pv in win.site_rows:
             if "site" in enabled:
@@ -1990,7 +2014,7 @@ class TrafficDetector:
                 # answered traffic: an error storm reads as zero; pageviews scaled by the answered share
                 ok = 0.0 if req and err / req >= err_frac else 1.0 - (err / req if req else 0.0)
                 feed_site(minute, ok * float(pv if use_pv else req))
-            rt.last_seen = minute
+            rt.last_seen, rt.down_silence_from = minute, None
             if "topic" in enabled and (win.topics_from is None or minute >= win.topics_from):
                 for d in _reported(rt.topics.update(minute, win.topic_rows.get(minute, {}), int(tviews)), minute):
                     if d.peak_ts == minute:

@@ -388,3 +388,41 @@ def test_a_pipeline_gap_closes_when_the_heartbeats_return_not_when_lines_do(stor
     # the silence after it, with the shippers alive, is the site's: an outage from about when the gap ended
     outages = [d for d in seen.values() if d.kind == "outage"]
     assert outages and all(d.start >= g.end for d in outages), "\n".join(d.to_json() for d in seen.values())
+
+
+def test_an_error_storm_turning_into_silence_is_an_outage_when_its_down_minutes_add_up(store: Any) -> None:
+    """503s 10:00-10:03, then no lines 10:03-10:40 while the shipper heartbeats (user trial 33).  The silent
+    minutes of a site that is down are zeros at once: the outage is reported when its 10 down minutes add up
+    (10:10), not ``gap_min_minutes`` into the silence (10:13) as before -- live, and in history and after a
+    restart (the heartbeat log) the same detections, reported at the same minute."""
+    case = {**DOWN, "site": {"name": "case-storm-silence", "timezone": "UTC"},
+            "events": [{"kind": "status", "from": "2026-03-11T10:00", "to": "2026-03-11T10:03", "status": 503},
+                       {"kind": "gap", "from": "2026-03-11T10:03", "to": "2026-03-11T10:40"}]}
+    name = case["site"]["name"]
+    store.insert("requests", build_requests(case))
+    det = TrafficDetector(_settings([case]), sites=[name])
+    live: dict[str, Detection] = {}
+    first_seen: dict[str, datetime] = {}
+    t = _local(case, "2026-03-11T09:50:30")
+    last_line = t
+    while t <= _local(case, "2026-03-11T11:00:30"):
+        if not _local(case, "2026-03-11T10:03") <= t < _local(case, "2026-03-11T10:40:30"):
+            last_line = t - timedelta(seconds=2)
+        _beat_log(store, name, t - timedelta(seconds=5))
+        _beat(store, name, last_line, t - timedelta(seconds=5))
+        for d in det.run_once(store, t):
+            if d.start >= _local(case, "2026-03-11T09:00"):
+                live[d.id] = d
+                first_seen.setdefault(d.id, t)
+        t += timedelta(minutes=1)
+    [outage] = [d for d in live.values() if d.kind == "outage"]
+    assert outage.start == _local(case, "2026-03-11T10:00")
+    assert first_seen[outage.id] <= _local(case, "2026-03-11T10:11:30"), first_seen[outage.id]
+    assert not [d for d in live.values() if d.kind == "pipeline_gap"], [d.to_json() for d in live.values()]
+
+    end = _local(case, "2026-03-11T11:00")
+    want = {(d.kind, d.scope, d.start, d.end) for d in live.values()}
+    for got in _history_and_restart(store, case, end):
+        assert {(d.kind, d.scope, d.start, d.end) for d in got} == want, [d.to_json() for d in got]
+        [o] = [d for d in got if d.kind == "outage"]
+        assert o.detail["_reported"] <= _local(case, "2026-03-11T10:10"), o.detail["_reported"]
