@@ -563,6 +563,10 @@ class _Stat(NamedTuple):
     base_minutes: int
 
 
+#: most distinct count tuples :class:`TopicSurgeDetector` shares before it starts afresh
+_COUNTS_CACHE = 1 << 16
+
+
 class TopicSurgeDetector:
     """Surges of topics and topic groups from per-minute human topic views, replies and visitors (see the module
     docstring and docs/detectors.md "Topic surge").
@@ -596,6 +600,10 @@ class TopicSurgeDetector:
         self._closed: dict[str, Detection] = {}
         self._bases: dict[str, dict[str, float]] = {}  # scope -> measure -> baseline share frozen when it passed
         self._pruned: datetime | None = None  # last :meth:`_prune`
+        # the kept minutes (a week of baseline) hold a count tuple per scope and minute: equal tuples are shared
+        # (most are a handful of small counts) and scope names interned, instead of new objects every minute --
+        # about 1 GB less at 300 topics a minute.  Cleared when it grows past _COUNTS_CACHE (a forum of big counts)
+        self._counts_cache: dict[_Counts, _Counts] = {}
 
     def update(self, minute: datetime, topic_counts: Mapping[int, tuple[int, ...]],
                total_views: int) -> Iterator[Detection]:
@@ -607,16 +615,19 @@ class TopicSurgeDetector:
             self._prune(minute)
         counts: dict[str, _Counts] = {}
         rep_total = vis_total = 0
+        shared = self._counts_cache
+        if len(shared) > _COUNTS_CACHE:
+            shared.clear()
         for t, c in topic_counts.items():
             cc = (int(c[0]), int(c[1]) if len(c) > 1 else 0, int(c[2]) if len(c) > 2 else 0)
             rep_total += cc[1]
             vis_total += cc[2]
-            counts[f"topic:{t}"] = cc
+            counts[sys.intern(f"topic:{t}")] = shared.setdefault(cc, cc)
         for g, members in self.groups.items():
             got = [counts[f"topic:{t}"] for t in members if f"topic:{t}" in counts]
             gc = (sum(m[0] for m in got), sum(m[1] for m in got), sum(m[2] for m in got))
             if any(gc):
-                counts[f"group:{g}"] = gc
+                counts[sys.intern(f"group:{g}")] = shared.setdefault(gc, gc)
         st = self.state
         fired: dict[str, tuple[float, datetime]] = {}
         # sequential evidence per group, against the share before this minute -- only once the baseline is long

@@ -236,7 +236,8 @@ def _topic_days_store(tmp_path: Path, frm: datetime) -> tuple[Any, int]:
 
 def test_history_topic_rows_by_day_feed_what_one_read_feeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A history run over days of topic views feeds the topic detectors exactly what reading the whole range at
-    once fed them (every minute's counts), with one topic read per day."""
+    once fed them (every minute's counts), through one day-at-a-time reader (the test above checks that it
+    reads a day at a time)."""
     frm = datetime(2026, 3, 20, tzinfo=UTC)
     store, n = _topic_days_store(tmp_path, frm)
     fed: list[tuple[datetime, dict[int, tuple[int, ...]]]] = []

