@@ -426,3 +426,36 @@ def test_an_error_storm_turning_into_silence_is_an_outage_when_its_down_minutes_
         assert {(d.kind, d.scope, d.start, d.end) for d in got} == want, [d.to_json() for d in got]
         [o] = [d for d in got if d.kind == "outage"]
         assert o.detail["_reported"] <= _local(case, "2026-03-11T10:10"), o.detail["_reported"]
+
+
+def test_an_error_storm_then_a_stuck_shipper_is_a_pipeline_gap_from_the_silences_first_minute(store: Any) -> None:
+    """503s 10:00-10:03, then no lines while the shipper heartbeats and its file keeps growing: the zeros fed at
+    once (the site was down) stop when the growth shows, and the ``pipeline_gap`` begins at the silence's first
+    minute, live, in history and after a restart; the few zeros fed do not make an outage."""
+    case = {**DOWN, "site": {"name": "case-storm-stuck", "timezone": "UTC"},
+            "events": [{"kind": "status", "from": "2026-03-11T10:00", "to": "2026-03-11T10:03", "status": 503},
+                       {"kind": "gap", "from": "2026-03-11T10:03", "to": "2026-03-11T10:40"}]}
+    name = case["site"]["name"]
+    store.insert("requests", build_requests(case))
+    det = TrafficDetector(_settings([case]), sites=[name])
+    live: dict[str, Detection] = {}
+    t = _local(case, "2026-03-11T09:50:30")
+    last_line = t
+    size = 5_000_000
+    while t <= _local(case, "2026-03-11T11:00:30"):
+        if not _local(case, "2026-03-11T10:03") <= t < _local(case, "2026-03-11T10:40:30"):
+            last_line = t - timedelta(seconds=2)
+        size += 12_000
+        _beat_log(store, name, t - timedelta(seconds=5), size, inode=42)
+        _beat(store, name, last_line, t - timedelta(seconds=5))
+        for d in det.run_once(store, t):
+            if d.start >= _local(case, "2026-03-11T09:00"):
+                live[d.id] = d
+        t += timedelta(minutes=1)
+    want = {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in live.values()}
+    silent = _local(case, "2026-03-11T10:03")
+    assert ("pipeline_gap", "pipeline", silent, "no lines while log files grow") in want, want
+    assert not [w for w in want if w[0] == "outage"], want
+    end = _local(case, "2026-03-11T11:00")
+    for got in _history_and_restart(store, case, end):
+        assert {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in got} == want, [d.to_json() for d in got]
