@@ -141,6 +141,34 @@ def _history_and_restart(store: Any, case: dict[str, Any], end: datetime) -> tup
     return tuple([d for d in got if d.start >= since] for got in (hist, caught_up))
 
 
+def _live_minute_by_minute(store: Any, case: dict[str, Any], silent: tuple[str, str], growing: bool = False,
+                           ) -> tuple[dict[str, Detection], dict[str, datetime]]:
+    """A live detector run every minute 09:50-11:00 while the shipper heartbeats all along (``source_liveness``
+    and the heartbeat log) and sends no line from ``silent[0]`` to ``silent[1]``; with ``growing`` its file keeps
+    growing meanwhile (~200 bytes/s, lines read or not).  Returns the detections since 09:00 (latest state per
+    id) and the run time at which each was first seen."""
+    name = case["site"]["name"]
+    det = TrafficDetector(_settings([case]), sites=[name])
+    live: dict[str, Detection] = {}
+    first_seen: dict[str, datetime] = {}
+    t = _local(case, "2026-03-11T09:50:30")
+    last_line = t
+    size = 5_000_000
+    lo, hi = _local(case, silent[0]), _local(case, silent[1]) + timedelta(seconds=30)
+    while t <= _local(case, "2026-03-11T11:00:30"):
+        if not lo <= t < hi:
+            last_line = t - timedelta(seconds=2)
+        size += 12_000
+        _beat_log(store, name, t - timedelta(seconds=5), *((size, 42) if growing else ()))
+        _beat(store, name, last_line, t - timedelta(seconds=5))
+        for d in det.run_once(store, t):
+            if d.start >= _local(case, "2026-03-11T09:00"):
+                live[d.id] = d
+                first_seen.setdefault(d.id, t)
+        t += timedelta(minutes=1)
+    return live, first_seen
+
+
 def test_history_and_a_restarted_live_run_judge_a_past_silence_with_the_heartbeat_log(store: Any) -> None:
     """With the heartbeat log (migration 0008), a silence that ended before the evaluated time is judged with the
     heartbeats of its own minutes: the live run's outage, also from ``detect history`` and from a live detector
@@ -181,23 +209,8 @@ def test_a_stuck_shipper_is_a_pipeline_gap_live_in_history_and_after_a_restart(s
     (size=, same inode): the site answers and logs, the shipper does not read.  Live (minute by minute), history
     and a restarted live run all report a ``pipeline_gap`` naming the growing file, and no outage."""
     case = {**DOWN, "site": {"name": "case-stuck-live", "timezone": "UTC"}}
-    name = case["site"]["name"]
     store.insert("requests", build_requests(case))
-    det = TrafficDetector(_settings([case]), sites=[name])
-    live: dict[str, Detection] = {}
-    t = _local(case, "2026-03-11T09:50:30")
-    last_line = t
-    size = 5_000_000
-    while t <= _local(case, "2026-03-11T11:00:30"):
-        if not _local(case, "2026-03-11T10:00") <= t < _local(case, "2026-03-11T10:40:30"):
-            last_line = t - timedelta(seconds=2)
-        size += 12_000  # ~200 bytes/s, lines read or not
-        _beat_log(store, name, t - timedelta(seconds=5), size, inode=42)
-        _beat(store, name, last_line, t - timedelta(seconds=5))
-        for d in det.run_once(store, t):
-            if d.start >= _local(case, "2026-03-11T09:00"):
-                live[d.id] = d
-        t += timedelta(minutes=1)
+    live, _ = _live_minute_by_minute(store, case, ("2026-03-11T10:00", "2026-03-11T10:40"), growing=True)
     want = {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in live.values()}
     down = _local(case, "2026-03-11T10:00")
     assert want == {("pipeline_gap", "pipeline", down, "no lines while log files grow"),
@@ -398,23 +411,8 @@ def test_an_error_storm_turning_into_silence_is_an_outage_when_its_down_minutes_
     case = {**DOWN, "site": {"name": "case-storm-silence", "timezone": "UTC"},
             "events": [{"kind": "status", "from": "2026-03-11T10:00", "to": "2026-03-11T10:03", "status": 503},
                        {"kind": "gap", "from": "2026-03-11T10:03", "to": "2026-03-11T10:40"}]}
-    name = case["site"]["name"]
     store.insert("requests", build_requests(case))
-    det = TrafficDetector(_settings([case]), sites=[name])
-    live: dict[str, Detection] = {}
-    first_seen: dict[str, datetime] = {}
-    t = _local(case, "2026-03-11T09:50:30")
-    last_line = t
-    while t <= _local(case, "2026-03-11T11:00:30"):
-        if not _local(case, "2026-03-11T10:03") <= t < _local(case, "2026-03-11T10:40:30"):
-            last_line = t - timedelta(seconds=2)
-        _beat_log(store, name, t - timedelta(seconds=5))
-        _beat(store, name, last_line, t - timedelta(seconds=5))
-        for d in det.run_once(store, t):
-            if d.start >= _local(case, "2026-03-11T09:00"):
-                live[d.id] = d
-                first_seen.setdefault(d.id, t)
-        t += timedelta(minutes=1)
+    live, first_seen = _live_minute_by_minute(store, case, ("2026-03-11T10:03", "2026-03-11T10:40"))
     [outage] = [d for d in live.values() if d.kind == "outage"]
     assert outage.start == _local(case, "2026-03-11T10:00")
     assert first_seen[outage.id] <= _local(case, "2026-03-11T10:11:30"), first_seen[outage.id]
@@ -435,23 +433,8 @@ def test_an_error_storm_then_a_stuck_shipper_is_a_pipeline_gap_from_the_silences
     case = {**DOWN, "site": {"name": "case-storm-stuck", "timezone": "UTC"},
             "events": [{"kind": "status", "from": "2026-03-11T10:00", "to": "2026-03-11T10:03", "status": 503},
                        {"kind": "gap", "from": "2026-03-11T10:03", "to": "2026-03-11T10:40"}]}
-    name = case["site"]["name"]
     store.insert("requests", build_requests(case))
-    det = TrafficDetector(_settings([case]), sites=[name])
-    live: dict[str, Detection] = {}
-    t = _local(case, "2026-03-11T09:50:30")
-    last_line = t
-    size = 5_000_000
-    while t <= _local(case, "2026-03-11T11:00:30"):
-        if not _local(case, "2026-03-11T10:03") <= t < _local(case, "2026-03-11T10:40:30"):
-            last_line = t - timedelta(seconds=2)
-        size += 12_000
-        _beat_log(store, name, t - timedelta(seconds=5), size, inode=42)
-        _beat(store, name, last_line, t - timedelta(seconds=5))
-        for d in det.run_once(store, t):
-            if d.start >= _local(case, "2026-03-11T09:00"):
-                live[d.id] = d
-        t += timedelta(minutes=1)
+    live, _ = _live_minute_by_minute(store, case, ("2026-03-11T10:03", "2026-03-11T10:40"), growing=True)
     want = {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in live.values()}
     silent = _local(case, "2026-03-11T10:03")
     assert ("pipeline_gap", "pipeline", silent, "no lines while log files grow") in want, want
