@@ -442,3 +442,20 @@ def test_an_error_storm_then_a_stuck_shipper_is_a_pipeline_gap_from_the_silences
     end = _local(case, "2026-03-11T11:00")
     for got in _history_and_restart(store, case, end):
         assert {(d.kind, d.scope, d.start, d.detail.get("reason")) for d in got} == want, [d.to_json() for d in got]
+
+
+def test_heartbeats_stopping_after_an_error_storm_make_a_gap_after_the_minutes_judged_alive(store: Any) -> None:
+    """503s 10:00-10:03, no lines after; the heartbeats stop at 10:06:40.  The silent minutes fed as zeros while
+    the heartbeats were fresh stay the site's; the ``pipeline_gap`` (no lines and no heartbeats) begins after
+    them, not at the silence's first minute -- live, in history and after a restart alike; and no outage (3
+    error minutes and 4 silent ones are not 10)."""
+    case = {**DOWN, "site": {"name": "case-storm-hb-stop", "timezone": "UTC"},
+            "events": [{"kind": "status", "from": "2026-03-11T10:00", "to": "2026-03-11T10:03", "status": 503},
+                       {"kind": "gap", "from": "2026-03-11T10:03", "to": "2026-03-11T10:50"}]}
+    live, hist, restarted = _three_ways(store, case, ("2026-03-11T10:03", "2026-03-11T10:50:30"),
+                                        ("2026-03-11T10:06:40", "2026-03-11T10:50:30"))
+    gaps = [k for k in live if k[:2] == ("pipeline_gap", "pipeline")]
+    assert len(gaps) == 1 and _local(case, "2026-03-11T10:06") <= gaps[0][2] <= _local(case, "2026-03-11T10:08"), live
+    assert gaps[0][4] == "no lines and no heartbeats" and not [k for k in live if k[0] == "outage"], live
+    assert hist == live, (sorted(hist), sorted(live))
+    assert restarted == live, (sorted(restarted), sorted(live))
