@@ -222,6 +222,9 @@ HEARTBEAT_TIMEOUT_S = 180
 #: contracts.file_grew is the rule; the SQL below states it over each minute's first and last heartbeat)
 STUCK_WINDOW_S = 600
 STUCK_GRACE_S = 120
+#: consumer.LISTENER_GRACE_S: a listener whose last heartbeat is more than this before a heartbeat-less sender's
+#: last line did not receive it (three heartbeats at the collector's default 10-s interval)
+LISTENER_GRACE_S = 30
 #: origin_file of a network listener's heartbeat (consumer._LISTENER_FILE: ``tcp:5140``, ``syslog:5514``...)
 LISTENER_LABEL = "match({col}, '^[A-Za-z][A-Za-z0-9_]*:[0-9]{{1,5}}$')"
 
@@ -252,7 +255,7 @@ def liveness_sources(where: str = "1 = 1") -> str:
            if(own_hb_ms > 0, [],
               if(notEmpty(exact) OR startsWith(s.origin_file, '/') OR {LISTENER_LABEL.format(col="s.origin_file")},
                  exact, arrayFilter(x -> x.1 = '*', l.ls))) AS may_cover,
-           arrayFilter(x -> s.line_ms = 0 OR x.4 >= s.line_ms - {HEARTBEAT_TIMEOUT_S * 1000}, may_cover) AS unsorted_cover,
+           arrayFilter(x -> s.line_ms = 0 OR x.4 >= s.line_ms - {LISTENER_GRACE_S * 1000}, may_cover) AS unsorted_cover,
            arraySort(x -> (x.4, x.2, x.3, x.1), unsorted_cover) AS cover,
            if(empty(cover), 0, cover[1].4) AS via_ms,
            toInt64(now_s) * 1000 AS now_ms,

@@ -1521,6 +1521,12 @@ class _Row:
 #: ``health.stuck_grace_seconds`` and ``gap_min_minutes``, same defaults)
 STUCK_GRACE_S = 120.0
 STUCK_WINDOW_S = 600.0
+#: a listener whose last heartbeat is more than this before a heartbeat-less sender's last line was down when the
+#: line came and did not receive it (three heartbeats at the collector's default 10-s interval, ``FP_HEARTBEAT_S``
+#: / ``fp_heartbeat_interval``): after a port change the old port's row does not judge the senders heard since
+#: (user trial 34: a sender 57 s after the change).  With a longer interval, a line that came within it before a
+#: collector died may be judged by the other listeners
+LISTENER_GRACE_S = 30.0
 
 
 def _recent_beats(store: Store, since_s: float) -> dict[tuple[str, str, str], list[Beat]]:
@@ -1593,7 +1599,7 @@ def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_time
             cover = _covering(r, listeners)
             if r.line_ms > 0:  # a listener down before the sender's last line did not receive it (a retired
                 # collector or an old port: listener rows never expire, and would make every sender dead for good)
-                cover = [x for x in cover if x.hb_ms >= r.line_ms - round(heartbeat_timeout_s * 1000)]
+                cover = [x for x in cover if x.hb_ms >= r.line_ms - round(LISTENER_GRACE_S * 1000)]
             # quiet only while EVERY listener that may have received it is up: judged by the oldest (a sender
             # of a collector that died is not vouched for by another collector with the same listener label)
             via = min(cover, key=lambda x: (x.hb_ms, x.host, x.file, x.site)) if cover else None

@@ -184,3 +184,15 @@ def test_a_listener_down_before_the_senders_last_line_does_not_vouch_or_condemn(
                   ("forum", "web3.remote.example", "forum/combined_d", 1500, None)])
     [s] = source_status(store, now=NOW, quiet_after_s=300, heartbeat_timeout_s=120)
     assert (s.state, s.listener) == ("dead", "coll1 syslog5424:25515")
+    store.command("TRUNCATE TABLE source_liveness")  # user trial 34: the sender's line 57 s after the port change
+    _rows(store, [("*", "coll1", "syslog5424:15515", None, 1500 + 57),
+                  ("*", "coll1", "syslog5424:25515", None, 10),
+                  ("forum", "web3.remote.example", "forum/combined_d", 1500, None)])
+    [s] = source_status(store, now=NOW, quiet_after_s=300, heartbeat_timeout_s=120)
+    assert (s.state, s.listener) == ("quiet", "coll1 syslog5424:25515")
+    store.command("TRUNCATE TABLE source_liveness")  # a collector that died 20 s after the line: it may have got it
+    _rows(store, [("*", "coll1", "syslog5424:15515", None, 1500 - 20),
+                  ("*", "coll1", "syslog5424:25515", None, 10),
+                  ("forum", "web3.remote.example", "forum/combined_d", 1500, None)])
+    [s] = source_status(store, now=NOW, quiet_after_s=300, heartbeat_timeout_s=120)
+    assert (s.state, s.listener) == ("dead", "coll1 syslog5424:15515")

@@ -24,6 +24,7 @@ from forumpulse.dashboards import build
 from forumpulse.dashboards import panels as panels_mod
 from forumpulse.dashboards.macros import QueryContext, TemplateVar, render_query
 from forumpulse.pipeline.consumer import (
+    LISTENER_GRACE_S,
     LIVENESS_SCHEMA,
     STUCK_GRACE_S,
     STUCK_WINDOW_S,
@@ -98,7 +99,8 @@ def test_thresholds_are_source_status_defaults() -> None:
     listener_timeout = inspect.signature(listener_status).parameters["heartbeat_timeout_s"].default
     assert (defaults["quiet_after_s"].default, defaults["heartbeat_timeout_s"].default, listener_timeout) == (
         panels_mod.LIVE_WITHIN_S, panels_mod.HEARTBEAT_TIMEOUT_S, panels_mod.HEARTBEAT_TIMEOUT_S)
-    assert (STUCK_WINDOW_S, STUCK_GRACE_S) == (panels_mod.STUCK_WINDOW_S, panels_mod.STUCK_GRACE_S)
+    assert (STUCK_WINDOW_S, STUCK_GRACE_S, LISTENER_GRACE_S) == (
+        panels_mod.STUCK_WINDOW_S, panels_mod.STUCK_GRACE_S, panels_mod.LISTENER_GRACE_S)
 
 
 COLLECTOR: list[Row] = [
@@ -164,6 +166,11 @@ def test_a_listener_down_before_the_senders_last_line_is_left_out(store: Store) 
     """An old syslog port (its listener row never expires) went down hours before the sender's last line: the panel
     judges the sender by the port in use, as source_status does (user trial 33)."""
     _insert(store, [("*", "coll1", "syslog5424:15515", None, 6 * 3600), ("*", "coll1", "syslog5424:25515", None, 10),
+                    ("forum", "web3", "forum/combined_d", 1500, None)])
+    [r] = assert_sources_agree(store, "forum")
+    assert (r["status"], r["listener"]) == ("quiet", "coll1 syslog5424:25515")
+    store.command("TRUNCATE TABLE source_liveness")  # the sender's line 57 s after the old port's last heartbeat
+    _insert(store, [("*", "coll1", "syslog5424:15515", None, 1500 + 57), ("*", "coll1", "syslog5424:25515", None, 10),
                     ("forum", "web3", "forum/combined_d", 1500, None)])
     [r] = assert_sources_agree(store, "forum")
     assert (r["status"], r["listener"]) == ("quiet", "coll1 syslog5424:25515")
