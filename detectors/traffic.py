@@ -1211,8 +1211,8 @@ class SourceGapDetector:
             exp = self._expected(src, last, silent)
             if exp >= threshold:
                 why: dict[str, Any] = ({"reason": "source silent, its file grows"} if stuck
-                       else {"reason": "source silent, no heartbeat"} if judged
-                       else {"reason": "source silent", "liveness": "unknown"})
+                                       else {"reason": "source silent, no heartbeat"} if judged
+                                       else {"reason": "source silent", "liveness": "unknown"})
                 why["site_share"] = round(self._site_share(src, last), 4)
                 det = Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1), None,
                                 last + timedelta(minutes=1), 0.0, exp, 1.0, "pipeline_gap", why, site=self.site)
@@ -1936,6 +1936,20 @@ class TrafficDetector:
         gap_min = timedelta(minutes=int(health["gap_min_minutes"]))
         use_pv = health.get("metric", "pageviews") == "pageviews"
 
+        def down_silent() -> bool:
+            """A silence of a site that was down (errors, or an outage open) when it fell silent, outside a
+            ``pipeline_gap``: its minutes are judged as they come, not ``gap_min_minutes`` in (see site_tail)."""
+            return rt.gap is None and (rt.down_silence_from is not None or rt.seasonal.down)
+
+        def feed_zeros(until: datetime) -> None:
+            """The silent minutes after ``rt.last_seen`` up to ``until`` are zeros (the site answered nothing)."""
+            assert rt.last_seen is not None
+            m = rt.last_seen + timedelta(minutes=1)
+            while m < until:
+                feed_site(m, 0.0, until - timedelta(minutes=1))
+                rt.last_seen = m
+                m += timedelta(minutes=1)
+
         def site_tail(until: datetime, fresh: set[str], log_: HeartbeatLog | None) -> None:
             """A run's step at ``until`` for a site silent since ``rt.last_seen``: lines stopped but the
             shippers heartbeat -> the site answers nothing (zeros, the outage path); no heartbeat, or a log file
@@ -1950,17 +1964,13 @@ class TrafficDetector:
             silent_from = rt.down_silence_from or rt.last_seen + timedelta(minutes=1)
             tail = until - silent_from
             early = tail < gap_min
-            if early and not (fresh and rt.gap is None and (rt.down_silence_from or rt.seasonal.down)):
+            if early and not (fresh and down_silent()):
                 return
             grown = log_.growing(silent_from + grace, until) if fresh and log_ else []
             if early:
                 if not grown and until - rt.last_seen > timedelta(minutes=1):
                     rt.down_silence_from = silent_from
-                    m = rt.last_seen + timedelta(minutes=1)
-                    while m < until:
-                        feed_site(m, 0.0, until - timedelta(minutes=1))
-                        rt.last_seen = m
-                        m += timedelta(minutes=1)
+                    feed_zeros(until)
                 return
             if rt.gap is not None and rt.gap.detail.get("growing"):
                 return  # the files were seen growing: no lines since is the shipper's silence until lines return
@@ -1982,11 +1992,7 @@ class TrafficDetector:
                     out.extend(_reported([rt.gap], until - timedelta(minutes=1)))
                     rt.gap = None
                     rt.last_seen = max(rt.last_seen, back)
-                m = rt.last_seen + timedelta(minutes=1)
-                while m < until:
-                    feed_site(m, 0.0, until - timedelta(minutes=1))
-                    rt.last_seen = m
-                    m += timedelta(minutes=1)
+                feed_zeros(until)
                 rt.down_silence_from = None  # judged to here: a file growing later is a gap from here on
             elif rt.gap is not None:
                 rt.gap.detail.pop("_back_since", None)  # silent again before the return was confirmed
@@ -2010,8 +2016,8 @@ class TrafficDetector:
 
             def first() -> datetime:  # the first minute site_tail may act at (every minute while the site is down)
                 assert rt.last_seen is not None
-                down = rt.down_silence_from is not None or (rt.gap is None and rt.seasonal.down)
-                return rt.last_seen + timedelta(minutes=2) if down else rt.last_seen + timedelta(minutes=1) + gap_min
+                lead = timedelta(minutes=1) if down_silent() else gap_min
+                return rt.last_seen + timedelta(minutes=1) + lead
 
             t = max(first(), hb.known_from, win.start + timedelta(minutes=1))
             while t <= upto:
