@@ -77,7 +77,7 @@ from forumpulse.detectors.series import (
     SeasonalDetector,
     SeasonalParams,
 )
-from forumpulse.pipeline.contracts import Beat, file_grew
+from forumpulse.pipeline.contracts import LISTENER_LABEL_RE, Beat, file_grew
 from forumpulse.pipeline.enrich import latest_titles
 from forumpulse.pipeline.store import sql_string
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -1083,6 +1083,22 @@ def _first_report(prev: Detection | None, d: Detection) -> Detection:
 #: minute before they came back); lines returning meanwhile close it as lines always did
 HEARTBEATS_BACK_CONFIRM = timedelta(minutes=2)
 
+#: a network listener's entry in a set of fresh sources (``_fresh_sources``, :meth:`HeartbeatLog.at`), never a
+#: source's ``host/file``: the prefix, then site (the listener's: the site or ``*``), collector host and label,
+#: tab-separated (no host name holds a tab) (:func:`listener_key`)
+LISTENER_KEY = "\tlistener\t"
+
+
+def listener_key(site: str, host: str, label: str) -> str:
+    """The entry of listener ``label`` (``tcp:5140``, ``syslog:5514``...) of collector ``host`` for ``site``."""
+    return f"{LISTENER_KEY}{site}\t{host}\t{label}"
+
+
+def sources_only(fresh: set[str]) -> set[str]:
+    """``fresh`` without its listener entries: the heartbeats of the site's own sources and hosts (a listener
+    receiving heartbeat-less senders is no evidence that the *site* is up: see :meth:`SourceGapDetector.tail`)."""
+    return {k for k in fresh if not k.startswith(LISTENER_KEY)}
+
 
 class SourceGapDetector:
     """Per log source (origin_host/origin_file): a silence of at least ``gap_min_minutes`` when the source's rate
@@ -1090,7 +1106,16 @@ class SourceGapDetector:
     ``source:<host>/<file>``).  Live: a source silent up to now whose heartbeat is fresh is *not* a gap (it is
     alive; the site-level detectors judge the traffic) -- neither while it lasts nor when its lines come back: a
     silence through which the source was seen heartbeating at an evaluated time (:meth:`alive`) is not reported
-    when it ends."""
+    when it ends.
+
+    A source that never heartbeats (a network sender: raw TCP/UDP, syslog without forwarded MARKs) has only its
+    collector's *listener* heartbeats for evidence, as in ``source_status``: its silence is still a gap when its
+    rate said lines were due (ops must hear that a busy sender stopped), but one that opens while every listener
+    that may receive it (``consumer._covering``: the listener named by a raw source's label, every multi-site
+    listener for a syslog program) is up -- and each that was up at the minute after its last line still is --
+    says so: ``reason: source silent, its listener up``, ``detail.liveness: quiet``, ``detail.listeners`` (the
+    sender is idle or gone; the collector is not the place to look).  ``GET /fp/sources`` shows it ``quiet``.
+    Such a gap does not close when listener heartbeats go on (they never stopped); it closes with its lines."""
 
     def __init__(self, rules: dict[str, Any], site: str) -> None:
         self.h = rules["health"]
@@ -1103,6 +1128,26 @@ class SourceGapDetector:
         self.next_due = datetime.min.replace(tzinfo=UTC)
         # the latest evaluated time at which each silent source was seen heartbeating (:meth:`alive`)
         self._alive: dict[str, datetime] = {}
+        #: the site's sources (``host/file``) and hosts (``host/``) that ever sent a heartbeat (``source_liveness``,
+        #: set by each run): judged by their heartbeats alone, never by a listener's (as ``source_status`` does)
+        self.heartbeating: set[str] = set()
+        # sources fed lines since the last :meth:`tail`, and the listeners up at the minute after each one's last
+        # line (judged: from the heartbeats of that minute); a quiet gap needs each of them still up
+        self._fed: list[str] = []
+        self._line_cover: dict[str, frozenset[str]] = {}
+
+    def _cover(self, src: str, fresh: set[str]) -> frozenset[str]:
+        """The listener entries of ``fresh`` that may receive ``src`` (``consumer._covering``), for a source that
+        never heartbeats (itself or its host) and is no followed file; else none."""
+        host, _, label = src.partition("/")
+        if src in self.heartbeating or host + "/" in self.heartbeating or label.startswith("/"):
+            return frozenset()
+        ls = [k for k in fresh if k.startswith(LISTENER_KEY)]
+        parts = {k: k[len(LISTENER_KEY):].split("\t") for k in ls}
+        exact = [k for k in ls if parts[k][2] == label and parts[k][0] in (self.site, "*")]
+        if exact or LISTENER_LABEL_RE.fullmatch(label):
+            return frozenset(exact)
+        return frozenset(k for k in ls if parts[k][0] == "*")
 
     def _expected(self, src: str, last: datetime, silent: int) -> float:
         hist = [n for m, n in self.recent.get(src, ()) if m > last - timedelta(minutes=60)]
@@ -1137,6 +1182,8 @@ class SourceGapDetector:
                                                  "site_share": round(self._site_share(src, last), 4)},
                                 site=self.site, state="closed")
         q.append((minute, n))
+        self._fed.append(src)
+        self._line_cover.pop(src, None)
         self._alive.pop(src, None)  # lines again: a later silence needs heartbeats of its own
         while q and q[0][0] <= minute - timedelta(minutes=60):
             q.popleft()
@@ -1173,6 +1220,12 @@ class SourceGapDetector:
         An open gap of a source that heartbeats again at ``until`` (``judged``; its file not growing) closes at
         the minute before: the pipeline is back, and the silence that goes on is the site's (the outage path).  A
         stuck shipper's gap (its file grew) closes only when its lines return."""
+        fed, self._fed = self._fed, []
+        if judged:
+            for src in fed:
+                q = self.recent.get(src)
+                if q and q[-1][0] == until - timedelta(minutes=1):
+                    self._line_cover[src] = self._cover(src, fresh)
         if judged:
             for src in [s for s, d in self.open.items() if d.detail.get("reason") == "source silent, no heartbeat"]:
                 q = self.recent.get(src)
@@ -1213,6 +1266,10 @@ class SourceGapDetector:
                 why: dict[str, Any] = ({"reason": "source silent, its file grows"} if stuck
                                        else {"reason": "source silent, no heartbeat"} if judged
                                        else {"reason": "source silent", "liveness": "unknown"})
+                cover = self._cover(src, fresh) if judged and not stuck else frozenset()
+                if cover and self._line_cover.get(src, frozenset()) <= cover:
+                    why = {"reason": "source silent, its listener up", "liveness": "quiet",
+                           "listeners": sorted(" ".join(k[len(LISTENER_KEY):].split("\t")[1:]) for k in cover)}
                 why["site_share"] = round(self._site_share(src, last), 4)
                 det = Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1), None,
                                 last + timedelta(minutes=1), 0.0, exp, 1.0, "pipeline_gap", why, site=self.site)
@@ -1288,8 +1345,9 @@ class HeartbeatLog:
 
     def grew(self, src: str, since: datetime, until: datetime) -> bool:
         """:func:`forumpulse.pipeline.contracts.file_grew` over ``src``'s heartbeats in the last
-        ``growth_window_s`` before ``until`` (and after ``since``); host heartbeats (``host/``) never grow."""
-        if src.endswith("/") or src not in self._starts:
+        ``growth_window_s`` before ``until`` (and after ``since``); host heartbeats (``host/``) and listeners
+        never grow."""
+        if src.endswith("/") or src.startswith(LISTENER_KEY) or src not in self._starts:
             return False
         hi = int(until.timestamp() * 1000)
         lo = max(int(since.timestamp() * 1000), hi - self.growth_window_ms)
@@ -1381,6 +1439,7 @@ class _Window:
     hb_log: HeartbeatLog | None = None  # the heartbeats of each minute of the window (migration 0008), if known
     hb_recent: HeartbeatLog | None = None  # live: the last minutes' heartbeats up to now (file growth at the end)
     topics_from: datetime | None = None  # history: topics are fed from this minute on (see detect_history)
+    heartbeating: set[str] = field(default_factory=set)  # SourceGapDetector.heartbeating: sources that ever beat
 
 
 @dataclass
@@ -1412,6 +1471,9 @@ class TrafficRunError(RuntimeError):
                          for site, exc in errors.items())
         super().__init__(f"traffic detectors failed for {len(errors)} site(s) (retried at the next run): {what}")
 
+
+#: a network listener's heartbeat row (``LISTENER_LABEL_RE`` in SQL, as dashboards/panels.py states it)
+_LISTENER_SQL = "match(origin_file, '^[A-Za-z][A-Za-z0-9_]*:[0-9]{1,5}$')"
 
 LIVE_CLOCK_SKEW_S = 30.0
 """Live runs: a heartbeat up to this many seconds later than the wall clock still counts (the shipper stamps it
@@ -1652,22 +1714,27 @@ class TrafficDetector:
             topic_rows = _TopicRowsByDay(topics, topic_start, until) if topics_by_day else topics(topic_start, until)
         source_rows: list[tuple[str, datetime, int]] = []
         fresh: set[str] = set()
+        heartbeating: set[str] = set()
         if "site" in enabled:
             source_rows = [(str(src), _utc(m), int(n)) for src, m, n in store.query_rows(
                 "SELECT concat(origin_host, '/', origin_file) AS src, toStartOfMinute(ts) AS m, count() FROM requests "
                 f"WHERE site = {_q(rt.name)} AND ts >= {_sql_ts(start)} AND ts < {_sql_ts(until)} "
                 "GROUP BY src, m ORDER BY m, src")]
             fresh = self._fresh_sources(store, rt.name, now, live)
+            heartbeating = {str(r[0]) for r in store.query_rows(
+                "SELECT concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file)) FROM source_liveness "
+                f"WHERE site = {_q(rt.name)} OR (site = '*' AND origin_file IN ('', '-')) "
+                "GROUP BY site, origin_host, origin_file HAVING toUnixTimestamp64Milli(max(last_heartbeat_ts)) > 0")}
         transfer = self._read_transfer(store, rt, start, until) if "transfer" in enabled else []
         win = _Window(start, until, site_rows, topic_rows, source_rows, fresh, transfer, live=live,
-                      topics_from=topics_from)
+                      topics_from=topics_from, heartbeating=heartbeating)
         if "site" in enabled and (not live or until - start > timedelta(minutes=1)):
             # history, or a live run catching up: the minutes before the evaluated time are judged with the
             # heartbeats of their own time; a history run's end too (today's latest heartbeat says nothing of it)
             win.hb_log = self._heartbeat_log(store, rt.name, start, until)
             if win.hb_log is not None and not live and until >= win.hb_log.known_from:
                 win.fresh = win.fresh | win.hb_log.at(until)
-        if "site" in enabled and live and win.fresh and self._maybe_silent(rt, until):
+        if "site" in enabled and live and sources_only(win.fresh) and self._maybe_silent(rt, until):
             # sources heartbeat while something is silent: do their files grow (a stuck shipper)?
             back = timedelta(minutes=2 * int(self.rules["health"]["gap_min_minutes"]))
             win.hb_recent = self._heartbeat_log(store, rt.name, until - back, now, known=False)
@@ -1748,14 +1815,20 @@ class TrafficDetector:
         lo = at - timedelta(seconds=float(self.rules["health"]["heartbeat_fresh_seconds"]))
         hi = at + timedelta(seconds=LIVE_CLOCK_SKEW_S if live else 0.0)
         # a host heartbeat (origin_file '' or '-') covers every file of its host; with site '*' (syslog-ng's
-        # MARK) in every site -- counted for the hosts that have sources in this site (as source_status does)
+        # MARK) in every site -- counted for the hosts that have sources in this site (as source_status does).
+        # The listeners of the site and of every site ('*') come as listener_key entries (no lines of their own)
         return {str(r[0]) for r in store.query_rows(
             "SELECT concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file)), "
             "argMax(last_heartbeat_ts, updated_at) AS hb "
             f"FROM source_liveness WHERE site = {_q(site)} OR (site = '*' AND origin_host IN "
             f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)})) "
             "GROUP BY origin_host, origin_file "
-            f"HAVING hb >= {_sql_ts(lo)} AND hb <= {_sql_ts(hi)}")}
+            f"HAVING hb >= {_sql_ts(lo)} AND hb <= {_sql_ts(hi)} "
+            f"UNION ALL SELECT concat({_q(LISTENER_KEY)}, site, '\\t', origin_host, '\\t', origin_file), "
+            "max(last_heartbeat_ts) AS hb "
+            f"FROM source_liveness WHERE site IN ({_q(site)}, '*') AND {_LISTENER_SQL} "
+            "GROUP BY site, origin_host, origin_file "
+            f"HAVING toUnixTimestamp64Milli(max(last_line_ts)) = 0 AND hb >= {_sql_ts(lo)} AND hb <= {_sql_ts(hi)}")}
 
     @staticmethod
     def _maybe_silent(rt: _SiteRuntime, until: datetime) -> bool:
@@ -1779,6 +1852,10 @@ class TrafficDetector:
         where = (f"(site = {_q(site)} OR (site = '*' AND origin_host IN "
                  f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)})))")
         src_expr = "concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file))"
+        # the listeners of the site and of every site, as listener_key entries (they never make the log "known":
+        # liveness is the site's sources' heartbeats; see SourceGapDetector for what a listener tells)
+        lwhere = f"site IN ({_q(site)}, '*') AND {_LISTENER_SQL}"
+        lkey = f"concat({_q(LISTENER_KEY)}, site, '\\t', origin_host, '\\t', origin_file)"
         known_from = start
         if known:
             first = store.query_rows(
@@ -1798,9 +1875,12 @@ class TrafficDetector:
             f"ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) > {fresh_ms} OR "
             "lagInFrame(l, 1, toInt64(-1)) OVER (PARTITION BY src ORDER BY f "
             "ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) < 0, 1, 0) AS brk FROM ("
-            f"SELECT {src_expr} AS src, toInt64(toUnixTimestamp64Milli(tupleElement(min(first_beat), 1))) AS f, "
-            "toInt64(toUnixTimestamp64Milli(tupleElement(max(last_beat), 1))) AS l "
-            f"FROM source_heartbeat_minute WHERE {where} AND minute >= {_sql_ts(lo)} AND minute <= {_sql_ts(until)} "
+            "SELECT src, toInt64(toUnixTimestamp64Milli(tupleElement(min(first_beat), 1))) AS f, "
+            "toInt64(toUnixTimestamp64Milli(tupleElement(max(last_beat), 1))) AS l FROM ("
+            f"SELECT {src_expr} AS src, minute, first_beat, last_beat FROM source_heartbeat_minute WHERE {where} "
+            f"AND minute >= {_sql_ts(lo)} AND minute <= {_sql_ts(until)} "
+            f"UNION ALL SELECT {lkey} AS src, minute, first_beat, last_beat FROM source_heartbeat_minute "
+            f"WHERE {lwhere} AND minute >= {_sql_ts(lo)} AND minute <= {_sql_ts(until)}) "
             "GROUP BY src, minute))) GROUP BY src, run")
 
         def samples(src: str, lo_ms: int, hi_ms: int) -> list[Beat]:
@@ -1886,6 +1966,7 @@ class TrafficDetector:
             # through a silence that lasts to it (a silence that ended earlier is still a gap, found when its
             # lines came back).
             src_rows = sorted(win.source_rows, key=lambda r: r[1])
+            rt.sources.heartbeating = win.heartbeating
             i, m = 0, win.start
             # the heartbeats read tell about the window's end (live: its last minute, as in a run per minute);
             # with the heartbeat log, every earlier minute is judged with the heartbeats of its own time
@@ -1961,6 +2042,7 @@ class TrafficDetector:
             judged in chunks of that length) stops the zeros and opens the ``pipeline_gap`` from the silence's
             first minute; without heartbeats the gap begins after the minutes fed as zeros."""
             assert rt.last_seen is not None
+            fresh = sources_only(fresh)  # a listener's heartbeats say nothing of the site
             silent_from = rt.down_silence_from or rt.last_seen + timedelta(minutes=1)
             tail = until - silent_from
             early = tail < gap_min

@@ -99,7 +99,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import threading
@@ -118,6 +117,7 @@ import pyarrow as pa
 import typer
 from forumpulse.pipeline.config import Settings, load_settings
 from forumpulse.pipeline.contracts import (
+    LISTENER_LABEL_RE,
     Beat,
     file_grew,
     heartbeat_file_state,
@@ -1479,10 +1479,8 @@ def _ts_ms(v: Any) -> int:
 
 # ---------------------------------------------------------------------------------------------- liveness view
 
-#: ``origin_file`` of a network listener's heartbeat (``syslog-ng/heartbeat.sh``: ``<name>:<port>``, e.g.
-#: ``tcp:5140``, ``udp:5140``, ``syslog:5514``, ``syslog5424:5515``).  Raw TCP/UDP lines carry the same label as
-#: their ``origin_file`` (with the sender's address as ``origin_host``); syslog lines carry their program/tag.
-_LISTENER_FILE = re.compile(r"[A-Za-z][A-Za-z0-9_]*:[0-9]{1,5}")
+#: ``origin_file`` of a network listener's heartbeat (:data:`forumpulse.pipeline.contracts.LISTENER_LABEL_RE`)
+_LISTENER_FILE = LISTENER_LABEL_RE
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ break the framing (tabs or newlines in the first five fields) instead of produci
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -136,6 +137,13 @@ def heartbeat_file_state(line: bytes) -> tuple[int, int]:
         elif part.startswith(b"inode=") and part[6:].isdigit():
             inode = int(part[6:])
     return size, inode
+
+
+#: ``origin_file`` of a network listener's heartbeat (``syslog-ng/heartbeat.sh``: ``<name>:<port>``, e.g.
+#: ``tcp:5140``, ``udp:5140``, ``syslog:5514``, ``syslog5424:5515``).  Raw TCP/UDP lines carry the same label as
+#: their ``origin_file`` (with the sender's address as ``origin_host``); syslog lines carry their program/tag.
+#: Used by ``source_status`` (consumer) and the source gap detector (detectors/traffic.py) alike.
+LISTENER_LABEL_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*:[0-9]{1,5}")
 
 
 #: A file heartbeat as logged in ``source_heartbeat_minute``: (epoch ms of its ``ts=``, ``size=``, ``inode=``);

@@ -4,11 +4,13 @@ back nor by a history run written next to the live outage; history without an en
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from forumpulse.detectors.series import Detection
 from forumpulse.detectors.traffic import TrafficDetector, detect_history
 from test_traffic_cases import _local, _settings, build_requests
@@ -252,11 +254,13 @@ def test_file_growth_ignores_rotation_truncation_and_the_grace_period() -> None:
 
 def _three_ways(store: Any, case: dict[str, Any], lines_off: tuple[str, str], beats_off: tuple[str, str] | None,
                 log_from: str | None = None, size_at: Callable[[datetime], int] | None = None,
-                health: dict[str, Any] | None = None) -> list[set[tuple[Any, ...]]]:
+                health: dict[str, Any] | None = None, also: Callable[[datetime], None] | None = None,
+                ) -> list[set[tuple[Any, ...]]]:
     """Live every minute (at :30) 09:50-11:10, then history over 09:00-11:10 and a live detector started at
     11:10 (its first run catches up): the detections of each since 09:00 as (kind, scope, start, end, reason,
     liveness).  Lines stop in ``lines_off``; heartbeats in ``beats_off``; the heartbeat log holds the heartbeats
-    from ``log_from`` on (the upgrade to migration 0008), with the file's size ``size_at(heartbeat time)``."""
+    from ``log_from`` on (the upgrade to migration 0008), with the file's size ``size_at(heartbeat time)``;
+    ``also(heartbeat time)`` writes more heartbeats each minute (listeners, other sources)."""
     name = case["site"]["name"]
     store.insert("requests", build_requests(case))
     settings = _settings([case])
@@ -279,6 +283,8 @@ def _three_ways(store: Any, case: dict[str, Any], lines_off: tuple[str, str], be
             if log_from is None or hb >= _local(case, log_from):
                 _beat_log(store, name, hb, *((size_at(hb), 9) if size_at else (0, 0)))
             _beat(store, name, last_line, hb)
+        if also is not None:
+            also(hb)
         for d in det.run_once(store, t):
             if d.start >= _local(case, "2026-03-11T09:00"):
                 live[d.id] = d
@@ -459,3 +465,85 @@ def test_heartbeats_stopping_after_an_error_storm_make_a_gap_after_the_minutes_j
     assert gaps[0][4] == "no lines and no heartbeats" and not [k for k in live if k[0] == "outage"], live
     assert hist == live, (sorted(hist), sorted(live))
     assert restarted == live, (sorted(restarted), sorted(live))
+
+
+def _listener_beat(store: Any, collector: str, hb: datetime, label: str = "syslog:5514", site: str = "*") -> None:
+    """A collector's listener heartbeat (no lines) in ``source_liveness`` and in the heartbeat log, as the consumer
+    writes it for ``syslog-ng/heartbeat.sh``'s ``<name>:<port>`` rows."""
+    from forumpulse.pipeline.consumer import HEARTBEAT_LOG_SCHEMA
+    ts = pa.timestamp("ms", tz="UTC")
+    store.insert("source_liveness", pa.table({
+        "site": [site], "origin_host": [collector], "origin_file": [label],
+        "last_line_ts": pa.array([datetime(1970, 1, 1, tzinfo=UTC)], ts), "last_heartbeat_ts": pa.array([hb], ts),
+        "lines": pa.array([0], pa.uint64()), "updated_at": pa.array([hb], ts)}))
+    beat = {"ts": hb, "size": 0, "inode": 0}
+    store.insert("source_heartbeat_minute", pa.Table.from_pylist([{
+        "site": site, "origin_host": collector, "origin_file": label, "minute": hb.replace(second=0, microsecond=0),
+        "first_beat": beat, "last_beat": beat}], schema=HEARTBEAT_LOG_SCHEMA))
+
+
+@pytest.mark.parametrize(("down_at", "reason", "liveness"), [
+    (None, "source silent, its listener up", "quiet"),
+    ("2026-03-11T10:03", "source silent, no heartbeat", None),
+], ids=["listeners-up", "one-collector-died"])
+def test_a_silent_network_sender_whose_listener_is_up_is_a_quiet_gap_live_in_history_and_after_a_restart(
+        store: Any, down_at: str | None, reason: str, liveness: str | None) -> None:
+    """The site logs to a file (heartbeats of its own) and through syslog (program ``apache``, no heartbeats:
+    a network sender, received by the ``syslog:5514`` listeners of collectors ``coll-a`` and ``coll-b``).
+    ``apache`` falls silent 10:00-10:40 while its rate said lines were due: a source ``pipeline_gap``.  Trial 32/34:
+    the gap said "no heartbeat" while ``GET /fp/sources`` said ``quiet`` (the listener heartbeats: idle or gone).
+    Now, while every listener that was up at its last line still is, the gap says so (``quiet``, the listeners
+    named); a collector that died meanwhile (``coll-b`` from 10:03) leaves the old reason, as ``source_status``
+    calls the sender ``dead`` then.  Live, history and a restarted live run agree."""
+    name = f"case-quiet-sender-{'up' if down_at is None else 'died'}"
+    case = {**DOWN, "site": {"name": name, "timezone": "UTC"},
+            "sources": [{"file": "access.log", "share": 0.5}, {"file": "apache", "share": 0.5}],
+            "events": [{"kind": "source_gap", "source": "apache", "from": "2026-03-11T10:00",
+                        "to": "2026-03-11T10:40"}]}
+
+    def listeners(hb: datetime) -> None:
+        _listener_beat(store, "coll-a", hb)
+        if down_at is None or hb < _local(case, down_at):
+            _listener_beat(store, "coll-b", hb)
+
+    live, hist, restarted = _three_ways(store, case, ("2026-03-11T23:00", "2026-03-11T23:01"), None,
+                                        also=listeners)
+    gaps = {k for k in live if k[1] == "source:origin/apache"}
+    start, end = _local(case, "2026-03-11T10:00"), _local(case, "2026-03-11T10:39")
+    assert gaps == {("pipeline_gap", "source:origin/apache", start, end, reason, liveness)}, sorted(live)
+    assert not [k for k in live if k[1] == "source:origin/access.log"], sorted(live)
+    assert hist == live, (sorted(hist), sorted(live))
+    assert restarted == live, (sorted(restarted), sorted(live))
+    stored = store.query_rows(f"SELECT detail FROM detections FINAL WHERE site = '{name}' "
+                              "AND scope = 'source:origin/apache'")
+    assert [json.loads(str(r[0])).get("listeners") for r in stored] == [
+        ["coll-a syslog:5514", "coll-b syslog:5514"] if liveness else None], stored
+
+
+def test_which_listeners_vouch_for_a_silent_source() -> None:
+    """``SourceGapDetector``'s quiet rule picks the listeners as ``source_status`` does (``consumer._covering``):
+    a raw TCP/UDP sender by its listener's label (the site's or ``*``), a syslog program by every ``*`` listener;
+    never a followed file (a path), a source or host that ever heartbeated (``heartbeating``: judged by its own
+    heartbeats), nor another site's listener."""
+    from forumpulse.detectors.traffic import LISTENER_KEY, SourceGapDetector, listener_key, load_rules
+    gaps = SourceGapDetector(load_rules(), "forum")
+    tcp_site, tcp_other = listener_key("forum", "coll", "tcp:5140"), listener_key("shop", "coll", "tcp:5140")
+    sys_any, udp_any = listener_key("*", "coll", "syslog:5514"), listener_key("*", "coll", "udp:5141")
+    fresh = {tcp_site, tcp_other, sys_any, udp_any, "web9/"}
+    assert gaps._cover("10.0.0.7/tcp:5140", fresh) == {tcp_site}
+    assert gaps._cover("10.0.0.7/udp:5141", fresh) == {udp_any}
+    assert gaps._cover("10.0.0.7/tcp:6000", fresh) == set()        # no listener of that label is up
+    assert gaps._cover("web1/apache", fresh) == {sys_any, udp_any}  # syslog: every multi-site listener
+    assert gaps._cover("web1//var/log/apache2/access.log", fresh) == set()  # a followed file: its own heartbeats
+    gaps.heartbeating = {"web2/nginx", "web3/"}
+    assert gaps._cover("web2/nginx", fresh) == set() and gaps._cover("web3/apache", fresh) == set()
+    assert gaps._cover("web1/apache", {"web1/access.log", "web9/"}) == set()  # no listener at all
+    # the same choice as the status page's (consumer._covering), source by source
+    from forumpulse.pipeline.consumer import _covering, _Row
+    rows = [_Row(*k[len(LISTENER_KEY):].split("\t"), 0, 1) for k in fresh if k.startswith(LISTENER_KEY)]
+    gaps.heartbeating = set()
+    for src in ("10.0.0.7/tcp:5140", "10.0.0.7/udp:5141", "10.0.0.7/tcp:6000", "web1/apache",
+                "web1//var/log/apache2/access.log"):
+        host, _, file = src.partition("/")
+        want = {listener_key(x.site, x.host, x.file) for x in _covering(_Row("forum", host, file, 1, 0), rows)}
+        assert gaps._cover(src, fresh) == want, src
