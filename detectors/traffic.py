@@ -1222,11 +1222,10 @@ class SourceGapDetector:
         stuck shipper's gap (its file grew) closes only when its lines return."""
         fed, self._fed = self._fed, []
         if judged:
-            for src in fed:
+            for src in fed:  # the listeners up at the minute after a source's last line (a quiet gap's test)
                 q = self.recent.get(src)
                 if q and q[-1][0] == until - timedelta(minutes=1):
                     self._line_cover[src] = self._cover(src, fresh)
-        if judged:
             for src in [s for s, d in self.open.items() if d.detail.get("reason") == "source silent, no heartbeat"]:
                 q = self.recent.get(src)
                 det = self.open[src]
@@ -1473,7 +1472,7 @@ class TrafficRunError(RuntimeError):
 
 
 #: a network listener's heartbeat row (``LISTENER_LABEL_RE`` in SQL, as dashboards/panels.py states it)
-_LISTENER_SQL = "match(origin_file, '^[A-Za-z][A-Za-z0-9_]*:[0-9]{1,5}$')"
+_LISTENER_SQL = f"match(origin_file, '^{LISTENER_LABEL_RE.pattern}$')"
 
 LIVE_CLOCK_SKEW_S = 30.0
 """Live runs: a heartbeat up to this many seconds later than the wall clock still counts (the shipper stamps it

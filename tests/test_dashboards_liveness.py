@@ -101,6 +101,11 @@ def test_thresholds_are_source_status_defaults() -> None:
         panels_mod.LIVE_WITHIN_S, panels_mod.HEARTBEAT_TIMEOUT_S, panels_mod.HEARTBEAT_TIMEOUT_S)
     assert (STUCK_WINDOW_S, STUCK_GRACE_S, LISTENER_GRACE_S) == (
         panels_mod.STUCK_WINDOW_S, panels_mod.STUCK_GRACE_S, panels_mod.LISTENER_GRACE_S)
+    # one listener label: the status page's regex, the panels' SQL and the traffic detectors' SQL
+    from forumpulse.detectors.traffic import _LISTENER_SQL
+    from forumpulse.pipeline.contracts import LISTENER_LABEL_RE
+    assert panels_mod.LISTENER_LABEL.format(col="origin_file") == _LISTENER_SQL == (
+        f"match(origin_file, '^{LISTENER_LABEL_RE.pattern}$')")
 
 
 COLLECTOR: list[Row] = [

@@ -172,21 +172,27 @@ def build_requests(case: dict[str, Any]) -> pa.Table:
 def heartbeat_log_rows(case: dict[str, Any], host: str = "origin", file: str = "access.log") -> pa.Table:
     """``source_heartbeat_minute`` rows (migration 0008) for the case's ``heartbeat_log`` spans: a heartbeat every
     ``every_s`` seconds in ``[from, to)`` reporting the file's size (growing by ``grow_bytes_per_s``, default 0:
-    the size does not change) and inode 1, folded per minute as the consumer folds them (earliest, latest)."""
+    the size does not change) and inode 1, folded per minute as the consumer folds them (earliest, latest).  A
+    span's ``site`` / ``host`` / ``file`` (default: the case's site, ``host``, ``file``) name another heartbeat
+    source: a collector's listener (``{site: "*", host: coll, file: "syslog:5514"}``: no size)."""
     from forumpulse.pipeline.consumer import heartbeat_log_table
 
-    spans: dict[int, list[tuple[int, int, int]]] = {}
-    size = 1_000_000
+    spans: dict[tuple[str, str, str, int], list[tuple[int, int, int]]] = {}
+    sizes: dict[tuple[str, str, str], int] = {}
     for sp in case["heartbeat_log"]:
+        key = (sp.get("site", case["site"]["name"]), sp.get("host", host), sp.get("file", file))
+        listener = ":" in key[2]
+        size = sizes.get(key, 1_000_000)
         t = int(_local(case, sp["from"]).timestamp() * 1000)
         end = int(_local(case, sp["to"]).timestamp() * 1000)
         while t < end:
-            beat = (t, size, 1)
-            span = spans.setdefault(t - t % 60_000, [beat, beat])
+            beat = (t, 0, 0) if listener else (t, size, 1)
+            span = spans.setdefault((*key, t - t % 60_000), [beat, beat])
             span[0], span[1] = min(span[0], beat), max(span[1], beat)
             t += int(sp["every_s"] * 1000)
             size += int(sp.get("grow_bytes_per_s", 0) * sp["every_s"])
-    return heartbeat_log_table([(case["site"]["name"], host, file, m, lo, hi) for m, (lo, hi) in spans.items()])
+        sizes[key] = size
+    return heartbeat_log_table([(*k[:3], k[3], lo, hi) for k, (lo, hi) in spans.items()])
 
 
 def _settings(cases: list[dict[str, Any]]) -> Settings:
