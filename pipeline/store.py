@@ -402,13 +402,21 @@ def open_store(url: str = DEFAULT_STORE, database: str | None = None, *, existin
         try:
             found = st.query_rows("SELECT count() FROM system.tables WHERE database = currentDatabase() "
                                   "AND name IN ('requests', 'site_minute', 'detections')")[0][0]
+            # the tables in another database of the same server or folder (a URL naming `default`: user trial 35)
+            elsewhere = [str(r[0]) for r in st.query_rows(
+                "SELECT database FROM system.tables WHERE name IN ('requests', 'site_minute', 'detections') "
+                "GROUP BY database HAVING count() = 3 ORDER BY database")] if int(found) < 3 else []
         except BaseException:
             st.close()
             raise
         if int(found) < 3:
             where = mask_url(url)
             st.close()
-            raise StoreLocationError(f"{where} has no forumpulse tables (nothing was ingested there): check "
+            how = ("chdb:PATH?database=NAME" if url.startswith("chdb:") else
+                   f"clickhouse://HOST:PORT/NAME; no path = {DEFAULT_DATABASE}")
+            hint = (f"; database {', '.join(elsewhere)} there {'has' if len(elsewhere) == 1 else 'have'} them "
+                    f"({how})" if elsewhere else "")
+            raise StoreLocationError(f"{where} has no forumpulse tables (nothing was ingested there){hint}: check "
                                      "--store or store.url, or run `forumpulse db migrate` / `forumpulse ingest`")
     return st
 

@@ -228,6 +228,16 @@ def test_reading_commands_do_not_create_a_store_where_there_is_none(tmp_path):
     r = subprocess.run([str(EXE), "report", "daily", "--day", "2024-02-01", "--out", "r", "--store",
                         f"chdb:{migrated}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 2 and "has no forumpulse tables" in r.stderr, r.stderr
+    assert "database other there has them (chdb:PATH?database=NAME)" not in r.stderr  # `other` has no tables
+    # the tables in another database of the folder: the error names it (user trial 35: a URL naming `default`)
+    subprocess.run([sys.executable, "-c", "import sys; from forumpulse.pipeline.store import migrate, open_store; "
+                    "st = open_store(sys.argv[1]); migrate(st); st.close()", f"chdb:{migrated}?database=other"],
+                   check=True, timeout=300)
+    r = subprocess.run([str(EXE), "report", "daily", "--day", "2024-02-01", "--out", "r", "--store",
+                        f"chdb:{migrated}?database=scratch"], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 2 and "has no forumpulse tables" in r.stderr, r.stderr
+    assert "database other there has them (chdb:PATH?database=NAME)" in r.stderr, r.stderr
 
 
 def test_config_check_refuses_an_unknown_store_url(tmp_path):
