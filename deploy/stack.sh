@@ -36,7 +36,8 @@ SNG=(bash "$root/deploy/syslog-ng/syslogng.sh")
 FP="$root/.venv/bin/forumpulse"
 OWNER_PID="$DIR/owner.pid" OWNER_LOG="$DIR/owner.log"
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# shellcheck source=deploy/port_open.sh
+. "$root/deploy/port_open.sh"
 # alive AND our owner (its command line names this stack's store): a pid recorded before a reboot may now be an
 # unrelated process, which `down` must not kill and `up` must not take for the owner
 owner_ours() {

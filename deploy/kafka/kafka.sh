@@ -58,7 +58,8 @@ pid_ours() {
     && grep -Fxq -- "$DIR/server.properties" <<<"$args"
 }
 pid_alive() { [ -f "$PIDF" ] && pid_ours "$(cat "$PIDF")"; }
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# shellcheck source=deploy/port_open.sh
+. "$here/../port_open.sh"
 log_tail() { echo "---- last lines of $LOG ----" >&2; tail -n "${1:-40}" "$LOG" >&2 2>/dev/null || true; }
 
 write_config() {
