@@ -4,13 +4,15 @@
 # ephemeral range (32768-60999) that nothing listens on can pick that very port as its own source port and
 # connect to itself (TCP simultaneous open), which a start-up wait took for a broker that was not there, and
 # whose leftover socket then kept the broker from binding (user trial 35, port 39192).  Without /proc (not
-# Linux), a connect, as before.
+# Linux), a connect, as before.  FP_PROC_NET (default /proc/net) is for tests.
 port_open() {
-  if [ -r /proc/net/tcp ]; then
-    local hex
+  local net=${FP_PROC_NET:-/proc/net}
+  if [ -r "$net/tcp" ]; then
+    local hex tables=("$net/tcp")
     hex=$(printf ':%04X' "$1")
-    awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' \
-      /proc/net/tcp /proc/net/tcp6 2>/dev/null
+    # tcp6 is missing on a kernel without IPv6, and mawk gives up on a file it cannot open (exit 2, "not open")
+    [ -r "$net/tcp6" ] && tables+=("$net/tcp6")
+    awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' "${tables[@]}"
   else
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
   fi
