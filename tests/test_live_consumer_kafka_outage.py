@@ -18,6 +18,7 @@ import pytest
 from live_stack import committed_offsets, kafka_broker
 from test_live_consumer import _assert_exact, _expected_lines, _owner, _verify
 from test_live_support import (
+    Msg,
     consumer_cmd,
     create_topics,
     free_port,
@@ -113,8 +114,15 @@ def test_kafka_stopped_and_killed_under_a_running_consumer_loses_nothing(tmp_pat
         try:
             sent = 0
             for i, (part, kill) in enumerate(zip(parts, (False, True, None), strict=True)):
-                producer = threading.Thread(target=produce, args=(broker.bootstrap, topic, part, 4_000.0),
-                                            daemon=True)
+                errors: list[BaseException] = []
+
+                def producing(part: list[Msg] = part, errors: list[BaseException] = errors) -> None:
+                    try:
+                        produce(broker.bootstrap, topic, part, 4_000.0)
+                    except BaseException as e:  # surfaced below: a thread's exception is otherwise only printed
+                        errors.append(e)
+
+                producer = threading.Thread(target=producing, daemon=True)
                 producer.start()
                 if kill is not None:
                     # mid-part, with batches in the consumer's buffers and lines still being produced, the broker
@@ -127,8 +135,8 @@ def test_kafka_stopped_and_killed_under_a_running_consumer_loses_nothing(tmp_pat
                         time.sleep(1)
                     assert sup.proc.poll() is None, f"consumer exited with Kafka down ({i}): {log.read_text()[-3000:]}"
                     broker.start()
-                producer.join(300)
-                assert not producer.is_alive()
+                producer.join(400)  # produce() waits up to 330 s for the restarted broker's acknowledgements
+                assert not producer.is_alive() and not errors, errors
                 sent += len(part)
                 _wait_committed(broker.bootstrap, topic, sent, sup, log)
                 if kill is not None:

@@ -99,11 +99,23 @@ def stream(n_lines: int, seed: int, start: float = 1_700_000_000.0, span_s: floa
 
 
 def produce(bootstrap: str, topic: str, msgs: Iterator[Msg] | list[Msg], rate: float | None = None) -> int:
-    """Produce and flush; with ``rate`` (messages/s) paced in slices of 2000 messages."""
-    from confluent_kafka import Producer
+    """Produce and flush; with ``rate`` (messages/s) paced in slices of 2000 messages.
+
+    Raises unless every message was acknowledged. The flush waits as long as librdkafka keeps a message
+    (``message.timeout.ms``, 300 s): a test that stops the broker under a running producer must wait for its
+    restart, which on a loaded 2-core machine took longer than the 60 s this once waited (CI, stop 35).
+    """
+    from confluent_kafka import KafkaError, Producer
+
+    failed: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            failed.append(err)
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4",
-                  "enable.idempotence": True, "queue.buffering.max.messages": 500_000})
+                  "enable.idempotence": True, "queue.buffering.max.messages": 500_000,
+                  "message.timeout.ms": 300_000, "on_delivery": delivered})
     n = 0
     t0 = time.monotonic()
     for m in msgs:
@@ -119,9 +131,9 @@ def produce(bootstrap: str, topic: str, msgs: Iterator[Msg] | list[Msg], rate: f
             ahead = n / rate - (time.monotonic() - t0)
             if ahead > 0:
                 time.sleep(ahead)
-    left = p.flush(60)
-    if left:
-        raise RuntimeError(f"{left} messages not delivered to {topic}")
+    left = p.flush(330)
+    if left or failed:
+        raise RuntimeError(f"{left} messages not delivered to {topic}, {len(failed)} failed: {failed[:3]}")
     return n
 
 
