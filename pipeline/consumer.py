@@ -119,6 +119,7 @@ from forumpulse.pipeline.config import Settings, load_settings
 from forumpulse.pipeline.contracts import (
     LISTENER_LABEL_RE,
     Beat,
+    covering_listeners,
     file_grew,
     heartbeat_file_state,
     heartbeat_time_ms,
@@ -1563,16 +1564,9 @@ def _is_host_heartbeat(r: _Row) -> bool:
 
 
 def _covering(src: _Row, listeners: list[_Row]) -> list[_Row]:
-    """The listeners that may have received ``src`` (a source that never sent a heartbeat of its own).
-
-    Raw TCP/UDP lines: the listener whose label is the source's ``origin_file`` (same site, or ``*``).  Syslog
-    lines (program/tag as ``origin_file``): every multi-site listener (site ``*``: the syslog ports) — a syslog
-    message does not say which port it came through.  A path (``/…``) is a followed file: it needs heartbeats of
-    its own and no listener covers it."""
-    exact = [x for x in listeners if x.file == src.file and x.site in (src.site, "*")]
-    if exact or src.file.startswith("/") or _LISTENER_FILE.fullmatch(src.file):
-        return exact
-    return [x for x in listeners if x.site == "*"]
+    """The listeners that may have received ``src`` (a source that never sent a heartbeat of its own):
+    :func:`forumpulse.pipeline.contracts.covering_listeners`, the rule the source gap detector shares."""
+    return covering_listeners(src.site, src.file, listeners, lambda x: (x.site, x.file))
 
 
 def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_timeout_s: float,

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -144,6 +144,26 @@ def heartbeat_file_state(line: bytes) -> tuple[int, int]:
 #: their ``origin_file`` (with the sender's address as ``origin_host``); syslog lines carry their program/tag.
 #: Used by ``source_status`` (consumer) and the source gap detector (detectors/traffic.py) alike.
 LISTENER_LABEL_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*:[0-9]{1,5}")
+
+_L = TypeVar("_L")
+
+
+def covering_listeners(site: str, label: str, listeners: Iterable[_L],
+                       where: Callable[[_L], tuple[str, str]]) -> list[_L]:
+    """The listeners that may receive a source of ``site`` whose ``origin_file`` is ``label``, for a source that
+    never sent a heartbeat of its own; ``where(listener)`` gives a listener's (site, label).
+
+    Raw TCP/UDP lines: the listener whose label is the source's ``origin_file`` (same site, or ``*``).  Syslog
+    lines (program/tag as ``origin_file``): every multi-site listener (site ``*``: the syslog ports) -- a syslog
+    message does not say which port it came through.  A path (``/...``) is a followed file: it needs heartbeats
+    of its own and no listener covers it.  The one rule for ``source_status`` (consumer) and the source gap
+    detector (detectors/traffic.py): the status page and a ``pipeline_gap`` must agree on who vouches for a
+    sender.  Order is kept."""
+    ls = list(listeners)
+    exact = [x for x in ls if where(x)[1] == label and where(x)[0] in (site, "*")]
+    if exact or label.startswith("/") or LISTENER_LABEL_RE.fullmatch(label):
+        return exact
+    return [x for x in ls if where(x)[0] == "*"]
 
 
 #: A file heartbeat as logged in ``source_heartbeat_minute``: (epoch ms of its ``ts=``, ``size=``, ``inode=``);
