@@ -77,7 +77,7 @@ from forumpulse.detectors.series import (
     SeasonalDetector,
     SeasonalParams,
 )
-from forumpulse.pipeline.contracts import LISTENER_LABEL_RE, Beat, file_grew
+from forumpulse.pipeline.contracts import LISTENER_LABEL_RE, Beat, covering_listeners, file_grew
 from forumpulse.pipeline.enrich import latest_titles
 from forumpulse.pipeline.store import sql_string
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -1094,6 +1094,12 @@ def listener_key(site: str, host: str, label: str) -> str:
     return f"{LISTENER_KEY}{site}\t{host}\t{label}"
 
 
+def parse_listener_key(key: str) -> tuple[str, str, str]:
+    """(site, collector host, label) of a :func:`listener_key` entry; not for a source's ``host/file``."""
+    site, host, label = key[len(LISTENER_KEY):].split("\t")
+    return site, host, label
+
+
 def sources_only(fresh: set[str]) -> set[str]:
     """``fresh`` without its listener entries: the heartbeats of the site's own sources and hosts (a listener
     receiving heartbeat-less senders is no evidence that the *site* is up: see :meth:`SourceGapDetector.tail`)."""
@@ -1140,14 +1146,10 @@ class SourceGapDetector:
         """The listener entries of ``fresh`` that may receive ``src`` (``consumer._covering``), for a source that
         never heartbeats (itself or its host) and is no followed file; else none."""
         host, _, label = src.partition("/")
-        if src in self.heartbeating or host + "/" in self.heartbeating or label.startswith("/"):
+        if src in self.heartbeating or host + "/" in self.heartbeating:
             return frozenset()
-        ls = [k for k in fresh if k.startswith(LISTENER_KEY)]
-        parts = {k: k[len(LISTENER_KEY):].split("\t") for k in ls}
-        exact = [k for k in ls if parts[k][2] == label and parts[k][0] in (self.site, "*")]
-        if exact or LISTENER_LABEL_RE.fullmatch(label):
-            return frozenset(exact)
-        return frozenset(k for k in ls if parts[k][0] == "*")
+        ls = {k: parse_listener_key(k) for k in fresh if k.startswith(LISTENER_KEY)}
+        return frozenset(covering_listeners(self.site, label, ls, lambda k: (ls[k][0], ls[k][2])))
 
     def _expected(self, src: str, last: datetime, silent: int) -> float:
         hist = [n for m, n in self.recent.get(src, ()) if m > last - timedelta(minutes=60)]
@@ -1268,7 +1270,7 @@ class SourceGapDetector:
                 cover = self._cover(src, fresh) if judged and not stuck else frozenset()
                 if cover and self._line_cover.get(src, frozenset()) <= cover:
                     why = {"reason": "source silent, its listener up", "liveness": "quiet",
-                           "listeners": sorted(" ".join(k[len(LISTENER_KEY):].split("\t")[1:]) for k in cover)}
+                           "listeners": sorted(" ".join(parse_listener_key(k)[1:]) for k in cover)}
                 why["site_share"] = round(self._site_share(src, last), 4)
                 det = Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1), None,
                                 last + timedelta(minutes=1), 0.0, exp, 1.0, "pipeline_gap", why, site=self.site)
@@ -1473,6 +1475,9 @@ class TrafficRunError(RuntimeError):
 
 #: a network listener's heartbeat row (``LISTENER_LABEL_RE`` in SQL, as dashboards/panels.py states it)
 _LISTENER_SQL = f"match(origin_file, '^{LISTENER_LABEL_RE.pattern}$')"
+#: a ``source_liveness`` row that is no listener's (``consumer._is_listener``: a listener label and never a line):
+#: a listener receives lines under the senders' hosts, its heartbeats are no source's (nor its collector host's)
+_NOT_LISTENER_ROW = f"NOT ({_LISTENER_SQL} AND toUnixTimestamp64Milli(last_line_ts) = 0)"
 
 LIVE_CLOCK_SKEW_S = 30.0
 """Live runs: a heartbeat up to this many seconds later than the wall clock still counts (the shipper stamps it
@@ -1815,12 +1820,14 @@ class TrafficDetector:
         hi = at + timedelta(seconds=LIVE_CLOCK_SKEW_S if live else 0.0)
         # a host heartbeat (origin_file '' or '-') covers every file of its host; with site '*' (syslog-ng's
         # MARK) in every site -- counted for the hosts that have sources in this site (as source_status does).
-        # The listeners of the site and of every site ('*') come as listener_key entries (no lines of their own)
+        # The listeners of the site and of every site ('*') come as listener_key entries only (no lines of their
+        # own), never as the site's sources, nor make their collector host one of the site's
         return {str(r[0]) for r in store.query_rows(
             "SELECT concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file)), "
             "argMax(last_heartbeat_ts, updated_at) AS hb "
-            f"FROM source_liveness WHERE site = {_q(site)} OR (site = '*' AND origin_host IN "
-            f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)})) "
+            f"FROM source_liveness WHERE (site = {_q(site)} OR (site = '*' AND origin_host IN "
+            f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)} AND {_NOT_LISTENER_ROW}))) "
+            f"AND {_NOT_LISTENER_ROW} "
             "GROUP BY origin_host, origin_file "
             f"HAVING hb >= {_sql_ts(lo)} AND hb <= {_sql_ts(hi)} "
             f"UNION ALL SELECT concat({_q(LISTENER_KEY)}, site, '\\t', origin_host, '\\t', origin_file), "
@@ -1848,18 +1855,23 @@ class TrafficDetector:
         minute is not looked up (``known_from`` is then ``start``: do not judge liveness before it)."""
         fresh_s = float(self.rules["health"]["heartbeat_fresh_seconds"])
         fresh_ms = round(fresh_s * 1000)
+        # (no listener's heartbeats: in the log a listener label is always a listener's, senders never heartbeat)
         where = (f"(site = {_q(site)} OR (site = '*' AND origin_host IN "
-                 f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)})))")
+                 f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)} AND {_NOT_LISTENER_ROW}))) "
+                 f"AND NOT {_LISTENER_SQL}")
         src_expr = "concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file))"
-        # the listeners of the site and of every site, as listener_key entries (they never make the log "known":
-        # liveness is the site's sources' heartbeats; see SourceGapDetector for what a listener tells)
+        # the listeners of the site and of every site, as listener_key entries (liveness is the site's sources'
+        # heartbeats; see SourceGapDetector for what a listener tells).  The log is "known" from the first beat of
+        # either: a listener heartbeat that may receive the site's senders logged means the log was being written
+        # then, so a site heard only through network senders is judged as live runs judge it ("no heartbeats"),
+        # not "unknown" for good
         lwhere = f"site IN ({_q(site)}, '*') AND {_LISTENER_SQL}"
         lkey = f"concat({_q(LISTENER_KEY)}, site, '\\t', origin_host, '\\t', origin_file)"
         known_from = start
         if known:
             first = store.query_rows(
                 "SELECT toUnixTimestamp64Milli(tupleElement(min(first_beat), 1)), count() "
-                f"FROM source_heartbeat_minute WHERE {where} AND minute <= {_sql_ts(until)}")
+                f"FROM source_heartbeat_minute WHERE (({where}) OR ({lwhere})) AND minute <= {_sql_ts(until)}")
             if not first or not int(first[0][1]):
                 return None
             # heartbeats from before the log began may still have been fresh for fresh_s after its first one

@@ -16,12 +16,14 @@ from forumpulse.detectors.traffic import TrafficDetector, detect_history
 from test_traffic_cases import _local, _settings, build_requests
 
 
-def _beat(store: Any, name: str, line: datetime, hb: datetime) -> None:
+def _beat(store: Any, name: str, line: datetime, hb: datetime, host: str = "origin", file: str = "access.log",
+          lines: int = 1) -> None:
+    """One ``source_liveness`` row, as the consumer writes it."""
     ts = pa.timestamp("ms", tz="UTC")
     store.insert("source_liveness", pa.table({
-        "site": [name], "origin_host": ["origin"], "origin_file": ["access.log"],
+        "site": [name], "origin_host": [host], "origin_file": [file],
         "last_line_ts": pa.array([line], ts), "last_heartbeat_ts": pa.array([hb], ts),
-        "lines": pa.array([1], pa.uint64()), "updated_at": pa.array([hb], ts)}))
+        "lines": pa.array([lines], pa.uint64()), "updated_at": pa.array([hb], ts)}))
 
 
 OVERLOAD = {"site": {"name": "case-overload", "timezone": "UTC"}, "start": "2026-03-01", "days": 11,
@@ -124,13 +126,14 @@ def test_history_without_an_end_reads_whole_minutes_behind_the_watermark_as_live
     assert datetime(2026, 1, 1, tzinfo=UTC) < now
 
 
-def _beat_log(store: Any, name: str, hb: datetime, size: int = 0, inode: int = 0) -> None:
+def _beat_log(store: Any, name: str, hb: datetime, size: int = 0, inode: int = 0, host: str = "origin",
+              file: str = "access.log") -> None:
     """One heartbeat in ``source_heartbeat_minute`` (migration 0008), as the consumer writes it."""
     from forumpulse.pipeline.consumer import HEARTBEAT_LOG_SCHEMA
     minute = hb.replace(second=0, microsecond=0)
     beat = {"ts": hb, "size": size, "inode": inode}
     store.insert("source_heartbeat_minute", pa.Table.from_pylist([{
-        "site": name, "origin_host": "origin", "origin_file": "access.log", "minute": minute,
+        "site": name, "origin_host": host, "origin_file": file, "minute": minute,
         "first_beat": beat, "last_beat": beat}], schema=HEARTBEAT_LOG_SCHEMA))
 
 
@@ -470,16 +473,8 @@ def test_heartbeats_stopping_after_an_error_storm_make_a_gap_after_the_minutes_j
 def _listener_beat(store: Any, collector: str, hb: datetime, label: str = "syslog:5514", site: str = "*") -> None:
     """A collector's listener heartbeat (no lines) in ``source_liveness`` and in the heartbeat log, as the consumer
     writes it for ``syslog-ng/heartbeat.sh``'s ``<name>:<port>`` rows."""
-    from forumpulse.pipeline.consumer import HEARTBEAT_LOG_SCHEMA
-    ts = pa.timestamp("ms", tz="UTC")
-    store.insert("source_liveness", pa.table({
-        "site": [site], "origin_host": [collector], "origin_file": [label],
-        "last_line_ts": pa.array([datetime(1970, 1, 1, tzinfo=UTC)], ts), "last_heartbeat_ts": pa.array([hb], ts),
-        "lines": pa.array([0], pa.uint64()), "updated_at": pa.array([hb], ts)}))
-    beat = {"ts": hb, "size": 0, "inode": 0}
-    store.insert("source_heartbeat_minute", pa.Table.from_pylist([{
-        "site": site, "origin_host": collector, "origin_file": label, "minute": hb.replace(second=0, microsecond=0),
-        "first_beat": beat, "last_beat": beat}], schema=HEARTBEAT_LOG_SCHEMA))
+    _beat(store, site, datetime(1970, 1, 1, tzinfo=UTC), hb, host=collector, file=label, lines=0)
+    _beat_log(store, site, hb, host=collector, file=label)
 
 
 @pytest.mark.parametrize(("down_at", "reason", "liveness"), [
@@ -490,8 +485,9 @@ def test_a_silent_network_sender_whose_listener_is_up_is_a_quiet_gap_live_in_his
         store: Any, down_at: str | None, reason: str, liveness: str | None) -> None:
     """The site logs to a file (heartbeats of its own) and through syslog (program ``apache``, no heartbeats:
     a network sender, received by the ``syslog:5514`` listeners of collectors ``coll-a`` and ``coll-b``).
-    ``apache`` falls silent 10:00-10:40 while its rate said lines were due: a source ``pipeline_gap``.  Trial 32/34:
-    the gap said "no heartbeat" while ``GET /fp/sources`` said ``quiet`` (the listener heartbeats: idle or gone).
+    ``apache`` falls silent 10:00-10:40 while its rate said lines were due: a source ``pipeline_gap``.  Left open
+    at stop 34 (checked by user trial 35): the gap said "no heartbeat" while ``GET /fp/sources`` said ``quiet``
+    (the listener heartbeats: idle or gone).
     Now, while every listener that was up at its last line still is, the gap says so (``quiet``, the listeners
     named); a collector that died meanwhile (``coll-b`` from 10:03) leaves the old reason, as ``source_status``
     calls the sender ``dead`` then.  Live, history and a restarted live run agree."""
@@ -525,7 +521,13 @@ def test_which_listeners_vouch_for_a_silent_source() -> None:
     a raw TCP/UDP sender by its listener's label (the site's or ``*``), a syslog program by every ``*`` listener;
     never a followed file (a path), a source or host that ever heartbeated (``heartbeating``: judged by its own
     heartbeats), nor another site's listener."""
-    from forumpulse.detectors.traffic import LISTENER_KEY, SourceGapDetector, listener_key, load_rules
+    from forumpulse.detectors.traffic import (
+        LISTENER_KEY,
+        SourceGapDetector,
+        listener_key,
+        load_rules,
+        parse_listener_key,
+    )
     gaps = SourceGapDetector(load_rules(), "forum")
     tcp_site, tcp_other = listener_key("forum", "coll", "tcp:5140"), listener_key("shop", "coll", "tcp:5140")
     sys_any, udp_any = listener_key("*", "coll", "syslog:5514"), listener_key("*", "coll", "udp:5141")
@@ -538,12 +540,40 @@ def test_which_listeners_vouch_for_a_silent_source() -> None:
     gaps.heartbeating = {"web2/nginx", "web3/"}
     assert gaps._cover("web2/nginx", fresh) == set() and gaps._cover("web3/apache", fresh) == set()
     assert gaps._cover("web1/apache", {"web1/access.log", "web9/"}) == set()  # no listener at all
-    # the same choice as the status page's (consumer._covering), source by source
+    # the same choice as the status page's (consumer._covering; one rule, contracts.covering_listeners, reached
+    # through each side's own rows: the detector's listener keys, the consumer's source_liveness rows)
     from forumpulse.pipeline.consumer import _covering, _Row
-    rows = [_Row(*k[len(LISTENER_KEY):].split("\t"), 0, 1) for k in fresh if k.startswith(LISTENER_KEY)]
+    rows = [_Row(*parse_listener_key(k), 0, 1) for k in fresh if k.startswith(LISTENER_KEY)]
     gaps.heartbeating = set()
     for src in ("10.0.0.7/tcp:5140", "10.0.0.7/udp:5141", "10.0.0.7/tcp:6000", "web1/apache",
                 "web1//var/log/apache2/access.log"):
         host, _, file = src.partition("/")
         want = {listener_key(x.site, x.host, x.file) for x in _covering(_Row("forum", host, file, 1, 0), rows)}
         assert gaps._cover(src, fresh) == want, src
+
+
+@pytest.mark.parametrize(("source", "listener_site", "label"), [
+    ("tcp:5140", "own", "tcp:5140"),
+    ("apache", "*", "syslog:5514"),
+], ids=["raw-tcp-listener-of-the-site", "syslog-listener-of-every-site"])
+def test_a_site_heard_only_through_network_senders_falls_silent_as_a_pipeline_gap_whatever_its_listener(
+        store: Any, source: str, listener_site: str, label: str) -> None:
+    """Every line of the site comes from one network sender (no heartbeats of its own), received by collector
+    ``coll``; the sender falls silent 10:00-10:40 while the listener heartbeats.  A listener's heartbeats say
+    nothing of the site (``sources_only``): the silence is a ``pipeline_gap`` of the site, live, in history and
+    after a restart, with the sender's own gap saying its listener is up.  Left open at stop 35: a raw listener
+    of the site itself (``tcp:5140`` for this site, not ``*``) was read as one of the site's sources, fresh, and
+    made the same silence an ``outage`` (its zeros), while a syslog sender's (``*`` listener) was a gap."""
+    name = f"case-net-only-{'raw' if listener_site == 'own' else 'syslog'}"
+    case = {**DOWN, "site": {"name": name, "timezone": "UTC"}, "sources": [{"file": source, "share": 1.0}]}
+    site = name if listener_site == "own" else "*"
+    live, hist, restarted = _three_ways(store, case, ("2026-03-11T10:00", "2026-03-11T10:40"),
+                                        ("2026-03-01T00:00", "2026-03-12T00:00"),
+                                        also=lambda hb: _listener_beat(store, "coll", hb, label, site))
+    assert not [k for k in live if k[0] in ("outage", "dip")], sorted(live)
+    site_gaps = [k for k in live if k[0] == "pipeline_gap" and not k[1].startswith("source:")]
+    assert len(site_gaps) == 1 and site_gaps[0][2] == _local(case, "2026-03-11T10:00"), sorted(live)
+    assert {k[4:] for k in live if k[1] == f"source:origin/{source}"} == {
+        ("source silent, its listener up", "quiet")}, sorted(live)
+    assert hist == live, (sorted(hist), sorted(live))
+    assert restarted == live, (sorted(restarted), sorted(live))
