@@ -225,7 +225,7 @@ STUCK_GRACE_S = 120
 #: consumer.LISTENER_GRACE_S: a listener whose last heartbeat is more than this before a heartbeat-less sender's
 #: last line did not receive it (three heartbeats at the collector's default 10-s interval)
 LISTENER_GRACE_S = 30
-#: origin_file of a network listener's heartbeat (consumer._LISTENER_FILE: ``tcp:5140``, ``syslog:5514``...)
+#: origin_file of a network listener's heartbeat (contracts.LISTENER_LABEL_RE: ``tcp:5140``, ``syslog:5514``...)
 LISTENER_LABEL = "match({col}, '^[A-Za-z][A-Za-z0-9_]*:[0-9]{{1,5}}$')"
 
 #: One row per (site, origin_host, origin_file) as source_status reads them (newest line / heartbeat of every

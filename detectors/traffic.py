@@ -1117,10 +1117,10 @@ class SourceGapDetector:
     A source that never heartbeats (a network sender: raw TCP/UDP, syslog without forwarded MARKs) has only its
     collector's *listener* heartbeats for evidence, as in ``source_status``: its silence is still a gap when its
     rate said lines were due (ops must hear that a busy sender stopped), but one that opens while every listener
-    that may receive it (``consumer._covering``: the listener named by a raw source's label, every multi-site
-    listener for a syslog program) is up -- and each that was up at the minute after its last line still is --
-    says so: ``reason: source silent, its listener up``, ``detail.liveness: quiet``, ``detail.listeners`` (the
-    sender is idle or gone; the collector is not the place to look).  ``GET /fp/sources`` shows it ``quiet``.
+    that may receive it (``contracts.covering_listeners``, as for ``source_status``: the listener named by a raw
+    source's label, every multi-site listener for a syslog program) is up -- and each that was up at the minute
+    after its last line still is -- says so: ``reason: source silent, its listener up``, ``detail.liveness:
+    quiet``, ``detail.listeners`` (the sender is idle or gone; the collector is not the place to look).  ``GET /fp/sources`` shows it ``quiet``.
     Such a gap does not close when listener heartbeats go on (they never stopped); it closes with its lines."""
 
     def __init__(self, rules: dict[str, Any], site: str) -> None:
@@ -1143,7 +1143,7 @@ class SourceGapDetector:
         self._line_cover: dict[str, frozenset[str]] = {}
 
     def _cover(self, src: str, fresh: set[str]) -> frozenset[str]:
-        """The listener entries of ``fresh`` that may receive ``src`` (``consumer._covering``), for a source that
+        """The listener entries of ``fresh`` that may receive ``src`` (``contracts.covering_listeners``), for a source that
         never heartbeats (itself or its host) and is no followed file; else none."""
         host, _, label = src.partition("/")
         if src in self.heartbeating or host + "/" in self.heartbeating:

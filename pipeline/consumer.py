@@ -1480,9 +1480,6 @@ def _ts_ms(v: Any) -> int:
 
 # ---------------------------------------------------------------------------------------------- liveness view
 
-#: ``origin_file`` of a network listener's heartbeat (:data:`forumpulse.pipeline.contracts.LISTENER_LABEL_RE`)
-_LISTENER_FILE = LISTENER_LABEL_RE
-
 
 @dataclass(frozen=True)
 class SourceStatus:
@@ -1555,7 +1552,7 @@ def _liveness_rows(store: Store) -> list[_Row]:
 
 def _is_listener(r: _Row) -> bool:
     """A network listener's heartbeat row (never a source: listeners receive lines under the senders' hosts)."""
-    return r.line_ms == 0 and r.hb_ms > 0 and _LISTENER_FILE.fullmatch(r.file) is not None
+    return r.line_ms == 0 and r.hb_ms > 0 and LISTENER_LABEL_RE.fullmatch(r.file) is not None
 
 
 def _is_host_heartbeat(r: _Row) -> bool:
