@@ -1120,8 +1120,9 @@ class SourceGapDetector:
     that may receive it (``contracts.covering_listeners``, as for ``source_status``: the listener named by a raw
     source's label, every multi-site listener for a syslog program) is up -- and each that was up at the minute
     after its last line still is -- says so: ``reason: source silent, its listener up``, ``detail.liveness:
-    quiet``, ``detail.listeners`` (the sender is idle or gone; the collector is not the place to look).  ``GET /fp/sources`` shows it ``quiet``.
-    Such a gap does not close when listener heartbeats go on (they never stopped); it closes with its lines."""
+    quiet``, ``detail.listeners`` (the sender is idle or gone; the collector is not the place to look).  ``GET
+    /fp/sources`` shows it ``quiet``.  Such a gap does not close when listener heartbeats go on (they never
+    stopped); it closes with its lines."""
 
     def __init__(self, rules: dict[str, Any], site: str) -> None:
         self.h = rules["health"]
@@ -1143,8 +1144,8 @@ class SourceGapDetector:
         self._line_cover: dict[str, frozenset[str]] = {}
 
     def _cover(self, src: str, fresh: set[str]) -> frozenset[str]:
-        """The listener entries of ``fresh`` that may receive ``src`` (``contracts.covering_listeners``), for a source that
-        never heartbeats (itself or its host) and is no followed file; else none."""
+        """The listener entries of ``fresh`` that may receive ``src`` (``contracts.covering_listeners``), for a
+        source that never heartbeats (itself or its host) and is no followed file; else none."""
         host, _, label = src.partition("/")
         if src in self.heartbeating or host + "/" in self.heartbeating:
             return frozenset()
