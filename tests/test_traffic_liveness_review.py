@@ -562,8 +562,10 @@ def test_a_site_heard_only_through_network_senders_falls_silent_as_a_pipeline_ga
     ``coll``; the sender falls silent 10:00-10:40 while the listener heartbeats.  A listener's heartbeats say
     nothing of the site (``sources_only``): the silence is a ``pipeline_gap`` of the site, live, in history and
     after a restart, with the sender's own gap saying its listener is up.  Left open at stop 35: a raw listener
-    of the site itself (``tcp:5140`` for this site, not ``*``) was read as one of the site's sources, fresh, and
-    made the same silence an ``outage`` (its zeros), while a syslog sender's (``*`` listener) was a gap."""
+    of the site itself (``tcp:5140`` for this site, not ``*``) was read as one of the site's sources, fresh, so
+    live runs fed the silence as zeros on the outage path (no site gap), while a syslog sender's (``*``
+    listener) was a gap; and history and a restart, with no heartbeat of the site's own in the log, called
+    liveness ``unknown``."""
     name = f"case-net-only-{'raw' if listener_site == 'own' else 'syslog'}"
     case = {**DOWN, "site": {"name": name, "timezone": "UTC"}, "sources": [{"file": source, "share": 1.0}]}
     site = name if listener_site == "own" else "*"
@@ -573,6 +575,7 @@ def test_a_site_heard_only_through_network_senders_falls_silent_as_a_pipeline_ga
     assert not [k for k in live if k[0] in ("outage", "dip")], sorted(live)
     site_gaps = [k for k in live if k[0] == "pipeline_gap" and not k[1].startswith("source:")]
     assert len(site_gaps) == 1 and site_gaps[0][2] == _local(case, "2026-03-11T10:00"), sorted(live)
+    assert site_gaps[0][4:] == ("no lines and no heartbeats", None), sorted(live)
     assert {k[4:] for k in live if k[1] == f"source:origin/{source}"} == {
         ("source silent, its listener up", "quiet")}, sorted(live)
     assert hist == live, (sorted(hist), sorted(live))
