@@ -98,6 +98,8 @@ up() {
     done
     owner_healthy || { tail -n 30 "$OWNER_LOG" >&2; echo "stack.sh: owner (pid $(cat "$OWNER_PID")) does not answer /fp/health on $HTTP_PORT after 60 s" >&2; exit 1; }
     echo "owner started (pid $(cat "$OWNER_PID"), http://127.0.0.1:$HTTP_PORT, store chdb:$DIR/chdb)"
+    # the owner holds the folder: other commands (detect history, report, ingest) go through its endpoint
+    echo "  other commands: --store clickhouse://default@127.0.0.1:$HTTP_PORT/forumpulse"
   else
     echo "stack.sh: \`forumpulse run\` is not available (run \`make install\`); Kafka and syslog-ng are up without a consumer" >&2
   fi
@@ -135,7 +137,8 @@ status() {
   fi
   echo "== owner"
   if owner_alive; then
-    echo "owner running: pid $(cat "$OWNER_PID"), http://127.0.0.1:$HTTP_PORT"
+    echo "owner running: pid $(cat "$OWNER_PID"), http://127.0.0.1:$HTTP_PORT" \
+      "(other commands: --store clickhouse://default@127.0.0.1:$HTTP_PORT/forumpulse)"
     if owner_healthy; then
       owner_health | sed 's/^/   health: /'; echo
       echo "== sources (live: lines; silent: up and idle, heartbeats only; quiet: no heartbeat of its own;"

@@ -53,6 +53,13 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
         assert up.returncode == 0, up.stdout + up.stderr
         assert "owner started" in up.stdout
         pid = int((run / "owner.pid").read_text())
+        # the store URL `up` prints for other commands (the owner holds the folder) works for a reading command
+        url = up.stdout.split("other commands: --store ", 1)[1].split()[0]
+        assert url == f"clickhouse://default@127.0.0.1:{http}/forumpulse", up.stdout
+        fp = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "forumpulse"
+        hist = subprocess.run([str(fp), "detect", "history", "--from", "2026-01-01", "--to", "2026-01-02", "--dry-run",
+                               "--store", url], capture_output=True, text=True, timeout=300)
+        assert hist.returncode == 0, hist.stdout + hist.stderr
         st = _stack("status", env)
         assert st.returncode == 0, st.stdout + st.stderr
         assert f'"pid": {pid}' in st.stdout and '"status": "ok"' in st.stdout
