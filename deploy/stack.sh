@@ -9,7 +9,8 @@
 #   FP_KAFKA_PORT [9092]  FP_KAFKA_CONTROLLER_PORT [9093]  FP_RAW_PARTITIONS [4]
 #   FP_VHOST_DIR [$FP_STACK_DIR/logs/vhosts]  FP_VHOST_PATTERN [*access.log]  FP_VHOST_FORMAT [combined]
 #   FP_SQUID_DIR [$FP_STACK_DIR/logs/squid]   FP_SQUID_SITE [proxy]
-#   FP_RAW_TCP_PORT [5140] (also UDP)  FP_SYSLOG_PORT [5514]  FP_SYSLOG5424_PORT [5515]  FP_HEARTBEAT_S [10]
+#   FP_RAW_TCP_PORT [5140] (also UDP)  FP_RAW_SITE [default]  FP_RAW_FORMAT [combined] (site, format of raw lines)
+#   FP_SYSLOG_PORT [5514]  FP_SYSLOG5424_PORT [5515]  FP_HEARTBEAT_S [10]
 #   FP_SYSLOGNG_CONFIG [syslog-ng/forumpulse.conf]  FP_SYSLOGNG_DEFINES ["k=v k=v" extra --define pairs]
 #   FP_HTTP_PORT [8123] (owner's ClickHouse-compatible endpoint)  FP_CONFIG [unset: forumpulse config file]
 #   The three ports `up` used are recorded in $FP_STACK_DIR/stack.env: later commands use them unless set again.
@@ -66,6 +67,9 @@ syslog_defines() {
     --define "fp_heartbeat_interval=${FP_HEARTBEAT_S:-10}"
     --define "fp_heartbeat_cmd=$root/syslog-ng/heartbeat.sh"
   )
+  # the site and format of raw TCP/UDP lines (syslog-ng/forumpulse.conf's defaults: "default", combined)
+  if [ -n "${FP_RAW_SITE:-}" ]; then a+=(--define "fp_raw_site=$FP_RAW_SITE"); fi
+  if [ -n "${FP_RAW_FORMAT:-}" ]; then a+=(--define "fp_raw_format=$FP_RAW_FORMAT"); fi
   local kv
   for kv in ${FP_SYSLOGNG_DEFINES:-}; do a+=(--define "$kv"); done
   printf '%s\0' "${a[@]}"
@@ -164,5 +168,5 @@ case "${1:-}" in
   up) up;;
   down) down;;
   status) status;;
-  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2;;
+  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2;;
 esac

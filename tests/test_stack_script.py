@@ -47,7 +47,7 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
     run = tmp_path / "run"
     env = {**os.environ, "FP_STACK_DIR": str(run), "FP_KAFKA_PORT": str(kp), "FP_KAFKA_CONTROLLER_PORT": str(kcp),
            "FP_HTTP_PORT": str(http), "FP_RAW_TCP_PORT": str(raw), "FP_SYSLOG_PORT": str(s3164),
-           "FP_SYSLOG5424_PORT": str(s5424), "FP_HEARTBEAT_S": "2"}
+           "FP_SYSLOG5424_PORT": str(s5424), "FP_HEARTBEAT_S": "2", "FP_RAW_SITE": "raw.example.org"}
     try:
         up = _stack("up", env, timeout=600)
         assert up.returncode == 0, up.stdout + up.stderr
@@ -91,6 +91,7 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
         assert got_file == sorted(x.split('"')[1].split()[1] for x in from_file)
         assert got_tcp == sorted(x.split('"')[1].split()[1] for x in from_tcp)
         assert {r[0] for r in rows if str(r[1]).endswith(".access.log")} == {"forum.example.org"}
+        assert {r[0] for r in rows if str(r[1]) == f"tcp:{raw}"} == {"raw.example.org"}  # FP_RAW_SITE
         topics = dict(_query(http, "SELECT topic_id, count() FROM requests GROUP BY topic_id"))  # type: ignore[arg-type]
         assert set(map(int, topics)) == {7000, 7001, 7002}
         # status lists the sources (the vhost file is live: lines just now) and the owner runs the detectors
