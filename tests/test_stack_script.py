@@ -47,19 +47,17 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
     run = tmp_path / "run"
     env = {**os.environ, "FP_STACK_DIR": str(run), "FP_KAFKA_PORT": str(kp), "FP_KAFKA_CONTROLLER_PORT": str(kcp),
            "FP_HTTP_PORT": str(http), "FP_RAW_TCP_PORT": str(raw), "FP_SYSLOG_PORT": str(s3164),
-           "FP_SYSLOG5424_PORT": str(s5424), "FP_HEARTBEAT_S": "2", "FP_RAW_SITE": "raw.example.org"}
+           "FP_SYSLOG5424_PORT": str(s5424), "FP_HEARTBEAT_S": "2", "FP_RAW_SITE": "raw.example.org",
+           "FP_RAW_FORMAT": "nginx_combined"}
     try:
         up = _stack("up", env, timeout=600)
         assert up.returncode == 0, up.stdout + up.stderr
         assert "owner started" in up.stdout
         pid = int((run / "owner.pid").read_text())
-        # the store URL `up` prints for other commands (the owner holds the folder) works for a reading command
+        # the store URL `up` prints for other commands (the owner holds the folder); a history run uses it below
         url = up.stdout.split("other commands: --store ", 1)[1].split()[0]
         assert url == f"clickhouse://default@127.0.0.1:{http}/forumpulse", up.stdout
         fp = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "forumpulse"
-        hist = subprocess.run([str(fp), "detect", "history", "--from", "2026-01-01", "--to", "2026-01-02", "--dry-run",
-                               "--store", url], capture_output=True, text=True, timeout=300)
-        assert hist.returncode == 0, hist.stdout + hist.stderr
         st = _stack("status", env)
         assert st.returncode == 0, st.stdout + st.stderr
         assert f'"pid": {pid}' in st.stdout and '"status": "ok"' in st.stdout
@@ -83,7 +81,7 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
 
         wait_until(landed, 180, every_s=1.0, what=f"{want} rows through syslog-ng -> Kafka -> owner")
         time.sleep(2)  # anything extra (a double) would land by now
-        rows = _query(http, "SELECT site, origin_file, url, bytes FROM requests")
+        rows = _query(http, "SELECT site, origin_file, url, bytes, source_format FROM requests")
         assert len(rows) == want
         assert int(_query(http, "SELECT count() FROM quarantine")[0][0]) == 0  # type: ignore[call-overload]
         got_file = sorted(str(r[2]) for r in rows if str(r[1]).endswith("forum.example.org.access.log"))
@@ -92,6 +90,15 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
         assert got_tcp == sorted(x.split('"')[1].split()[1] for x in from_tcp)
         assert {r[0] for r in rows if str(r[1]).endswith(".access.log")} == {"forum.example.org"}
         assert {r[0] for r in rows if str(r[1]) == f"tcp:{raw}"} == {"raw.example.org"}  # FP_RAW_SITE
+        # FP_RAW_FORMAT: the raw lines are parsed as the format it names (the vhost files keep theirs)
+        assert {r[4] for r in rows if str(r[1]) == f"tcp:{raw}"} == {"nginx_combined"}
+        assert "nginx_combined" not in {r[4] for r in rows if str(r[1]).endswith(".access.log")}
+        # a history run through that URL (no --from: the last day) reads the rows just loaded: both sites' data
+        hist = subprocess.run([str(fp), "detect", "history", "--dry-run", "--store", url],
+                              capture_output=True, text=True, timeout=300)
+        assert hist.returncode == 0, hist.stdout + hist.stderr
+        assert "forum.example.org" in hist.stdout + hist.stderr and "raw.example.org" in hist.stdout + hist.stderr, (
+            hist.stdout + hist.stderr)
         topics = dict(_query(http, "SELECT topic_id, count() FROM requests GROUP BY topic_id"))  # type: ignore[arg-type]
         assert set(map(int, topics)) == {7000, 7001, 7002}
         # status lists the sources (the vhost file is live: lines just now) and the owner runs the detectors
