@@ -1480,6 +1480,19 @@ _LISTENER_SQL = f"match(origin_file, '^{LISTENER_LABEL_RE.pattern}$')"
 #: a listener receives lines under the senders' hosts, its heartbeats are no source's (nor its collector host's)
 _NOT_LISTENER_ROW = f"NOT ({_LISTENER_SQL} AND toUnixTimestamp64Milli(last_line_ts) = 0)"
 
+
+def _site_rows_sql(site: str, keep: str | None = None) -> str:
+    """A condition on ``source_liveness`` (or ``source_heartbeat_minute``) rows: the rows of ``site``, and the rows
+    of every site (``*``: syslog-ng's MARK, a host heartbeat) of the hosts that have rows in ``site``.
+
+    ``keep`` None: every such row, listeners' included (the watermark: how far whatever feeds the site has
+    landed).  Otherwise each row must also meet ``keep`` (e.g. :data:`_NOT_LISTENER_ROW`), and the hosts are those
+    of the site's rows that are no listener's: a listener's collector host is not one of the site's hosts."""
+    hosts = f"SELECT origin_host FROM source_liveness WHERE site = {_q(site)}"
+    if keep is None:
+        return f"site = {_q(site)} OR (site = '*' AND origin_host IN ({hosts}))"
+    return f"(site = {_q(site)} OR (site = '*' AND origin_host IN ({hosts} AND {_NOT_LISTENER_ROW}))) AND {keep}"
+
 LIVE_CLOCK_SKEW_S = 30.0
 """Live runs: a heartbeat up to this many seconds later than the wall clock still counts (the shipper stamps it
 with its own clock; a consumer stamps its progress reports with its own).  History runs accept none later than
@@ -1763,9 +1776,7 @@ class TrafficDetector:
         rows = store.query_rows(
             "SELECT origin_host, origin_file, site, toUnixTimestamp64Milli(argMax(last_line_ts, updated_at)), "
             "toUnixTimestamp64Milli(argMax(last_heartbeat_ts, updated_at)) FROM source_liveness "
-            f"WHERE site = {_q(site)} OR (site = '*' AND origin_host IN "
-            f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)})) "
-            "GROUP BY origin_host, origin_file, site")
+            f"WHERE {_site_rows_sql(site)} GROUP BY origin_host, origin_file, site")
         host_hb: dict[str, int] = {}
         for host, file, _site, _line, hb in rows:
             if str(file) in ("", "-"):
@@ -1826,9 +1837,7 @@ class TrafficDetector:
         return {str(r[0]) for r in store.query_rows(
             "SELECT concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file)), "
             "argMax(last_heartbeat_ts, updated_at) AS hb "
-            f"FROM source_liveness WHERE (site = {_q(site)} OR (site = '*' AND origin_host IN "
-            f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)} AND {_NOT_LISTENER_ROW}))) "
-            f"AND {_NOT_LISTENER_ROW} "
+            f"FROM source_liveness WHERE {_site_rows_sql(site, _NOT_LISTENER_ROW)} "
             "GROUP BY origin_host, origin_file "
             f"HAVING hb >= {_sql_ts(lo)} AND hb <= {_sql_ts(hi)} "
             f"UNION ALL SELECT concat({_q(LISTENER_KEY)}, site, '\\t', origin_host, '\\t', origin_file), "
@@ -1857,9 +1866,7 @@ class TrafficDetector:
         fresh_s = float(self.rules["health"]["heartbeat_fresh_seconds"])
         fresh_ms = round(fresh_s * 1000)
         # (no listener's heartbeats: in the log a listener label is always a listener's, senders never heartbeat)
-        where = (f"(site = {_q(site)} OR (site = '*' AND origin_host IN "
-                 f"(SELECT origin_host FROM source_liveness WHERE site = {_q(site)} AND {_NOT_LISTENER_ROW}))) "
-                 f"AND NOT {_LISTENER_SQL}")
+        where = _site_rows_sql(site, f"NOT {_LISTENER_SQL}")
         src_expr = "concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file))"
         # the listeners of the site and of every site, as listener_key entries (liveness is the site's sources'
         # heartbeats; see SourceGapDetector for what a listener tells).  The log is "known" from the first beat of
