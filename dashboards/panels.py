@@ -247,7 +247,8 @@ def liveness_sources(where: str = "1 = 1") -> str:
     source without heartbeats of its own: array of (site, collector, listener, hb_ms), oldest first: a source is
     quiet only while all of them are up; a listener that stopped heartbeating before the source's last line — a
     retired collector, an old port — did not receive it and is left out), ``grew`` (its file grew lately: see :data:`STUCK_WINDOW_S`) and
-    ``state`` (live | stuck | silent | quiet | dead); ``now_s`` must be defined."""
+    ``state`` (retired | live | stuck | silent | quiet | dead: ``retired`` when ``source_retired``, migration
+    0011, retired it after its last line; it then covers no listener); ``now_s`` must be defined."""
     return f"""
     SELECT s.site AS site, s.origin_host AS origin_host, s.origin_file AS origin_file, s.line_ms AS line_ms,
            s.n_lines AS n_lines, greatest(s.hb_ms, ifNull(h.host_hb_ms, 0), ifNull(hs.host_hb_ms, 0)) AS own_hb_ms,
@@ -255,7 +256,9 @@ def liveness_sources(where: str = "1 = 1") -> str:
            if(own_hb_ms > 0, [],
               if(notEmpty(exact) OR startsWith(s.origin_file, '/') OR {LISTENER_LABEL.format(col="s.origin_file")},
                  exact, arrayFilter(x -> x.1 = '*', l.ls))) AS may_cover,
-           arrayFilter(x -> s.line_ms = 0 OR x.4 >= s.line_ms - {LISTENER_GRACE_S * 1000}, may_cover) AS unsorted_cover,
+           ifNull(r.retired_ms, 0) > s.line_ms AS retired,
+           arrayFilter(x -> NOT retired AND (s.line_ms = 0 OR x.4 >= s.line_ms - {LISTENER_GRACE_S * 1000}),
+                       may_cover) AS unsorted_cover,
            arraySort(x -> (x.4, x.2, x.3, x.1), unsorted_cover) AS cover,
            if(empty(cover), 0, cover[1].4) AS via_ms,
            toInt64(now_s) * 1000 AS now_ms,
@@ -263,7 +266,8 @@ def liveness_sources(where: str = "1 = 1") -> str:
            arrayFilter(x -> x.1 >= grow_lo AND x.1 <= now_ms, g.beats) AS gb,
            length(arrayDistinct(arrayFilter(m -> m >= 0, arrayMap((c, p) -> if(c.3 = p.3 AND c.2 > p.2,
                intDiv(c.1, 60000), -1), arrayPopFront(gb), arrayPopBack(gb))))) >= 2 AS grew,
-           multiIf(s.line_ms > 0 AND now_s - s.line_ms / 1000 <= {LIVE_WITHIN_S}, 'live',
+           multiIf(retired, 'retired',
+                   s.line_ms > 0 AND now_s - s.line_ms / 1000 <= {LIVE_WITHIN_S}, 'live',
                    own_hb_ms > 0 AND now_s - own_hb_ms / 1000 <= {HEARTBEAT_TIMEOUT_S} AND grew, 'stuck',
                    own_hb_ms > 0 AND now_s - own_hb_ms / 1000 <= {HEARTBEAT_TIMEOUT_S}, 'silent',
                    via_ms > 0 AND now_s - via_ms / 1000 <= {HEARTBEAT_TIMEOUT_S}, 'quiet', 'dead') AS state
@@ -284,6 +288,10 @@ def liveness_sources(where: str = "1 = 1") -> str:
                      GROUP BY site, origin_host, origin_file, minute)
                GROUP BY site, origin_host, origin_file) AS g
         ON s.site = g.site AND s.origin_host = g.origin_host AND s.origin_file = g.origin_file
+    LEFT JOIN (SELECT site, origin_host, origin_file,
+                      toUnixTimestamp64Milli(argMax(retired_at, updated_at)) AS retired_ms
+               FROM source_retired GROUP BY site, origin_host, origin_file) AS r
+        ON s.site = r.site AND s.origin_host = r.origin_host AND s.origin_file = r.origin_file
     CROSS JOIN (SELECT groupArray((site, origin_host, origin_file, hb_ms)) AS ls FROM lv WHERE is_listener) AS l"""
 
 
@@ -298,7 +306,7 @@ SELECT origin_host, origin_file, state AS status,
        if(empty(cover), NULL, now_s - via_ms / 1000) AS listener_heartbeat_age_s,
        n_lines AS lines
 FROM ({liveness_sources(SITE)})
-ORDER BY indexOf(['dead', 'stuck', 'quiet', 'silent', 'live'], status), origin_host, origin_file"""
+ORDER BY indexOf(['dead', 'stuck', 'quiet', 'silent', 'live', 'retired'], status), origin_host, origin_file"""
 
 LISTENERS_SQL = f"""
 WITH toUnixTimestamp($__toTime) AS now_s,
@@ -436,7 +444,8 @@ GROUP BY time, consumer ORDER BY time, consumer""", unit="s"),
         "180 s (up and idle); stuck: the same heartbeats, but they say its file kept growing in the last 10 min "
         "(same inode, larger size, in two minutes, from 2 min after its last line): written, not shipped -- a "
         "broken tail; quiet: a network sender without heartbeats of its own, idle or gone, while the "
-        "listener receiving it heartbeats; dead: none of these. Same states as GET /fp/sources at the end of "
+        "listener receiving it heartbeats; dead: none of these; retired: retired by ops (forumpulse sources "
+        "retire) and silent since. Same states as GET /fp/sources at the end of "
         "the range; listener and host heartbeat rows are not sources (see Collector listeners).")),
     PanelSpec("table", "Collector listeners", LISTENERS_SQL, description=(
         "Network listeners of the collectors (heartbeats with origin_file tcp:5140, syslog:5514...) for this "

@@ -146,7 +146,8 @@ status() {
     if owner_healthy; then
       owner_health | sed 's/^/   health: /'; echo
       echo "== sources (live: lines; silent: up and idle, heartbeats only; quiet: no heartbeat of its own;"
-      echo "   stuck: its file grows but no line arrives; dead: nothing for too long -- docs/operations.md)"
+      echo "   stuck: its file grows but no line arrives; dead: nothing for too long; retired: by \`forumpulse sources"
+      echo "   retire\`, nothing since -- docs/operations.md)"
       curl -fsS --max-time 5 "http://127.0.0.1:$HTTP_PORT/fp/sources" 2>/dev/null | "$root/.venv/bin/python" -c '
 import json, sys
 rows = json.load(sys.stdin)

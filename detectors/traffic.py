@@ -79,6 +79,7 @@ from forumpulse.detectors.series import (
 )
 from forumpulse.pipeline.contracts import LISTENER_LABEL_RE, Beat, covering_listeners, file_grew
 from forumpulse.pipeline.enrich import latest_titles
+from forumpulse.pipeline.sources import retired_sources
 from forumpulse.pipeline.store import sql_string
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -1122,7 +1123,10 @@ class SourceGapDetector:
     after its last line still is -- says so: ``reason: source silent, its listener up``, ``detail.liveness:
     quiet``, ``detail.listeners`` (the sender is idle or gone; the collector is not the place to look).  ``GET
     /fp/sources`` shows it ``quiet``.  Such a gap does not close when listener heartbeats go on (they never
-    stopped); it closes with its lines."""
+    stopped); it closes with its lines.
+
+    A source ops retired (:attr:`retired`, ``forumpulse sources retire``) and silent since: its open gap closes
+    where the retirement begins, and no gap opens for it after that (:meth:`_retire`)."""
 
     def __init__(self, rules: dict[str, Any], site: str) -> None:
         self.h = rules["health"]
@@ -1142,6 +1146,29 @@ class SourceGapDetector:
         # line (judged: from the heartbeats of that minute); a quiet gap needs each of them still up
         self._fed: list[str] = []
         self._line_cover: dict[str, frozenset[str]] = {}
+        #: sources ops retired (``source_retired``, migration 0011; set by each run): ``host/file`` -> retired_at
+        self.retired: dict[str, datetime] = {}
+
+    def _retire(self, until: datetime) -> Iterator[Detection]:
+        """The sources retired at or before ``until`` whose last line came before their retirement: forgotten
+        (a line after it makes one a new source), and an open gap closed where the retirement begins
+        (``detail.closed_by = retired``; its end the minute before, never before its start)."""
+        for src, at in self.retired.items():
+            q = self.recent.get(src)
+            if at > until or not q or q[-1][0] >= at:
+                continue
+            det = self.open.pop(src, None)
+            if det is not None:
+                det.end = max(det.start, at.replace(second=0, microsecond=0) - timedelta(minutes=1))
+                det.state = "closed"
+                det.detail.pop("_back_since", None)
+                det.detail["closed_by"] = "retired"
+                det.detail["retired_at"] = at.isoformat().replace("+00:00", "Z")
+                yield det
+            self.recent.pop(src, None)
+            self._due.pop(src, None)
+            self._alive.pop(src, None)
+            self._line_cover.pop(src, None)
 
     def _cover(self, src: str, fresh: set[str]) -> frozenset[str]:
         """The listener entries of ``fresh`` that may receive ``src`` (``contracts.covering_listeners``), for a
@@ -1223,6 +1250,8 @@ class SourceGapDetector:
         An open gap of a source that heartbeats again at ``until`` (``judged``; its file not growing) closes at
         the minute before: the pipeline is back, and the silence that goes on is the site's (the outage path).  A
         stuck shipper's gap (its file grew) closes only when its lines return."""
+        if self.retired:
+            yield from self._retire(until)
         fed, self._fed = self._fed, []
         if judged:
             for src in fed:  # the listeners up at the minute after a source's last line (a quiet gap's test)
@@ -1442,6 +1471,7 @@ class _Window:
     hb_recent: HeartbeatLog | None = None  # live: the last minutes' heartbeats up to now (file growth at the end)
     topics_from: datetime | None = None  # history: topics are fed from this minute on (see detect_history)
     heartbeating: set[str] = field(default_factory=set)  # SourceGapDetector.heartbeating: sources that ever beat
+    retired: dict[str, datetime] = field(default_factory=dict)  # SourceGapDetector.retired (migration 0011)
 
 
 @dataclass
@@ -1733,6 +1763,7 @@ class TrafficDetector:
         source_rows: list[tuple[str, datetime, int]] = []
         fresh: set[str] = set()
         heartbeating: set[str] = set()
+        retired: dict[str, datetime] = {}
         if "site" in enabled:
             source_rows = [(str(src), _utc(m), int(n)) for src, m, n in store.query_rows(
                 "SELECT concat(origin_host, '/', origin_file) AS src, toStartOfMinute(ts) AS m, count() FROM requests "
@@ -1743,9 +1774,10 @@ class TrafficDetector:
                 "SELECT concat(origin_host, '/', if(origin_file IN ('', '-'), '', origin_file)) FROM source_liveness "
                 f"WHERE site = {_q(rt.name)} OR (site = '*' AND origin_file IN ('', '-')) "
                 "GROUP BY site, origin_host, origin_file HAVING toUnixTimestamp64Milli(max(last_heartbeat_ts)) > 0")}
+            retired = {f"{h}/{f}": _utc(ms / 1000) for (_s, h, f), ms in retired_sources(store, rt.name).items()}
         transfer = self._read_transfer(store, rt, start, until) if "transfer" in enabled else []
         win = _Window(start, until, site_rows, topic_rows, source_rows, fresh, transfer, live=live,
-                      topics_from=topics_from, heartbeating=heartbeating)
+                      topics_from=topics_from, heartbeating=heartbeating, retired=retired)
         if "site" in enabled and (not live or until - start > timedelta(minutes=1)):
             # history, or a live run catching up: the minutes before the evaluated time are judged with the
             # heartbeats of their own time; a history run's end too (today's latest heartbeat says nothing of it)
@@ -1986,6 +2018,7 @@ class TrafficDetector:
             # lines came back).
             src_rows = sorted(win.source_rows, key=lambda r: r[1])
             rt.sources.heartbeating = win.heartbeating
+            rt.sources.retired = win.retired
             i, m = 0, win.start
             # the heartbeats read tell about the window's end (live: its last minute, as in a run per minute);
             # with the heartbeat log, every earlier minute is judged with the heartbeats of its own time

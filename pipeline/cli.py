@@ -23,9 +23,12 @@ db_app = typer.Typer(rich_markup_mode=None, help="Schema and reference data: mig
 config_app = typer.Typer(rich_markup_mode=None, help="Configuration file: check it, show the effective values.", no_args_is_help=True)
 detect_app = typer.Typer(rich_markup_mode=None, help="Detectors: traffic events over history, a generic series, DoS replay.")
 report_app = typer.Typer(rich_markup_mode=None, help="Editorial reports (self-contained HTML with charts).", no_args_is_help=True)
+sources_app = typer.Typer(rich_markup_mode=None, help="Log sources: their status, and retiring one that will not send "
+                          "again.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(config_app, name="config")
 app.add_typer(detect_app, name="detect")
+app.add_typer(sources_app, name="sources")
 
 
 @detect_app.callback(invoke_without_command=True)
@@ -507,6 +510,8 @@ _PLUGINS: list[tuple[typer.Typer, str, str, str]] = [
     (detect_app, "decisions", "forumpulse.detectors.dos_cli", "decisions_command"),
     (report_app, "event", "forumpulse.dashboards.report", "report_event_command"),
     (report_app, "daily", "forumpulse.dashboards.report", "report_daily_command"),
+    (sources_app, "retire", "forumpulse.pipeline.sources", "retire_command"),
+    (sources_app, "status", "forumpulse.pipeline.sources", "status_command"),
 ]
 #: modules whose import registers configuration section validators (checked by `config check`)
 _SECTION_MODULES = ("forumpulse.pipeline.live_detect", "forumpulse.detectors.dos_rules", "forumpulse.detectors.traffic")

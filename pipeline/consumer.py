@@ -127,6 +127,7 @@ from forumpulse.pipeline.contracts import (
 )
 from forumpulse.pipeline.kafka_client import BrokerLink, client_config
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
+from forumpulse.pipeline.sources import retired_sources
 from forumpulse.pipeline.store import Store, StoreError, StoreLocationError, migrate, open_store
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -1486,7 +1487,7 @@ class SourceStatus:
     site: str
     origin_host: str
     origin_file: str
-    state: str  # "live" | "stuck" | "silent" | "quiet" | "dead"
+    state: str  # "live" | "stuck" | "silent" | "quiet" | "dead" | "retired"
     last_line_s_ago: float | None
     last_heartbeat_s_ago: float | None  # the source's own heartbeat (its row, or its host's): never a listener's
     listener: str | None = None  # "<collector host> <listener>" covering a source without heartbeats of its own
@@ -1568,6 +1569,7 @@ def _covering(src: _Row, listeners: list[_Row]) -> list[_Row]:
 
 def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_timeout_s: float,
               beats: dict[tuple[str, str, str], list[Beat]] | None = None,
+              retired: dict[tuple[str, str, str], int] | None = None,
               ) -> tuple[list[SourceStatus], list[ListenerStatus]]:
     listeners = [r for r in rows if _is_listener(r)]
     host_hb: dict[tuple[str, str], int] = {}
@@ -1584,6 +1586,9 @@ def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_time
         line_ago = now - r.line_ms / 1000 if r.line_ms > 0 else None
         hb_ago = now - hb / 1000 if hb > 0 else None
         via: _Row | None = None
+        if (retired or {}).get((r.site, r.host, r.file), 0) > r.line_ms:  # retired, nothing sent since
+            out.append(SourceStatus(r.site, r.host, r.file, "retired", line_ago, hb_ago))
+            continue
         if hb == 0:  # no heartbeat of its own, ever: a network sender (or a file whose heartbeats never came)
             cover = _covering(r, listeners)
             if r.line_ms > 0:  # a listener down before the sender's last line did not receive it (a retired
@@ -1629,7 +1634,8 @@ def source_status(store: Store, now: float | None = None, quiet_after_s: float =
     heartbeats), but the listener that receives it heartbeats — the sender is idle *or* gone, forumpulse cannot
     tell which (``listener`` names it).  ``dead``: none of these — the source, its host, the collector or the
     transport is down.  A source that ever sent heartbeats is judged by them alone (``silent``/``dead``), as
-    every followed file is.
+    every followed file is.  ``retired``: ops retired it (:mod:`forumpulse.pipeline.sources`, migration 0011) and
+    it has sent no line since -- before every other state; it covers no listener.
 
     Listener heartbeat rows (``origin_file`` = ``tcp:5140``, ``syslog:5514``…, no lines) and host-level
     heartbeat rows are not sources: they are folded into the sources they cover (see :func:`listener_status`).
@@ -1638,14 +1644,15 @@ def source_status(store: Store, now: float | None = None, quiet_after_s: float =
     """
     now = time.time() if now is None else now
     return _classify(_liveness_rows(store), now, quiet_after_s, heartbeat_timeout_s,
-                     _recent_beats(store, now - STUCK_WINDOW_S))[0]
+                     _recent_beats(store, now - STUCK_WINDOW_S), retired_sources(store))[0]
 
 
 def listener_status(store: Store, now: float | None = None, quiet_after_s: float = 300.0,
                     heartbeat_timeout_s: float = 180.0) -> list[ListenerStatus]:
     """The collectors' network listeners seen in heartbeats: ``up``/``down`` and how many sources each covers."""
     now = time.time() if now is None else now
-    return _classify(_liveness_rows(store), now, quiet_after_s, heartbeat_timeout_s)[1]
+    return _classify(_liveness_rows(store), now, quiet_after_s, heartbeat_timeout_s,
+                     retired=retired_sources(store))[1]
 
 
 # ---------------------------------------------------------------------------------------------- command

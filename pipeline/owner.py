@@ -6,7 +6,7 @@ chDB lets one process open a data folder and cannot listen on a port.  In embedd
 * the ClickHouse-compatible endpoint (:mod:`forumpulse.pipeline.chhttp`): other commands and other consumers use
   ``--store clickhouse://127.0.0.1:8123/forumpulse``; curl, clickhouse-connect and Grafana's ClickHouse plugin
   (HTTP mode, within the documented subset) query it;
-* ``GET /fp/health`` (JSON: status ok/degraded/stopping, pid, store, uptime, consumer totals, Kafka reachability), ``GET /fp/sources`` (live/stuck/silent/quiet/dead
+* ``GET /fp/health`` (JSON: status ok/degraded/stopping, pid, store, uptime, consumer totals, Kafka reachability), ``GET /fp/sources`` (live/stuck/silent/quiet/dead/retired
   per source, see :func:`forumpulse.pipeline.consumer.source_status`), ``GET /fp/listeners`` (the collectors'
   network listeners, up/down, see :func:`~forumpulse.pipeline.consumer.listener_status`), ``GET /metrics``
   (Prometheus text: the owner's, its consumer's, and the live detectors' ``forumpulse_dos_*`` /

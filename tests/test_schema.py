@@ -16,6 +16,7 @@ from forumpulse.pipeline.consumer import (
     LIVENESS_SCHEMA,
     PROGRESS_SCHEMA,
 )
+from forumpulse.pipeline.sources import RETIRED_SCHEMA
 from forumpulse.pipeline.store import (
     Migration,
     StoreError,
@@ -31,7 +32,7 @@ EXPECTED_TABLES = {
     "prefix_hour", "transfer_minute",
     "detections", "decisions", "pipeline_stats", "source_liveness", "topic_titles", "topic_groups",
     "consumer_batches", "consumer_progress", "source_heartbeat_minute", "ingest_files", "detection_runs",
-    "schema_migrations",
+    "source_retired", "schema_migrations",
 }
 
 # Arrow type written by the code -> ClickHouse column type the schema must have.
@@ -65,7 +66,8 @@ def test_migrations_apply_from_zero_and_are_idempotent(empty_store):
 @pytest.mark.parametrize(("table", "schema"), [
     ("requests", REQUESTS_SCHEMA), ("quarantine", QUARANTINE_SCHEMA), ("consumer_batches", BATCHES_SCHEMA),
     ("source_liveness", LIVENESS_SCHEMA), ("consumer_progress", PROGRESS_SCHEMA),
-    ("source_heartbeat_minute", HEARTBEAT_LOG_SCHEMA), ("detection_runs", RUNS_SCHEMA)])
+    ("source_heartbeat_minute", HEARTBEAT_LOG_SCHEMA), ("detection_runs", RUNS_SCHEMA),
+    ("source_retired", RETIRED_SCHEMA)])
 def test_tables_match_what_the_code_writes(module_store, table, schema):
     cols = {n: t for n, t in module_store.query_rows(
         f"SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '{table}' "

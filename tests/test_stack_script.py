@@ -99,6 +99,20 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
         assert hist.returncode == 0, hist.stdout + hist.stderr
         assert "forum.example.org" in hist.stdout + hist.stderr and "raw.example.org" in hist.stdout + hist.stderr, (
             hist.stdout + hist.stderr)
+        # ops retire the raw sender through the same URL (a write through the owner): the owner's /fp/sources then
+        # shows it retired (until it sends again, as it does below)
+        [[sender]] = _query(http, f"SELECT any(origin_host) FROM requests WHERE origin_file = 'tcp:{raw}'")
+        ret = subprocess.run([str(fp), "sources", "retire", f"{sender}/tcp:{raw}", "--site", "raw.example.org",
+                              "--store", url], capture_output=True, text=True, timeout=300)
+        assert ret.returncode == 0, ret.stdout + ret.stderr
+
+        def raw_state() -> str | None:  # (the consumer writes liveness rows every stats interval)
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/fp/sources", timeout=10) as r:
+                return {(s["site"], s["origin_file"]): s["state"] for s in json.loads(r.read())}.get(
+                    ("raw.example.org", f"tcp:{raw}"))
+
+        wait_until(lambda: raw_state() is not None, 60, every_s=1.0, what="the raw sender on /fp/sources")
+        assert raw_state() == "retired"
         topics = dict(_query(http, "SELECT topic_id, count() FROM requests GROUP BY topic_id"))  # type: ignore[arg-type]
         assert set(map(int, topics)) == {7000, 7001, 7002}
         # status lists the sources (the vhost file is live: lines just now) and the owner runs the detectors

@@ -585,4 +585,19 @@ ORDER BY (site, mode, from_ts);
 CREATE TABLE IF NOT EXISTS forumpulse.detection_runs ON CLUSTER forum_cluster AS forumpulse.detection_runs_local
 ENGINE = Distributed(forum_cluster, forumpulse, detection_runs_local, rand());
 
+CREATE TABLE IF NOT EXISTS forumpulse.source_retired_local ON CLUSTER forum_cluster
+(
+    site        LowCardinality(String),
+    origin_host String,
+    origin_file String,
+    retired_at  DateTime64(3, 'UTC'),
+    note        String,
+    updated_at  DateTime64(3, 'UTC')
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/source_retired_local', '{replica}', updated_at)
+ORDER BY (site, origin_host, origin_file);
+
+CREATE TABLE IF NOT EXISTS forumpulse.source_retired ON CLUSTER forum_cluster AS forumpulse.source_retired_local
+ENGINE = Distributed(forum_cluster, forumpulse, source_retired_local, rand());
+
 CREATE TABLE IF NOT EXISTS forumpulse.schema_migrations ON CLUSTER forum_cluster (version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/schema_migrations', '{replica}') ORDER BY version;

@@ -1,0 +1,167 @@
+"""Retired log sources (``source_retired``, migration 0011): a web server removed, a vhost deleted, a sender
+decommissioned -- a source ops know will not send again.
+
+Guarantees and how to read a retirement:
+
+* A retirement of ``(site, origin_host, origin_file)`` at ``retired_at`` holds while the source has sent no line
+  after ``retired_at``.  The traffic detectors then close the source's open ``pipeline_gap`` where the
+  retirement begins (``detail.closed_by = retired``) and open none for its silence after it; the status page
+  (``source_status``, ``GET /fp/sources``) and the sources panel show it ``retired`` instead of ``dead``.
+  Live runs, history runs and a restarted live run read the same rows, so they agree.
+* A line after ``retired_at`` makes it an ordinary source again (a server put back needs no command); a later
+  silence is judged as any other.
+* Undo (a source retired by mistake): a row with ``retired_at`` = the epoch (:data:`NOT_RETIRED`): every line is
+  after it.  The newest row (``updated_at``) per source stands; rows are never deleted.
+* Misuse: a retirement says nothing about the *site*: a site whose every source is retired and silent is still
+  a site without lines (its own ``pipeline_gap``).  Retire a collector's network listener by stopping it: a
+  listener is no source (``GET /fp/listeners``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import pyarrow as pa
+import typer
+from forumpulse.pipeline.store import sql_string as _q
+
+RETIRED_SCHEMA = pa.schema([
+    ("site", pa.string()), ("origin_host", pa.string()), ("origin_file", pa.string()),
+    ("retired_at", pa.timestamp("ms", tz="UTC")), ("note", pa.string()), ("updated_at", pa.timestamp("ms", tz="UTC")),
+])
+#: ``retired_at`` of an undone retirement: every line is after it
+NOT_RETIRED = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def parse_source(text: str) -> tuple[str, str]:
+    """``host/file`` (as a source ``pipeline_gap``'s scope names it, ``source:`` prefix allowed; the file may
+    start with ``/``: ``web1//var/log/apache2/access.log``) -> ``(origin_host, origin_file)``."""
+    host, sep, file = text.removeprefix("source:").partition("/")
+    if not sep or not host or not file:
+        raise ValueError(f"{text!r} is not a source: write origin_host/origin_file, as a source pipeline_gap's "
+                         "scope shows it (e.g. web1//var/log/apache2/access.log, or web1/tcp:5140 for a raw sender)")
+    return host, file
+
+
+def has_table(store: Any) -> bool:
+    """The store has ``source_retired`` (a store from before migration 0011 has not: nothing is retired)."""
+    return bool(store.query_rows("SELECT count() FROM system.tables WHERE database = currentDatabase() "
+                                 "AND name = 'source_retired'")[0][0])
+
+
+def known_source(store: Any, site: str, host: str, file: str) -> bool:
+    """The store has heard of the source: a ``source_liveness`` row (the live path) or a loaded line
+    (``forumpulse ingest``)."""
+    where = f"site = {_q(site)} AND origin_host = {_q(host)} AND origin_file = {_q(file)}"
+    return bool(store.query_rows(f"SELECT count() FROM source_liveness WHERE {where}")[0][0]) or bool(
+        store.query_rows(f"SELECT 1 FROM requests WHERE {where} LIMIT 1"))
+
+
+def retire(store: Any, site: str, sources: Iterable[tuple[str, str]], at: datetime, note: str = "",
+           now: datetime | None = None) -> int:
+    """Record ``sources`` of ``site`` as retired at ``at`` (:data:`NOT_RETIRED`: undo).  Idempotent per source:
+    the newest row stands.  Returns the rows written."""
+    stamp = now or datetime.now(UTC)
+    rows = [{"site": site, "origin_host": h, "origin_file": f, "retired_at": at, "note": note, "updated_at": stamp}
+            for h, f in sources]
+    if rows:
+        store.insert("source_retired", pa.Table.from_pylist(rows, schema=RETIRED_SCHEMA))
+    return len(rows)
+
+
+def retired_sources(store: Any, site: str | None = None) -> dict[tuple[str, str, str], int]:
+    """``(site, origin_host, origin_file)`` -> ``retired_at`` in epoch milliseconds, the newest row per source
+    (undone ones left out); ``site`` None: every site.  Empty on a store without the table."""
+    if not has_table(store):
+        return {}
+    where = f"WHERE site = {_q(site)} " if site is not None else ""
+    return {(str(s), str(h), str(f)): int(ms) for s, h, f, ms in store.query_rows(
+        "SELECT site, origin_host, origin_file, toUnixTimestamp64Milli(argMax(retired_at, updated_at)) AS ms "
+        f"FROM source_retired {where}GROUP BY site, origin_host, origin_file HAVING ms > 0")}
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+def _open(config: str | None, store_url: str | None) -> Any:
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.store import open_store
+
+    settings = load_settings(config)  # ConfigError / StoreError: reported by the CLI's main()
+    return open_store(store_url or settings.store.url, existing=True)
+
+
+def retire_command(
+    sources: Annotated[list[str], typer.Argument(help="origin_host/origin_file, as a source pipeline_gap's scope "
+                                                 "names it (source:web1//var/log/apache2/access.log)")],
+    site: Annotated[str, typer.Option(help="the site the sources send for")],
+    at: Annotated[str, typer.Option(help="retired since (ISO 8601, UTC unless an offset is given; default: "
+                                    "now); a line after it makes the source an ordinary one again")] = "",
+    note: Annotated[str, typer.Option(help="why (kept with the row)")] = "",
+    undo: Annotated[bool, typer.Option("--undo", help="the retirement was a mistake: judge the sources as "
+                                       "before")] = False,
+    force: Annotated[bool, typer.Option("--force", help="also a source the store has not heard of")] = False,
+    store: Annotated[str | None, typer.Option(help="chdb:PATH or clickhouse://... (while the owner runs: its URL, "
+                                              "which `make up` prints)")] = None,
+    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML configuration file")] = None,
+) -> None:
+    """Retire log sources that will not send again (a server removed): the detectors close their open
+    pipeline_gap where the retirement begins and open none for the silence after it, and the status page shows
+    them `retired` instead of `dead` -- until a source sends a line again.  Prints one JSON line per source."""
+    try:
+        parsed = [parse_source(s) for s in sources]
+        when = NOT_RETIRED if undo else datetime.now(UTC) if not at else datetime.fromisoformat(at.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    st = _open(config, store)
+    try:
+        if not has_table(st):
+            print("error: the store has no table source_retired: run `forumpulse db migrate` (migration 0011)",
+                  file=sys.stderr)
+            raise SystemExit(1)
+        unknown = [f"{h}/{f}" for h, f in parsed if not force and not known_source(st, site, h, f)]
+        if unknown:
+            known = sorted({f"{h}/{f}" for h, f in st.query_rows(
+                f"SELECT origin_host, origin_file FROM source_liveness WHERE site = {_q(site)} "
+                "GROUP BY origin_host, origin_file")})
+            print(f"error: site {site!r} has no source {', '.join(unknown)} (nothing written; --force writes it "
+                  f"anyway). Its sources on the live path: {', '.join(known) or 'none'}", file=sys.stderr)
+            raise SystemExit(1)
+        retire(st, site, parsed, when, note)
+    finally:
+        st.close()
+    stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    for h, f in parsed:
+        print(json.dumps({"site": site, "source": f"{h}/{f}", "retired_at": None if undo else stamp,
+                          "note": note}))
+    print("note: live detectors apply it at their next run (a minute); `detect history` over a range after it "
+          "reports the source's gap closed there (closed_by: retired)" if not undo else
+          "note: undone: the sources are judged as before from the detectors' next run", file=sys.stderr)
+
+
+def status_command(
+    site: Annotated[str | None, typer.Option(help="only this site")] = None,
+    store: Annotated[str | None, typer.Option(help="chdb:PATH or clickhouse://... (while the owner runs: its URL)")]
+    = None,
+    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML configuration file")] = None,
+) -> None:
+    """The log sources as GET /fp/sources shows them (live, silent, stuck, quiet, dead, retired), one JSON line
+    each, from the store's liveness rows (sources on the live path; `forumpulse ingest` records none)."""
+    from dataclasses import asdict
+
+    from forumpulse.pipeline.consumer import source_status
+
+    st = _open(config, store)
+    try:
+        rows = [asdict(s) for s in source_status(st) if site is None or s.site == site]
+    finally:
+        st.close()
+    for r in rows:
+        print(json.dumps(r))
+    if not rows:
+        print("note: no source has sent anything on the live path" + (f" for site {site!r}" if site else ""),
+              file=sys.stderr)

@@ -1,0 +1,160 @@
+"""Retired log sources (``source_retired``, migration 0011; ``forumpulse sources retire``): a source that stops
+for good no longer keeps a ``pipeline_gap`` open forever nor shows ``dead`` forever -- and one that sends again
+is an ordinary source again."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from forumpulse.detectors.series import Detection
+from forumpulse.detectors.traffic import SourceGapDetector, TrafficDetector, detect_history, load_rules
+from forumpulse.pipeline.consumer import source_status
+from forumpulse.pipeline.sources import NOT_RETIRED, parse_source, retire, retired_sources
+from test_traffic_cases import _local, _settings, build_requests
+from test_traffic_liveness_review import _beat
+
+T0 = datetime(2026, 3, 11, 9, 0, tzinfo=UTC)
+
+
+def _m(minutes: int, seconds: int = 0) -> datetime:
+    return T0 + timedelta(minutes=minutes, seconds=seconds)
+
+
+def _feed(gaps: SourceGapDetector, src: str, first: int, last: int, n: int = 10) -> list[Detection]:
+    return [d for m in range(first, last + 1) for d in gaps.update(src, _m(m), n)]
+
+
+def test_a_retirement_closes_the_open_gap_where_it_begins_and_opens_no_other() -> None:
+    gaps = SourceGapDetector(load_rules(), "forum")
+    _feed(gaps, "web1/access.log", 0, 59)  # 10 lines a minute, last line in 09:59
+    opened = list(gaps.tail(_m(72), set()))
+    assert [(d.scope, d.start, d.end) for d in opened] == [("source:web1/access.log", _m(60), None)]
+    gaps.retired = {"web1/access.log": _m(90, 20)}  # ops retire it at 10:30:20
+    assert list(gaps.tail(_m(85), set())) == []  # not yet: the retirement begins later
+    closed = list(gaps.tail(_m(91), set()))
+    assert [(d.scope, d.start, d.end, d.state, d.detail["closed_by"]) for d in closed] == [
+        ("source:web1/access.log", _m(60), _m(89), "closed", "retired")]
+    assert closed[0].detail["retired_at"] == "2026-03-11T10:30:20Z"
+    assert list(gaps.tail(_m(300), set())) == [] and not gaps.open  # its silence goes on: no gap
+    # it sends again after the retirement: an ordinary source again, whose next silence is a gap (and its return
+    # after the retirement reports no gap for the retired silence)
+    assert _feed(gaps, "web1/access.log", 310, 369) == []
+    again = list(gaps.tail(_m(382), set()))
+    assert [(d.scope, d.start, d.end) for d in again] == [("source:web1/access.log", _m(370), None)]
+
+
+def test_a_source_retired_before_its_gap_would_open_gets_none() -> None:
+    gaps = SourceGapDetector(load_rules(), "forum")
+    _feed(gaps, "web1/access.log", 0, 59)
+    _feed(gaps, "web2/access.log", 0, 59)
+    gaps.retired = {"web1/access.log": _m(61), "web3/access.log": _m(0)}  # web3: never seen, nothing happens
+    opened = list(gaps.tail(_m(80), set()))
+    assert [d.scope for d in opened] == ["source:web2/access.log"]  # web2, not retired, falls silent as before
+    # a retirement dated before the source's last line is moot: the line came after it
+    gaps = SourceGapDetector(load_rules(), "forum")
+    _feed(gaps, "web1/access.log", 0, 59)
+    gaps.retired = {"web1/access.log": _m(30)}
+    assert [d.scope for d in gaps.tail(_m(80), set())] == ["source:web1/access.log"]
+
+
+CASE = {"site": {"name": "case-retire", "timezone": "UTC"}, "start": "2026-03-01", "days": 11, "per_minute": 20,
+        "weekend_factor": 1.0, "sources": [{"file": "main.log", "share": 0.85}, {"file": "minor.log", "share": 0.15}],
+        "events": [{"kind": "source_gap", "source": "main.log", "from": "2026-03-11T10:00", "to": "2026-03-12T00:00"}]}
+
+
+def _gaps(dets: Any, since: datetime) -> list[tuple[Any, ...]]:
+    return sorted((d.scope, d.start, d.end, d.detail.get("closed_by")) for d in dets
+                  if d.kind == "pipeline_gap" and d.scope.startswith("source:") and d.start >= since)
+
+
+def test_a_retired_source_is_judged_alike_live_in_history_and_after_a_restart(store: Any) -> None:
+    """main.log (85% of the site) stops for good at 10:00, heartbeats and all (its server removed): its gap opens
+    live; ops retire it at 10:30 (``retire``, as the command writes it).  Live every minute, history and a live
+    detector started at 11:10 all close the gap at 10:29 (``closed_by: retired``) and open no other; without the
+    retirement the gap stays open (the control)."""
+    name = CASE["site"]["name"]
+    store.insert("requests", build_requests(CASE))
+    settings = _settings([CASE])
+    since = _local(CASE, "2026-03-11T09:00")
+    det = TrafficDetector(settings, sites=[name])
+    live: dict[str, Detection] = {}
+    t = _local(CASE, "2026-03-11T09:50:30")
+    end = _local(CASE, "2026-03-11T11:10:30")
+    retired_at = _local(CASE, "2026-03-11T10:30:10")
+    control: list[tuple[Any, ...]] = []
+    while t <= end:
+        hb = t - timedelta(seconds=5)
+        _beat(store, name, hb - timedelta(seconds=1), hb, file="minor.log")
+        if t < _local(CASE, "2026-03-11T10:00"):
+            _beat(store, name, hb - timedelta(seconds=1), hb, file="main.log")
+        if t >= retired_at and not control:
+            control = _gaps(live.values(), since)
+            retire(store, name, [parse_source("source:origin/main.log")], retired_at, "web server removed")
+        for d in det.run_once(store, t):
+            live[d.id] = d
+        t += timedelta(minutes=1)
+    opened = _local(CASE, "2026-03-11T10:00")
+    assert control == [("source:origin/main.log", opened, None, None)]  # open before the retirement
+    want = [("source:origin/main.log", opened, _local(CASE, "2026-03-11T10:29"), "retired")]
+    assert _gaps(live.values(), since) == want
+    hist = detect_history(store, since, end.replace(second=0), settings, sites=[name])
+    assert _gaps(hist, since) == want
+    restarted = TrafficDetector(settings, sites=[name]).run_once(store, end)
+    assert _gaps(restarted, since) == want
+    # the status page: main.log retired (not dead), minor.log live
+    states = {s.origin_file: s.state for s in source_status(store, now=end.timestamp()) if s.site == name}
+    assert states == {"main.log": "retired", "minor.log": "live"}
+    # undone: judged as before -- dead on the status page, and history keeps the gap open to the end
+    retire(store, name, [("origin", "main.log")], NOT_RETIRED, now=datetime.now(UTC) + timedelta(seconds=1))
+    assert retired_sources(store, name) == {}
+    assert {s.origin_file: s.state for s in source_status(store, now=end.timestamp())
+            if s.site == name}["main.log"] == "dead"
+    assert _gaps(detect_history(store, since, end.replace(second=0), settings, sites=[name]), since) == [
+        ("source:origin/main.log", opened, None, None)]
+
+
+def test_parse_source_reads_a_gap_scope() -> None:
+    assert parse_source("source:web1//var/log/apache2/access.log") == ("web1", "/var/log/apache2/access.log")
+    assert parse_source("10.0.0.7/tcp:5140") == ("10.0.0.7", "tcp:5140")
+    for bad in ("web1", "web1/", "/access.log", "source:"):
+        with pytest.raises(ValueError, match="not a source"):
+            parse_source(bad)
+
+
+def test_the_retire_command_refuses_an_unknown_source_and_writes_a_known_one(tmp_path: Path) -> None:
+    """`forumpulse sources retire` on an embedded store: a typo is refused with the site's sources listed and
+    nothing written; a known source is written (one JSON line) and `sources status` shows it retired."""
+    url = f"chdb:{tmp_path / 'chdb'}"
+    # a source heard on the live path (its liveness row), written by another process (one chDB folder a process)
+    seed = subprocess.run([sys.executable, "-c", f"""
+from datetime import UTC, datetime
+from forumpulse.pipeline.store import migrate, open_store
+from test_traffic_liveness_review import _beat
+st = open_store({url!r})
+migrate(st)
+t = datetime(2026, 3, 11, 9, 0, tzinfo=UTC)
+_beat(st, "forum", t, t, host="web1", file="/var/log/apache2/access.log")
+st.close()
+"""], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent)
+    assert seed.returncode == 0, seed.stderr
+    fp = [sys.executable, "-m", "forumpulse.pipeline.cli"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*fp, "sources", *args, "--store", url], capture_output=True, text=True, timeout=120)
+
+    typo = run("retire", "source:web1//var/log/apache2/acess.log", "--site", "forum")
+    assert typo.returncode == 1 and "web1//var/log/apache2/access.log" in typo.stderr, typo.stderr
+    ok = run("retire", "source:web1//var/log/apache2/access.log", "--site", "forum", "--note", "removed")
+    assert ok.returncode == 0, ok.stderr
+    out = json.loads(ok.stdout.splitlines()[0])
+    assert out["source"] == "web1//var/log/apache2/access.log" and out["note"] == "removed"
+    status = run("status", "--site", "forum")
+    assert status.returncode == 0, status.stderr
+    rows = [json.loads(x) for x in status.stdout.splitlines()]
+    assert [(r["origin_file"], r["state"]) for r in rows] == [("/var/log/apache2/access.log", "retired")]
