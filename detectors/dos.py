@@ -1459,15 +1459,32 @@ class DosDetector:
         # learn after judging: a batch is judged on what earlier batches taught, never on its own future
         nonstatic = self._mask_static(batch, cache)
         self.baseline.update(cache["ip"], batch.codes("user_agent"), nonstatic, secs, wm_sec)
+        # the lines of an address decided against (while its ban or watch lasts) teach no path or range either:
+        # a flood banned in a second must not raise its /24's thresholds for the crowd after it (user trial 37)
+        teach = nonstatic & ~self._tainted_lines(cache["ip"], secs)
         if self.has_swarm_rules:
             pc, pu = self._codes(batch, "path", cache)
-            self.path_rates.update(pc[nonstatic], pu, secs[nonstatic], wm_sec)
+            self.path_rates.update(pc[teach], pu, secs[teach], wm_sec)
             self.swarms = {k: w for k, w in self.swarms.items() if w.until_sec >= wm_sec}
         if self.has_prefix_scale:
             fc, fu = self._prefix_codes(batch, cache)
-            self.prefix_rates.update(fc[nonstatic], fu, secs[nonstatic], wm_sec)
+            self.prefix_rates.update(fc[teach], fu, secs[teach], wm_sec)
         self.learned_to_sec = wm_sec // 60 * 60
         return out
+
+    def _tainted_lines(self, ip: tuple[np.ndarray, np.ndarray], secs: np.ndarray) -> np.ndarray:
+        """The lines (bool mask) whose address the address baseline does not learn from at their second (it
+        was decided against: :meth:`_Baseline.taint`, up to its ban's end)."""
+        tainted = self.baseline.tainted
+        codes, uniq = ip
+        if not tainted or not len(secs):
+            return np.zeros(len(secs), dtype=bool)
+        hit = np.flatnonzero(pd.Index(uniq).isin(list(tainted)))
+        if not len(hit):
+            return np.zeros(len(secs), dtype=bool)
+        until = np.full(len(uniq), -1, dtype=np.int64)
+        until[hit] = [tainted[str(uniq[i])] for i in hit.tolist()]
+        return (codes >= 0) & (secs <= until[codes])
 
     def _retry_from(self, c: Candidate, d: Decision | None, before: dict[str, int]) -> int | None:
         """The first stream second at which the manager could answer ``c``'s key differently: the end of the ban

@@ -548,6 +548,26 @@ def test_a_banned_range_teaches_its_baseline_nothing() -> None:
     assert det.prefix_rates.per_minute("198.51.100.0/24", (T0 + 1_700_000) // 60_000) == 0.0
 
 
+def test_a_banned_addresss_lines_teach_its_range_nothing() -> None:
+    """One address floods (46 req/s for 2 min) and is banned within seconds; 7 s after it stops, 40 addresses of
+    its /24 flood together (99 req/s).  Its refused lines taught the range's learned rate ~24 req/s, which raised
+    the range's thresholds 4x and let the range flood through unbanned (user trial 37).  A banned address's
+    lines teach no baseline: the range is banned."""
+    rng = np.random.default_rng(5)
+    one = T0 + 660_000 + 337
+    crowd = one + 127_000
+    recs = ordered(synth_humans(rng, T0, 1020, 20) + synth_flood(one, "198.51.100.7", 46, 120)
+                   + _range_flood(crowd, 60, rate=99.0, n=40, seed=3))
+    det = run_detector(recs, cfg(), batch_lines=50)
+    bans = {(d.value, d.reason) for d in det.manager.decisions}
+    assert ("198.51.100.7", "client_flood") in bans, bans
+    ranges = [d for d in det.manager.decisions if d.scope == "range"]
+    assert [d.value for d in ranges] == ["198.51.100.0/24"], bans
+    assert ranges[0].decided_at - crowd <= 15_000
+    assert ranges[0].evidence.get("baseline_per_s", 0) < 1.0, ranges[0].evidence
+    assert all(d.value.startswith("198.51.100.") for d in det.manager.decisions)  # no visitor banned
+
+
 def test_prefix_rates_keep_a_ranges_rate_through_quiet_minutes_and_forget_it_later() -> None:
     """Prefix baselines (decay=False): minutes under the floor teach nothing, a quiet night does not lower the
     day's rate, and a range with no minute learned for forget_after_min is forgotten."""
