@@ -157,6 +157,16 @@ for s in rows:
                                                            s["origin_file"], age[0], age[1]))
 if not rows:
     print("   (no source has sent anything yet)")' || echo "   /fp/sources did not answer"
+      echo "== DoS decisions in force (GET /fp/decisions; actions from FP_CONFIG -- docs/dos.md)"
+      curl -fsS --max-time 5 "http://127.0.0.1:$HTTP_PORT/fp/decisions" 2>/dev/null | "$root/.venv/bin/python" -c '
+import json, sys
+rows = json.load(sys.stdin)
+for d in rows[:20]:
+    print("   %-8s %-8s %-26s %-22s %s s left" % (d["action"], d["mode"], d["value"], d["reason"], d["remaining_s"]))
+if not rows:
+    print("   (none)")
+elif len(rows) > 20:
+    print("   (%d in all)" % len(rows))' || echo "   /fp/decisions did not answer (a password is set, or the owner runs without --dos)"
     else echo "   /fp/health on port $HTTP_PORT does not answer with pid $(cat "$OWNER_PID")"; rc=1; fi
   else
     echo "owner not running"; rc=1

@@ -13,6 +13,15 @@ against every configured bouncer key):
   an IPv4-mapped IPv6 address (``::ffff:192.0.2.9``) is looked up as the IPv4 address.  Without ``ip`` ->
   every active decision, or ``null`` when there is none (as LAPI's ``GetDecision`` answers with no filter).
 
+Both take LAPI's filters: ``scopes`` (comma-separated, ``ip``/``range``, any case), ``origins``,
+``scenarios_containing`` and ``scenarios_not_containing`` (comma-separated substrings); a decision left out by
+a filter is left out of that answer only (a stream cursor still moves past it: use the same filters on every
+poll, as bouncers do).
+
+* ``POST /v1/usage-metrics`` (what current bouncers push every 30 min) -> ``201``; the body is read (up to 1 MiB)
+  and dropped, and counted in :attr:`DecisionApiServer.usage_metrics` (a ``404``/``501`` made bouncers log a
+  warning on every push).
+
 Bouncers: like CrowdSec, a key is a bouncer.  Give every bouncer its own key (``actions.decision_api.bouncers``);
 each key has its own cursor.  Callers are told apart by key name, and within one key by peer address,
 ``X-Forwarded-For`` and ``User-Agent`` -- so bouncers that share one key still get their own cursors when they
@@ -287,6 +296,26 @@ class DecisionRegistry:
         return hits or None
 
 
+def _csv(q: Mapping[str, list[str]], key: str) -> list[str]:
+    return [x.strip().lower() for v in q.get(key, []) for x in v.split(",") if x.strip()]
+
+
+def filter_decisions(items: list[dict[str, Any]] | None, q: Mapping[str, list[str]]) -> list[dict[str, Any]] | None:
+    """``items`` (public decisions) that pass LAPI's query filters ``scopes``, ``origins``,
+    ``scenarios_containing``, ``scenarios_not_containing`` (``q``: ``parse_qs`` of the query); None when none
+    is left, as LAPI answers ``null``."""
+    if not items:
+        return None
+    scopes, origins = _csv(q, "scopes"), _csv(q, "origins")
+    having, not_having = _csv(q, "scenarios_containing"), _csv(q, "scenarios_not_containing")
+    out = [d for d in items
+           if (not scopes or str(d.get("scope", "")).lower() in scopes)
+           and (not origins or str(d.get("origin", "")).lower() in origins)
+           and (not having or any(h in str(d.get("scenario", "")).lower() for h in having))
+           and not any(h in str(d.get("scenario", "")).lower() for h in not_having)]
+    return out or None
+
+
 class _Row:
     __slots__ = ("action", "created_at", "duration_s", "id", "mode", "reason", "value")
 
@@ -358,6 +387,8 @@ class DecisionApiServer:
         self.registry = registry
         encoded = [(name, k.encode()) for name, k in keys.items()]
         self.callers: dict[str, set[str]] = {}  # bouncer name -> callers seen
+        #: usage-metrics pushes received (``POST /v1/usage-metrics``), read and dropped
+        self.usage_metrics = 0
         self.shared_keys: set[str] = set()
         server = self
 
@@ -376,7 +407,8 @@ class DecisionApiServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_GET(self) -> None:
+            def _bouncer(self) -> str | None:
+                """The bouncer whose key the request carries (403 sent and None when none)."""
                 given = (self.headers.get("X-Api-Key") or "").encode()
                 name = None
                 for n, k in encoded:  # compare with every key (constant time each), whichever matches
@@ -384,6 +416,11 @@ class DecisionApiServer:
                         name = n
                 if name is None:
                     self._send(403, {"message": "access forbidden"})
+                return name
+
+            def do_GET(self) -> None:
+                name = self._bouncer()
+                if name is None:
                     return
                 u = urlparse(self.path)
                 q = parse_qs(u.query)
@@ -391,15 +428,34 @@ class DecisionApiServer:
                     startup = q.get("startup", ["false"])[0].lower() == "true"
                     caller = server._caller(name, self.client_address[0], self.headers.get("X-Forwarded-For", ""),
                                             self.headers.get("User-Agent", ""))
-                    self._send(200, registry.stream(caller, startup))
+                    got = registry.stream(caller, startup)
+                    self._send(200, {k: filter_decisions(v, q) for k, v in got.items()})
                 elif u.path.rstrip("/") == "/v1/decisions":
                     ip = q.get("ip", [""])[0]
                     try:
-                        self._send(200, registry.lookup(ip or None))
+                        self._send(200, filter_decisions(registry.lookup(ip or None), q))
                     except ValueError as exc:
                         self._send(400, {"message": str(exc)})
                 else:
                     self._send(404, {"message": "not found"})
+
+            def do_POST(self) -> None:
+                if self._bouncer() is None:
+                    return
+                if urlparse(self.path).path.rstrip("/") != "/v1/usage-metrics":
+                    self._send(404, {"message": "not found"})
+                    return
+                try:
+                    size = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    size = -1
+                if not 0 <= size <= 1 << 20:
+                    self._send(400, {"message": "a usage-metrics body needs a Content-Length of at most 1 MiB"})
+                    return
+                self.rfile.read(size)
+                with registry.lock:
+                    server.usage_metrics += 1
+                self._send(201, {})
 
         self.httpd = _Server((host, port), Handler, max_connections)
         self.thread: threading.Thread | None = None

@@ -185,3 +185,47 @@ def test_idle_connections_are_closed_and_capped() -> None:
         for s in socks:
             s.close()
         srv.stop()
+
+
+def _get(port: int, path: str, key: str = "k" * 20) -> Any:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"X-Api-Key": key})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_lapi_filters_and_usage_metrics_as_stock_bouncers_use_them() -> None:
+    """``scopes``, ``origins`` and the scenario filters narrow the stream and lookups (a bouncer configured for
+    addresses only gets no ranges; they were ignored, user trial 37); ``POST /v1/usage-metrics``, which current
+    bouncers push, is accepted (201; it answered 501 with an HTML page) -- with a valid key only."""
+    reg = DecisionRegistry()
+    srv = DecisionApiServer(reg, "k" * 20, port=0).start()
+    try:
+        reg.ban(dec("203.0.113.7"))
+        reg.ban(dec("198.51.100.0/24"))
+        s = "/v1/decisions/stream?startup=true"
+        assert values(_get(srv.port, s), "new") == ["198.51.100.0/24", "203.0.113.7"]
+        assert values(_get(srv.port, s + "&scopes=ip"), "new") == ["203.0.113.7"]
+        assert values(_get(srv.port, s + "&scopes=Range"), "new") == ["198.51.100.0/24"]
+        assert values(_get(srv.port, s + "&scopes=ip,range"), "new") == ["198.51.100.0/24", "203.0.113.7"]
+        assert _get(srv.port, s + "&origins=crowdsec")["new"] is None
+        assert values(_get(srv.port, s + "&origins=forumpulse,cscli"), "new") == ["198.51.100.0/24", "203.0.113.7"]
+        assert _get(srv.port, s + "&scenarios_containing=http-probing")["new"] is None
+        assert _get(srv.port, s + "&scenarios_not_containing=client_flood")["new"] is None
+        assert len(_get(srv.port, s + "&scenarios_containing=flood")["new"]) == 2
+        assert _get(srv.port, "/v1/decisions?ip=198.51.100.9&scopes=ip") is None
+        assert [d["value"] for d in _get(srv.port, "/v1/decisions?ip=198.51.100.9")] == ["198.51.100.0/24"]
+        body = json.dumps({"remediation_components": [{"version": "v0.0.31", "type": "crowdsec-firewall-bouncer"}]})
+
+        def push(key: str, path: str = "/v1/usage-metrics") -> int:
+            req = urllib.request.Request(f"http://127.0.0.1:{srv.port}{path}", data=body.encode(), method="POST",
+                                         headers={"X-Api-Key": key, "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as exc:
+                return int(exc.code)
+
+        assert push("k" * 20) == 201 and srv.usage_metrics == 1
+        assert push("x" * 20) == 403 and push("k" * 20, "/v1/watchers") == 404 and srv.usage_metrics == 1
+    finally:
+        srv.stop()

@@ -120,6 +120,7 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
         assert st.returncode == 0, st.stdout + st.stderr
         src = [ln.split() for ln in st.stdout.split("== sources", 1)[1].splitlines()[1:] if ".access.log" in ln]
         assert any(x[0] == "live" and x[3].endswith("forum.example.org.access.log") for x in src), st.stdout
+        assert "== DoS decisions in force" in st.stdout and "   (none)" in st.stdout.split("== DoS", 1)[1], st.stdout
         with urllib.request.urlopen(f"http://127.0.0.1:{http}/fp/decisions", timeout=10) as r:  # served by --dos
             assert r.status == 200 and json.loads(r.read()) == []
         # the DoS feed reads the stack's own broker (with --bootstrap it went to 127.0.0.1:9092 before).  It starts
