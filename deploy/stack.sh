@@ -104,6 +104,7 @@ up() {
     echo "owner started (pid $(cat "$OWNER_PID"), http://127.0.0.1:$HTTP_PORT, store chdb:$DIR/chdb)"
     # the owner holds the folder: other commands (detect history, report, ingest) go through its endpoint
     echo "  other commands: --store clickhouse://default@127.0.0.1:$HTTP_PORT/forumpulse"
+    echo "  detect decisions / detect unban: --owner http://127.0.0.1:$HTTP_PORT"
   else
     echo "stack.sh: \`forumpulse run\` is not available (run \`make install\`); Kafka and syslog-ng are up without a consumer" >&2
   fi

@@ -776,6 +776,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, "text/plain; charset=UTF-8", b"Ok.\n", {})
                 return
             if split.path not in ("/", "/query"):
+                allowed = sorted(m for m, p in self.server.routes if p == split.path)
+                if allowed:  # a route of the owner's, asked with another method (GET /fp/unban)
+                    raise ChError(1002, f"Code: 1002. DB::Exception: {split.path} takes {' or '.join(allowed)}, "
+                                  f"not {self.command}", 405)
                 raise ChError(1002, f"Code: 1002. DB::Exception: no handler for {split.path}", 404)
             self._authenticate(params)
             self._run(params, body, query_id)

@@ -176,6 +176,9 @@ def test_flood_through_kafka_is_banned_published_and_served(
         assert [json.loads(m.value)["action"] for m in broker.read_all(s.kafka.decisions_topic, expected=2)] == \
             ["ban", "unban"]
         assert _http(f"http://127.0.0.1:{owner.port}/fp/unban?value=not-an-ip", method="POST")[0] == 400
+        # asked with GET: told to use POST (it answered "no handler for /fp/unban", 404; user trial 37)
+        code, body = _http(f"http://127.0.0.1:{owner.port}/fp/unban?value={ATTACKER}")
+        assert code == 405 and b"/fp/unban takes POST, not GET" in body, body
 
         # the owner's /metrics says what the live detector judged and decided
         with urllib.request.urlopen(f"http://127.0.0.1:{owner.port}/metrics", timeout=30) as r:

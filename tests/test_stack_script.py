@@ -57,6 +57,7 @@ def test_up_status_down_and_appended_lines_become_exactly_those_rows(tmp_path: P
         # the store URL `up` prints for other commands (the owner holds the folder); a history run uses it below
         url = up.stdout.split("other commands: --store ", 1)[1].split()[0]
         assert url == f"clickhouse://default@127.0.0.1:{http}/forumpulse", up.stdout
+        assert f"detect decisions / detect unban: --owner http://127.0.0.1:{http}" in up.stdout
         fp = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "forumpulse"
         st = _stack("status", env)
         assert st.returncode == 0, st.stdout + st.stderr

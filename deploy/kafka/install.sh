@@ -11,7 +11,7 @@ if [ -f "$libs/.stamp" ] && [ "$(cat "$libs/.stamp")" = "$want" ] && ls "$libs"/
 fi
 command -v mvn >/dev/null || { echo "deploy/kafka/install.sh: mvn not found (apt-get install maven)" >&2; exit 1; }
 command -v java >/dev/null || { echo "deploy/kafka/install.sh: java not found (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
-echo "fetching Kafka runtime jars into $libs (Maven Central)"
+echo "fetching Kafka runtime jars into $libs (mvn: from the local repository ~/.m2 when there, else Maven Central)"
 tmp="$libs.tmp.$$"
 rm -rf "$tmp"; mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
