@@ -535,8 +535,9 @@ class LiveDos:
         return [decision_view(d, now) for d in sorted(ds, key=lambda d: -d.created_at)]
 
     def active_count(self) -> int:
-        """Bans in force by the wall clock (read without the detection lock: a scrape never waits for a batch)."""
-        return len(self._in_force(self.clock()))
+        """Enforced bans in force by the wall clock (an observe decision blocks nothing; read without the
+        detection lock: a scrape never waits for a batch)."""
+        return sum(1 for d in self._in_force(self.clock()) if d.mode == "enforce")
 
     def close(self) -> None:
         with self.lock:
@@ -835,7 +836,8 @@ class DosCollector:
         yield CounterMetricFamily("forumpulse_dos_webhook_failures", "webhook deliveries that failed after their "
                                   "retries (background delivery)",
                                   value=sum(int(getattr(a, "failed", 0)) for a in m.actions))
-        yield GaugeMetricFamily("forumpulse_dos_active_bans", "bans in force (wall clock) held by the manager",
+        yield GaugeMetricFamily("forumpulse_dos_active_bans", "enforced bans in force (wall clock) held by the "
+                                "manager (observe decisions are not counted)",
                                 value=live.active_count())
         yield CounterMetricFamily("forumpulse_dos_restored", "bans restored from the decisions table at start",
                                   value=live.restored)

@@ -383,6 +383,19 @@ def test_dos_metrics_follow_the_wall_clock_and_count_every_unban(chdb_path: Path
         t[0] += made[0].duration_s + 1  # quiet since: no candidate to make the manager expire it
         assert "198.51.100.9" in live.manager.active and scrape()[("forumpulse_dos_active_bans", ())] == 0
         live.close()
+        # observe mode: the decision is held (GET /fp/decisions shows it, mode observe) but is no ban in force
+        # (it counted as one in forumpulse_dos_active_bans: user trial 37)
+        obs = settings.model_copy(deep=True)
+        obs.detectors["dos"] = {**(obs.detectors.get("dos") or {}), "mode": "observe"}
+        t[0] = 1_760_000_002.0
+        watch = LiveDos(obs, store, actions=[], publish=False, clock=lambda: t[0])
+        seen = watch.process_stream(_flood_stream(obs, "198.51.100.10", 1_760_000_000.0))
+        assert [(d.value, d.mode) for d in seen] == [("198.51.100.10", "observe")]
+        # (.9's enforced ban, restored from the table at start, is still in force by this clock: it counts)
+        assert {d["value"]: d["mode"] for d in watch.active()} == {"198.51.100.9": "enforce",
+                                                                    "198.51.100.10": "observe"}
+        assert watch.active_count() == 1
+        watch.close()
     finally:
         store.close()
 
