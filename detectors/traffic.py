@@ -1523,6 +1523,7 @@ def _site_rows_sql(site: str, keep: str | None = None) -> str:
         return f"site = {_q(site)} OR (site = '*' AND origin_host IN ({hosts}))"
     return f"(site = {_q(site)} OR (site = '*' AND origin_host IN ({hosts} AND {_NOT_LISTENER_ROW}))) AND {keep}"
 
+
 LIVE_CLOCK_SKEW_S = 30.0
 """Live runs: a heartbeat up to this many seconds later than the wall clock still counts (the shipper stamps it
 with its own clock; a consumer stamps its progress reports with its own).  History runs accept none later than

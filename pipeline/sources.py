@@ -113,10 +113,18 @@ def retire_command(
     them `retired` instead of `dead` -- until a source sends a line again.  Prints one JSON line per source."""
     try:
         parsed = [parse_source(s) for s in sources]
-        when = NOT_RETIRED if undo else datetime.now(UTC) if not at else datetime.fromisoformat(at.replace("Z", "+00:00"))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    if undo:
+        when = NOT_RETIRED
+    elif at:
+        try:
+            when = datetime.fromisoformat(at.replace("Z", "+00:00"))
+        except ValueError:
+            raise typer.BadParameter(f"{at!r} is not an ISO 8601 date or time", param_hint="--at") from None
+        when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    else:
+        when = datetime.now(UTC)
     st = _open(config, store)
     try:
         if not has_table(st):
