@@ -1146,29 +1146,40 @@ class SourceGapDetector:
         # line (judged: from the heartbeats of that minute); a quiet gap needs each of them still up
         self._fed: list[str] = []
         self._line_cover: dict[str, frozenset[str]] = {}
-        #: sources ops retired (``source_retired``, migration 0011; set by each run): ``host/file`` -> retired_at
+        #: sources ops retired (``source_retired``, migration 0011; :meth:`set_retired` by each run):
+        #: ``host/file`` -> retired_at (a whole minute)
         self.retired: dict[str, datetime] = {}
 
+    def set_retired(self, retired: dict[str, datetime]) -> None:
+        """The retirements as read by a run.  A change (one undone) rescans every source at the next
+        :meth:`tail`: nothing about a retired source is forgotten, so an undone one is judged as before."""
+        if retired != self.retired:
+            self.retired = dict(retired)
+            self.next_due = datetime.min.replace(tzinfo=UTC)
+
+    def _retired(self, src: str, until: datetime) -> datetime | None:
+        """When ``src`` was retired, if it is at ``until``: retired then, and no line since (minutes: the
+        retirement is a whole minute, :func:`forumpulse.pipeline.sources.retired_sources`)."""
+        at = self.retired.get(src)
+        if at is None or at > until:
+            return None
+        q = self.recent.get(src)
+        return at if q and q[-1][0] < at else None
+
     def _retire(self, until: datetime) -> Iterator[Detection]:
-        """The sources retired at or before ``until`` whose last line came before their retirement: forgotten
-        (a line after it makes one a new source), and an open gap closed where the retirement begins
-        (``detail.closed_by = retired``; its end the minute before, never before its start)."""
-        for src, at in self.retired.items():
-            q = self.recent.get(src)
-            if at > until or not q or q[-1][0] >= at:
+        """The open gaps of the sources retired at ``until``, closed where the retirement begins
+        (``detail.closed_by = retired``; the end the minute before it, never before the start)."""
+        for src in [s for s in self.open if s in self.retired]:
+            at = self._retired(src, until)
+            if at is None:
                 continue
-            det = self.open.pop(src, None)
-            if det is not None:
-                det.end = max(det.start, at.replace(second=0, microsecond=0) - timedelta(minutes=1))
-                det.state = "closed"
-                det.detail.pop("_back_since", None)
-                det.detail["closed_by"] = "retired"
-                det.detail["retired_at"] = at.isoformat().replace("+00:00", "Z")
-                yield det
-            self.recent.pop(src, None)
-            self._due.pop(src, None)
-            self._alive.pop(src, None)
-            self._line_cover.pop(src, None)
+            det = self.open.pop(src)
+            det.end = max(det.start, at.replace(second=0, microsecond=0) - timedelta(minutes=1))
+            det.state = "closed"
+            det.detail.pop("_back_since", None)
+            det.detail["closed_by"] = "retired"
+            det.detail["retired_at"] = at.isoformat().replace("+00:00", "Z")
+            yield det
 
     def _cover(self, src: str, fresh: set[str]) -> frozenset[str]:
         """The listener entries of ``fresh`` that may receive ``src`` (``contracts.covering_listeners``), for a
@@ -1183,12 +1194,13 @@ class SourceGapDetector:
         hist = [n for m, n in self.recent.get(src, ()) if m > last - timedelta(minutes=60)]
         return sum(hist) / 60.0 * silent
 
-    def _site_share(self, src: str, last: datetime) -> float:
+    def _site_share(self, src: str, last: datetime, until: datetime) -> float:
         """``src``'s share of the site's lines: its lines in the hour up to its last line against those plus the
-        latest hour of every other source not in a gap (each source keeps its own last hour: a quiet source's
-        gap can open an hour or more into its silence)."""
+        latest hour of every other source not in a gap nor retired at ``until`` (each source keeps its own last
+        hour: a quiet source's gap can open an hour or more into its silence)."""
         mine = sum(n for m, n in self.recent.get(src, ()) if m > last - timedelta(minutes=60))
-        others = sum(n for k, q in self.recent.items() if k != src and k not in self.open for _, n in q)
+        others = sum(n for k, q in self.recent.items() if k != src and k not in self.open
+                     and (not self.retired or self._retired(k, until) is None) for _, n in q)
         return mine / (mine + others) if mine + others > 0 else 1.0
 
     def update(self, src: str, minute: datetime, n: int) -> Iterator[Detection]:
@@ -1198,7 +1210,8 @@ class SourceGapDetector:
             det = self.open.pop(src)
             det.end, det.state = minute - timedelta(minutes=1), "closed"
             yield det
-        elif q and minute - q[-1][0] > timedelta(minutes=gap_min):
+        elif q and minute - q[-1][0] > timedelta(minutes=gap_min) and self._retired(src, minute) is None:
+            # (a source back after its retirement: the retirement covered the silence, closing any gap of it)
             last = q[-1][0]
             silent = int((minute - last).total_seconds() // 60) - 1
             exp = self._expected(src, last, silent)
@@ -1209,7 +1222,7 @@ class SourceGapDetector:
                                 minute - timedelta(minutes=1), last + timedelta(minutes=1), 0.0, exp, 1.0,
                                 "pipeline_gap", {"reason": "source silent", "minutes": silent,
                                                  "liveness": "unknown",
-                                                 "site_share": round(self._site_share(src, last), 4)},
+                                                 "site_share": round(self._site_share(src, last, minute), 4)},
                                 site=self.site, state="closed")
         q.append((minute, n))
         self._fed.append(src)
@@ -1278,8 +1291,8 @@ class SourceGapDetector:
         never = datetime.max.replace(tzinfo=UTC)
         next_due = never
         for src, q in self.recent.items():
-            if not q or src in self.open:
-                continue
+            if not q or src in self.open or (self.retired and self._retired(src, until) is not None):
+                continue  # (a retired source is not rescheduled: set_retired rescans when one is undone)
             last = q[-1][0]
             due = self._due.get(src, last + timedelta(minutes=gap_min + 1))
             if until < due:
@@ -1301,7 +1314,7 @@ class SourceGapDetector:
                 if cover and self._line_cover.get(src, frozenset()) <= cover:
                     why = {"reason": "source silent, its listener up", "liveness": "quiet",
                            "listeners": sorted(" ".join(parse_listener_key(k)[1:]) for k in cover)}
-                why["site_share"] = round(self._site_share(src, last), 4)
+                why["site_share"] = round(self._site_share(src, last, until), 4)
                 det = Detection("pipeline_gap", f"source:{src}", last + timedelta(minutes=1), None,
                                 last + timedelta(minutes=1), 0.0, exp, 1.0, "pipeline_gap", why, site=self.site)
                 self.open[src] = det
@@ -2019,7 +2032,7 @@ class TrafficDetector:
             # lines came back).
             src_rows = sorted(win.source_rows, key=lambda r: r[1])
             rt.sources.heartbeating = win.heartbeating
-            rt.sources.retired = win.retired
+            rt.sources.set_retired(win.retired)
             i, m = 0, win.start
             # the heartbeats read tell about the window's end (live: its last minute, as in a run per minute);
             # with the heartbeat log, every earlier minute is judged with the heartbeats of its own time

@@ -1586,7 +1586,7 @@ def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_time
         line_ago = now - r.line_ms / 1000 if r.line_ms > 0 else None
         hb_ago = now - hb / 1000 if hb > 0 else None
         via: _Row | None = None
-        if (retired or {}).get((r.site, r.host, r.file), 0) > r.line_ms:  # retired, nothing sent since
+        if r.line_ms < (retired or {}).get((r.site, r.host, r.file), 0) <= now_ms:  # retired, nothing sent since
             out.append(SourceStatus(r.site, r.host, r.file, "retired", line_ago, hb_ago))
             continue
         if hb == 0:  # no heartbeat of its own, ever: a network sender (or a file whose heartbeats never came)

@@ -63,24 +63,34 @@ def known_source(store: Any, site: str, host: str, file: str) -> bool:
 
 def retire(store: Any, site: str, sources: Iterable[tuple[str, str]], at: datetime, note: str = "",
            now: datetime | None = None) -> int:
-    """Record ``sources`` of ``site`` as retired at ``at`` (:data:`NOT_RETIRED`: undo).  Idempotent per source:
-    the newest row stands.  Returns the rows written."""
-    stamp = now or datetime.now(UTC)
+    """Record ``sources`` of ``site`` as retired at ``at``, rounded down to its minute (the detectors judge
+    minutes: a line in that minute counts as after it everywhere); :data:`NOT_RETIRED`: undo.  The newest row
+    per source stands: each is stamped after every earlier row of its source (``argMax`` and ``FINAL`` then
+    agree).  Returns the rows written."""
+    srcs = list(sources)
+    if not srcs:
+        return 0
+    at = at.astimezone(UTC).replace(second=0, microsecond=0)
+    pairs = ", ".join(f"({_q(h)}, {_q(f)})" for h, f in srcs)
+    [[prev]] = store.query_rows("SELECT toUnixTimestamp64Milli(max(updated_at)) FROM source_retired "
+                                f"WHERE site = {_q(site)} AND (origin_host, origin_file) IN ({pairs})")
+    stamp = max(now or datetime.now(UTC), datetime.fromtimestamp((int(prev or 0) + 1) / 1000, UTC))
     rows = [{"site": site, "origin_host": h, "origin_file": f, "retired_at": at, "note": note, "updated_at": stamp}
-            for h, f in sources]
-    if rows:
-        store.insert("source_retired", pa.Table.from_pylist(rows, schema=RETIRED_SCHEMA))
+            for h, f in srcs]
+    store.insert("source_retired", pa.Table.from_pylist(rows, schema=RETIRED_SCHEMA))
     return len(rows)
 
 
 def retired_sources(store: Any, site: str | None = None) -> dict[tuple[str, str, str], int]:
-    """``(site, origin_host, origin_file)`` -> ``retired_at`` in epoch milliseconds, the newest row per source
-    (undone ones left out); ``site`` None: every site.  Empty on a store without the table."""
+    """``(site, origin_host, origin_file)`` -> ``retired_at`` in epoch milliseconds (a whole minute), the newest
+    row per source (undone ones left out); ``site`` None: every site.  Empty on a store without the table.
+    A retirement later than the time judged (``--at`` in the future) does not hold yet: readers compare."""
     if not has_table(store):
         return {}
     where = f"WHERE site = {_q(site)} " if site is not None else ""
     return {(str(s), str(h), str(f)): int(ms) for s, h, f, ms in store.query_rows(
-        "SELECT site, origin_host, origin_file, toUnixTimestamp64Milli(argMax(retired_at, updated_at)) AS ms "
+        "SELECT site, origin_host, origin_file, "
+        "intDiv(toUnixTimestamp64Milli(argMax(retired_at, updated_at)), 60000) * 60000 AS ms "
         f"FROM source_retired {where}GROUP BY site, origin_host, origin_file HAVING ms > 0")}
 
 
@@ -123,6 +133,9 @@ def retire_command(
         except ValueError:
             raise typer.BadParameter(f"{at!r} is not an ISO 8601 date or time", param_hint="--at") from None
         when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+        if when > datetime.now(UTC):
+            raise typer.BadParameter(f"{at!r} is in the future: retire a source once it has stopped",
+                                     param_hint="--at")
     else:
         when = datetime.now(UTC)
     st = _open(config, store)
@@ -142,7 +155,7 @@ def retire_command(
         retire(st, site, parsed, when, note)
     finally:
         st.close()
-    stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    stamp = when.replace(second=0, microsecond=0).isoformat().replace("+00:00", "Z")  # as retire() writes it
     for h, f in parsed:
         print(json.dumps({"site": site, "source": f"{h}/{f}", "retired_at": None if undo else stamp,
                           "note": note}))

@@ -35,13 +35,19 @@ def test_a_retirement_closes_the_open_gap_where_it_begins_and_opens_no_other() -
     _feed(gaps, "web1/access.log", 0, 59)  # 10 lines a minute, last line in 09:59
     opened = list(gaps.tail(_m(72), set()))
     assert [(d.scope, d.start, d.end) for d in opened] == [("source:web1/access.log", _m(60), None)]
-    gaps.retired = {"web1/access.log": _m(90, 20)}  # ops retire it at 10:30:20
+    gaps.set_retired({"web1/access.log": _m(90, 20)})  # ops retire it at 10:30:20
     assert list(gaps.tail(_m(85), set())) == []  # not yet: the retirement begins later
     closed = list(gaps.tail(_m(91), set()))
     assert [(d.scope, d.start, d.end, d.state, d.detail["closed_by"]) for d in closed] == [
         ("source:web1/access.log", _m(60), _m(89), "closed", "retired")]
     assert closed[0].detail["retired_at"] == "2026-03-11T10:30:20Z"
     assert list(gaps.tail(_m(300), set())) == [] and not gaps.open  # its silence goes on: no gap
+    # undone (a mistake): judged as before at the next run -- the gap open again from the same start (same id)
+    gaps.set_retired({})
+    assert [(d.scope, d.start, d.end) for d in gaps.tail(_m(301), set())] == [
+        ("source:web1/access.log", _m(60), None)]
+    gaps.set_retired({"web1/access.log": _m(90, 20)})
+    assert [d.detail["closed_by"] for d in gaps.tail(_m(302), set())] == ["retired"]
     # it sends again after the retirement: an ordinary source again, whose next silence is a gap (and its return
     # after the retirement reports no gap for the retired silence)
     assert _feed(gaps, "web1/access.log", 310, 369) == []
@@ -53,13 +59,13 @@ def test_a_source_retired_before_its_gap_would_open_gets_none() -> None:
     gaps = SourceGapDetector(load_rules(), "forum")
     _feed(gaps, "web1/access.log", 0, 59)
     _feed(gaps, "web2/access.log", 0, 59)
-    gaps.retired = {"web1/access.log": _m(61), "web3/access.log": _m(0)}  # web3: never seen, nothing happens
+    gaps.set_retired({"web1/access.log": _m(61), "web3/access.log": _m(0)})  # web3: never seen: nothing
     opened = list(gaps.tail(_m(80), set()))
     assert [d.scope for d in opened] == ["source:web2/access.log"]  # web2, not retired, falls silent as before
     # a retirement dated before the source's last line is moot: the line came after it
     gaps = SourceGapDetector(load_rules(), "forum")
     _feed(gaps, "web1/access.log", 0, 59)
-    gaps.retired = {"web1/access.log": _m(30)}
+    gaps.set_retired({"web1/access.log": _m(30)})
     assert [d.scope for d in gaps.tail(_m(80), set())] == ["source:web1/access.log"]
 
 
@@ -110,13 +116,35 @@ def test_a_retired_source_is_judged_alike_live_in_history_and_after_a_restart(st
     # the status page: main.log retired (not dead), minor.log live
     states = {s.origin_file: s.state for s in source_status(store, now=end.timestamp()) if s.site == name}
     assert states == {"main.log": "retired", "minor.log": "live"}
-    # undone: judged as before -- dead on the status page, and history keeps the gap open to the end
+    # undone: judged as before -- the live detector's gap open again (same id), dead on the status page, and
+    # history keeps the gap open to the end
     retire(store, name, [("origin", "main.log")], NOT_RETIRED, now=datetime.now(UTC) + timedelta(seconds=1))
     assert retired_sources(store, name) == {}
+    assert _gaps(det.run_once(store, end + timedelta(minutes=1)), since) == [
+        ("source:origin/main.log", opened, None, None)]
     assert {s.origin_file: s.state for s in source_status(store, now=end.timestamp())
             if s.site == name}["main.log"] == "dead"
     assert _gaps(detect_history(store, since, end.replace(second=0), settings, sites=[name]), since) == [
         ("source:origin/main.log", opened, None, None)]
+
+
+def test_the_status_page_counts_a_retirement_from_its_minute_until_a_line_after_it() -> None:
+    """``source_status``'s side, in the detectors' terms: retired once the retirement (a whole minute, as
+    ``retire`` writes it) has come and no line arrived since; a retirement still ahead (judged at an earlier
+    time) does not hold yet; a line in the retirement's minute or later makes the source ordinary."""
+    from forumpulse.pipeline.consumer import _classify, _Row
+
+    t = 1_800_000_000  # a whole minute
+    rows = [_Row("forum", "web1", "/a.log", (t - 400) * 1000, (t - 400) * 1000)]  # last line 06:40 before t
+
+    def state(retired_ms: int, now: float) -> str:
+        [s] = _classify(rows, now, 300.0, 180.0, retired={("forum", "web1", "/a.log"): retired_ms})[0]
+        return s.state
+
+    assert state(t * 1000, t + 10) == "retired"
+    assert state(t * 1000, t - 10) == "dead"       # the retirement is still ahead at that time
+    assert state((t - 480) * 1000, t + 10) == "dead"  # dated before the last line: moot
+    assert state((t - 420) * 1000, t + 10) == "dead"  # the last line came in the retirement's minute: after it
 
 
 def test_parse_source_reads_a_gap_scope() -> None:
@@ -154,6 +182,8 @@ st.close()
     assert ok.returncode == 0, ok.stderr
     out = json.loads(ok.stdout.splitlines()[0])
     assert out["source"] == "web1//var/log/apache2/access.log" and out["note"] == "removed"
+    future = run("retire", "web1//var/log/apache2/access.log", "--site", "forum", "--at", "2999-01-01")
+    assert future.returncode == 2 and "in the future" in future.stderr, future.stderr
     status = run("status", "--site", "forum")
     assert status.returncode == 0, status.stderr
     rows = [json.loads(x) for x in status.stdout.splitlines()]
