@@ -18,8 +18,8 @@ Both take LAPI's filters: ``scopes`` (comma-separated, ``ip``/``range``, any cas
 a filter is left out of that answer only (a stream cursor still moves past it: use the same filters on every
 poll, as bouncers do).
 
-* ``POST /v1/usage-metrics`` (what current bouncers push every 30 min) -> ``201``; the body is read (up to 1 MiB)
-  and dropped, and counted in :attr:`DecisionApiServer.usage_metrics` (a ``404``/``501`` made bouncers log a
+* ``POST /v1/usage-metrics`` (what current bouncers push every 30 min) -> ``201``; the body (up to 1 MiB) is read
+  in chunks and dropped, and counted in :attr:`DecisionApiServer.usage_metrics` (a ``404``/``501`` made bouncers log a
   warning on every push).
 
 Bouncers: like CrowdSec, a key is a bouncer.  Give every bouncer its own key (``actions.decision_api.bouncers``);
@@ -452,7 +452,16 @@ class DecisionApiServer:
                 if not 0 <= size <= 1 << 20:
                     self._send(400, {"message": "a usage-metrics body needs a Content-Length of at most 1 MiB"})
                     return
-                self.rfile.read(size)
+                left = size
+                while left > 0:  # read and drop, a chunk at a time (the body is not kept)
+                    try:
+                        got = self.rfile.read(min(left, 65536))
+                    except OSError:  # the socket timeout: a client that stalls mid-body
+                        got = b""
+                    if not got:
+                        self.close_connection = True
+                        return  # the client went away or stalled: nothing to answer
+                    left -= len(got)
                 with registry.lock:
                     server.usage_metrics += 1
                 self._send(201, {})

@@ -1461,7 +1461,8 @@ class DosDetector:
         self.baseline.update(cache["ip"], batch.codes("user_agent"), nonstatic, secs, wm_sec)
         # the lines of an address decided against (while its ban or watch lasts) teach no path or range either:
         # a flood banned in a second must not raise its /24's thresholds for the crowd after it (user trial 37)
-        teach = nonstatic & ~self._tainted_lines(cache["ip"], secs)
+        teach = (nonstatic & ~self._tainted_lines(cache["ip"], secs)
+                 if self.has_swarm_rules or self.has_prefix_scale else nonstatic)
         if self.has_swarm_rules:
             pc, pu = self._codes(batch, "path", cache)
             self.path_rates.update(pc[teach], pu, secs[teach], wm_sec)
@@ -1479,11 +1480,8 @@ class DosDetector:
         codes, uniq = ip
         if not tainted or not len(secs):
             return np.zeros(len(secs), dtype=bool)
-        hit = np.flatnonzero(pd.Index(uniq).isin(list(tainted)))
-        if not len(hit):
-            return np.zeros(len(secs), dtype=bool)
-        until = np.full(len(uniq), -1, dtype=np.int64)
-        until[hit] = [tainted[str(uniq[i])] for i in hit.tolist()]
+        # one look-up per distinct address of the batch (the tainted table grows with a botnet's bans)
+        until = np.fromiter((tainted.get(str(u), -1) for u in uniq.tolist()), dtype=np.int64, count=len(uniq))
         return (codes >= 0) & (secs <= until[codes])
 
     def _retry_from(self, c: Candidate, d: Decision | None, before: dict[str, int]) -> int | None:

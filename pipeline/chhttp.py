@@ -100,10 +100,11 @@ Route = Callable[["RequestInfo"], tuple[int, str, bytes]]
 class ChError(Exception):
     """An error answered ClickHouse-style (``Code: N. DB::Exception: …``)."""
 
-    def __init__(self, code: int, message: str, status: int = 500) -> None:
+    def __init__(self, code: int, message: str, status: int = 500, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.status = status
+        self.headers = headers or {}  # more response headers (a 405's Allow)
 
 
 class RequestInfo:
@@ -779,7 +780,7 @@ class _Handler(BaseHTTPRequestHandler):
                 allowed = sorted(m for m, p in self.server.routes if p == split.path)
                 if allowed:  # a route of the owner's, asked with another method (GET /fp/unban)
                     raise ChError(1002, f"Code: 1002. DB::Exception: {split.path} takes {' or '.join(allowed)}, "
-                                  f"not {self.command}", 405)
+                                  f"not {self.command}", 405, {"Allow": ", ".join(allowed)})
                 raise ChError(1002, f"Code: 1002. DB::Exception: no handler for {split.path}", 404)
             self._authenticate(params)
             self._run(params, body, query_id)
@@ -789,7 +790,8 @@ class _Handler(BaseHTTPRequestHandler):
                 msg = f"Code: {exc.code}. DB::Exception: {msg}"
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a client gone mid-upload
                 self._send(exc.status, "text/plain; charset=UTF-8", (msg + "\n").encode(),
-                           {"X-ClickHouse-Exception-Code": str(exc.code), "X-ClickHouse-Query-Id": query_id})
+                           {**exc.headers, "X-ClickHouse-Exception-Code": str(exc.code),
+                            "X-ClickHouse-Query-Id": query_id})
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as exc:  # a bug here must still answer the client, not hang it

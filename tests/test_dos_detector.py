@@ -548,7 +548,7 @@ def test_a_banned_range_teaches_its_baseline_nothing() -> None:
     assert det.prefix_rates.per_minute("198.51.100.0/24", (T0 + 1_700_000) // 60_000) == 0.0
 
 
-def test_a_banned_addresss_lines_teach_its_range_nothing() -> None:
+def test_the_lines_of_a_banned_address_teach_its_range_nothing() -> None:
     """One address floods (46 req/s for 2 min) and is banned within seconds; 7 s after it stops, 40 addresses of
     its /24 flood together (99 req/s).  Its refused lines taught the range's learned rate ~24 req/s, which raised
     the range's thresholds 4x and let the range flood through unbanned (user trial 37).  A banned address's

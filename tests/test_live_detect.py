@@ -177,8 +177,12 @@ def test_flood_through_kafka_is_banned_published_and_served(
             ["ban", "unban"]
         assert _http(f"http://127.0.0.1:{owner.port}/fp/unban?value=not-an-ip", method="POST")[0] == 400
         # asked with GET: told to use POST (it answered "no handler for /fp/unban", 404; user trial 37)
-        code, body = _http(f"http://127.0.0.1:{owner.port}/fp/unban?value={ATTACKER}")
-        assert code == 405 and b"/fp/unban takes POST, not GET" in body, body
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{owner.port}/fp/unban?value={ATTACKER}", timeout=30)
+            raise AssertionError("GET /fp/unban answered 2xx")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 405 and exc.headers["Allow"] == "POST", exc.headers
+            assert b"/fp/unban takes POST, not GET" in exc.read()
 
         # the owner's /metrics says what the live detector judged and decided
         with urllib.request.urlopen(f"http://127.0.0.1:{owner.port}/metrics", timeout=30) as r:
