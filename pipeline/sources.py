@@ -152,16 +152,45 @@ def retire_command(
             print(f"error: site {site!r} has no source {', '.join(unknown)} (nothing written; --force writes it "
                   f"anyway). Its sources on the live path: {', '.join(known) or 'none'}", file=sys.stderr)
             raise SystemExit(1)
+        warnings = _surprises(st, site, parsed, when, undo)
         retire(st, site, parsed, when, note)
     finally:
         st.close()
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     stamp = when.replace(second=0, microsecond=0).isoformat().replace("+00:00", "Z")  # as retire() writes it
     for h, f in parsed:
         print(json.dumps({"site": site, "source": f"{h}/{f}", "retired_at": None if undo else stamp,
                           "note": note}))
-    print("note: live detectors apply it at their next run (a minute); `detect history` over a range after it "
+    print("note: live detectors apply it within a minute or two (their next run over landed data); `detect "
+          "history` over a range after it "
           "reports the source's gap closed there (closed_by: retired)" if not undo else
           "note: undone: the sources are judged as before from the detectors' next run", file=sys.stderr)
+
+
+def _surprises(store: Any, site: str, sources: list[tuple[str, str]], when: datetime, undo: bool) -> list[str]:
+    """What an operator probably did not mean (written anyway): retiring a source whose last line came after
+    the retirement or lately (it is still sending: the retirement is moot, or ends with its next line), undoing
+    one that was not retired."""
+    out = []
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    retired = retired_sources(store, site)
+    for h, f in sources:
+        if undo:
+            if (site, h, f) not in retired:
+                out.append(f"{h}/{f} was not retired")
+            continue
+        [[line_ms]] = store.query_rows(
+            "SELECT toUnixTimestamp64Milli(max(last_line_ts)) FROM source_liveness "
+            f"WHERE site = {_q(site)} AND origin_host = {_q(h)} AND origin_file = {_q(f)}")
+        at_ms = int(when.replace(second=0, microsecond=0).timestamp() * 1000)
+        if int(line_ms or 0) >= at_ms:
+            out.append(f"{h}/{f} sent a line {(now_ms - int(line_ms)) / 1000:.0f} s ago, after the retirement's "
+                       "minute: it is an ordinary source until it falls silent after a later retirement")
+        elif line_ms and now_ms - int(line_ms) < 300_000:
+            out.append(f"{h}/{f} sent a line {(now_ms - int(line_ms)) / 1000:.0f} s ago: is it really gone? "
+                       "(its next line makes it an ordinary source again)")
+    return out
 
 
 def status_command(
