@@ -248,7 +248,8 @@ def liveness_sources(where: str = "1 = 1") -> str:
     quiet only while all of them are up; a listener that stopped heartbeating before the source's last line — a
     retired collector, an old port — did not receive it and is left out), ``grew`` (its file grew lately: see :data:`STUCK_WINDOW_S`) and
     ``state`` (retired | live | stuck | silent | quiet | dead: ``retired`` when ``source_retired``, migration
-    0011, retired it after its last line and by ``now_s``; it then covers no listener); ``now_s`` must be
+    0011, retired it by ``now_s`` and its last line came before the retirement's minute rounded up: as
+    ``pipeline.sources.retired_after``; it then covers no listener); ``now_s`` must be
     defined.  Needs migration 0011 (the owner and consumers migrate at start; ``forumpulse db migrate``)."""
     return f"""
     SELECT s.site AS site, s.origin_host AS origin_host, s.origin_file AS origin_file, s.line_ms AS line_ms,
@@ -257,7 +258,8 @@ def liveness_sources(where: str = "1 = 1") -> str:
            if(own_hb_ms > 0, [],
               if(notEmpty(exact) OR startsWith(s.origin_file, '/') OR {LISTENER_LABEL.format(col="s.origin_file")},
                  exact, arrayFilter(x -> x.1 = '*', l.ls))) AS may_cover,
-           ifNull(r.retired_ms, 0) > s.line_ms AND ifNull(r.retired_ms, 0) <= toInt64(now_s) * 1000 AS retired,
+           ifNull(r.retired_ms, 0) AS r_ms,
+           r_ms > 0 AND r_ms <= toInt64(now_s) * 1000 AND s.line_ms < intDiv(r_ms + 59999, 60000) * 60000 AS retired,
            arrayFilter(x -> NOT retired AND (s.line_ms = 0 OR x.4 >= s.line_ms - {LISTENER_GRACE_S * 1000}),
                        may_cover) AS unsorted_cover,
            arraySort(x -> (x.4, x.2, x.3, x.1), unsorted_cover) AS cover,
@@ -290,7 +292,7 @@ def liveness_sources(where: str = "1 = 1") -> str:
                GROUP BY site, origin_host, origin_file) AS g
         ON s.site = g.site AND s.origin_host = g.origin_host AND s.origin_file = g.origin_file
     LEFT JOIN (SELECT site, origin_host, origin_file,
-                      intDiv(toUnixTimestamp64Milli(argMax(retired_at, updated_at)), 60000) * 60000 AS retired_ms
+                      toUnixTimestamp64Milli(argMax(retired_at, updated_at)) AS retired_ms
                FROM source_retired GROUP BY site, origin_host, origin_file) AS r
         ON s.site = r.site AND s.origin_host = r.origin_host AND s.origin_file = r.origin_file
     CROSS JOIN (SELECT groupArray((site, origin_host, origin_file, hb_ms)) AS ls FROM lv WHERE is_listener) AS l"""

@@ -79,7 +79,7 @@ from forumpulse.detectors.series import (
 )
 from forumpulse.pipeline.contracts import LISTENER_LABEL_RE, Beat, covering_listeners, file_grew
 from forumpulse.pipeline.enrich import latest_titles
-from forumpulse.pipeline.sources import retired_sources
+from forumpulse.pipeline.sources import retired_sources, retirement_minute
 from forumpulse.pipeline.store import sql_string
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -1147,7 +1147,7 @@ class SourceGapDetector:
         self._fed: list[str] = []
         self._line_cover: dict[str, frozenset[str]] = {}
         #: sources ops retired (``source_retired``, migration 0011; :meth:`set_retired` by each run):
-        #: ``host/file`` -> retired_at (a whole minute)
+        #: ``host/file`` -> retired_at
         self.retired: dict[str, datetime] = {}
 
     def set_retired(self, retired: dict[str, datetime]) -> None:
@@ -1158,13 +1158,14 @@ class SourceGapDetector:
             self.next_due = datetime.min.replace(tzinfo=UTC)
 
     def _retired(self, src: str, until: datetime) -> datetime | None:
-        """When ``src`` was retired, if it is at ``until``: retired then, and no line since (minutes: the
-        retirement is a whole minute, :func:`forumpulse.pipeline.sources.retired_sources`)."""
+        """When ``src`` was retired, if it is at ``until``: retired by then, and its last line's minute before
+        the retirement's minute rounded up (a line earlier in that minute is before it: as the status page,
+        :func:`forumpulse.pipeline.sources.retired_after`)."""
         at = self.retired.get(src)
         if at is None or at > until:
             return None
         q = self.recent.get(src)
-        return at if q and q[-1][0] < at else None
+        return at if q and q[-1][0] < retirement_minute(at) else None
 
     def _retire(self, until: datetime) -> Iterator[Detection]:
         """The open gaps of the sources retired at ``until``, closed where the retirement begins

@@ -127,7 +127,7 @@ from forumpulse.pipeline.contracts import (
 )
 from forumpulse.pipeline.kafka_client import BrokerLink, client_config
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
-from forumpulse.pipeline.sources import retired_sources
+from forumpulse.pipeline.sources import retired_after, retired_sources
 from forumpulse.pipeline.store import Store, StoreError, StoreLocationError, migrate, open_store
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -1586,7 +1586,7 @@ def _classify(rows: list[_Row], now: float, quiet_after_s: float, heartbeat_time
         line_ago = now - r.line_ms / 1000 if r.line_ms > 0 else None
         hb_ago = now - hb / 1000 if hb > 0 else None
         via: _Row | None = None
-        if r.line_ms < (retired or {}).get((r.site, r.host, r.file), 0) <= now_ms:  # retired, nothing sent since
+        if retired_after(r.line_ms, (retired or {}).get((r.site, r.host, r.file), 0), now_ms):  # nothing since
             out.append(SourceStatus(r.site, r.host, r.file, "retired", line_ago, hb_ago))
             continue
         if hb == 0:  # no heartbeat of its own, ever: a network sender (or a file whose heartbeats never came)

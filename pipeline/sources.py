@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import pyarrow as pa
@@ -61,16 +61,32 @@ def known_source(store: Any, site: str, host: str, file: str) -> bool:
         store.query_rows(f"SELECT 1 FROM requests WHERE {where} LIMIT 1"))
 
 
+def retirement_minute(at: datetime) -> datetime:
+    """``at`` rounded up to a whole minute: a line before it is "before the retirement" everywhere (the
+    detectors judge whole minutes, so a line earlier in ``at``'s minute counts as before it, also on the status
+    page: a source retired right after it stopped, within the same minute, is retired)."""
+    at = at.astimezone(UTC)
+    whole = at.replace(second=0, microsecond=0)
+    return whole if whole == at else whole + timedelta(minutes=1)
+
+
+def retired_after(line_ms: int, retired_ms: int, now_ms: int) -> bool:
+    """A source whose last line came at ``line_ms`` is retired at ``now_ms`` by a retirement at ``retired_ms``
+    (0: none): the retirement has come, and the line is before its minute rounded up
+    (:func:`retirement_minute`; ``dashboards.panels.liveness_sources`` states the same in SQL)."""
+    return 0 < retired_ms <= now_ms and line_ms < -(-retired_ms // 60_000) * 60_000
+
+
 def retire(store: Any, site: str, sources: Iterable[tuple[str, str]], at: datetime, note: str = "",
            now: datetime | None = None) -> int:
-    """Record ``sources`` of ``site`` as retired at ``at``, rounded down to its minute (the detectors judge
-    minutes: a line in that minute counts as after it everywhere); :data:`NOT_RETIRED`: undo.  The newest row
+    """Record ``sources`` of ``site`` as retired at ``at`` (compared with lines by :func:`retired_after`);
+    :data:`NOT_RETIRED`: undo.  The newest row
     per source stands: each is stamped after every earlier row of its source (``argMax`` and ``FINAL`` then
     agree).  Returns the rows written."""
     srcs = list(sources)
     if not srcs:
         return 0
-    at = at.astimezone(UTC).replace(second=0, microsecond=0)
+    at = at.astimezone(UTC)
     pairs = ", ".join(f"({_q(h)}, {_q(f)})" for h, f in srcs)
     [[prev]] = store.query_rows("SELECT toUnixTimestamp64Milli(max(updated_at)) FROM source_retired "
                                 f"WHERE site = {_q(site)} AND (origin_host, origin_file) IN ({pairs})")
@@ -82,15 +98,14 @@ def retire(store: Any, site: str, sources: Iterable[tuple[str, str]], at: dateti
 
 
 def retired_sources(store: Any, site: str | None = None) -> dict[tuple[str, str, str], int]:
-    """``(site, origin_host, origin_file)`` -> ``retired_at`` in epoch milliseconds (a whole minute), the newest
+    """``(site, origin_host, origin_file)`` -> ``retired_at`` in epoch milliseconds, the newest
     row per source (undone ones left out); ``site`` None: every site.  Empty on a store without the table.
     A retirement later than the time judged (``--at`` in the future) does not hold yet: readers compare."""
     if not has_table(store):
         return {}
     where = f"WHERE site = {_q(site)} " if site is not None else ""
     return {(str(s), str(h), str(f)): int(ms) for s, h, f, ms in store.query_rows(
-        "SELECT site, origin_host, origin_file, "
-        "intDiv(toUnixTimestamp64Milli(argMax(retired_at, updated_at)), 60000) * 60000 AS ms "
+        "SELECT site, origin_host, origin_file, toUnixTimestamp64Milli(argMax(retired_at, updated_at)) AS ms "
         f"FROM source_retired {where}GROUP BY site, origin_host, origin_file HAVING ms > 0")}
 
 
@@ -158,7 +173,7 @@ def retire_command(
         st.close()
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    stamp = when.replace(second=0, microsecond=0).isoformat().replace("+00:00", "Z")  # as retire() writes it
+    stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     for h, f in parsed:
         print(json.dumps({"site": site, "source": f"{h}/{f}", "retired_at": None if undo else stamp,
                           "note": note}))
@@ -183,10 +198,10 @@ def _surprises(store: Any, site: str, sources: list[tuple[str, str]], when: date
         [[line_ms]] = store.query_rows(
             "SELECT toUnixTimestamp64Milli(max(last_line_ts)) FROM source_liveness "
             f"WHERE site = {_q(site)} AND origin_host = {_q(h)} AND origin_file = {_q(f)}")
-        at_ms = int(when.replace(second=0, microsecond=0).timestamp() * 1000)
-        if int(line_ms or 0) >= at_ms:
-            out.append(f"{h}/{f} sent a line {(now_ms - int(line_ms)) / 1000:.0f} s ago, after the retirement's "
-                       "minute: it is an ordinary source until it falls silent after a later retirement")
+        at_ms = int(when.timestamp() * 1000)
+        if line_ms and not retired_after(int(line_ms), at_ms, max(now_ms, at_ms)):
+            out.append(f"{h}/{f} sent a line {(now_ms - int(line_ms)) / 1000:.0f} s ago, after the retirement "
+                       "(its minute, rounded up): it is an ordinary source until a later retirement")
         elif line_ms and now_ms - int(line_ms) < 300_000:
             out.append(f"{h}/{f} sent a line {(now_ms - int(line_ms)) / 1000:.0f} s ago: is it really gone? "
                        "(its next line makes it an ordinary source again)")

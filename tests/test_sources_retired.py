@@ -81,8 +81,9 @@ def _gaps(dets: Any, since: datetime) -> list[tuple[Any, ...]]:
 
 def test_a_retired_source_is_judged_alike_live_in_history_and_after_a_restart(store: Any) -> None:
     """main.log (85% of the site) stops for good at 10:00, heartbeats and all (its server removed): its gap opens
-    live; ops retire it at 10:30 (``retire``, as the command writes it).  Live every minute, history and a live
-    detector started at 11:10 all close the gap at 10:29 (``closed_by: retired``) and open no other; without the
+    live; ops retire it at 10:30:10 (``retire``, as the command writes it).  Live every minute, history and a
+    live detector started at 11:10 all close the gap at 10:29 (``closed_by: retired``) and open no other;
+    without the
     retirement the gap stays open (the control)."""
     name = CASE["site"]["name"]
     store.insert("requests", build_requests(CASE))
@@ -129,9 +130,15 @@ def test_a_retired_source_is_judged_alike_live_in_history_and_after_a_restart(st
 
 
 def test_the_status_page_counts_a_retirement_from_its_minute_until_a_line_after_it() -> None:
-    """``source_status``'s side, in the detectors' terms: retired once the retirement (a whole minute, as
-    ``retire`` writes it) has come and no line arrived since; a retirement still ahead (judged at an earlier
-    time) does not hold yet; a line in the retirement's minute or later makes the source ordinary."""
+    """``source_status``'s side, in the detectors' terms: retired once the retirement has come and no line
+    arrived since its minute rounded up; a retirement still ahead (judged at an earlier time) does not hold
+    yet; a line after it makes the source ordinary.  A source retired right after it stopped, within the same
+    minute, is retired (the detectors judge whole minutes)."""
+    from forumpulse.pipeline.sources import retirement_minute
+
+    assert retirement_minute(datetime(2026, 3, 11, 9, 59, 10, tzinfo=UTC)) == datetime(2026, 3, 11, 10, 0,
+                                                                                        tzinfo=UTC)
+    assert retirement_minute(datetime(2026, 3, 11, 10, 0, tzinfo=UTC)) == datetime(2026, 3, 11, 10, 0, tzinfo=UTC)
     from forumpulse.pipeline.consumer import _classify, _Row
 
     t = 1_800_000_000  # a whole minute
@@ -144,7 +151,9 @@ def test_the_status_page_counts_a_retirement_from_its_minute_until_a_line_after_
     assert state(t * 1000, t + 10) == "retired"
     assert state(t * 1000, t - 10) == "dead"       # the retirement is still ahead at that time
     assert state((t - 480) * 1000, t + 10) == "dead"  # dated before the last line: moot
-    assert state((t - 420) * 1000, t + 10) == "dead"  # the last line came in the retirement's minute: after it
+    assert state((t - 420) * 1000, t + 10) == "dead"  # the last line came after the (whole-minute) retirement
+    assert state((t - 430) * 1000, t + 10) == "dead"  # ... and after the one rounded up to t - 420
+    assert state((t - 390) * 1000, t + 10) == "retired"  # 10 s after the last line, in its minute
 
 
 def test_parse_source_reads_a_gap_scope() -> None:
@@ -180,7 +189,7 @@ st.close()
     assert typo.returncode == 1 and "web1//var/log/apache2/access.log" in typo.stderr, typo.stderr
     # written, with a warning: dated before its last line (moot), and an undo of what was not retired
     moot = run("retire", "web1//var/log/apache2/access.log", "--site", "forum", "--at", "2026-03-11T08:00Z")
-    assert moot.returncode == 0 and "after the retirement's minute" in moot.stderr, moot.stderr
+    assert moot.returncode == 0 and "after the retirement" in moot.stderr, moot.stderr
     undo = run("retire", "web1//var/log/apache2/access.log", "--site", "forum", "--undo")
     assert undo.returncode == 0 and "warning" not in undo.stderr, undo.stderr
     again = run("retire", "web1//var/log/apache2/access.log", "--site", "forum", "--undo")
