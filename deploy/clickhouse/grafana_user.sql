@@ -37,6 +37,9 @@ GRANT SELECT ON forumpulse.topic_titles TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.topic_groups TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.consumer_progress TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.source_heartbeat_minute TO forumpulse_grafana_reader;
+-- retired sources (migration 0011): not the operators' free-text note
+GRANT SELECT(site, origin_host, origin_file, retired_at, updated_at)
+    ON forumpulse.source_retired TO forumpulse_grafana_reader;
 -- the plugin's query editor lists databases/tables/columns
 GRANT SELECT ON system.databases TO forumpulse_grafana_reader;
 GRANT SELECT ON system.tables TO forumpulse_grafana_reader;
