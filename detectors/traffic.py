@@ -1149,6 +1149,10 @@ class SourceGapDetector:
         #: sources ops retired (``source_retired``, migration 0011; :meth:`set_retired` by each run):
         #: ``host/file`` -> retired_at
         self.retired: dict[str, datetime] = {}
+        # each source's first line fed, and its latest silences of gap_min_minutes or more as (last line
+        # before, first line after) (:meth:`site_retired`)
+        self._first: dict[str, datetime] = {}
+        self._silences: dict[str, deque[tuple[datetime, datetime]]] = {}
 
     def set_retired(self, retired: dict[str, datetime]) -> None:
         """The retirements as read by a run.  A change (one undone) rescans every source at the next
@@ -1166,6 +1170,28 @@ class SourceGapDetector:
             return None
         q = self.recent.get(src)
         return at if q and q[-1][0] < retirement_minute(at) else None
+
+    def site_retired(self, until: datetime) -> datetime | None:
+        """The site's latest retirement when every source it has had before ``until`` is retired at ``until``
+        (retired by then, its last line before ``until`` earlier than the retirement's minute rounded up): the
+        site is gone, so its silence is neither a ``pipeline_gap`` nor zeros for an outage.  ``None`` else, and
+        when a source's last line before ``until`` is no longer kept (it sent again since: judged ordinary)."""
+        if not self.retired or not self.recent:
+            return None
+        ats: list[datetime] = []
+        for src, q in self.recent.items():
+            last = next((m for m, _ in reversed(q) if m < until), None)
+            if last is None:  # lines fed past ``until`` (history feeds a window's sources first)
+                last = next((lo for lo, back in self._silences.get(src, ()) if lo < until <= back), None)
+            if last is None:
+                if self._first.get(src, until) < until:
+                    return None  # lines before ``until`` that are no longer kept
+                continue  # its first line came later: not a source of the site yet
+            at = self.retired.get(src)
+            if at is None or at > until or last >= retirement_minute(at):
+                return None
+            ats.append(at)
+        return max(ats) if ats else None
 
     def _retire(self, until: datetime) -> Iterator[Detection]:
         """The open gaps of the sources retired at ``until``, closed where the retirement begins
@@ -1206,7 +1232,10 @@ class SourceGapDetector:
 
     def update(self, src: str, minute: datetime, n: int) -> Iterator[Detection]:
         q = self.recent.setdefault(src, deque())
+        self._first.setdefault(src, minute)
         gap_min = int(self.h["gap_min_minutes"])
+        if q and minute - q[-1][0] > timedelta(minutes=gap_min):
+            self._silences.setdefault(src, deque(maxlen=64)).append((q[-1][0], minute))
         if src in self.open:
             det = self.open.pop(src)
             det.end, det.state = minute - timedelta(minutes=1), "closed"
@@ -1422,6 +1451,8 @@ class _SiteRuntime:
     # the first minute of a silence fed as zeros before gap_min_minutes because the site was down (answering
     # errors) when it fell silent; None once lines come back
     down_silence_from: datetime | None = None
+    # the start of the site gap the site's retirement closed (site_tail; _gap_check does not report it again)
+    retired_gap: datetime | None = None
     groups_mark: tuple[Any, ...] | None = None  # state of topic_groups / topic_titles the groups were read at
     judged_from: datetime | None = None      # live: the first minute this session read (its detection_runs row)
     runs_recorded_to: datetime | None = None  # live: the to_ts last written to detection_runs
@@ -2109,6 +2140,25 @@ class TrafficDetector:
             judged in chunks of that length) stops the zeros and opens the ``pipeline_gap`` from the silence's
             first minute; without heartbeats the gap begins after the minutes fed as zeros."""
             assert rt.last_seen is not None
+            gone = rt.sources.site_retired(until)
+            if gone is not None:
+                # every source of the site retired, silent since (the site is gone): its silence is no
+                # pipeline_gap and no zeros; an open gap closes where the retirement begins (as a source's)
+                if rt.gap is not None:
+                    g, rt.gap = rt.gap, None
+                    g.end = max(g.start, gone.replace(second=0, microsecond=0) - timedelta(minutes=1))
+                    g.state = "closed"
+                    g.detail.pop("_back_since", None)
+                    g.detail["closed_by"] = "retired"
+                    g.detail["retired_at"] = gone.isoformat().replace("+00:00", "Z")
+                    g.expected = _gap_expected(rt, g.start, g.end)
+                    blocked.append((g.start, g.end, datetime.min.replace(tzinfo=UTC)))
+                    out.extend(_reported([g], until - timedelta(minutes=1)))
+                    rt.retired_gap = g.start
+                else:  # a run that did not see the gap open (restarted, or history): the gap it would have had
+                    out.extend(_reported(self._silence_gap(rt, until, health, gone), until - timedelta(minutes=1)))
+                rt.down_silence_from = None
+                return
             fresh = sources_only(fresh)  # a listener's heartbeats say nothing of the site
             silent_from = rt.down_silence_from or rt.last_seen + timedelta(minutes=1)
             tail = until - silent_from
@@ -2235,18 +2285,37 @@ class TrafficDetector:
             rt.gap = None
             return
         if rt.last_seen is not None and minute - rt.last_seen > timedelta(minutes=int(health["gap_min_minutes"])):
-            silent = int((minute - rt.last_seen).total_seconds() // 60) - 1
-            if self._quiet(rt, minute, silent, health):
-                return  # a quiet night, not a gap
-            exp, n = rt.seasonal.expected((minute - timedelta(minutes=1)).astimezone(rt.seasonal.tz), min(silent, 1440))
-            g = Detection("pipeline_gap", "pipeline", rt.last_seen + timedelta(minutes=1),
-                          minute - timedelta(minutes=1), rt.last_seen + timedelta(minutes=1), 0.0,
+            yield from self._silence_gap(rt, minute, health, rt.sources.site_retired(minute))
+
+    def _silence_gap(self, rt: _SiteRuntime, minute: datetime, health: dict[str, Any],
+                     gone: datetime | None) -> list[Detection]:
+        """The site's closed ``pipeline_gap`` for its silence from ``rt.last_seen`` to ``minute`` (lines back
+        then, or a run's step there), unless a quiet night.  ``gone``: every source of the site retired then
+        (:meth:`SourceGapDetector.site_retired`): the gap ends where the retirement begins, as the gap a live
+        run had open closes there, and there is none when it came before a gap would have opened; reported
+        once (``rt.retired_gap``)."""
+        gap_min = timedelta(minutes=int(health["gap_min_minutes"]))
+        if rt.last_seen is None or minute - rt.last_seen <= gap_min:
+            return []
+        start, stop = rt.last_seen + timedelta(minutes=1), minute
+        more: dict[str, Any] = {}
+        if gone is not None:
+            if gone <= start + gap_min or rt.retired_gap == start:
+                return []
+            stop = max(start + timedelta(minutes=1), gone.replace(second=0, microsecond=0))
+            more = {"closed_by": "retired", "retired_at": gone.isoformat().replace("+00:00", "Z")}
+        silent = int((stop - rt.last_seen).total_seconds() // 60) - 1
+        if self._quiet(rt, stop, silent, health):
+            return []  # a quiet night, not a gap
+        if gone is not None:
+            rt.retired_gap = start
+        exp, n = rt.seasonal.expected((stop - timedelta(minutes=1)).astimezone(rt.seasonal.tz), min(silent, 1440))
+        return [Detection("pipeline_gap", "pipeline", start, stop - timedelta(minutes=1), start, 0.0,
                           round(exp, 1) if n else 0.0, 1.0,
                           "pipeline_gap", {"reason": "no lines", "minutes": silent,
-                                            "expected_requests": None if not n else round(exp, 1),
-                                            "liveness": "unknown"},
-                          site=rt.name, state="closed")
-            yield g
+                                           "expected_requests": None if not n else round(exp, 1),
+                                           "liveness": "unknown", **more},
+                          site=rt.name, state="closed")]
 
     def _advance(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime,
                  now: datetime, live: bool = False, topics_from: datetime | None = None) -> list[Detection]:

@@ -204,3 +204,59 @@ st.close()
     assert status.returncode == 0, status.stderr
     rows = [json.loads(x) for x in status.stdout.splitlines()]
     assert [(r["origin_file"], r["state"]) for r in rows] == [("/var/log/apache2/access.log", "retired")]
+
+
+SITE_GONE = {**CASE, "site": {"name": "case-retire-site", "timezone": "UTC"},
+             "events": [{"kind": "source_gap", "source": f, "from": "2026-03-11T10:00", "to": "2026-03-11T12:00"}
+                        for f in ("main.log", "minor.log")]}
+
+
+def _site_dets(dets: Any, since: datetime) -> list[tuple[Any, ...]]:
+    """The site-scope detections (the site's gap, dips, outages) since ``since``."""
+    return sorted((d.kind, d.start, d.end, d.detail.get("closed_by")) for d in dets
+                  if not d.scope.startswith(("source:", "topic:", "group:")) and d.start >= since)
+
+
+def test_a_site_whose_every_source_is_retired_has_no_gap_nor_outage_after_it(store: Any) -> None:
+    """Both log files of a site stop at 10:00, heartbeats and all (the site decommissioned): the site's own
+    ``pipeline_gap`` opens live; ops retire both files at 10:30:10.  Live, history and a restarted live run
+    close it at 10:29 (``closed_by: retired``), feed no zeros (no dip, no outage) and open nothing more while
+    the site stays silent; its lines returning at 12:00 (after the retirement: an ordinary site again) report
+    no gap for the retired silence.  Retiring one file of the two leaves the site's gap open (the control)."""
+    name = SITE_GONE["site"]["name"]
+    store.insert("requests", build_requests(SITE_GONE))
+    settings = _settings([SITE_GONE])
+    since = _local(SITE_GONE, "2026-03-11T09:00")
+    det = TrafficDetector(settings, sites=[name])
+    live: dict[str, Detection] = {}
+    t = _local(SITE_GONE, "2026-03-11T09:50:30")
+    end = _local(SITE_GONE, "2026-03-11T11:10:30")
+    retired_at = _local(SITE_GONE, "2026-03-11T10:30:10")
+    opened = _local(SITE_GONE, "2026-03-11T10:00")
+    while t <= end:
+        hb = t - timedelta(seconds=5)
+        if t < opened:
+            for f in ("main.log", "minor.log"):
+                _beat(store, name, hb - timedelta(seconds=1), hb, file=f)
+        if t >= retired_at and not retired_sources(store, name):
+            # the control: one file retired, the other silent without heartbeats -> the site's gap stays open
+            retire(store, name, [("origin", "main.log")], retired_at)
+            for d in det.run_once(store, t):
+                live[d.id] = d
+            assert _site_dets(live.values(), since) == [("pipeline_gap", opened, None, None)]
+            retire(store, name, [("origin", "minor.log")], retired_at)
+        for d in det.run_once(store, t):
+            live[d.id] = d
+        t += timedelta(minutes=1)
+    want = [("pipeline_gap", opened, _local(SITE_GONE, "2026-03-11T10:29"), "retired")]
+    assert _site_dets(live.values(), since) == want
+    assert [d.detail["retired_at"] for d in live.values() if d.scope == "pipeline"] == ["2026-03-11T10:30:10Z"]
+    assert _site_dets(TrafficDetector(settings, sites=[name]).run_once(store, end), since) == want
+    back = _local(SITE_GONE, "2026-03-11T13:00")
+    assert _site_dets(detect_history(store, since, end.replace(second=0), settings, sites=[name]), since) == want
+    assert _site_dets(detect_history(store, since, back, settings, sites=[name]), since) == want
+    # undone: the site's gap is open again at the next run (same start, so the same id)
+    retire(store, name, [("origin", "main.log"), ("origin", "minor.log")], NOT_RETIRED,
+           now=datetime.now(UTC) + timedelta(seconds=1))
+    assert _site_dets(det.run_once(store, end + timedelta(minutes=1)), since) == [
+        ("pipeline_gap", opened, None, None)]
