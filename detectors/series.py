@@ -720,6 +720,12 @@ class SeasonalDetector:
                 arr[i] = self.clean[d][i] if restore else np.nan
             m += timedelta(minutes=1)
 
+    def close_open(self, reason: str) -> list[Detection]:
+        """Close every open event where it was last seen (``detail.closed_by = reason``): the series ends
+        here for good (a site whose every log source ops retired).  Fed again later, it goes on as after
+        any stretch of no data."""
+        return list(self._close_all(self._last_ts or datetime.min.replace(tzinfo=UTC), reason))
+
     def _close_all(self, ts: datetime, reason: str) -> Iterator[Detection]:
         for k in list(self.open):
             det = self.open.pop(k)

@@ -1149,10 +1149,6 @@ class SourceGapDetector:
         #: sources ops retired (``source_retired``, migration 0011; :meth:`set_retired` by each run):
         #: ``host/file`` -> retired_at
         self.retired: dict[str, datetime] = {}
-        # each source's first line fed, and its latest silences of gap_min_minutes or more as (last line
-        # before, first line after) (:meth:`site_retired`)
-        self._first: dict[str, datetime] = {}
-        self._silences: dict[str, deque[tuple[datetime, datetime]]] = {}
 
     def set_retired(self, retired: dict[str, datetime]) -> None:
         """The retirements as read by a run.  A change (one undone) rescans every source at the next
@@ -1172,23 +1168,21 @@ class SourceGapDetector:
         return at if q and q[-1][0] < retirement_minute(at) else None
 
     def site_retired(self, until: datetime) -> datetime | None:
-        """The site's latest retirement when every source it has had before ``until`` is retired at ``until``
-        (retired by then, its last line before ``until`` earlier than the retirement's minute rounded up): the
-        site is gone, so its silence is neither a ``pipeline_gap`` nor zeros for an outage.  ``None`` else, and
-        when a source's last line before ``until`` is no longer kept (it sent again since: judged ordinary)."""
+        """The site's latest retirement when every source sending in the hour before the site's last line is
+        retired at ``until`` (retired by then, its last line before the retirement's minute rounded up): the
+        site is gone, so its silence is neither a ``pipeline_gap`` nor zeros for an outage.  A source that had
+        stopped an hour or more before the others is not asked (retired or not: every process, however long it
+        has run, judges the same sources).  Exact only with the lines before ``until`` fed and none after:
+        ``TrafficDetector._feed`` asks it in its minute loop for a window's minutes, and at the window's end."""
         if not self.retired or not self.recent:
             return None
+        latest = max(q[-1][0] for q in self.recent.values() if q)
         ats: list[datetime] = []
         for src, q in self.recent.items():
-            last = next((m for m, _ in reversed(q) if m < until), None)
-            if last is None:  # lines fed past ``until`` (history feeds a window's sources first)
-                last = next((lo for lo, back in self._silences.get(src, ()) if lo < until <= back), None)
-            if last is None:
-                if self._first.get(src, until) < until:
-                    return None  # lines before ``until`` that are no longer kept
-                continue  # its first line came later: not a source of the site yet
+            if not q or q[-1][0] <= latest - timedelta(minutes=60):
+                continue
             at = self.retired.get(src)
-            if at is None or at > until or last >= retirement_minute(at):
+            if at is None or at > until or q[-1][0] >= retirement_minute(at):
                 return None
             ats.append(at)
         return max(ats) if ats else None
@@ -1232,10 +1226,7 @@ class SourceGapDetector:
 
     def update(self, src: str, minute: datetime, n: int) -> Iterator[Detection]:
         q = self.recent.setdefault(src, deque())
-        self._first.setdefault(src, minute)
         gap_min = int(self.h["gap_min_minutes"])
-        if q and minute - q[-1][0] > timedelta(minutes=gap_min):
-            self._silences.setdefault(src, deque(maxlen=64)).append((q[-1][0], minute))
         if src in self.open:
             det = self.open.pop(src)
             det.end, det.state = minute - timedelta(minutes=1), "closed"
@@ -2040,6 +2031,17 @@ class TrafficDetector:
         visits: list[_VisitorQuery] = []
         blocked: list[tuple[datetime, datetime, datetime]] = []
         hb = win.hb_log
+        # the window's minutes at which the site's retirement (every source retired) changes: (minute, retired_at
+        # or None), recorded in the sources' minute loop, as the sources stood then
+        gone_steps: list[tuple[datetime, datetime | None]] = []
+
+        def gone_at(t: datetime) -> datetime | None:
+            """The site's retirement at ``t`` (:meth:`SourceGapDetector.site_retired`): recorded for the
+            window's minutes (the window's source lines are all fed first), asked afresh at its end."""
+            if t >= win.until:
+                return rt.sources.site_retired(t)
+            k = bisect.bisect_right(gone_steps, t, key=lambda x: x[0])
+            return gone_steps[k - 1][1] if k else None
 
         def logged(t: datetime) -> bool:
             """``t`` is judged with the heartbeat log (known then)."""
@@ -2070,6 +2072,10 @@ class TrafficDetector:
             # with the heartbeat log, every earlier minute is judged with the heartbeats of its own time
             judged_from = win.until - timedelta(minutes=1) if win.live else win.until
             while m < win.until:
+                if rt.sources.retired:  # (lines before m fed, none after: site_retired is exact here)
+                    g = rt.sources.site_retired(m)
+                    if g != (gone_steps[-1][1] if gone_steps else None):
+                        gone_steps.append((m, g))
                 if rt.sources.recent:
                     if logged(m) and m < judged_from:
                         beats = hb.at(m)  # type: ignore[union-attr]
@@ -2140,7 +2146,7 @@ class TrafficDetector:
             judged in chunks of that length) stops the zeros and opens the ``pipeline_gap`` from the silence's
             first minute; without heartbeats the gap begins after the minutes fed as zeros."""
             assert rt.last_seen is not None
-            gone = rt.sources.site_retired(until)
+            gone = gone_at(until)
             if gone is not None:
                 # every source of the site retired, silent since (the site is gone): its silence is no
                 # pipeline_gap and no zeros; an open gap closes where the retirement begins (as a source's)
@@ -2157,6 +2163,8 @@ class TrafficDetector:
                     rt.retired_gap = g.start
                 else:  # a run that did not see the gap open (restarted, or history): the gap it would have had
                     out.extend(_reported(self._silence_gap(rt, until, health, gone), until - timedelta(minutes=1)))
+                if rt.seasonal.open:  # an outage (its hosts heartbeat on) or dip open: the site is gone, not down
+                    out.extend(_reported(rt.seasonal.close_open("retired"), until - timedelta(minutes=1)))
                 rt.down_silence_from = None
                 return
             fresh = sources_only(fresh)  # a listener's heartbeats say nothing of the site
@@ -2226,7 +2234,7 @@ class TrafficDetector:
         for minute, req, err, tviews, pv in win.site_rows:
             if "site" in enabled:
                 logged_tails(minute)
-                out.extend(_reported(self._gap_check(rt, minute, health), minute))
+                out.extend(_reported(self._gap_check(rt, minute, health, gone_at), minute))
                 if rt.last_seen is not None and timedelta(minutes=1) < minute - rt.last_seen <= gap_min:
                     m = rt.last_seen + timedelta(minutes=1)  # a few minutes without rows = minutes with 0 requests
                     while m < minute:
@@ -2277,7 +2285,8 @@ class TrafficDetector:
         exp, n = rt.seasonal.expected((until - timedelta(minutes=1)).astimezone(rt.seasonal.tz), min(silent, 1440))
         return bool(n) and exp < float(health["gap_min_expected"])
 
-    def _gap_check(self, rt: _SiteRuntime, minute: datetime, health: dict[str, Any]) -> Iterator[Detection]:
+    def _gap_check(self, rt: _SiteRuntime, minute: datetime, health: dict[str, Any],
+                   gone_at: Callable[[datetime], datetime | None]) -> Iterator[Detection]:
         if rt.gap is not None:  # lines are back: the gap closes at the last silent minute
             rt.gap.end, rt.gap.state = minute - timedelta(minutes=1), "closed"
             rt.gap.expected = _gap_expected(rt, rt.gap.start, rt.gap.end)
@@ -2285,7 +2294,7 @@ class TrafficDetector:
             rt.gap = None
             return
         if rt.last_seen is not None and minute - rt.last_seen > timedelta(minutes=int(health["gap_min_minutes"])):
-            yield from self._silence_gap(rt, minute, health, rt.sources.site_retired(minute))
+            yield from self._silence_gap(rt, minute, health, gone_at(minute))
 
     def _silence_gap(self, rt: _SiteRuntime, minute: datetime, health: dict[str, Any],
                      gone: datetime | None) -> list[Detection]:

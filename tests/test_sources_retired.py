@@ -260,3 +260,55 @@ def test_a_site_whose_every_source_is_retired_has_no_gap_nor_outage_after_it(sto
            now=datetime.now(UTC) + timedelta(seconds=1))
     assert _site_dets(det.run_once(store, end + timedelta(minutes=1)), since) == [
         ("pipeline_gap", opened, None, None)]
+
+
+def test_a_decommissioned_site_whose_hosts_heartbeat_on_has_its_outage_closed_by_the_retirement(
+        store: Any) -> None:
+    """The likelier decommission: the site's vhost is removed but its hosts stay up for other sites, so its
+    files' heartbeats go on.  Its silence reads as an outage (the site answers nothing while its shippers are
+    alive), correctly so until ops retire both files at 10:50:10; then the outage closes where it was last
+    seen (``closed_by: retired``), no other site detection follows, and no pipeline_gap is reported.  Before
+    the change the outage stayed open for good."""
+    case = {**SITE_GONE, "site": {"name": "case-retire-vhost", "timezone": "UTC"}}
+    name = case["site"]["name"]
+    store.insert("requests", build_requests(case))
+    det = TrafficDetector(_settings([case]), sites=[name])
+    live: dict[str, Detection] = {}
+    t = _local(case, "2026-03-11T09:50:30")
+    stopped = _local(case, "2026-03-11T10:00")
+    retired_at = _local(case, "2026-03-11T10:50:10")
+    before: list[tuple[Any, ...]] = []
+    while t <= _local(case, "2026-03-11T11:40:30"):
+        hb = t - timedelta(seconds=5)
+        for f in ("main.log", "minor.log"):
+            _beat(store, name, min(hb - timedelta(seconds=1), stopped - timedelta(seconds=20)), hb, file=f)
+        if t >= retired_at and not before:
+            before = _site_dets(live.values(), stopped)
+            retire(store, name, [("origin", "main.log"), ("origin", "minor.log")], retired_at)
+        for d in det.run_once(store, t):
+            live[d.id] = d
+        t += timedelta(minutes=1)
+    assert [(k, e) for k, _s, e, _c in before] == [("outage", None)]  # open until the retirement
+    after = _site_dets(live.values(), stopped)
+    assert [(k, c) for k, _s, _e, c in after] == [("outage", "retired")], after
+    assert after[0][2] is not None and after[0][2] <= _local(case, "2026-03-11T10:51")
+    assert not [d for d in live.values() if d.kind == "pipeline_gap"]
+
+
+def test_site_retired_asks_the_sources_sending_when_the_site_fell_silent() -> None:
+    """``site_retired``: every source that sent in the hour before the site's last line must be retired; one
+    that had stopped long before is not asked, retired or not (a process that has run for days and one started
+    an hour ago judge the same sources)."""
+    gaps = SourceGapDetector(load_rules(), "forum")
+    _feed(gaps, "old/access.log", -3000, -2000)  # stopped two days before, never retired
+    _feed(gaps, "web1/access.log", 0, 59)
+    _feed(gaps, "web2/access.log", 0, 30)  # quieter: its last line half an hour before the site's
+    gaps.set_retired({"web1/access.log": _m(70, 5)})
+    assert gaps.site_retired(_m(80)) is None  # web2 sent in the last hour and is not retired
+    gaps.set_retired({"web1/access.log": _m(70, 5), "web2/access.log": _m(65)})
+    assert gaps.site_retired(_m(69)) is None  # web1's retirement has not come yet
+    assert gaps.site_retired(_m(80)) == _m(70, 5)  # the latest of them; old/access.log not asked
+    gaps.set_retired({"web1/access.log": _m(70, 5), "web2/access.log": _m(65), "old/access.log": _m(90)})
+    assert gaps.site_retired(_m(80)) == _m(70, 5)  # (nor its later retirement in a clean-up)
+    assert _feed(gaps, "web2/access.log", 81, 81) == []  # back after its retirement: the site is not gone
+    assert gaps.site_retired(_m(82)) is None
