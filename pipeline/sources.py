@@ -169,6 +169,7 @@ def retire_command(
             raise SystemExit(1)
         warnings = _surprises(st, site, parsed, when, undo)
         retire(st, site, parsed, when, note)
+        whole = not undo and site_wholly_retired(st, site)
     finally:
         st.close()
     for w in warnings:
@@ -181,6 +182,27 @@ def retire_command(
           "history` over a range after it "
           "reports the source's gap closed there (closed_by: retired)" if not undo else
           "note: undone: the sources are judged as before from the detectors' next run", file=sys.stderr)
+    if whole:
+        print(f"note: every source that sent site {site!r} lines in its last hour is retired now: the site is "
+              "retired too (its own pipeline_gap, or an outage or dip still open, closes where the latest "
+              "retirement begins)", file=sys.stderr)
+
+
+def site_wholly_retired(store: Any, site: str) -> bool:
+    """Every source (``source_liveness``) that sent ``site`` lines in the hour before its latest line is
+    retired now (:func:`retired_after`): the detectors then take the site itself as retired
+    (``SourceGapDetector.site_retired`` asks the same sources, from the lines it has read)."""
+    rows = store.query_rows(
+        "SELECT origin_host, origin_file, toUnixTimestamp64Milli(max(last_line_ts)) FROM source_liveness "
+        f"WHERE site = {_q(site)} GROUP BY origin_host, origin_file")
+    lines = {(str(h), str(f)): int(ms) for h, f, ms in rows if ms and int(ms) > 0}
+    if not lines:
+        return False
+    latest = max(lines.values())
+    retired = retired_sources(store, site)
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    return all(retired_after(ms, retired.get((site, h, f), 0), now_ms)
+               for (h, f), ms in lines.items() if ms > latest - 3_600_000)
 
 
 def _surprises(store: Any, site: str, sources: list[tuple[str, str]], when: datetime, undo: bool) -> list[str]:

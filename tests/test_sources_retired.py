@@ -190,12 +190,14 @@ st.close()
     # written, with a warning: dated before its last line (moot), and an undo of what was not retired
     moot = run("retire", "web1//var/log/apache2/access.log", "--site", "forum", "--at", "2026-03-11T08:00Z")
     assert moot.returncode == 0 and "after the retirement" in moot.stderr, moot.stderr
+    assert "the site is retired too" not in moot.stderr  # moot: the site still has a source
     undo = run("retire", "web1//var/log/apache2/access.log", "--site", "forum", "--undo")
     assert undo.returncode == 0 and "warning" not in undo.stderr, undo.stderr
     again = run("retire", "web1//var/log/apache2/access.log", "--site", "forum", "--undo")
     assert again.returncode == 0 and "was not retired" in again.stderr, again.stderr
     ok = run("retire", "source:web1//var/log/apache2/access.log", "--site", "forum", "--note", "removed")
     assert ok.returncode == 0 and "warning" not in ok.stderr, ok.stderr
+    assert "site 'forum' lines in its last hour is retired now: the site is retired too" in ok.stderr, ok.stderr
     out = json.loads(ok.stdout.splitlines()[0])
     assert out["source"] == "web1//var/log/apache2/access.log" and out["note"] == "removed"
     future = run("retire", "web1//var/log/apache2/access.log", "--site", "forum", "--at", "2999-01-01")
