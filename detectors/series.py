@@ -720,16 +720,19 @@ class SeasonalDetector:
                 arr[i] = self.clean[d][i] if restore else np.nan
             m += timedelta(minutes=1)
 
-    def close_open(self, reason: str) -> list[Detection]:
-        """Close every open event where it was last seen (``detail.closed_by = reason``): the series ends
-        here for good (a site whose every log source ops retired).  Fed again later, it goes on as after
-        any stretch of no data."""
-        return list(self._close_all(self._last_ts or datetime.min.replace(tzinfo=UTC), reason))
+    def close_open(self, reason: str, at: datetime) -> list[Detection]:
+        """Close every open event where it was last seen, and by ``at`` (``detail.closed_by = reason``): the
+        series ended there for good (a site whose every log source ops retired, ``at`` the minute before the
+        retirement: minutes fed after it, before the retirement was known, are not the event's).  Fed again
+        later, it goes on as after any stretch of no data."""
+        return list(self._close_all(self._last_ts or at, reason, at))
 
-    def _close_all(self, ts: datetime, reason: str) -> Iterator[Detection]:
+    def _close_all(self, ts: datetime, reason: str, by: datetime | None = None) -> Iterator[Detection]:
         for k in list(self.open):
             det = self.open.pop(k)
             det.end = self._last_seen_end(det)
+            if by is not None:
+                det.end = max(det.start, min(det.end, by))
             det.state = "closed"
             det.detail["closed_by"] = reason
             if k == "outage":  # up minutes pending at the last seen minute: not part of it (its end is _last)

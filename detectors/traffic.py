@@ -2164,7 +2164,9 @@ class TrafficDetector:
                 else:  # a run that did not see the gap open (restarted, or history): the gap it would have had
                     out.extend(_reported(self._silence_gap(rt, until, health, gone), until - timedelta(minutes=1)))
                 if rt.seasonal.open:  # an outage (its hosts heartbeat on) or dip open: the site is gone, not down
-                    out.extend(_reported(rt.seasonal.close_open("retired"), until - timedelta(minutes=1)))
+                    out.extend(_reported(rt.seasonal.close_open(
+                        "retired", gone.replace(second=0, microsecond=0) - timedelta(minutes=1)),
+                        until - timedelta(minutes=1)))
                 rt.down_silence_from = None
                 return
             fresh = sources_only(fresh)  # a listener's heartbeats say nothing of the site

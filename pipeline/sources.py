@@ -12,9 +12,11 @@ Guarantees and how to read a retirement:
   silence is judged as any other.
 * Undo (a source retired by mistake): a row with ``retired_at`` = the epoch (:data:`NOT_RETIRED`): every line is
   after it.  The newest row (``updated_at``) per source stands; rows are never deleted.
-* Misuse: a retirement says nothing about the *site*: a site whose every source is retired and silent is still
-  a site without lines (its own ``pipeline_gap``).  Retire a collector's network listener by stopping it: a
-  listener is no source (``GET /fp/listeners``).
+* A site whose every source that sent it lines in the hour before its last line is retired and silent is
+  retired with them: its own ``pipeline_gap``, or an outage or dip still open, closes where the latest
+  retirement begins, and its silence after it is neither (``SourceGapDetector.site_retired``).
+* Misuse: retire a collector's network listener by stopping it: a listener is no source
+  (``GET /fp/listeners``).
 """
 
 from __future__ import annotations
@@ -191,18 +193,21 @@ def retire_command(
 def site_wholly_retired(store: Any, site: str) -> bool:
     """Every source (``source_liveness``) that sent ``site`` lines in the hour before its latest line is
     retired now (:func:`retired_after`): the detectors then take the site itself as retired
-    (``SourceGapDetector.site_retired`` asks the same sources, from the lines it has read)."""
+    (``SourceGapDetector.site_retired`` asks the same sources from the lines it has read, by their minutes:
+    both are judged in whole minutes here, but a line's arrival time is not its log time, so at the hour's
+    edge this is a hint, not the detectors' verdict)."""
     rows = store.query_rows(
         "SELECT origin_host, origin_file, toUnixTimestamp64Milli(max(last_line_ts)) FROM source_liveness "
         f"WHERE site = {_q(site)} GROUP BY origin_host, origin_file")
     lines = {(str(h), str(f)): int(ms) for h, f, ms in rows if ms and int(ms) > 0}
+    minute = {k: ms // 60_000 * 60_000 for k, ms in lines.items()}
     if not lines:
         return False
-    latest = max(lines.values())
+    latest = max(minute.values())
     retired = retired_sources(store, site)
     now_ms = int(datetime.now(UTC).timestamp() * 1000)
     return all(retired_after(ms, retired.get((site, h, f), 0), now_ms)
-               for (h, f), ms in lines.items() if ms > latest - 3_600_000)
+               for (h, f), ms in lines.items() if minute[(h, f)] > latest - 3_600_000)
 
 
 def _surprises(store: Any, site: str, sources: list[tuple[str, str]], when: datetime, undo: bool) -> list[str]:

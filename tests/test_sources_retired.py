@@ -17,7 +17,7 @@ from forumpulse.detectors.traffic import SourceGapDetector, TrafficDetector, det
 from forumpulse.pipeline.consumer import source_status
 from forumpulse.pipeline.sources import NOT_RETIRED, parse_source, retire, retired_sources
 from test_traffic_cases import _local, _settings, build_requests
-from test_traffic_liveness_review import _beat
+from test_traffic_liveness_review import _beat, _beat_log
 
 T0 = datetime(2026, 3, 11, 9, 0, tzinfo=UTC)
 
@@ -172,7 +172,7 @@ def test_the_retire_command_refuses_an_unknown_source_and_writes_a_known_one(tmp
     seed = subprocess.run([sys.executable, "-c", f"""
 from datetime import UTC, datetime
 from forumpulse.pipeline.store import migrate, open_store
-from test_traffic_liveness_review import _beat
+from test_traffic_liveness_review import _beat, _beat_log
 st = open_store({url!r})
 migrate(st)
 t = datetime(2026, 3, 11, 9, 0, tzinfo=UTC)
@@ -264,27 +264,34 @@ def test_a_site_whose_every_source_is_retired_has_no_gap_nor_outage_after_it(sto
         ("pipeline_gap", opened, None, None)]
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["retired-on-time", "retired-30-min-late"])
 def test_a_decommissioned_site_whose_hosts_heartbeat_on_has_its_outage_closed_by_the_retirement(
-        store: Any) -> None:
+        store: Any, late: bool) -> None:
     """The likelier decommission: the site's vhost is removed but its hosts stay up for other sites, so its
     files' heartbeats go on.  Its silence reads as an outage (the site answers nothing while its shippers are
-    alive), correctly so until ops retire both files at 10:50:10; then the outage closes where it was last
-    seen (``closed_by: retired``), no other site detection follows, and no pipeline_gap is reported.  Before
-    the change the outage stayed open for good."""
+    alive), correctly so until ops retire both files as of 10:50:10; then the outage closes (``closed_by:
+    retired``) by the minute before the retirement -- also when ops write it half an hour later (``--at`` in the
+    past: the live runs fed zeros meanwhile) -- no other site detection follows, and no pipeline_gap is
+    reported.  Live, history and a restarted run (with the heartbeat log) agree.  Before the change the outage
+    stayed open for good."""
     case = {**SITE_GONE, "site": {"name": "case-retire-vhost", "timezone": "UTC"}}
     name = case["site"]["name"]
     store.insert("requests", build_requests(case))
-    det = TrafficDetector(_settings([case]), sites=[name])
+    settings = _settings([case])
+    det = TrafficDetector(settings, sites=[name])
     live: dict[str, Detection] = {}
     t = _local(case, "2026-03-11T09:50:30")
     stopped = _local(case, "2026-03-11T10:00")
     retired_at = _local(case, "2026-03-11T10:50:10")
+    written_at = retired_at + timedelta(minutes=30 if late else 0)
+    end = _local(case, "2026-03-11T11:40:30")
     before: list[tuple[Any, ...]] = []
-    while t <= _local(case, "2026-03-11T11:40:30"):
+    while t <= end:
         hb = t - timedelta(seconds=5)
         for f in ("main.log", "minor.log"):
             _beat(store, name, min(hb - timedelta(seconds=1), stopped - timedelta(seconds=20)), hb, file=f)
-        if t >= retired_at and not before:
+            _beat_log(store, name, hb, file=f)
+        if t >= written_at and not before:
             before = _site_dets(live.values(), stopped)
             retire(store, name, [("origin", "main.log"), ("origin", "minor.log")], retired_at)
         for d in det.run_once(store, t):
@@ -292,9 +299,11 @@ def test_a_decommissioned_site_whose_hosts_heartbeat_on_has_its_outage_closed_by
         t += timedelta(minutes=1)
     assert [(k, e) for k, _s, e, _c in before] == [("outage", None)]  # open until the retirement
     after = _site_dets(live.values(), stopped)
-    assert [(k, c) for k, _s, _e, c in after] == [("outage", "retired")], after
-    assert after[0][2] is not None and after[0][2] <= _local(case, "2026-03-11T10:51")
+    assert [(k, e, c) for k, _s, e, c in after] == [("outage", _local(case, "2026-03-11T10:49"), "retired")]
     assert not [d for d in live.values() if d.kind == "pipeline_gap"]
+    assert _site_dets(detect_history(store, stopped, end.replace(second=0), settings, sites=[name]),
+                      stopped) == after
+    assert _site_dets(TrafficDetector(settings, sites=[name]).run_once(store, end), stopped) == after
 
 
 def test_site_retired_asks_the_sources_sending_when_the_site_fell_silent() -> None:
