@@ -79,18 +79,21 @@ def _gaps(dets: Any, since: datetime) -> list[tuple[Any, ...]]:
                   if d.kind == "pipeline_gap" and d.scope.startswith("source:") and d.start >= since)
 
 
+def _start(store: Any, case: dict[str, Any]) -> tuple[str, Any, TrafficDetector, dict[str, Detection]]:
+    """The case's requests stored; its name, settings, a live detector and the detections it reports, by id."""
+    name = case["site"]["name"]
+    store.insert("requests", build_requests(case))
+    settings = _settings([case])
+    return name, settings, TrafficDetector(settings, sites=[name]), {}
+
+
 def test_a_retired_source_is_judged_alike_live_in_history_and_after_a_restart(store: Any) -> None:
     """main.log (85% of the site) stops for good at 10:00, heartbeats and all (its server removed): its gap opens
     live; ops retire it at 10:30:10 (``retire``, as the command writes it).  Live every minute, history and a
     live detector started at 11:10 all close the gap at 10:29 (``closed_by: retired``) and open no other;
-    without the
-    retirement the gap stays open (the control)."""
-    name = CASE["site"]["name"]
-    store.insert("requests", build_requests(CASE))
-    settings = _settings([CASE])
+    without the retirement the gap stays open (the control)."""
+    name, settings, det, live = _start(store, CASE)
     since = _local(CASE, "2026-03-11T09:00")
-    det = TrafficDetector(settings, sites=[name])
-    live: dict[str, Detection] = {}
     t = _local(CASE, "2026-03-11T09:50:30")
     end = _local(CASE, "2026-03-11T11:10:30")
     retired_at = _local(CASE, "2026-03-11T10:30:10")
@@ -225,12 +228,8 @@ def test_a_site_whose_every_source_is_retired_has_no_gap_nor_outage_after_it(sto
     close it at 10:29 (``closed_by: retired``), feed no zeros (no dip, no outage) and open nothing more while
     the site stays silent; its lines returning at 12:00 (after the retirement: an ordinary site again) report
     no gap for the retired silence.  Retiring one file of the two leaves the site's gap open (the control)."""
-    name = SITE_GONE["site"]["name"]
-    store.insert("requests", build_requests(SITE_GONE))
-    settings = _settings([SITE_GONE])
+    name, settings, det, live = _start(store, SITE_GONE)
     since = _local(SITE_GONE, "2026-03-11T09:00")
-    det = TrafficDetector(settings, sites=[name])
-    live: dict[str, Detection] = {}
     t = _local(SITE_GONE, "2026-03-11T09:50:30")
     end = _local(SITE_GONE, "2026-03-11T11:10:30")
     retired_at = _local(SITE_GONE, "2026-03-11T10:30:10")
@@ -275,11 +274,7 @@ def test_a_decommissioned_site_whose_hosts_heartbeat_on_has_its_outage_closed_by
     reported.  Live, history and a restarted run (with the heartbeat log) agree.  Before the change the outage
     stayed open for good."""
     case = {**SITE_GONE, "site": {"name": "case-retire-vhost", "timezone": "UTC"}}
-    name = case["site"]["name"]
-    store.insert("requests", build_requests(case))
-    settings = _settings([case])
-    det = TrafficDetector(settings, sites=[name])
-    live: dict[str, Detection] = {}
+    name, settings, det, live = _start(store, case)
     t = _local(case, "2026-03-11T09:50:30")
     stopped = _local(case, "2026-03-11T10:00")
     retired_at = _local(case, "2026-03-11T10:50:10")
