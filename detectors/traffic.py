@@ -1107,6 +1107,26 @@ def sources_only(fresh: set[str]) -> set[str]:
     return {k for k in fresh if not k.startswith(LISTENER_KEY)}
 
 
+def _retired_detail(at: datetime) -> dict[str, str]:
+    """What a gap closed by a retirement at ``at`` says of it."""
+    return {"closed_by": "retired", "retired_at": at.isoformat().replace("+00:00", "Z")}
+
+
+def _last_before_retirement(at: datetime) -> datetime:
+    """The last minute a retirement at ``at`` leaves to a gap (the minute before ``at``'s minute)."""
+    return at.replace(second=0, microsecond=0) - timedelta(minutes=1)
+
+
+def _close_by_retirement(det: Detection, at: datetime) -> Detection:
+    """``det`` (an open ``pipeline_gap``, of a source or of a site) closed where the retirement at ``at``
+    begins: its end the minute before, never before its start."""
+    det.end = max(det.start, _last_before_retirement(at))
+    det.state = "closed"
+    det.detail.pop("_back_since", None)
+    det.detail.update(_retired_detail(at))
+    return det
+
+
 class SourceGapDetector:
     """Per log source (origin_host/origin_file): a silence of at least ``gap_min_minutes`` when the source's rate
     over the hour before predicts at least ``gap_min_expected`` lines is a ``pipeline_gap`` (scope
@@ -1194,13 +1214,7 @@ class SourceGapDetector:
             at = self._retired(src, until)
             if at is None:
                 continue
-            det = self.open.pop(src)
-            det.end = max(det.start, at.replace(second=0, microsecond=0) - timedelta(minutes=1))
-            det.state = "closed"
-            det.detail.pop("_back_since", None)
-            det.detail["closed_by"] = "retired"
-            det.detail["retired_at"] = at.isoformat().replace("+00:00", "Z")
-            yield det
+            yield _close_by_retirement(self.open.pop(src), at)
 
     def _cover(self, src: str, fresh: set[str]) -> frozenset[str]:
         """The listener entries of ``fresh`` that may receive ``src`` (``contracts.covering_listeners``), for a
@@ -2151,12 +2165,8 @@ class TrafficDetector:
                 # every source of the site retired, silent since (the site is gone): its silence is no
                 # pipeline_gap and no zeros; an open gap closes where the retirement begins (as a source's)
                 if rt.gap is not None:
-                    g, rt.gap = rt.gap, None
-                    g.end = max(g.start, gone.replace(second=0, microsecond=0) - timedelta(minutes=1))
-                    g.state = "closed"
-                    g.detail.pop("_back_since", None)
-                    g.detail["closed_by"] = "retired"
-                    g.detail["retired_at"] = gone.isoformat().replace("+00:00", "Z")
+                    g, rt.gap = _close_by_retirement(rt.gap, gone), None
+                    assert g.end is not None
                     g.expected = _gap_expected(rt, g.start, g.end)
                     blocked.append((g.start, g.end, datetime.min.replace(tzinfo=UTC)))
                     out.extend(_reported([g], until - timedelta(minutes=1)))
@@ -2164,9 +2174,8 @@ class TrafficDetector:
                 else:  # a run that did not see the gap open (restarted, or history): the gap it would have had
                     out.extend(_reported(self._silence_gap(rt, until, health, gone), until - timedelta(minutes=1)))
                 if rt.seasonal.open:  # an outage (its hosts heartbeat on) or dip open: the site is gone, not down
-                    out.extend(_reported(rt.seasonal.close_open(
-                        "retired", gone.replace(second=0, microsecond=0) - timedelta(minutes=1)),
-                        until - timedelta(minutes=1)))
+                    out.extend(_reported(rt.seasonal.close_open("retired", _last_before_retirement(gone)),
+                                         until - timedelta(minutes=1)))
                 rt.down_silence_from = None
                 return
             fresh = sources_only(fresh)  # a listener's heartbeats say nothing of the site
@@ -2313,8 +2322,8 @@ class TrafficDetector:
         if gone is not None:
             if gone <= start + gap_min or rt.retired_gap == start:
                 return []
-            stop = max(start + timedelta(minutes=1), gone.replace(second=0, microsecond=0))
-            more = {"closed_by": "retired", "retired_at": gone.isoformat().replace("+00:00", "Z")}
+            stop = max(start, _last_before_retirement(gone)) + timedelta(minutes=1)
+            more = _retired_detail(gone)
         silent = int((stop - rt.last_seen).total_seconds() // 60) - 1
         if self._quiet(rt, stop, silent, health):
             return []  # a quiet night, not a gap
