@@ -8,15 +8,21 @@ against every configured bouncer key):
   registry knows of, and resets the caller's cursor; later calls return what changed since that caller's
   previous call.  A caller without a cursor (first poll, a cursor forgotten, one older than the change log, or a
   cursor of a previous forumpulse process) gets the startup answer.  ``null`` lists are sent as ``null`` like
-  LAPI does when empty.
-* ``GET /v1/decisions?ip=A`` -> the active decisions covering A (exact address or a containing range), or ``null``;
-  an IPv4-mapped IPv6 address (``::ffff:192.0.2.9``) is looked up as the IPv4 address.  Without ``ip`` ->
-  every active decision, or ``null`` when there is none (as LAPI's ``GetDecision`` answers with no filter).
+  LAPI does when empty.  A deletion is not sent while the same value has a decision in force (LAPI hides an
+  expired decision behind a later one of the same value): a bouncer that applies ``new`` before ``deleted`` and
+  deletes by value (the PHP remediation engine, older Traefik plugins) would otherwise drop a re-ban sent in
+  the same answer.
+* ``GET /v1/decisions?ip=A`` (or ``range=CIDR``) -> the active decisions covering A (exact address or a
+  containing range; with ``contains=false`` the decisions inside the given range instead), or ``null``; an
+  IPv4-mapped IPv6 address (``::ffff:192.0.2.9``) is looked up as the IPv4 address.  Without ``ip`` / ``range``
+  -> every active decision, or ``null`` when there is none (as LAPI's ``GetDecision`` answers with no filter).
 
-Both take LAPI's filters: ``scopes`` (comma-separated, ``ip``/``range``, any case), ``origins``,
-``scenarios_containing`` and ``scenarios_not_containing`` (comma-separated substrings); a decision left out by
-a filter is left out of that answer only (a stream cursor still moves past it: use the same filters on every
-poll, as bouncers do).
+Both take LAPI's filters: ``scopes`` / ``scope`` (comma-separated, ``ip``/``range``, any case), ``value`` and
+``type`` (exact), ``origins``, ``scenarios_containing`` and ``scenarios_not_containing`` (comma-separated
+substrings); a decision left out by a filter is left out of that answer only (a stream cursor still moves past
+it: use the same filters on every poll, as bouncers do).  So a bouncer's look-up of another scope
+(``scope=Country&value=FR``, the PHP bouncers' geolocation, the Traefik plugin's live scopes) answers ``null``:
+forumpulse decides on addresses and ranges only.  ``HEAD`` on either route answers 200 with no body, as LAPI.
 
 * ``POST /v1/usage-metrics`` (what current bouncers push every 30 min) -> ``201``; the body (up to 1 MiB) is read
   in chunks and dropped, and counted in :attr:`DecisionApiServer.usage_metrics` (a ``404``/``501`` made bouncers log a
@@ -256,7 +262,7 @@ class DecisionRegistry:
             since = self.cursors[caller][0] if caller in self.cursors else None
             if startup or since is None or since < self.trimmed:
                 new = [self._public(r, now) for r in self.active.values()]
-                deleted = [self._public(r, now) for r in self.deleted.values()]
+                deleted = [self._public(r, now) for r in self.deleted.values() if r["value"] not in self.active]
             else:
                 new_recs: dict[str, dict[str, Any]] = {}
                 deleted = []
@@ -267,7 +273,7 @@ class DecisionRegistry:
                         new_recs[rec["value"]] = rec
                     elif new_recs.get(rec["value"]) is rec:
                         del new_recs[rec["value"]]
-                    else:
+                    elif rec["value"] not in self.active:  # hidden behind the value's decision in force
                         deleted.append(self._public(rec, now))
                 new = [self._public(r, now) for r in new_recs.values() if self.active.get(r["value"]) is r]
             self.cursors[caller] = (self.seq, now)
@@ -275,25 +281,42 @@ class DecisionRegistry:
             self._trim(now)
             return {"new": new or None, "deleted": deleted or None}
 
-    def lookup(self, ip: str | None) -> list[dict[str, Any]] | None:
-        """The active decisions covering ``ip`` (exact address or a containing range); every active decision when
-        ``ip`` is None or empty (LAPI's ``GET /v1/decisions`` without a filter).  None when there are none, as
-        LAPI answers ``null``."""
-        addr = None
+    def lookup(self, ip: str | None, contains: bool = True) -> list[dict[str, Any]] | None:
+        """The active decisions covering ``ip`` -- an address or a range (CIDR) -- that is, equal to it or a
+        range containing it; with ``contains=False`` those inside it instead (LAPI's ``contains`` parameter).
+        Every active decision when ``ip`` is None or empty (LAPI's ``GET /v1/decisions`` without a filter).
+        None when there are none, as LAPI answers ``null``.  ValueError names an address that is not one."""
+        want = None
         if ip is not None and ip.strip():
             try:
-                addr = ipaddress.ip_address(ip.strip())
+                want = ipaddress.ip_network(ip.strip(), strict=False)
             except ValueError:
-                raise ValueError(f"invalid ip {ip!r}") from None
-            if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-                addr = addr.ipv4_mapped  # ::ffff:a.b.c.d is a.b.c.d, as decisions are keyed
+                raise ValueError(f"invalid ip or range {ip!r}") from None
+            mapped = want.network_address.ipv4_mapped if isinstance(want, ipaddress.IPv6Network) else None
+            if mapped is not None and want.prefixlen >= 96:  # ::ffff:a.b.c.d is a.b.c.d, as decisions are keyed
+                want = ipaddress.IPv4Network(f"{mapped}/{want.prefixlen - 96}", strict=False)
         with self.lock:
             now = self.clock()
             self._expire(now)
             self._trim(now)
-            hits = [self._public(r, now) for r in self.active.values()
-                    if addr is None or (r["net"].version == addr.version and addr in r["net"])]
+            hits = [self._public(r, now) for r in self.active.values() if want is None or _covers(r["net"], want, contains)]
         return hits or None
+
+
+def _covers(net: Any, want: Any, contains: bool) -> bool:
+    """LAPI's address filter: the decision's ``net`` contains ``want`` (``contains``) or lies inside it."""
+    if net.version != want.version:
+        return False
+    return bool(want.subnet_of(net) if contains else net.subnet_of(want))
+
+
+def lapi_bool(text: str) -> bool:
+    """A boolean query parameter as LAPI (Go's ``strconv.ParseBool``) reads it; ValueError otherwise."""
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    raise ValueError(f"invalid contains value {text!r} (true or false)")
 
 
 def _csv(q: Mapping[str, list[str]], key: str) -> list[str]:
@@ -301,15 +324,18 @@ def _csv(q: Mapping[str, list[str]], key: str) -> list[str]:
 
 
 def filter_decisions(items: list[dict[str, Any]] | None, q: Mapping[str, list[str]]) -> list[dict[str, Any]] | None:
-    """``items`` (public decisions) that pass LAPI's query filters ``scopes``, ``origins``,
-    ``scenarios_containing``, ``scenarios_not_containing`` (``q``: ``parse_qs`` of the query); None when none
-    is left, as LAPI answers ``null``."""
+    """``items`` (public decisions) that pass LAPI's query filters ``scopes`` (or ``scope``), ``value``,
+    ``type``, ``origins``, ``scenarios_containing``, ``scenarios_not_containing`` (``q``: ``parse_qs`` of the
+    query); None when none is left, as LAPI answers ``null``."""
     if not items:
         return None
-    scopes, origins = _csv(q, "scopes"), _csv(q, "origins")
+    scopes, origins = _csv(q, "scopes") + _csv(q, "scope"), _csv(q, "origins")
     having, not_having = _csv(q, "scenarios_containing"), _csv(q, "scenarios_not_containing")
+    value, kind = (q["value"][0] if q.get("value") else None), (q["type"][0] if q.get("type") else None)
     out = [d for d in items
            if (not scopes or str(d.get("scope", "")).lower() in scopes)
+           and (value is None or d.get("value") == value)
+           and (kind is None or d.get("type") == kind)
            and (not origins or str(d.get("origin", "")).lower() in origins)
            and (not having or any(h in str(d.get("scenario", "")).lower() for h in having))
            and not any(h in str(d.get("scenario", "")).lower() for h in not_having)]
@@ -400,7 +426,7 @@ class DecisionApiServer:
                 pass
 
             def _send(self, code: int, payload: Any) -> None:
-                body = json.dumps(payload).encode()
+                body = b"" if self.command == "HEAD" else json.dumps(payload).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -431,13 +457,20 @@ class DecisionApiServer:
                     got = registry.stream(caller, startup)
                     self._send(200, {k: filter_decisions(v, q) for k, v in got.items()})
                 elif u.path.rstrip("/") == "/v1/decisions":
-                    ip = q.get("ip", [""])[0]
+                    ip = (q.get("ip") or q.get("range") or [""])[0]
                     try:
-                        self._send(200, filter_decisions(registry.lookup(ip or None), q))
+                        contains = lapi_bool(q.get("contains", ["true"])[0])
+                        self._send(200, filter_decisions(registry.lookup(ip or None, contains), q))
                     except ValueError as exc:
                         self._send(400, {"message": str(exc)})
                 else:
                     self._send(404, {"message": "not found"})
+
+            def do_HEAD(self) -> None:  # LAPI answers HEAD on both routes with an empty 200
+                if self._bouncer() is None:
+                    return
+                known = urlparse(self.path).path.rstrip("/") in ("/v1/decisions/stream", "/v1/decisions")
+                self._send(200 if known else 404, None)
 
             def do_POST(self) -> None:
                 if self._bouncer() is None:

@@ -229,3 +229,68 @@ def test_lapi_filters_and_usage_metrics_as_stock_bouncers_use_them() -> None:
         assert push("x" * 20) == 403 and push("k" * 20, "/v1/watchers") == 404 and srv.usage_metrics == 1
     finally:
         srv.stop()
+
+
+def test_a_deletion_is_not_sent_while_its_value_is_banned_again() -> None:
+    """An expired or replaced ban of a value banned again is not sent as a deletion next to the new ban (LAPI
+    hides it behind the later decision): bouncers that apply ``new`` before ``deleted`` and delete by value
+    (the PHP remediation engine, older Traefik plugins) dropped the escalated re-ban.  Once the value has no ban
+    in force, its deletions are sent again."""
+    now = [T0]
+    reg = DecisionRegistry(clock=lambda: now[0])
+    reg.stream("b|1", True)
+    reg.ban(dec("203.0.113.7", duration=60, id="first"))
+    assert values(reg.stream("b|1", False), "new") == ["203.0.113.7"]
+    now[0] += 61  # expired ...
+    reg.ban(dec("203.0.113.7", duration=240, id="again"))  # ... and banned again (escalated) before the next poll
+    out = reg.stream("b|1", False)
+    assert [d["id"] for d in out["new"]] == [decision_number("again", "203.0.113.7")] and out["deleted"] is None
+    startup = reg.stream("b|2", True)
+    assert values(startup, "new") == ["203.0.113.7"] and startup["deleted"] is None
+    reg.ban(dec("203.0.113.7", duration=960, id="third"))  # replaced while in force
+    out = reg.stream("b|1", False)
+    assert [d["id"] for d in out["new"]] == [decision_number("third", "203.0.113.7")] and out["deleted"] is None
+    reg.unban(dec("203.0.113.7", "unban"))
+    assert [d["id"] for d in reg.stream("b|1", False)["deleted"] or []] == [decision_number("third", "203.0.113.7")]
+    gone = {d["id"] for d in reg.stream("b|3", True)["deleted"] or []}
+    assert gone == {decision_number(i, "203.0.113.7") for i in ("first", "again", "third")}
+
+
+def test_lookup_filters_value_type_range_contains_and_head() -> None:
+    """``GET /v1/decisions`` takes LAPI's ``scope``, ``value``, ``type``, ``range`` and ``contains`` (they were
+    ignored: the PHP bouncers' country look-up ``scope=Country&value=FR`` got every ban, and they apply what
+    comes back to the visitor); ``HEAD`` answers 200 with no body, as LAPI."""
+    reg = DecisionRegistry()
+    srv = DecisionApiServer(reg, "k" * 20, port=0).start()
+    try:
+        reg.ban(dec("203.0.113.7"))
+        reg.ban(dec("198.51.100.0/24"))
+        reg.ban(dec("2001:db8::5"))
+
+        def got(query: str) -> list[str] | None:
+            out = _get(srv.port, "/v1/decisions?" + query)
+            return None if out is None else sorted(d["value"] for d in out)
+
+        assert got("scope=Country&value=FR") is None and got("scope=as&value=13335") is None
+        assert got("scope=ip&value=203.0.113.7") == ["203.0.113.7"] and got("scope=Ip") == ["2001:db8::5", "203.0.113.7"]
+        assert got("value=198.51.100.0/24") == ["198.51.100.0/24"] and got("value=198.51.100.0") is None
+        assert got("ip=203.0.113.7&type=captcha") is None and got("ip=203.0.113.7&type=ban") == ["203.0.113.7"]
+        assert got("range=198.51.100.128/25") == ["198.51.100.0/24"] and got("range=198.51.0.0/16") is None
+        assert got("range=198.51.0.0/16&contains=false") == ["198.51.100.0/24"]
+        assert got("range=203.0.0.0/8&contains=false") == ["203.0.113.7"] and got("range=2001:db8::/32") is None
+        assert got("range=2001:db8::/32&contains=false") == ["2001:db8::5"]
+        for bad in ("range=198.51.100.0/33", "ip=203.0.113.7&contains=maybe"):
+            with pytest.raises(urllib.error.HTTPError) as ei:
+                _get(srv.port, "/v1/decisions?" + bad)
+            assert ei.value.code == 400
+        for key, path, code in (("k" * 20, "/v1/decisions", 200), ("k" * 20, "/v1/decisions/stream", 200),
+                                ("x" * 20, "/v1/decisions", 403), ("k" * 20, "/v1/alerts", 404)):
+            req = urllib.request.Request(f"http://127.0.0.1:{srv.port}{path}", method="HEAD", headers={"X-Api-Key": key})
+            try:
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    status, body = int(r.status), r.read()
+            except urllib.error.HTTPError as exc:
+                status, body = int(exc.code), exc.read()
+            assert (status, body) == (code, b"")
+    finally:
+        srv.stop()
