@@ -28,9 +28,10 @@ Two stages, in Grafana's order:
 
    Parsing follows sqlutil: the macro name must end at a word boundary (``$__timeFilter`` never matches
    ``$__timeFilter_ms``; longer names are applied first), arguments are taken only from a parenthesis that
-   immediately follows the name (grafana-plugin-sdk-go#859), up to the balancing ``)``, and split on *every* comma
-   (so an argument must not contain a comma: ``$__timeFilter(toDateTime(ts, 'UTC'))`` is an argument-count
-   error in the plugin, and here).  A wrong argument count raises :class:`MacroError` like the plugin does.
+   immediately follows the name (grafana-plugin-sdk-go#859), up to the balancing ``)``, and split on the commas
+   outside nested parentheses (``parseArgs`` of the same change: ``$__timeFilter(toDateTime(ts, 'UTC'))`` has one
+   argument; parentheses inside quotes count too, as there).  A wrong argument count raises :class:`MacroError`
+   like the plugin does.
 
    ``$__timeFrom``/``$__timeTo``/``$__timeGroup`` are *not* ClickHouse-plugin macros in macros.go: they fall
    through to sqlutil's generic defaults (RFC 3339 string comparisons, ``datepart(...)``) which do not suit
@@ -257,16 +258,19 @@ def _matches(sql: str, name: str) -> list[tuple[str, list[str]]]:
         end = m.end()
         args: list[str] = []
         if end < len(sql) and sql[end] == "(":
-            depth = 0
+            depth, arg = 0, end + 1
             for i in range(end, len(sql)):
                 if sql[i] == "(":
                     depth += 1
                 elif sql[i] == ")":
                     depth -= 1
                     if depth == 0:
-                        args = [s.strip() for s in sql[end + 1 : i].split(",")]
+                        args.append(sql[arg:i].strip())
                         end = i + 1
                         break
+                elif sql[i] == "," and depth == 1:  # a comma inside nested parentheses is the argument's own
+                    args.append(sql[arg:i].strip())
+                    arg = i + 1
             else:
                 raise MacroError(f"$__{name}: unbalanced parentheses")
         out.append((sql[m.start() : end], args))

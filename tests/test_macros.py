@@ -69,11 +69,16 @@ def test_bare_macro_does_not_swallow_later_parentheses() -> None:
 def test_nested_parentheses_in_argument() -> None:
     assert expand_macros("$__timeFilter(toDateTime(ts))", CTX) == (
         "toDateTime(ts) >= toDateTime(1415792726) AND toDateTime(ts) <= toDateTime(1447328726)")
+    # a comma inside nested parentheses belongs to the argument (sqlds / sdk parseArgs, 'nested parens are not
+    # parsed further'); it used to be an argument-count error here
+    assert expand_macros("$__timeFilter(toDateTime(ts, 'UTC'))", CTX) == (
+        "toDateTime(ts, 'UTC') >= toDateTime(1415792726) AND toDateTime(ts, 'UTC') <= toDateTime(1447328726)")
+    assert expand_macros("$__dt(toDate(ts, 'UTC'), ts)", CTX).startswith("(toDate(ts, 'UTC') >= toDate(")
 
 
-@pytest.mark.parametrize("sql", ["$__timeFilter(a, b)", "$__timeFilter(toDateTime(ts, 'UTC'))", "$__dt(a)"])
+@pytest.mark.parametrize("sql", ["$__timeFilter(a, b)", "$__timeFilter(f(a), b)", "$__dt(a)", "$__dt(f(a, b))"])
 def test_argument_count_errors(sql: str) -> None:
-    # args are split on every comma, as in sqlutil
+    # args are split on the commas outside nested parentheses, as in sqlds / sqlutil parseArgs
     with pytest.raises(MacroError, match="number of arguments"):
         expand_macros(sql, CTX)
 
