@@ -8,7 +8,7 @@ grafana-clickhouse-datasource plugin (v4) stores for a SQL-editor query:
 
 ``format`` is grafana-plugin-sdk-go ``sqlutil.FormatQueryOption``: **0 time series** (long frames are converted
 to wide, one series per string column value), **1 table**, 2 logs, 3 traces, 4 multi.  ``queryType`` is the
-plugin's editor hint (``timeSeries`` / ``table``).
+plugin's editor hint (``timeseries`` / ``table``, its QueryType enum).
 
 Every SQL here reads ClickHouse only: the per-minute rollups (``site_minute``, ``topic_minute``,
 ``client_minute``, ``prefix_minute``, ``transfer_minute`` — AggregatingMergeTree, so ``sum()`` over the
@@ -64,7 +64,7 @@ class ClickHouseDataquery(cogvariants.Dataquery):
             "datasource": {"type": DATASOURCE_TYPE, "uid": self.uid},
             "editorType": "sql",
             "format": self.format,
-            "queryType": "timeSeries" if self.format == FORMAT_TIME_SERIES else "table",
+            "queryType": "timeseries" if self.format == FORMAT_TIME_SERIES else "table",
             "rawSql": self.raw_sql,
         }
 

@@ -109,6 +109,8 @@ def test_structure() -> None:
             (t,) = p["targets"]
             assert t["editorType"] == "sql" and t["rawSql"].strip()
             assert t["format"] == (0 if p["type"] == "timeseries" else 1), p["title"]
+            # the plugin's QueryType enum (src/types/queryBuilder.ts) is lower case: 'timeseries', not 'timeSeries'
+            assert t["queryType"] == ("timeseries" if t["format"] == 0 else "table"), p["title"]
             assert "FROM requests" not in t["rawSql"], "panels must read rollups, not raw requests"
         anns = [a for a in d["annotations"]["list"] if a.get("builtIn") != 1]
         assert len(anns) == 1 and "detections FINAL" in anns[0]["target"]["rawSql"]
