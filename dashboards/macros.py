@@ -173,6 +173,9 @@ def _dt64(t: datetime) -> str:
 
 
 def _date(t: datetime) -> str:
+    """The date of ``t`` in UTC.  The plugin formats it in its server process's local zone (``time.Unix`` then
+    ``Format``): the same while Grafana runs in UTC, the official image's default; no forumpulse panel uses the
+    date macros."""
     return f"toDate('{t.astimezone(UTC).strftime('%Y-%m-%d')}')"
 
 
