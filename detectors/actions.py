@@ -272,7 +272,7 @@ class NftablesAction:
             for net, left in held:
                 if _element(net) not in present[self._set(net)]:
                     script.append(f"add element inet {self.table} {self._set(net)} "
-                                  f"{{ {_element(net)} timeout {left}s }}\n")
+                                  f"{{ {_element(net)} timeout {_nft_timeout(left)} }}\n")
             if script:
                 self._nft("".join(script))
             self._range_sets = {n for n in present if n not in (self.set_v4, self.set_v6)}
@@ -301,9 +301,10 @@ class NftablesAction:
     def _add(self, net: _Net, secs: int) -> None:
         el, st = _element(net), self._set(net)
         # delete+add in one transaction so a repeat ban refreshes the timeout (add keeps the old one)
-        self._nft(f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n"
+        t = _nft_timeout(secs)
+        self._nft(f"add element inet {self.table} {st} {{ {el} timeout {t} }}\n"
                   f"delete element inet {self.table} {st} {{ {el} }}\n"
-                  f"add element inet {self.table} {st} {{ {el} timeout {secs}s }}\n")
+                  f"add element inet {self.table} {st} {{ {el} timeout {t} }}\n")
 
     def unban(self, d: Decision) -> None:
         """Delete the element from its own set (no other ban is touched).  Not an error: an element that is not
@@ -515,6 +516,21 @@ class IpsetAction:
 
 def _ipset_timeout(secs: int) -> int:
     return max(1, min(int(secs), IPSET_MAX_TIMEOUT))
+
+
+#: the longest element timeout written to nftables (10 years; an element adopted without a timeout -- added by
+#: hand -- is written back with this after a flush)
+NFT_MAX_TIMEOUT = 3650 * 86_400
+
+
+def _nft_timeout(secs: int) -> str:
+    """An nft element timeout in days, hours, minutes and seconds: nft 1.0.6 refuses ``100000000s`` ("value too
+    large") where ``1157d9h46m40s`` is taken, and one refused element rejects the whole transaction (every later
+    ban and the periodic check failed).  At least 1 s, at most :data:`NFT_MAX_TIMEOUT`."""
+    d, rest = divmod(max(1, min(int(secs), NFT_MAX_TIMEOUT)), 86_400)
+    h, rest = divmod(rest, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{d}d{h}h{m}m{sec}s"
 
 
 def sign(secret: bytes, body: bytes) -> str:

@@ -335,6 +335,24 @@ def test_nftables_recreates_its_table_after_an_external_flush(bare_ns: str) -> N
     assert mgr.action_errors == 0
 
 
+def test_nftables_long_and_hand_added_elements_do_not_block_later_bans(bare_ns: str) -> None:
+    """A ban of 200,000,000 s (~6 years: no config caps it) and an element an operator added by hand without a
+    timeout: nft 1.0.6 refuses ``timeout 100000000s`` and more ("value too large"), and one refused element
+    rejected the whole transaction -- the long ban itself, every later ban and, after a flush, the re-created
+    table with every ban (found in a review).  Timeouts are now written in days (capped at 10 years)."""
+    act = NftablesAction(netns=bare_ns)
+    act.ban(ban("198.51.100.50", 200_000_000))
+    act.ban(ban("198.51.100.60"))
+    subprocess.run(["ip", "netns", "exec", bare_ns, "nft", "add", "element", "inet", "forumpulse", "ban_v4",
+                    "{ 192.0.2.9 }"], check=True)
+    act.ensure()  # the periodic firewall check adopts what is in its sets
+    subprocess.run(["ip", "netns", "exec", bare_ns, "nft", "flush", "ruleset"], check=True)
+    act.ban(ban("198.51.100.61"))  # notices the flush: re-creates the table with every ban it knows of
+    assert sorted(act.elements()) == ["192.0.2.9", "198.51.100.50", "198.51.100.60", "198.51.100.61"]
+    assert 199_999_000 < _expires(bare_ns, "198.51.100.50") <= 200_000_000
+    assert 3649 * 86_400 < _expires(bare_ns, "192.0.2.9") <= 3650 * 86_400  # adopted: written back for 10 years
+
+
 def test_nftables_rebuilds_a_table_of_the_older_layout(bare_ns: str) -> None:
     """A table left by a version with one interval set per family is rebuilt (one transaction), its elements
     carried over with their time left."""
