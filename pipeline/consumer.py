@@ -83,7 +83,8 @@ stalls its partitions.  On revocation buffered, uncommitted messages are dropped
 
 Limits (documented, not hidden): a consumer that is *frozen* (SIGSTOP, a debugger) past its session timeout and
 then resumes may insert one batch the new owner has cut differently (Kafka offers no fencing for an external
-store without transactions); kill -9 and crashes are safe.  Different consumer groups must not load the same
+store without transactions); kill -9 and crashes are safe.  A slow insert is no such freeze: the wait for it polls
+(partitions paused) once it has run ``keepalive_after_s``, so the group membership is kept.  Different consumer groups must not load the same
 topic into the same database.  A topic deleted and created again while a consumer reads it: librdkafka keeps
 each partition's position; a new log shorter than that is read from its start (offsets go back: the partition
 starts over as a new log, counted in ``forumpulse_log_restarts``), but of a longer one the client skips the
@@ -209,6 +210,8 @@ class ConsumerOptions:
     poll_messages: int = 10_000
     session_timeout_ms: int = 6_000
     max_poll_interval_ms: int = 300_000
+    #: an insert still running after this many seconds is waited for while polling (group membership kept)
+    keepalive_after_s: float = 5.0
     #: librdkafka's prefetch queue: it fills while a batch is processed and inserted (65 MB ~ 200k lines)
     queued_max_kbytes: int = 65_536
     backoff_initial_s: float = 0.2
@@ -1147,9 +1150,31 @@ class LiveConsumer:
         b = self._inflight
         if b is None:
             return
-        self._inflight = None
         assert b.future is not None
+        self._await_insert(b)
+        self._inflight = None
         self._finish(b, b.future.result())
+
+    def _await_insert(self, b: _Batch) -> None:
+        """Wait for ``b``'s insert; one still running after ``keepalive_after_s`` is waited for while polling
+        with every partition paused, as store retries do.  Without polling, an insert longer than
+        ``max.poll.interval.ms`` (a busy chDB engine lock, a slow server: clickhouse-connect's read timeout is the
+        same 300 s) made librdkafka leave the group: the commit failed, and the batch prepared meanwhile was
+        stored by this consumer while its successor cut the same offsets differently (stored twice).  A
+        revocation while waiting marks ``b`` revoked (``_on_revoke``): it is then not committed."""
+        import concurrent.futures
+
+        assert b.future is not None
+        done, _ = concurrent.futures.wait([b.future], timeout=self.opt.keepalive_after_s)
+        if done:
+            return
+        self.metrics.record_slow_insert()
+        self._pause_all()
+        try:
+            while not b.future.done():
+                self._poll(0.2)  # keeps the group membership; paused partitions deliver nothing new
+        finally:
+            self._resume_all()
 
     def _finish(self, b: _Batch, exc: BaseException | None) -> None:
         key = b.key

@@ -46,6 +46,8 @@ class PipelineMetrics:
         self.store_errors = Counter(p + "store_errors", "store operations that failed and were retried", registry=r)
         self.commit_failures = Counter(p + "commit_failures", "offset commits that failed (batch replays later)",
                                        registry=r)
+        self.slow_inserts = Counter(p + "slow_inserts", "inserts still running after keepalive_after_s (waited for "
+                                    "while polling, partitions paused)", registry=r)
         self.rebalances = Counter(p + "rebalances", "partition assignments and revocations", ["kind"], registry=r)
         self.buffered = Gauge(p + "buffered_lines", "messages held in memory waiting for their batch", registry=r)
         self.buffered_max = Gauge(p + "buffered_lines_max", "highest buffered_lines seen since start", registry=r)
@@ -106,6 +108,9 @@ class PipelineMetrics:
         self.store_errors.inc()
         with self._lock:
             self.totals["store_errors"] += 1
+
+    def record_slow_insert(self) -> None:
+        self.slow_inserts.inc()
 
     def record_commit_failure(self) -> None:
         self.commit_failures.inc()
