@@ -57,18 +57,25 @@ class Crash(BaseException):
     """Simulates the process dying (not an Exception: nothing in the consumer catches it)."""
 
 
-class CrashAfterRequests:
-    """Store proxy: the ``crash_at``-th insert into ``requests`` succeeds, then the process 'dies'."""
+class _StoreProxy:
+    """The real store, with inserts the subclasses interfere with (everything else passes through)."""
 
-    def __init__(self, inner: Store, crash_at: int) -> None:
+    def __init__(self, inner: Store) -> None:
         self.inner = inner
-        self.crash_at = crash_at
-        self.n = 0
         self.url = inner.url
         self.database = inner.database
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class CrashAfterRequests(_StoreProxy):
+    """Store proxy: the ``crash_at``-th insert into ``requests`` succeeds, then the process 'dies'."""
+
+    def __init__(self, inner: Store, crash_at: int) -> None:
+        super().__init__(inner)
+        self.crash_at = crash_at
+        self.n = 0
 
     def insert(self, table: str, data: Any, dedup_token: str | None = None) -> None:
         self.inner.insert(table, data, dedup_token=dedup_token)
@@ -162,19 +169,14 @@ def test_silent_source_with_heartbeats_vs_dead_source(broker: Broker, store: Sto
                       ("web-gone", gone_s - gone_s % 60, gone_s * 1000, gone_s * 1000, 0)}
 
 
-class ProgressRecorder:
+class ProgressRecorder(_StoreProxy):
     """Store proxy: keeps every ``consumer_progress`` row written; each ``requests`` insert takes ``delay_s`` longer
     (a loader that needs a while to catch up)."""
 
     def __init__(self, inner: Store, delay_s: float) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.delay_s = delay_s
         self.rows: list[dict[str, Any]] = []
-        self.url = inner.url
-        self.database = inner.database
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def insert(self, table: str, data: Any, dedup_token: str | None = None) -> None:
         if table == "requests":
@@ -600,17 +602,13 @@ def test_a_replay_whose_first_messages_are_gone_stores_under_the_recorded_token(
     assert [m.offset() for m in p.msgs] == list(range(200, 260)) and not p.plan  # the rest waits: a new batch
 
 
-class SlowRequests:
+class SlowRequests(_StoreProxy):
     """Store proxy: the ``slow_at``-th insert into ``requests`` takes ``seconds`` longer (a busy engine lock, a slow
     server); the real store does the insert."""
 
     def __init__(self, inner: Store, slow_at: int, seconds: float) -> None:
-        self.inner, self.slow_at, self.seconds, self.n = inner, slow_at, seconds, 0
-        self.url = inner.url
-        self.database = inner.database
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        super().__init__(inner)
+        self.slow_at, self.seconds, self.n = slow_at, seconds, 0
 
     def insert(self, table: str, data: Any, dedup_token: str | None = None) -> None:
         if table == "requests":
