@@ -83,13 +83,13 @@ stalls its partitions.  On revocation buffered, uncommitted messages are dropped
 
 Limits (documented, not hidden): a consumer that is *frozen* (SIGSTOP, a debugger) past its session timeout and
 then resumes may insert one batch the new owner has cut differently (Kafka offers no fencing for an external
-store without transactions); kill -9 and crashes are safe.  A slow insert is no such freeze: the wait for it polls
-(partitions paused) once it has run ``keepalive_after_s``, so the group membership is kept.  Different consumer groups must not load the same
-topic into the same database.  A topic deleted and created again while a consumer reads it: librdkafka keeps
-each partition's position; a new log shorter than that is read from its start (offsets go back: the partition
-starts over as a new log, counted in ``forumpulse_log_restarts``), but of a longer one the client skips the
-messages below the old position — stop the consumers before recreating a topic (a restarted consumer reads the
-new log from its start: the group's offsets are deleted with the topic).
+store without transactions); kill -9 and crashes are safe.  A slow insert is no such freeze: the wait for it
+polls (partitions paused) once it has run ``keepalive_after_s``, so the group membership is kept.  Different
+consumer groups must not load the same topic into the same database.  A topic deleted and created again while a
+consumer reads it: librdkafka keeps each partition's position; a new log shorter than that is read from its
+start (offsets go back: the partition starts over as a new log, counted in ``forumpulse_log_restarts``), but of a
+longer one the client skips the messages below the old position — stop the consumers before recreating a topic
+(a restarted consumer reads the new log from its start: the group's offsets are deleted with the topic).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -1162,10 +1162,8 @@ class LiveConsumer:
         same 300 s) made librdkafka leave the group: the commit failed, and the batch prepared meanwhile was
         stored by this consumer while its successor cut the same offsets differently (stored twice).  A
         revocation while waiting marks ``b`` revoked (``_on_revoke``): it is then not committed."""
-        import concurrent.futures
-
         assert b.future is not None
-        done, _ = concurrent.futures.wait([b.future], timeout=self.opt.keepalive_after_s)
+        done, _ = wait([b.future], timeout=self.opt.keepalive_after_s)
         if done:
             return
         self.metrics.record_slow_insert()

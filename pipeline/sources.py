@@ -200,9 +200,9 @@ def site_wholly_retired(store: Any, site: str) -> bool:
         "SELECT origin_host, origin_file, toUnixTimestamp64Milli(max(last_line_ts)) FROM source_liveness "
         f"WHERE site = {_q(site)} GROUP BY origin_host, origin_file")
     lines = {(str(h), str(f)): int(ms) for h, f, ms in rows if int(ms or 0) > 0}
-    minute = {k: ms // 60_000 * 60_000 for k, ms in lines.items()}
     if not lines:
         return False
+    minute = {k: ms // 60_000 * 60_000 for k, ms in lines.items()}
     latest = max(minute.values())
     retired = retired_sources(store, site)
     now_ms = int(datetime.now(UTC).timestamp() * 1000)
