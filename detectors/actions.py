@@ -34,6 +34,7 @@ from forumpulse.detectors.dos import Decision, canonical_network, never_ban_reas
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
+_CHAIN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,28}$")  # an iptables chain name (at most 29 characters)
 #: how many undelivered webhook decisions a give-up at exit names in its log line
 _LOG_DROPPED = 20
 
@@ -131,10 +132,17 @@ class _Held:
         return len(self.in_force())
 
 
+#: the nftables hooks a ban can filter: traffic delivered to this host, and traffic routed through it
+NFT_HOOKS = ("input", "forward")
+
+
 class NftablesAction:
     """``table inet T``: addresses in plain sets ``ban_v4``/``ban_v6`` (``flags timeout``), ranges in interval sets
-    ``ban_v4_<len>``/``ban_v6_<len>``, one per prefix length in use (``flags interval, timeout``), and an input
-    chain with one drop rule per set.
+    ``ban_v4_<len>``/``ban_v6_<len>``, one per prefix length in use (``flags interval, timeout``), and one base
+    chain per hook in ``hooks`` -- ``input`` (traffic to this host, the default) and/or ``forward`` (traffic routed
+    through it: a web server in Docker with published ports, whose packets are DNATed in prerouting and then
+    forwarded, so the client's address is still the source there) -- each named after its hook, with one drop
+    rule per set.
 
     Prefixes of one length are equal or disjoint, so no set ever holds overlapping elements (nft refuses them in
     an interval set), and an address ban, a range over it and a range of another length over both are separate
@@ -143,7 +151,7 @@ class NftablesAction:
 
     ``ensure()`` makes the table match that layout (lazily, at the first ban or unban): it creates what is missing;
     a table of another layout (an older forumpulse's single interval set, a changed hook priority, a set without
-    its rule) is rebuilt in one transaction with its elements carried over.  The action records what it added
+    its rule, a chain whose hook is no longer configured) is rebuilt in one transaction with its elements carried over.  The action records what it added
     (element -> wall-clock expiry, forgotten on unban or expiry); when a ban or unban finds the table gone (``nft
     flush ruleset``, a firewall reload) it is re-created and every recorded ban still in force is added back with
     the time it has left.  The action has no background check of its own: the re-creation happens at the next ban
@@ -156,9 +164,13 @@ class NftablesAction:
     reapply_on_restore = True
 
     def __init__(self, table: str = "forumpulse", set_v4: str = "ban_v4", set_v6: str = "ban_v6",
-                 hook_priority: int = -10, netns: str | None = None, clock: Callable[[], float] = time.time) -> None:
+                 hook_priority: int = -10, netns: str | None = None, clock: Callable[[], float] = time.time,
+                 hooks: Sequence[str] = ("input",)) -> None:
         self.table, self.set_v4, self.set_v6 = _name(table), _name(set_v4), _name(set_v6)
         self.prio = int(hook_priority)
+        self.hooks = tuple(dict.fromkeys(hooks))
+        if not self.hooks or any(h not in NFT_HOOKS for h in self.hooks):
+            raise ValueError(f"nftables hooks must be some of {', '.join(NFT_HOOKS)}, got {list(hooks)}")
         self.pre = _ns_prefix(netns)
         self.held = _Held(clock)
         self._ready = False
@@ -196,7 +208,8 @@ class NftablesAction:
 
     def _state(self) -> dict[str, Any] | None:
         """The table as nft lists it (None: no such table): ``sets`` name -> (type, flags, {element: seconds
-        left}), ``chain`` (the input chain's description or None), ``rules`` set names a rule of it refers to."""
+        left}), ``chains`` chain name (``input``, ``forward``) -> its description, ``rules`` chain name -> the set
+        names its rules refer to."""
         try:
             out = _run([*self.pre, "nft", "-j", "list", "table", "inet", self.table])
         except ActionError as exc:
@@ -206,23 +219,26 @@ class NftablesAction:
                 return None
             raise
         sets: dict[str, tuple[str, list[str], dict[_Net, int]]] = {}
-        chain: dict[str, Any] | None = None
-        rules: set[str] = set()
+        chains: dict[str, dict[str, Any]] = {}
+        rules: dict[str, set[str]] = {}
         for x in json.loads(out).get("nftables", []):
             if "set" in x:
                 s = x["set"]
                 sets[s["name"]] = (s.get("type"), sorted(s.get("flags", [])), _elements(s))
-            elif "chain" in x and x["chain"].get("name") == "input":
-                chain = x["chain"]
-            elif "rule" in x and x["rule"].get("chain") == "input":
-                rules.update(re.findall(r'"@([A-Za-z0-9_-]+)"', json.dumps(x["rule"].get("expr", []))))
-        return {"sets": sets, "chain": chain, "rules": rules}
+            elif "chain" in x and x["chain"].get("name") in NFT_HOOKS:
+                chains[x["chain"]["name"]] = x["chain"]
+            elif "rule" in x and x["rule"].get("chain") in NFT_HOOKS:
+                rules.setdefault(x["rule"]["chain"], set()).update(
+                    re.findall(r'"@([A-Za-z0-9_-]+)"', json.dumps(x["rule"].get("expr", []))))
+        return {"sets": sets, "chains": chains, "rules": rules}
 
     def _wrong(self, st: dict[str, Any]) -> str | None:
         """Why the listed table cannot be kept as it is (None: it can; missing sets or rules are just added)."""
-        c = st["chain"]
-        if c is not None and (c.get("type"), c.get("hook"), c.get("prio")) != ("filter", "input", self.prio):
-            return f"chain input is not a filter hook input priority {self.prio} chain"
+        for name, c in sorted(st["chains"].items()):
+            if name not in self.hooks:
+                return f"chain {name} is there but hooks are {', '.join(self.hooks)} (configuration changed)"
+            if (c.get("type"), c.get("hook"), c.get("prio")) != ("filter", name, self.prio):
+                return f"chain {name} is not a filter hook {name} priority {self.prio} chain"
         for name, (typ, flags, _) in st["sets"].items():
             ours = self._ours(name)
             if ours is None:
@@ -239,7 +255,7 @@ class NftablesAction:
             st = self._state()
             script: list[str] = []
             present: dict[str, set[str]] = {}
-            ruled: set[str] = set()
+            ruled: dict[str, set[str]] = {}
             if st is not None:
                 # adopt what is in our sets: an earlier run's bans, or an older layout's elements to carry over
                 for name, (_, _, elems) in st["sets"].items():
@@ -258,17 +274,19 @@ class NftablesAction:
                     ruled = st["rules"]
             if st is None:
                 script.append(f"add table inet {self.table}\n")
-            if st is None or st["chain"] is None:
-                script.append(f"add chain inet {self.table} input {{ type filter hook input priority {self.prio}; "
-                              "policy accept; }\n")
+            for hook in self.hooks:
+                if st is None or hook not in st["chains"]:
+                    script.append(f"add chain inet {self.table} {hook} {{ type filter hook {hook} priority "
+                                  f"{self.prio}; policy accept; }}\n")
             held = self.held.in_force()
             names = {self.set_v4, self.set_v6, *present, *self._range_sets, *(self._set(n) for n, _ in held)}
             for name in sorted(names, key=lambda n: (n not in (self.set_v4, self.set_v6), n)):
                 if name not in present:
                     script.append(f"add set inet {self.table} {name} {self._set_decl(name)}\n")
                     present[name] = set()
-                if name not in ruled:
-                    script.append(f"add rule inet {self.table} input {self._rule(name)}\n")
+                for hook in self.hooks:
+                    if name not in ruled.get(hook, ()):
+                        script.append(f"add rule inet {self.table} {hook} {self._rule(name)}\n")
             for net, left in held:
                 if _element(net) not in present[self._set(net)]:
                     script.append(f"add element inet {self.table} {self._set(net)} "
@@ -397,9 +415,17 @@ class IpsetAction:
     reapply_on_restore = True
 
     def __init__(self, set_v4: str = "forumpulse4", set_v6: str = "forumpulse6", iptables_rule: bool = True,
-                 netns: str | None = None, clock: Callable[[], float] = time.time) -> None:
+                 netns: str | None = None, clock: Callable[[], float] = time.time,
+                 iptables_chains: Sequence[str] = ("INPUT",), maxelem: int = 65536) -> None:
         self.set_v4, self.set_v6 = _name(set_v4), _name(set_v6)
         self.iptables_rule = iptables_rule
+        self.chains = tuple(dict.fromkeys(iptables_chains))
+        if not self.chains or not all(_CHAIN.fullmatch(c) for c in self.chains):
+            raise ActionError(f"bad iptables chain name(s) {list(iptables_chains)}")
+        self.maxelem = int(maxelem)
+        if not 1 <= self.maxelem <= 2**31 - 1:
+            raise ActionError(f"maxelem must be 1..{2**31 - 1}, got {maxelem}")
+        self._missing_chains: set[tuple[str, str]] = set()  # (tool, chain) already warned about
         self.pre = _ns_prefix(netns)
         self.held = _Held(clock)
         self._ready = False
@@ -409,16 +435,12 @@ class IpsetAction:
         """Create the sets (and rules) if missing, adopt their members into the record and add every recorded
         ban still in force that is missing (``ipset restore``, one call)."""
         with self._lock:
-            _run([*self.pre, "ipset", "create", self.set_v4, "hash:net", "family", "inet", "timeout", "0",
-                  "-exist"])
-            _run([*self.pre, "ipset", "create", self.set_v6, "hash:net", "family", "inet6", "timeout", "0",
-                  "-exist"])
+            for s, family in ((self.set_v4, "inet"), (self.set_v6, "inet6")):
+                self._create(s, family)
             if self.iptables_rule:
                 for tool, s in (("iptables", self.set_v4), ("ip6tables", self.set_v6)):
-                    rule = ["INPUT", "-m", "set", "--match-set", s, "src", "-j", "DROP"]
-                    check = subprocess.run([*self.pre, tool, "-C", *rule], capture_output=True, check=False)
-                    if check.returncode != 0:
-                        _run([*self.pre, tool, "-I", *rule])
+                    for chain in self.chains:
+                        self._rule(tool, chain, s)
             present = self._members()
             for net, left in present.items():
                 self.held.adopt(net, left)
@@ -426,6 +448,52 @@ class IpsetAction:
             if missing:
                 self._restore(missing)
             self._ready = True
+
+    def _create(self, name: str, family: str) -> None:
+        """Create the set unless it exists with these parameters.  One that exists with another ``maxelem`` (the
+        default 65,536 before the setting was raised) is resized in place: a new set is filled with its members
+        and swapped in (``ipset swap``), so the iptables rules, which refer to the set and not its name, keep
+        matching and no ban is off for a moment."""
+        create = ["hash:net", "family", family, "timeout", "0", "maxelem", str(self.maxelem)]
+        try:
+            _run([*self.pre, "ipset", "create", name, *create, "-exist"])
+            return
+        except ActionError as exc:
+            if "already exists" not in str(exc):
+                raise
+        header = _run([*self.pre, "ipset", "list", "-t", name])
+        m = re.search(r"\bmaxelem (\d+)", header)
+        if m is None or int(m.group(1)) == self.maxelem or f"family {family} " not in header:
+            raise ActionError(f"ipset {name} exists with other parameters than hash:net {family} timeout "
+                              f"maxelem {self.maxelem}: {header.strip()[:300]}")
+        tmp = f"{name[:27]}_new"
+        log.warning("ipset %s: resizing from maxelem %s to %d (swap with a new set)", name, m.group(1),
+                    self.maxelem)
+        subprocess.run([*self.pre, "ipset", "destroy", tmp], capture_output=True, check=False)  # a crashed resize
+        _run([*self.pre, "ipset", "create", tmp, *create])
+        try:
+            members = [ln.split(" ", 2)[2] for ln in _run([*self.pre, "ipset", "save", name]).splitlines()
+                       if ln.startswith(f"add {name} ")]
+            _run([*self.pre, "ipset", "-exist", "restore"], stdin="".join(f"add {tmp} {m}\n" for m in members))
+            _run([*self.pre, "ipset", "swap", tmp, name])
+        finally:
+            subprocess.run([*self.pre, "ipset", "destroy", tmp], capture_output=True, check=False)
+
+    def _rule(self, tool: str, chain: str, name: str) -> None:
+        """Insert ``chain -m set --match-set name src -j DROP`` at the top of ``chain`` unless it is there.  A
+        chain that does not exist (``DOCKER-USER`` before Docker has started, or in ip6tables when Docker runs
+        without IPv6) is skipped with one warning; the owner's periodic check adds the rule once it exists."""
+        rule = [chain, "-m", "set", "--match-set", name, "src", "-j", "DROP"]
+        if subprocess.run([*self.pre, tool, "-C", *rule], capture_output=True, check=False).returncode == 0:
+            return
+        if subprocess.run([*self.pre, tool, "-S", chain], capture_output=True, check=False).returncode != 0:
+            if (tool, chain) not in self._missing_chains:
+                self._missing_chains.add((tool, chain))
+                log.warning("%s has no chain %s (yet): set %s is not matched there until it exists", tool,
+                            chain, name)
+            return
+        self._missing_chains.discard((tool, chain))
+        _run([*self.pre, tool, "-I", *rule])
 
     def _restore(self, missing: list[tuple[_Net, int]]) -> None:
         """Add ``missing`` in one ``ipset restore``; when that fails (it stops at the first bad line), add them
@@ -745,9 +813,10 @@ def build_actions(cfg: Any, registry: Any = None) -> list[Any]:
     acts: list[Any] = [] if registry is None else [registry]
     if cfg.nftables.enabled:
         acts.append(NftablesAction(cfg.nftables.table, cfg.nftables.set_v4, cfg.nftables.set_v6,
-                                   cfg.nftables.hook_priority))
+                                   cfg.nftables.hook_priority, hooks=cfg.nftables.hooks))
     if cfg.ipset.enabled:
-        acts.append(IpsetAction(cfg.ipset.set_v4, cfg.ipset.set_v6, cfg.ipset.iptables_rule))
+        acts.append(IpsetAction(cfg.ipset.set_v4, cfg.ipset.set_v6, cfg.ipset.iptables_rule,
+                                iptables_chains=cfg.ipset.iptables_chains, maxelem=cfg.ipset.maxelem))
     if cfg.webhook.enabled:
         acts.append(WebhookAction(cfg.webhook.url, cfg.webhook.secret.get_secret_value(), cfg.webhook.retries,
                                   cfg.webhook.backoff_s, cfg.webhook.timeout_s))

@@ -16,7 +16,7 @@ import ipaddress
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from forumpulse.pipeline.config import register_section_validator
@@ -25,6 +25,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    StringConstraints,
     ValidationError,
     field_validator,
     model_validator,
@@ -281,13 +282,23 @@ class NftablesConfig(_Strict):
     set_v4: str = Field("ban_v4", pattern=r"^[A-Za-z][A-Za-z0-9_]{0,30}$")
     set_v6: str = Field("ban_v6", pattern=r"^[A-Za-z][A-Za-z0-9_]{0,30}$")
     hook_priority: int = -10
+    hooks: list[Literal["input", "forward"]] = Field(
+        ["input"], min_length=1,
+        description="base chains that drop banned sources: input (traffic to this host) and/or forward (traffic "
+                    "routed through it, e.g. a web server in Docker with published ports)")
 
 
 class IpsetConfig(_Strict):
     enabled: bool = False
     set_v4: str = Field("forumpulse4", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
     set_v6: str = Field("forumpulse6", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
-    iptables_rule: bool = Field(True, description="insert an iptables INPUT rule dropping members of the sets")
+    iptables_rule: bool = Field(True, description="insert iptables rules dropping members of the sets")
+    iptables_chains: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,28}$")]] = Field(
+        ["INPUT"], min_length=1,
+        description="chains the drop rule goes in (top of each): INPUT, and DOCKER-USER for a web server in "
+                    "Docker with published ports; a chain missing in iptables or ip6tables is skipped there")
+    maxelem: int = Field(65536, ge=1, le=2**31 - 1,
+                         description="most entries per set; an existing smaller set is resized in place")
 
 
 class WebhookConfig(_Strict):

@@ -31,6 +31,11 @@ EXE = Path(sys.executable).with_name("forumpulse")
     ({"decision_api": {"enabled": True, "api_key": ""}}, "actions.decision_api", "api_key is empty"),
     ({"webhook": {"enabled": True, "url": "https://h.example/x", "secret": ""}}, "actions.webhook",
      "secret is empty"),
+    ({"nftables": {"enabled": True, "hooks": ["output"]}}, "actions.nftables.hooks.0", "'input' or 'forward'"),
+    ({"nftables": {"enabled": True, "hooks": []}}, "actions.nftables.hooks", "at least 1 item"),
+    ({"ipset": {"enabled": True, "iptables_chains": ["DOCKER USER"]}}, "actions.ipset.iptables_chains.0",
+     "should match pattern"),
+    ({"ipset": {"enabled": True, "maxelem": 0}}, "actions.ipset.maxelem", "greater than or equal to 1"),
 ])
 def test_config_check_names_the_action_settings_run_would_crash_on(tmp_path: Path, actions: dict[str, object],
                                                                    key: str, reason: str) -> None:
@@ -40,6 +45,20 @@ def test_config_check_names_the_action_settings_run_would_crash_on(tmp_path: Pat
                        cwd=tmp_path, env=env)
     assert r.returncode == 2 and f"{key}: " in r.stderr and reason in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_firewall_hooks_chains_and_maxelem_reach_the_actions() -> None:
+    from forumpulse.detectors.actions import IpsetAction, NftablesAction, build_actions
+
+    cfg = ActionsConfig.model_validate({"nftables": {"enabled": True, "hooks": ["input", "forward", "input"]},
+                                        "ipset": {"enabled": True, "iptables_chains": ["INPUT", "DOCKER-USER"],
+                                                  "maxelem": 262144}})
+    nft, ips = build_actions(cfg)
+    assert isinstance(nft, NftablesAction) and nft.hooks == ("input", "forward")
+    assert isinstance(ips, IpsetAction) and ips.chains == ("INPUT", "DOCKER-USER") and ips.maxelem == 262144
+    default_nft, default_ips = build_actions(ActionsConfig.model_validate(
+        {"nftables": {"enabled": True}, "ipset": {"enabled": True}}))
+    assert default_nft.hooks == ("input",) and default_ips.chains == ("INPUT",) and default_ips.maxelem == 65536
 
 
 def test_listen_addresses() -> None:

@@ -1,8 +1,9 @@
 """Firewall actions for real, inside network namespaces made by deploy/netns/topology.sh.
 
-Topology per test (TAG-v victim, TAG-a attacker 10.200.N.2, TAG-l legit 10.200.N+1.2, root 10.200.N+2.1):
-after the decision, TCP connects from the attacker to a tiny server in the victim fail and the legit namespace
-still connects.  Needs root, iproute2, nftables, ipset, iptables and crowdsec-firewall-bouncer: missing tools
+Topology per test (TAG-v victim, TAG-a attacker 10.200.N.2, TAG-l legit 10.200.N+1.2, root 10.200.N+2.1, and
+TAG-s 10.200.N+3.2, a server the victim routes to): after the decision, TCP connects from the attacker to a tiny
+server in the victim fail and the legit namespace still connects; with the forward hook / a DOCKER-USER rule the
+same holds for the server behind the victim.  Needs root, iproute2, nftables, ipset, iptables and crowdsec-firewall-bouncer: missing tools
 FAIL with a message (never skip).  Namespaces are deleted even when a test fails.
 """
 
@@ -42,6 +43,7 @@ class Topo:
         self.attacker_ip, self.legit_ip = f"10.200.{n}.2", f"10.200.{n + 1}.2"
         self.victim_from_a, self.victim_from_l = f"10.200.{n}.1", f"10.200.{n + 1}.1"
         self.root_ip = f"10.200.{n + 2}.1"
+        self.server, self.server_ip = f"{tag}-s", f"10.200.{n + 3}.2"
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def ns(self, name: str, *argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -56,15 +58,17 @@ class Topo:
 @pytest.fixture
 def topo(request: pytest.FixtureRequest) -> Iterator[Topo]:
     _require()
-    tag = "fp" + {"test_nftables_action": "n", "test_ipset_action": "i"}.get(request.node.name, "b")
-    n = {"fpn": 40, "fpi": 44, "fpb": 48}[tag]
+    tag = "fp" + {"test_nftables_action": "n", "test_ipset_action": "i", "test_nftables_forward_hook": "f",
+                  "test_ipset_docker_user_chain_and_resize": "d"}.get(request.node.name, "b")
+    n = {"fpn": 40, "fpi": 44, "fpb": 48, "fpf": 52, "fpd": 56}[tag]
     subprocess.run(["bash", str(TOPO), "down", tag], capture_output=True, check=False)
     t = Topo(tag, n)
     try:
         subprocess.run(["bash", str(TOPO), "up", tag, str(n)], check=True, capture_output=True, text=True)
         t.procs.append(subprocess.Popen(["ip", "netns", "exec", t.victim, PY, "-c", SERVER]))
+        t.procs.append(subprocess.Popen(["ip", "netns", "exec", t.server, PY, "-c", SERVER]))
         for _ in range(50):
-            if t.connects(t.legit, t.victim_from_l):
+            if t.connects(t.legit, t.victim_from_l) and t.connects(t.legit, t.server_ip):
                 break
             time.sleep(0.1)
         yield t
@@ -121,6 +125,56 @@ def test_ipset_action(topo: Topo) -> None:
     assert topo.connects(topo.legit, topo.victim_from_l)
     act.unban(ban(topo.attacker_ip))
     assert topo.connects(topo.attacker, topo.victim_from_a)
+
+
+def test_nftables_forward_hook(topo: Topo) -> None:
+    """hooks: [input, forward] also drops banned sources routed through the host (a container's published port);
+    the default input hook does not, and dropping forward from the configuration takes its chain away again."""
+    a, s = topo.attacker, topo.server_ip
+    assert topo.connects(a, s) and topo.connects(topo.legit, s)
+    NftablesAction(netns=topo.victim).ban(ban(topo.attacker_ip))
+    assert not topo.connects(a, topo.victim_from_a)
+    assert topo.connects(a, s)  # the documented limit of the input hook: forwarded traffic passes
+    both = NftablesAction(netns=topo.victim, hooks=("input", "forward"))
+    both.ensure()  # adds the forward chain and its rules to the table, keeping the ban
+    assert not topo.connects(a, s) and not topo.connects(a, topo.victim_from_a)
+    assert topo.connects(topo.legit, s)
+    both.ban(ban("10.200.99.0/24"))  # a range set made later gets its rule in both chains
+    chains = topo.ns(topo.victim, "nft", "list", "table", "inet", "forumpulse").stdout
+    assert chains.count("@ban_v4_24 drop") == 2 and chains.count("@ban_v4 drop") == 2, chains
+    again = NftablesAction(netns=topo.victim)  # forward removed from the configuration
+    again.ensure()
+    assert "chain forward" not in topo.ns(topo.victim, "nft", "list", "table", "inet", "forumpulse").stdout
+    assert topo.connects(a, s) and not topo.connects(a, topo.victim_from_a)  # the ban itself was kept
+    with pytest.raises(ValueError, match="hooks"):
+        NftablesAction(netns=topo.victim, hooks=("output",))
+
+
+def test_ipset_docker_user_chain_and_resize(topo: Topo) -> None:
+    """iptables_chains: [INPUT, DOCKER-USER]: a chain Docker has not made yet is skipped and gets its rule at the
+    next check once it exists (ip6tables, without one, is skipped); a set made with the default maxelem is
+    resized in place when the setting is raised, keeping its members and its rules' match."""
+    a, s = topo.attacker, topo.server_ip
+    act = IpsetAction(netns=topo.victim, iptables_chains=("INPUT", "DOCKER-USER"))
+    act.ban(ban(topo.attacker_ip))  # DOCKER-USER does not exist yet: no error
+    assert not topo.connects(a, topo.victim_from_a) and topo.connects(a, s)
+    for cmd in (["iptables", "-N", "DOCKER-USER"], ["iptables", "-I", "FORWARD", "-j", "DOCKER-USER"]):
+        assert topo.ns(topo.victim, *cmd).returncode == 0  # what Docker does when it starts
+    act.ensure()  # the owner's periodic firewall check
+    assert not topo.connects(a, s) and topo.connects(topo.legit, s)
+    act.ensure()  # the rule is not added twice
+    rules = topo.ns(topo.victim, "iptables", "-S", "DOCKER-USER").stdout
+    assert rules.count("--match-set forumpulse4 src -j DROP") == 1, rules
+    assert "maxelem 65536" in topo.ns(topo.victim, "ipset", "list", "-t", "forumpulse4").stdout
+    big = IpsetAction(netns=topo.victim, iptables_chains=("INPUT", "DOCKER-USER"), maxelem=200_000)
+    big.ensure()
+    assert "maxelem 200000" in topo.ns(topo.victim, "ipset", "list", "-t", "forumpulse4").stdout
+    assert "maxelem 200000" in topo.ns(topo.victim, "ipset", "list", "-t", "forumpulse6").stdout
+    assert big.members() == [topo.attacker_ip]
+    assert not topo.connects(a, s) and not topo.connects(a, topo.victim_from_a)  # the rules match the new set
+    assert "forumpulse4_new" not in topo.ns(topo.victim, "ipset", "list", "-n").stdout
+    big.unban(ban(topo.attacker_ip))
+    assert topo.connects(a, s) and topo.connects(a, topo.victim_from_a)
 
 
 BOUNCER_CONF = """mode: nftables
