@@ -35,7 +35,8 @@ reach the API from different addresses, but not behind one proxy or NAT without 
 seen from more than one caller is logged (warning, once per key) and counted in ``shared_keys``.
 
 Decision objects: ``{"id","origin","type":"ban","scope":"Ip"|"Range","value","duration":"123s","scenario"}``;
-durations count down in wall time.  ``id`` is derived from the forumpulse decision id and value (a positive
+durations count down in wall time; a deleted decision's is negative, the time since it ended (``"-42s"``), as
+LAPI's.  ``GET /v1/decisions?ip=`` (an empty filter) is a 400, as in LAPI, not a list of everything.  ``id`` is derived from the forumpulse decision id and value (a positive
 integer below 2**53), so it is the same after a restart: bouncers that forget a decision by id (cs-firewall-bouncer's
 ``pkg/state``) can still be told to delete one they were given by the previous process.
 
@@ -253,6 +254,14 @@ class DecisionRegistry:
         out["duration"] = f"{left:.0f}s" if left >= 1 else "1s"
         return out
 
+    def _public_deleted(self, rec: dict[str, Any], now: float) -> dict[str, Any]:
+        """A deleted decision as LAPI sends it: its duration is the time left until it ended, negative (LAPI's
+        ``until`` of a lifted decision is the moment it was lifted; of an expired one, its end)."""
+        out = self._public(rec, now)
+        ago = now - min(rec["until"], rec.get("gone", rec["until"]))
+        out["duration"] = f"-{ago:.0f}s" if ago >= 0.5 else "0s"
+        return out
+
     # -- bouncer API ----------------------------------------------------------------------------------
     def stream(self, caller: str, startup: bool) -> dict[str, Any]:
         with self.lock:
@@ -262,7 +271,8 @@ class DecisionRegistry:
             since = self.cursors[caller][0] if caller in self.cursors else None
             if startup or since is None or since < self.trimmed:
                 new = [self._public(r, now) for r in self.active.values()]
-                deleted = [self._public(r, now) for r in self.deleted.values() if r["value"] not in self.active]
+                deleted = [self._public_deleted(r, now) for r in self.deleted.values()
+                           if r["value"] not in self.active]
             else:
                 new_recs: dict[str, dict[str, Any]] = {}
                 deleted = []
@@ -274,7 +284,7 @@ class DecisionRegistry:
                     elif new_recs.get(rec["value"]) is rec:
                         del new_recs[rec["value"]]
                     elif rec["value"] not in self.active:  # hidden behind the value's decision in force
-                        deleted.append(self._public(rec, now))
+                        deleted.append(self._public_deleted(rec, now))
                 new = [self._public(r, now) for r in new_recs.values() if self.active.get(r["value"]) is r]
             self.cursors[caller] = (self.seq, now)
             self.cursors.move_to_end(caller)
@@ -459,6 +469,9 @@ class DecisionApiServer:
                 elif u.path.rstrip("/") == "/v1/decisions":
                     ip = (q.get("ip") or q.get("range") or [""])[0]
                     try:
+                        blank = parse_qs(u.query, keep_blank_values=True)
+                        if not ip and ("ip" in blank or "range" in blank):
+                            raise ValueError("invalid ip or range '' (LAPI refuses an empty filter too)")
                         contains = lapi_bool(q.get("contains", ["true"])[0])
                         self._send(200, filter_decisions(registry.lookup(ip or None, contains), q))
                     except ValueError as exc:

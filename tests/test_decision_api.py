@@ -127,6 +127,8 @@ def test_startup_answers_carry_recent_deletions() -> None:
     now[0] += 61
     first = reg.stream("b|2", True)
     assert first["new"] is None and values(first, "deleted") == ["198.51.100.1", "198.51.100.2"]
+    # negative durations, the time since each ended, as LAPI's: lifted 61 s ago, expired 1 s ago
+    assert [d["duration"] for d in first["deleted"]] == ["-61s", "-1s"]
     for i in range(5):  # the change log (3 entries) no longer reaches b|1's cursor
         reg.ban(dec(f"198.51.100.{10 + i}"))
     late = reg.stream("b|1", False)
@@ -279,7 +281,7 @@ def test_lookup_filters_value_type_range_contains_and_head() -> None:
         assert got("range=198.51.0.0/16&contains=false") == ["198.51.100.0/24"]
         assert got("range=203.0.0.0/8&contains=false") == ["203.0.113.7"] and got("range=2001:db8::/32") is None
         assert got("range=2001:db8::/32&contains=false") == ["2001:db8::5"]
-        for bad in ("range=198.51.100.0/33", "ip=203.0.113.7&contains=maybe"):
+        for bad in ("range=198.51.100.0/33", "ip=203.0.113.7&contains=maybe", "ip=", "range=&scope=ip"):
             with pytest.raises(urllib.error.HTTPError) as ei:
                 _get(srv.port, "/v1/decisions?" + bad)
             assert ei.value.code == 400
