@@ -2413,7 +2413,8 @@ def detect_history(store: Any, start: datetime, end: datetime | None, settings: 
                    now: datetime | None = None, record: bool = True) -> list[Detection]:
     """Run every traffic detector over ``[start, end)`` (baselines warmed with ``history_days`` before ``start``);
     returns the final state of each detection overlapping the range — started in it, or started before and still
-    open at ``start`` or ended at/after it — and, with ``record`` (default), writes them to ``detections`` (what
+    open at ``start`` or ended at/after it — plus any that ended before ``start`` while ``detections`` still has
+    them open (an earlier run's range ended while they were open), and, with ``record`` (default), writes them to ``detections`` (what
     Grafana's annotations and the reports read; idempotent by detection id, see below for what is not
     overwritten).  Liveness is judged at each minute from the heartbeat log, else
     (before the log's first minute) at ``end`` from heartbeats not later than ``end``.
@@ -2461,6 +2462,16 @@ def detect_history(store: Any, start: datetime, end: datetime | None, settings: 
         for d in rt.seasonal.finish():
             latest[d.id] = _first_report(latest.get(d.id), d)
     out_list = [d for d in latest.values() if d.end is None or _utc(d.end) >= _utc(start)]
+    # An event that ended before --from but that the store still has open -- an earlier run over a range ending
+    # while it was open (last night's --from D-1 --to D), with an end back-dated before D: a gap whose lines came
+    # back at 00:00 ends at 23:59, an outage at the minute the traffic came back -- is written closed too, or
+    # its record stayed open for ever (a review found both).
+    ended = [d for d in latest.values() if d.end is not None and _utc(d.end) < _utc(start)]
+    if ended:
+        stored_open = {str(r[0]) for r in store.query_rows(
+            f"SELECT id FROM detections FINAL WHERE id IN ({', '.join(_q(d.id) for d in ended)}) "
+            "AND state = 'open'")}
+        out_list += [d for d in ended if d.id in stored_open]
     out_list.sort(key=lambda d: (d.start, d.kind, d.scope))
     # An event still open at this run's end that the store already has closed at or after that end was seen
     # to its end by a run over more data (live, or history with a later --to): keep that state, do not write
