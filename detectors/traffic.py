@@ -2122,10 +2122,10 @@ class TrafficDetector:
             blocked = [(lo, min(hi, lo + cap), r) for lo, hi, r in blocked]
             blocked = [(lo, hi, r) for lo, hi, r in blocked if hi >= win.start]
 
-        def feed_site(minute: datetime, value: float, known_at: datetime | None = None) -> None:
-            """``known_at``: zeros fed by a run's step at ``known_at + 1 min`` -- only the source gaps reported
-            by then block them (a gap found later is back-dated, but that run could not know it)."""
-            if not any(lo <= minute <= hi and (known_at is None or r <= known_at) for lo, hi, r in blocked):
+        def feed_site(minute: datetime, value: float, known_at: datetime) -> None:
+            """``known_at``: the minute a minute-by-minute live run feeds ``minute`` at -- only the source gaps
+            reported by then block it (a gap found later is back-dated, but that run could not know it)."""
+            if not any(lo <= minute <= hi and r <= known_at for lo, hi, r in blocked):
                 out.extend(_reported(rt.seasonal.update(minute, value), minute))
 
         if win.groups is not None:  # live: the groups' tables changed since they were read
@@ -2249,11 +2249,15 @@ class TrafficDetector:
                 if rt.last_seen is not None and timedelta(minutes=1) < minute - rt.last_seen <= gap_min:
                     m = rt.last_seen + timedelta(minutes=1)  # a few minutes without rows = minutes with 0 requests
                     while m < minute:
-                        feed_site(m, 0.0)
+                        feed_site(m, 0.0, minute)
                         m += timedelta(minutes=1)
-                # answered traffic: an error storm reads as zero; pageviews scaled by the answered share
+                # answered traffic: an error storm reads as zero; pageviews scaled by the answered share.  Blocked
+                # only by source gaps reported by this minute, as a minute-by-minute live run knows them: a gap
+                # found later in the same batch (history, a live catch-up) is back-dated to where the silence
+                # began, and blocking by it left out minutes live had judged (a spike confirmed live 3 minutes
+                # after a minor source fell silent was missed by history and by a restart's warm-up)
                 ok = 0.0 if req and err / req >= err_frac else 1.0 - (err / req if req else 0.0)
-                feed_site(minute, ok * float(pv if use_pv else req))
+                feed_site(minute, ok * float(pv if use_pv else req), minute)
             rt.last_seen, rt.down_silence_from = minute, None
             if "topic" in enabled and (win.topics_from is None or minute >= win.topics_from):
                 for d in _reported(rt.topics.update(minute, win.topic_rows.get(minute, {}), int(tviews)), minute):

@@ -1,0 +1,38 @@
+"""``detect history`` (and a live run catching up on a batch) judges each site minute with the source gaps a
+minute-by-minute live run knew at that minute.  A gap is reported ``gap_min_minutes`` after the silence began and
+back-dated to its start; history used to block the site's minutes from that start, so the minutes a live run had
+already judged were left out and a spike confirmed live 3 minutes after a minor source fell silent was missed
+(found by a review)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from forumpulse.detectors.traffic import TrafficDetector, detect_history
+from test_traffic_cases import _local, _settings, build_requests
+
+CASE = {"site": {"name": "hvl", "timezone": "UTC"}, "start": "2026-03-02", "days": 10, "per_minute": 20,
+        "weekend_factor": 1.0, "sources": [{"file": "a.log", "share": 0.75}, {"file": "b.log", "share": 0.25}],
+        "events": [{"kind": "factor", "factor": 5.0, "from": "2026-03-11T13:20", "to": "2026-03-11T16:00"},
+                   {"kind": "source_gap", "source": "b.log", "from": "2026-03-11T13:40", "to": "2026-03-11T16:00"}]}
+
+
+def test_history_judges_minutes_with_the_gaps_known_then(store: Any) -> None:
+    store.insert("requests", build_requests(CASE))
+    s = _settings([CASE])
+    day = _local(CASE, "2026-03-11T00:00")
+    live = TrafficDetector(s, sites=["hvl"])
+    seen: dict[str, tuple[str, str, Any]] = {}
+    t = _local(CASE, "2026-03-11T13:00") + timedelta(seconds=30)
+    while t <= _local(CASE, "2026-03-11T15:00"):
+        for d in live.run_once(store, t):
+            if d.start >= day:
+                seen[d.id] = (d.kind, d.scope, d.start)
+        t += timedelta(minutes=1)
+    spikes = [st for k, sc, st in seen.values() if k == "spike" and sc == "site"]
+    assert len(spikes) == 1 and _local(CASE, "2026-03-11T13:20") <= spikes[0] < _local(CASE, "2026-03-11T13:40")
+    assert any(k == "pipeline_gap" and sc == "source:origin/b.log" for k, sc, _ in seen.values())
+    store.command("TRUNCATE TABLE detections")
+    hist = detect_history(store, day, _local(CASE, "2026-03-11T15:00"), s, sites=["hvl"], record=False)
+    assert {d.id: (d.kind, d.scope, d.start) for d in hist if d.kind in ("spike", "pipeline_gap")} == seen
