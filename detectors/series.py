@@ -86,7 +86,20 @@ class Detection:
             "score": round(self.score, 4), "label": self.label, "state": self.state,
             "detail": {k: v for k, v in d["detail"].items() if not k.startswith("_")},
         }
-        return json.dumps(out, sort_keys=False, default=str)
+        return json.dumps(json_safe(out), sort_keys=False, default=str, allow_nan=False)
+
+
+def json_safe(x: Any) -> Any:
+    """``x`` with every NaN or infinite float (in dicts, lists and tuples) replaced by None: JSON has no such
+    numbers, and ``json.dumps`` would write ``NaN`` / ``Infinity``, which strict readers (ClickHouse's JSON
+    functions, jq, Kafka consumers in other languages) refuse."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    return x
 
 
 def _iso(t: datetime) -> str:

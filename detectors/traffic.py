@@ -76,6 +76,7 @@ from forumpulse.detectors.series import (
     ScoreParams,
     SeasonalDetector,
     SeasonalParams,
+    json_safe,
 )
 from forumpulse.pipeline.contracts import LISTENER_LABEL_RE, Beat, covering_listeners, file_grew
 from forumpulse.pipeline.enrich import latest_titles
@@ -314,7 +315,8 @@ def detections_table(dets: Iterable[Detection], now: datetime) -> pa.Table:
         "id": d.id, "kind": d.kind, "site": d.site, "scope": d.scope, "start_ts": _utc(d.start),
         "end_ts": _utc(d.end) if d.end else None, "peak_ts": _utc(d.peak_ts), "observed": float(d.observed),
         "expected": float(d.expected), "score": float(d.score), "label": d.label, "state": d.state,
-        "detail": json.dumps({k: v for k, v in d.detail.items() if not k.startswith("_")}, default=str),
+        "detail": json.dumps(json_safe({k: v for k, v in d.detail.items() if not k.startswith("_")}), default=str,
+                             allow_nan=False),
         "updated_at": _utc(now),
     } for d in dets]
     return pa.Table.from_pylist(rows, schema=DETECTION_SCHEMA)
@@ -963,11 +965,11 @@ class TransferDetector:
             bad = level >= ratio * ref and level - ref >= float(r.get("creep_min_rise_ms", 0.0))
         else:
             bad = ref > 0 and level <= ref / ratio
-        rel = level / ref if ref else float("inf")
+        rel = _ratio(level, ref)
         if det is not None:
             if (level > det.observed) if rise else (level < det.observed):
                 det.observed, det.peak_ts = level, ts
-                det.detail["ratio"] = round(rel, 3)
+                det.detail["ratio"] = _round(rel)
             if (value >= ratio * ref and value - ref >= float(r.get("creep_min_rise_ms", 0.0)) if rise
                     else value <= ref / ratio):
                 det.detail["_last_bad"] = ts  # this window on its own is still over the threshold
@@ -988,9 +990,9 @@ class TransferDetector:
             return
         self.creep_run[key] = 0
         w = timedelta(minutes=int(r["window_minutes"]))
-        det = Detection(key[0], key[1], ts - w * confirm, None, ts, level, ref, min(1.0, abs(1 - rel)), "regression",
+        det = Detection(key[0], key[1], ts - w * confirm, None, ts, level, ref, _ratio_score(rel), "regression",
                         {"metric": "bytes_per_s_p50" if not rise else "elapsed_ms_p95", "trigger": "creep",
-                         "ratio": round(rel, 3), "requests": n, "level_hours": float(r["creep_level_hours"]),
+                         "ratio": _round(rel), "requests": n, "level_hours": float(r["creep_level_hours"]),
                          "reference_days": [float(r["creep_ref_from_days"]), float(r["creep_ref_to_days"])],
                          "confirmed_at": ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
                         site=self.site)
@@ -1016,9 +1018,9 @@ class TransferDetector:
         if total > math.log10(float(r["max_p"])):
             return
         del self.evidence[key]
-        ratio = obs / exp if exp else float("inf")
-        det = Detection(key[0], key[1], first, None, ts, obs, exp, min(1.0, abs(1 - ratio)), "regression",
-                        {"metric": "bytes_per_s_p50", "ratio": round(ratio, 3), "requests": n,
+        ratio = _ratio(obs, exp)
+        det = Detection(key[0], key[1], first, None, ts, obs, exp, _ratio_score(ratio), "regression",
+                        {"metric": "bytes_per_s_p50", "ratio": _round(ratio), "requests": n,
                          "requests_in_run": n_all, "log10_p": round(total, 2), "tail_share": round(q, 4),
                          "confirmed_at": ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
                         site=self.site)
@@ -1028,14 +1030,14 @@ class TransferDetector:
     def _check(self, key: tuple[str, str], ts: datetime, obs: float, exp: float, bad: bool, n: int,
                r: dict[str, Any]) -> Iterator[Detection]:
         det = self.open.get(key)
-        ratio = obs / exp if exp else float("inf")
+        ratio = _ratio(obs, exp)
         metric = "bytes_per_s_p50" if key[0] == "transfer_regression" else "elapsed_ms_p95"
         if det is None:
             self.pending[key] = self.pending.get(key, 0) + 1 if bad else 0
             if bad and self.pending[key] >= int(r["confirm_windows"]):
                 start = ts - timedelta(minutes=int(r["window_minutes"]) * int(r["confirm_windows"]))
-                det = Detection(key[0], key[1], start, None, ts, obs, exp, min(1.0, abs(1 - ratio)), "regression",
-                                {"metric": metric, "ratio": round(ratio, 3), "requests": n}, site=self.site)
+                det = Detection(key[0], key[1], start, None, ts, obs, exp, _ratio_score(ratio), "regression",
+                                {"metric": metric, "ratio": _round(ratio), "requests": n}, site=self.site)
                 self.open[key] = det
                 self.pending[key] = 0
                 yield det
@@ -1045,13 +1047,27 @@ class TransferDetector:
         # something (tail_min_requests): a window of one slow response is no worse a regression (trial 30)
         if worse and n >= min(int(r.get("tail_min_requests", 0)), int(det.detail.get("requests", 0))):
             det.observed, det.peak_ts = obs, ts
-            det.detail["ratio"] = round(ratio, 3)
+            det.detail["ratio"] = _round(ratio)
             det.detail["requests"] = n  # of the window `observed` comes from (was: of the opening window)
         if not bad:
             # ts is the end of the window that recovered: the regression ended where that window began
             det.end, det.state = ts - timedelta(minutes=int(r["window_minutes"])), "closed"
             del self.open[key]
             yield det
+
+
+def _ratio(observed: float, expected: float) -> float | None:
+    """observed / expected; None when the baseline is 0 (a cache host logging 0 ms, whose p95 is 0: the ratio
+    was ``inf`` and printed as ``Infinity``, which is no JSON)."""
+    return observed / expected if expected else None
+
+
+def _ratio_score(ratio: float | None) -> float:
+    return 1.0 if ratio is None else min(1.0, abs(1 - ratio))
+
+
+def _round(ratio: float | None) -> float | None:
+    return None if ratio is None else round(ratio, 3)
 
 
 def _median(values: list[float]) -> float:

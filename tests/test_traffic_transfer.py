@@ -3,10 +3,13 @@ windows, the lower-tail share q estimated from the baseline."""
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from forumpulse.detectors.traffic import TransferDetector, load_rules
+import pytest
+from forumpulse.detectors.traffic import TransferDetector, detections_table, load_rules
 from scipy.stats import binom
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
@@ -145,3 +148,30 @@ def test_the_worst_window_of_an_open_regression_rests_on_enough_responses() -> N
     (d,) = det.open.values()
     assert seen[0][0] == 20 and d.observed == 80e6 and d.detail["requests"] == 25, (d.observed, d.detail)
     assert d.peak_ts == T0 + timedelta(minutes=15 * 24)
+
+
+def test_a_zero_latency_baseline_gives_json_without_infinity() -> None:
+    """A cache host logging 0 ms (squid hits, nginx ``0.000``) has a p95 baseline of 0: a regression to 120 ms
+    had ``"ratio": Infinity`` in its JSON line and in ``detections.detail``, which strict JSON readers refuse
+    (found by a review).  The ratio is null there, the score 1."""
+    td = TransferDetector(load_rules(), "forum")
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    out = []
+    for i in range(40):
+        p95 = 0.0 if i < 30 else 120.0
+        out += list(td.update("latency_regression", t0 + timedelta(minutes=15 * (i + 1)),
+                              [("cache1", "", "lt10k", 500, p95)]))
+    assert out and out[0].kind == "latency_regression" and out[0].expected == 0.0
+
+    line = _strict_json(out[0].to_json())
+    assert line["detail"]["ratio"] is None and line["score"] == 1.0
+    assert _strict_json(detections_table(out[:1], t0).column("detail")[0].as_py())["ratio"] is None
+    with pytest.raises(ValueError, match="Infinity"):  # the check itself refuses what was written before
+        _strict_json(json.dumps({"ratio": math.inf}))
+
+
+def _strict_json(text: str) -> Any:
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
