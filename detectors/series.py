@@ -777,7 +777,16 @@ class SeasonalDetector:
             # back when the last 15 minutes reach half of what was expected, scaled by the level the site had in the
             # hours before the outage when that was lower (a holiday: at 0.35x a workday's traffic the site stayed
             # "down" for hours after it answered again, and the holiday dip went unreported: trial 31)
-            if not down and not math.isnan(exp15) and recent >= 0.5 * exp15 * det.detail.get("_level", 1.0):
+            # with no reference day for this time (a new site's first weekend: no day of its kind yet) there is
+            # nothing to compare with: back after 15 minutes in a row that are up (it stayed open until the first
+            # workday, and every minute of that weekend was kept out of the baselines, so the next weekend had no
+            # reference either: found by a review)
+            up_since = det.detail.get("_up_since")
+            if math.isnan(exp15):
+                back_up = up_since is not None and ts - up_since >= timedelta(minutes=14)
+            else:
+                back_up = recent >= 0.5 * exp15 * det.detail.get("_level", 1.0)
+            if not down and back_up:
                 # it ends where the traffic came back: the minutes of the run of up minutes that led here are the
                 # recovery, not the outage (observed / expected leave them out)
                 back = det.detail.get("_up_since", ts)

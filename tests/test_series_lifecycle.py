@@ -123,3 +123,24 @@ def test_an_earlier_outage_or_silence_is_no_quiet_day_for_the_next_outage(before
     closed = _closing_minute(det, x, "outage")
     assert len(closed) == (2 if before == "outage" else 1), closed
     assert max(closed.values()) >= q + 885, f"closed at minute {max(closed.values()) - q} of the day"
+
+
+def test_an_outage_into_a_day_kind_without_references_closes_when_the_site_is_back() -> None:
+    """A new site's first weekend has no reference day of its kind: an outage from Friday 23:30 to Saturday 00:30
+    stayed open until Monday (the close compared with an expectation that did not exist), and the whole weekend was
+    kept out of the baselines as outage minutes, so the next weekend had no reference either (found by a review).
+    Without an expectation the site is back after 15 up minutes in a row."""
+    det = SeasonalDetector("UTC", None, seasonal_params(load_rules(), rollup=True), site="new")
+    x = np.full(15 * DAY, 20.0)
+    down_from = 4 * DAY + 23 * 60 + 30  # Friday 6 March 23:30
+    x[down_from:down_from + 60] = 0.0
+    got = [d for d in _run(det, x) if d.kind == "outage"]
+    first = T0 + timedelta(minutes=down_from)
+    closed = [d for d in got if d.state == "closed"]
+    assert {d.id for d in got} == {closed[0].id} and len(closed) == 1
+    assert closed[0].start == first and closed[0].end == first + timedelta(minutes=60)
+    assert closed[0].detail["minutes"] == 60
+    sat = T0 + timedelta(days=5)
+    assert int(det.excluded[sat.date()].sum()) < 60  # the outage's minutes and its recovery, not the day
+    value, refs = det.expected(T0 + timedelta(days=12, hours=12), 30)  # the second Saturday is judged
+    assert refs == 2 and value == pytest.approx(600.0)
