@@ -1143,6 +1143,10 @@ def _close_by_retirement(det: Detection, at: datetime) -> Detection:
     return det
 
 
+#: how far back a restarted live run reads to see the start of a pipeline_gap still open in the store (days)
+GAP_WARM_DAYS = 92
+
+
 class SourceGapDetector:
     """Per log source (origin_host/origin_file): a silence of at least ``gap_min_minutes`` when the source's rate
     over the hour before predicts at least ``gap_min_expected`` lines is a ``pipeline_gap`` (scope
@@ -1775,7 +1779,8 @@ class TrafficDetector:
     def _run_site(self, store: Any, name: str, until: datetime, now: datetime) -> None:
         """One site's step of :meth:`run_once`: read, feed, commit the cursor, queue the detections."""
         rt = self._site(store, name)
-        start = rt.cursor or (until - timedelta(days=self.cfg.history_days))
+        topics_from = None if rt.cursor else until - timedelta(days=self.cfg.history_days)
+        start = rt.cursor or self._warm_start(store, name, until - timedelta(days=self.cfg.history_days))
         mark = self._watermark(store, name, now)
         if mark is not None:
             until = min(until, mark.replace(second=0, microsecond=0))
@@ -1783,7 +1788,8 @@ class TrafficDetector:
             # the first run warms on history_days: its topic rows are read a day at a time as they are fed (a
             # forum with hundreds of topics a minute has millions of rows in 15 days); a read failing there is a
             # failure while feeding, handled below
-            win = self._read(store, rt, start, until, now, live=True, topics_by_day=rt.cursor is None)
+            win = self._read(store, rt, start, until, now, live=True, topics_from=topics_from,
+                             topics_by_day=rt.cursor is None)
             try:
                 dets, visits = self._feed(rt, win)
             except Exception:
@@ -1803,6 +1809,25 @@ class TrafficDetector:
                 del self._visits[key]
 
     # -- reading (no detector state is touched) -------------------------------------------------------------
+    def _warm_start(self, store: Any, name: str, start: datetime) -> datetime:
+        """Where a site's first live run starts reading: ``start`` (``history_days`` back), or earlier when the
+        store has a ``pipeline_gap`` of the site still open that began before it (up to ``GAP_WARM_DAYS`` back):
+        from the hour before that gap, so the warm-up sees the silent source's last lines, opens the same gap
+        (same id) and closes it when the lines come back.  A restart used to leave such a gap open for good: its
+        source was never seen again (found by a review).  The topic detectors still start at ``start``."""
+        try:
+            rows = store.query_rows(
+                f"SELECT min(start_ts) FROM detections FINAL WHERE site = {_q(name)} AND kind = 'pipeline_gap' "
+                f"AND state = 'open' AND start_ts < {_sql_ts(start)} "
+                f"AND start_ts >= {_sql_ts(start - timedelta(days=GAP_WARM_DAYS))}")
+        except Exception as exc:  # a store without detections yet: warm as usual
+            log.debug("open gaps of %s not read: %s", name, exc)
+            return start
+        first = rows[0][0] if rows and rows[0] and rows[0][0] is not None else None
+        if first is None or _utc(first).year < 1971:  # min() over no rows is the epoch in ClickHouse
+            return start
+        return min(start, _utc(first) - timedelta(minutes=61))
+
     def _read(self, store: Any, rt: _SiteRuntime, start: datetime, until: datetime, now: datetime,
               live: bool, topics_from: datetime | None = None, topics_by_day: bool = False) -> _Window:
         """``topics_by_day``: the topic rows are read a day at a time while they are fed (history runs and a live

@@ -36,3 +36,40 @@ def test_history_judges_minutes_with_the_gaps_known_then(store: Any) -> None:
     store.command("TRUNCATE TABLE detections")
     hist = detect_history(store, day, _local(CASE, "2026-03-11T15:00"), s, sites=["hvl"], record=False)
     assert {d.id: (d.kind, d.scope, d.start) for d in hist if d.kind in ("spike", "pipeline_gap")} == seen
+
+
+ORPHAN = {"site": {"name": "orphan", "timezone": "UTC"}, "start": "2026-03-01", "days": 21, "per_minute": 10,
+          "weekend_factor": 1.0, "sources": [{"file": "a.log", "share": 0.5}, {"file": "b.log", "share": 0.5}],
+          "events": [{"kind": "source_gap", "source": "b.log", "from": "2026-03-03T10:00",
+                      "to": "2026-03-20T11:00"}]}
+
+
+def _gaps(store: Any) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in store.query_rows(
+        "SELECT id, scope, start_ts, end_ts, state FROM detections FINAL WHERE kind = 'pipeline_gap' "
+        "ORDER BY start_ts")]
+
+
+def test_a_restart_closes_a_gap_that_began_before_its_warm_up(store: Any) -> None:
+    """A source silent for 17 days when the owner restarts (its warm-up reads history_days = 15 back) was never
+    seen by the new process, so its stored open gap stayed open after its lines came back (found by a review).
+    The first run now reads from the hour before the oldest stored open gap: the same gap, closed as without a
+    restart."""
+    store.insert("requests", build_requests(ORPHAN))
+    s = _settings([ORPHAN])
+    TrafficDetector(s, sites=["orphan"]).run_once(store, _local(ORPHAN, "2026-03-03T12:00") + timedelta(seconds=30))
+    opened = _gaps(store)
+    assert [r[1:] for r in opened] == [("source:origin/b.log", _local(ORPHAN, "2026-03-03T10:00"), None, "open")]
+    restarted = TrafficDetector(s, sites=["orphan"])
+    t = _local(ORPHAN, "2026-03-20T10:30") + timedelta(seconds=30)
+    while t <= _local(ORPHAN, "2026-03-20T11:30"):
+        restarted.run_once(store, t)
+        t += timedelta(minutes=1)
+    after_restart = _gaps(store)
+    assert after_restart[0][0] == opened[0][0] and after_restart[0][3:] == (_local(ORPHAN, "2026-03-20T10:59"),
+                                                                           "closed")
+    store.command("TRUNCATE TABLE detections")
+    kept_running = TrafficDetector(s, sites=["orphan"])
+    kept_running.run_once(store, _local(ORPHAN, "2026-03-03T12:00") + timedelta(seconds=30))
+    kept_running.run_once(store, _local(ORPHAN, "2026-03-20T11:30") + timedelta(seconds=30))
+    assert _gaps(store) == after_restart
