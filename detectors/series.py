@@ -1095,6 +1095,14 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
         raise ValueError(f"{path}: the timestamps mix epoch seconds (row {i + 1 + header}: {col.iloc[i]!r}) and "
                          f"milliseconds (row {j + 1 + header}: {col.iloc[j]!r}): use one unit")
     else:
+        # 10/03/2024, 10.03.2024, 10-03-24: day-first or month-first cannot be known (the date parser read
+        # 10/03 as 3 October and 13/03 as 13 March in one file, re-sorting the series without a word: user trial 40)
+        numeric_dmy = col.str.match(r"\d{1,2}[/.\-]\d{1,2}[/.\-]\d{2,4}(?!\d)")
+        if numeric_dmy.any():
+            i = int(np.flatnonzero(numeric_dmy.to_numpy())[0])
+            raise ValueError(f"{path}: row {i + 1 + header}: {col.iloc[i]!r} is a numeric date whose day and month "
+                             f"order cannot be known ({int(numeric_dmy.sum())} such row(s)): write ISO 8601 "
+                             "(2024-03-10T00:00, with an offset such as +08:00 or Z) or epoch seconds")
         ts = pd.to_datetime(col, utc=True, format="mixed", errors="coerce")
         bad = np.flatnonzero(ts.isna().to_numpy())
         if len(bad):

@@ -148,3 +148,16 @@ def test_a_block_of_two_spacings_does_not_crash_the_notes(tmp_path: Path) -> Non
     got: list[str] = []
     read_series_csv(str(f), got)
     assert not any("offset" in n for n in got), got
+
+
+@pytest.mark.parametrize("stamp", ["10/03/2024 00:00", "10.03.2024 00:00", "3-10-24 00:00"])
+def test_numeric_dates_of_unknown_day_month_order_are_refused(tmp_path: Path, stamp: str) -> None:
+    """10/03/2024 was read as 3 October and 13/03/2024 as 13 March in the same file, re-sorting the series with
+    only a note about rows out of order (user trial 40): such dates are refused, naming the row and the remedy."""
+    p = tmp_path / "dmy.csv"
+    p.write_text(f"2024-03-09T23:00Z,1\n{stamp},2\n")
+    with pytest.raises(ValueError, match=r"row 2: .* day and month order cannot be known .* ISO 8601"):
+        read_series_csv(str(p))
+    p.write_text("2024-03-09T23:00Z,1\n10 Mar 2024 00:00,2\n20240310T0100Z,3\n")  # unambiguous forms still read
+    ts, _ = read_series_csv(str(p))
+    assert [t.day for t in ts] == [9, 10, 10]
