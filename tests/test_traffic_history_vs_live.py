@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from forumpulse.detectors.traffic import TrafficDetector, detect_history
 from test_traffic_cases import _local, _settings, build_requests
 
@@ -73,3 +74,36 @@ def test_a_restart_closes_a_gap_that_began_before_its_warm_up(store: Any) -> Non
     kept_running.run_once(store, _local(ORPHAN, "2026-03-03T12:00") + timedelta(seconds=30))
     kept_running.run_once(store, _local(ORPHAN, "2026-03-20T11:30") + timedelta(seconds=30))
     assert _gaps(store) == after_restart
+
+
+SILENT = {"site": {"name": "silent2h", "timezone": "UTC"}, "start": "2026-03-02", "days": 9, "per_minute": 30,
+          "weekend_factor": 1.0, "sources": [{"file": "a.log", "share": 0.5}, {"file": "b.log", "share": 0.5}],
+          "events": [{"kind": "source_gap", "source": "b.log", "from": "2026-03-10T10:00",
+                      "to": "2026-03-10T12:00"}]}
+
+
+def test_a_closed_source_gap_states_its_whole_silence_live_and_in_history(store: Any) -> None:
+    """A source gap that opened live and closed when its lines came back kept the figure of the minute it opened
+    (10 minutes' lines for 2 hours of silence) and no length (user trial 40); one found closed by history had
+    both.  Now both give ``detail.minutes`` = 120 and ``expected`` = the source's rate x 120."""
+    store.insert("requests", build_requests(SILENT))
+    s = _settings([SILENT])
+    live = TrafficDetector(s, sites=["silent2h"])
+    t = _local(SILENT, "2026-03-10T09:50") + timedelta(seconds=30)
+    last: dict[str, Any] = {}
+    while t <= _local(SILENT, "2026-03-10T12:10"):
+        for d in live.run_once(store, t):
+            if d.kind == "pipeline_gap":
+                last[d.id] = d
+        t += timedelta(minutes=1)
+    (gap,) = last.values()
+    assert gap.state == "closed" and gap.detail["minutes"] == 120 and gap.end == _local(SILENT, "2026-03-10T11:59")
+    (hour,) = store.query_rows(  # b.log's lines in the hour before it fell silent, at 120 minutes
+        "SELECT count() FROM requests WHERE site = 'silent2h' AND origin_file = 'b.log' "
+        "AND ts >= '2026-03-10 09:00:00' AND ts < '2026-03-10 10:00:00'")[0]
+    assert hour > 100 and gap.expected == pytest.approx(hour / 60 * 120)
+    hist = detect_history(store, _local(SILENT, "2026-03-10T00:00"), _local(SILENT, "2026-03-10T13:00"), s,
+                          sites=["silent2h"], record=False)
+    (h,) = [d for d in hist if d.kind == "pipeline_gap"]
+    assert (h.id, h.end, h.detail["minutes"]) == (gap.id, gap.end, 120)
+    assert h.expected == pytest.approx(gap.expected)
