@@ -784,7 +784,10 @@ def _judged_text(spans: list[tuple[datetime, datetime]] | None, t0: datetime, t1
                 "migration 0010: run forumpulse db migrate).")
     whole = (t1 - t0).total_seconds()
     done = sum((b - a).total_seconds() for a, b in spans)
-    rerun = f"forumpulse detect --from {day.isoformat()} --to {(day + timedelta(days=1)).isoformat()}"
+    # the site's day, with its offsets: a bare date is UTC, so the day of a site east or west of UTC was only
+    # partly covered by the command this page suggested (user trial 40)
+    frm, to = (t.astimezone(_ZONE.get()).isoformat(timespec="minutes") for t in (t0, t1))
+    rerun = f"forumpulse detect --from {frm} --to {to}"
     if not spans:
         return f"No detection run covered this day: its events are unknown, not absent ({rerun} judges it)."
     if done >= whole:

@@ -176,7 +176,11 @@ def test_daily_report_tells_an_unjudged_day_from_a_quiet_one(world: Any, tmp_pat
         return text_of(generate_daily_report(store, day, tmp_path, site="judged").read_text(), "judged")
 
     assert judged() == ("No detection run covered this day: its events are unknown, not absent (forumpulse detect "
-                        "--from 2025-06-02 --to 2025-06-03 judges it).")
+                        "--from 2025-06-02T00:00+00:00 --to 2025-06-03T00:00+00:00 judges it).")
+    # a site east of UTC: its day, with its offset (a bare date is UTC: the command covered 08:00-24:00 of it)
+    kl = text_of(generate_daily_report(store, day, tmp_path, site="judged", tz="Asia/Kuala_Lumpur").read_text(),
+                 "judged")
+    assert "--from 2025-06-02T00:00+08:00 --to 2025-06-03T00:00+08:00 judges it" in kl, kl
     now = datetime.now(UTC)
     record_runs(store, [("judged", "live", t0 - timedelta(days=15), t0 + timedelta(hours=3))], now)
     record_runs(store, [("judged", "live", t0 - timedelta(days=15), t0 + timedelta(hours=6))],
@@ -184,7 +188,8 @@ def test_daily_report_tells_an_unjudged_day_from_a_quiet_one(world: Any, tmp_pat
     record_runs(store, [("judged", "history", t0 + timedelta(hours=12), t0 + timedelta(hours=18))], now)
     assert judged() == ("The detectors judged only 2025-06-02 00:00 UTC – 2025-06-02 06:00 UTC, 2025-06-02 12:00 UTC "
                         "– 2025-06-02 18:00 UTC (50% of the day): events in the rest are unknown (forumpulse detect "
-                        "--from 2025-06-02 --to 2025-06-03 judges it; give --from/--to in UTC or with an offset for "
+                        "--from 2025-06-02T00:00+00:00 --to 2025-06-03T00:00+00:00 judges it; give --from/--to in UTC or "
+                        "with an offset for "
                         "part of it).")
     record_runs(store, [("judged", "history", t0 + timedelta(hours=5), t0 + timedelta(days=1))], now)
     assert judged() == "The detectors judged the whole day."
