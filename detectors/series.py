@@ -409,23 +409,45 @@ def _suppress(score: FloatArray, alarm: float, rows: int) -> FloatArray:
     return out
 
 
+#: an alarm row's event points at the most deviant of the rows up to this many before it (the score's trailing
+#: means make an alarm come a row or two after the row that caused it)
+EVENT_LOOKBACK_ROWS = 4
+
+
 def score_events(ts: Sequence[datetime], score: FloatArray, values: FloatArray, alarm: float,
-                 scope: str = "series", expected: FloatArray | None = None, first: int = 0) -> list[Detection]:
+                 scope: str = "series", expected: FloatArray | None = None, first: int = 0,
+                 lookback: int = EVENT_LOOKBACK_ROWS) -> list[Detection]:
     """Alarms of :func:`anomaly_scores` at rows ``>= first`` as ``anomaly`` detections (one per alarm row).
-    ``observed`` is the value the scorer saw (missing values carried forward); ``expected`` is the scorer's
-    expectation (:func:`_scores`), or the median of the earlier rows when not given — always a finite number."""
+
+    The score's trailing means put an alarm a row or two after the row that caused it, so the event points at
+    the row among the alarm row and the ``lookback`` before it (not before ``first``) whose value is furthest from
+    its expectation: ``start`` / ``peak_ts`` / ``observed`` / ``expected`` are that row's, ``end`` and
+    ``detail.alarm_at`` the alarm row's (``detail.alarm_at`` only when they differ).  Streaming: the event uses
+    rows up to the alarm row only.  Before, an alarm on the row after a spike reported that ordinary row, often
+    with ``observed == expected`` (user trial 40).  ``observed`` is the value the scorer saw (missing values
+    carried forward); ``expected`` is the scorer's expectation (:func:`_scores`) where it has one, else the
+    median of the earlier rows — always a finite number."""
     seen = pd.Series(np.asarray(values, dtype=np.float64)).ffill().fillna(0.0)
+    fallback = seen.shift(1).expanding().median().fillna(seen).to_numpy(dtype=np.float64)
     if expected is None:
-        expected = seen.shift(1).expanding().median().fillna(seen).to_numpy(dtype=np.float64)
+        exp_all = fallback
+    else:
+        exp_all = np.asarray(expected, dtype=np.float64)
+        exp_all = np.where(np.isfinite(exp_all), exp_all, fallback)
+    obs_all = seen.to_numpy(dtype=np.float64)
+    dev = np.abs(obs_all - exp_all)
     out = []
     for i in np.flatnonzero(score >= alarm):
         i = int(i)
         if i < first:
             continue
-        t = ts[i]
-        obs = float(seen.iloc[i])
-        exp = float(expected[i]) if math.isfinite(float(expected[i])) else obs
-        out.append(Detection("anomaly", scope, t, t, t, obs, exp, float(score[i]), "unexplained", state="closed"))
+        lo = max(first, i - lookback)
+        j = lo + int(np.argmax(dev[lo:i + 1]))
+        if dev[j] <= dev[i]:
+            j = i  # ties go to the alarm row
+        detail = {} if j == i else {"alarm_at": _iso(ts[i])}
+        out.append(Detection("anomaly", scope, ts[j], ts[i], ts[j], float(obs_all[j]), float(exp_all[j]),
+                             float(score[i]), "unexplained", detail, state="closed"))
     return out
 
 

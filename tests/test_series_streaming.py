@@ -230,3 +230,27 @@ def test_read_series_csv_says_what_it_leaves_out(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"mix epoch seconds \(row 1: '1709251200'\) and milliseconds "
                                          r"\(row 2: '1709251260000'\): use one unit"):
         read_series_csv(str(f))
+
+
+def test_an_alarm_after_the_row_that_caused_it_points_at_that_row() -> None:
+    """The score's trailing means put the alarm a row after a lone spike; the event reported that ordinary row,
+    with observed == expected (user trial 40).  It now points at the spike (start, peak, observed, expected) and
+    says when the alarm came; an alarm on the most deviant row itself has no ``alarm_at``; the event uses rows up
+    to the alarm row only."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    ts = [T0 + timedelta(minutes=5 * i) for i in range(n)]
+    x = 50 + 10 * np.sin(np.arange(n) * 2 * np.pi / 288) + rng.normal(0, 0.5, n)
+    k = 2800
+    x[k] = 500.0
+    dets = series_events(ts, x, mode="generic")
+    (d,) = [d for d in dets if ts[k] <= d.end <= ts[k + 5]]
+    assert d.start == d.peak_ts == ts[k] and d.observed == 500.0 and d.expected < 100, d.to_json()
+    assert d.end is not None and d.end > d.start and d.detail["alarm_at"] == d.end.strftime("%Y-%m-%dT%H:%M:%SZ")
+    cut = ts.index(d.end) + 1
+    (again,) = [e for e in series_events(ts[:cut], x[:cut], mode="generic") if e.end == d.end]
+    assert again.to_json() == d.to_json()
+    score = np.zeros(6)
+    score[4] = 0.9
+    (same_row,) = score_events(ts[:6], score, np.array([1.0, 1, 1, 1, 9, 1]), 0.5)
+    assert same_row.start == ts[4] and same_row.observed == 9.0 and same_row.detail == {}
