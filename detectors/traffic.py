@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import difflib
 import json
 import logging
 import math
@@ -82,7 +83,7 @@ from forumpulse.pipeline.contracts import LISTENER_LABEL_RE, Beat, covering_list
 from forumpulse.pipeline.enrich import latest_titles
 from forumpulse.pipeline.sources import retired_sources, retirement_minute
 from forumpulse.pipeline.store import sql_string
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +158,6 @@ def _as_replacement(path: str, data: dict[str, Any], shipped: dict[str, Any]) ->
     """A replacement rules file (``rules_file``, ``--rules``): every section and key it names must exist in the
     shipped file, with a value of the same kind (a typo is an error naming it, not a crash later); the keys it
     leaves out keep the shipped values."""
-    import difflib
-
     problems: list[str] = []
     merged = copy.deepcopy(shipped)
     for section, values in data.items():
@@ -188,16 +187,25 @@ def _as_replacement(path: str, data: dict[str, Any], shipped: dict[str, Any]) ->
 def load_rules(path: str | Path | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Rules from ``traffic.yaml`` (or ``path``) with per-section ``overrides``; unknown keys are errors."""
     rules = copy.deepcopy(_load_yaml(str(path or RULES_FILE)))
+    problems: list[str] = []  # every one at once (config check used to name one per run: user trial 40)
     for section, values in (overrides or {}).items():
         if section not in rules or not isinstance(rules[section], dict):
-            raise ValueError(f"unknown traffic rule section {section!r}")
+            near = difflib.get_close_matches(str(section), [k for k, v in rules.items() if isinstance(v, dict)], n=1)
+            problems.append(f"unknown traffic rule section {section!r}"
+                            + (f" (did you mean {near[0]!r}?)" if near else ""))
+            continue
         for k, v in values.items():
             if k not in rules[section]:
-                raise ValueError(f"unknown traffic rule {section}.{k}")
-            if not _same_kind(k, v, rules[section][k]):
-                raise ValueError(f"traffic rule {section}.{k}: {v!r} is not a {_kind_name(k, rules[section][k])} "
-                                 f"(shipped: {rules[section][k]!r})")
-            rules[section][k] = _as_shipped(k, v, rules[section][k])
+                near = difflib.get_close_matches(str(k), list(rules[section]), n=1)
+                problems.append(f"unknown traffic rule {section}.{k}"
+                                + (f" (did you mean {section}.{near[0]}?)" if near else ""))
+            elif not _same_kind(k, v, rules[section][k]):
+                problems.append(f"traffic rule {section}.{k}: {v!r} is not a {_kind_name(k, rules[section][k])} "
+                                f"(shipped: {rules[section][k]!r})")
+            else:
+                rules[section][k] = _as_shipped(k, v, rules[section][k])
+    if problems:
+        raise ValueError("; ".join(problems))
     return rules
 
 
@@ -226,13 +234,26 @@ class TrafficSettings(BaseModel):
     def rules(self) -> dict[str, Any]:
         return load_rules(self.rules_file, self.thresholds)
 
-    @model_validator(mode="after")
-    def _rules_load(self) -> TrafficSettings:
-        try:
-            self.rules()  # unknown sections/keys raise ValueError -> a ValidationError naming detectors.traffic
-        except OSError as exc:
-            raise ValueError(f"rules_file: cannot read {exc.filename}: {exc.strerror}") from None
-        return self
+    @field_validator("rules_file")
+    @classmethod
+    def _rules_file(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                load_rules(v)
+            except OSError as exc:
+                raise ValueError(f"cannot read {exc.filename}: {exc.strerror}") from None
+        return v
+
+    @field_validator("thresholds")
+    @classmethod
+    def _rules_load(cls, v: dict[str, dict[str, Any]], info: ValidationInfo) -> dict[str, dict[str, Any]]:
+        """Unknown sections/keys and values of the wrong kind raise ValueError (all of them, a ValidationError
+        naming detectors.traffic.thresholds), checked against ``rules_file`` (the shipped rules when it is
+        not readable: that is reported on its own key).  Field validators, so these are reported with the
+        other fields' problems in one run (a model validator ran only once every field was right: user trial
+        40)."""
+        load_rules(info.data.get("rules_file"), v)
+        return v
 
 
 class DetectorsSection(BaseModel):

@@ -337,7 +337,8 @@ class _YamlSource(PydanticBaseSettingsSource):
             loaded = yaml.load(path.read_text(), Loader=_Loader) or {}  # _Loader is a SafeLoader
             if not isinstance(loaded, dict):
                 raise ValueError(f"{path}: the top level must be a mapping")
-            self.data = loaded
+            # unknown top-level sections already reported: dropped so the rest is still checked (load_settings)
+            self.data = {k: v for k, v in loaded.items() if k not in _DROP_TOP}
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return self.data.get(field_name), field_name, False
@@ -416,6 +417,7 @@ class Settings(BaseSettings):
 
 
 _CURRENT_PATH: Path | None = None
+_DROP_TOP: frozenset[str] = frozenset()  # top-level keys of the file left out while the rest is checked
 
 
 def _msg(text: str) -> str:
@@ -428,7 +430,7 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
 
     Raises :class:`ConfigError` with one line per problem (``key: reason``).
     """
-    global _CURRENT_PATH
+    global _CURRENT_PATH, _DROP_TOP
     p = path or os.environ.get("FORUMPULSE_CONFIG")
     _CURRENT_PATH = Path(p) if p else None
     problems: list[str] = []
@@ -443,11 +445,15 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
             problems = [f"{'.'.join(str(x) for x in e['loc'])}: {_msg(e['msg'])}".removeprefix(": ")
                         for e in exc.errors()]
             # the other sections are still checked, so one run reports every problem: the keys that failed are
-            # set to their defaults for that (the file's other values are kept)
-            if not all(e["loc"] and e["loc"][0] in Settings.model_fields for e in exc.errors()):
+            # set to their defaults for that (the file's other values are kept), unknown sections left out
+            unknown = frozenset(str(e["loc"][0]) for e in exc.errors() if len(e["loc"]) == 1
+                                and e["loc"][0] not in Settings.model_fields and e["type"] == "extra_forbidden")
+            if not all(e["loc"] and (e["loc"][0] in Settings.model_fields or str(e["loc"][0]) in unknown)
+                       for e in exc.errors()):
                 raise ConfigError(problems) from None  # a problem of the file as a whole
             defaults = {str(e["loc"][0]): Settings.model_fields[str(e["loc"][0])].get_default(
-                call_default_factory=True) for e in exc.errors()}
+                call_default_factory=True) for e in exc.errors() if e["loc"][0] in Settings.model_fields}
+            _DROP_TOP = unknown
             for e in exc.errors():  # unknown detector sections: the known ones are still checked
                 if tuple(e["loc"]) == ("detectors",) and isinstance(e.get("input"), dict):
                     values["detectors"] = {k: v for k, v in e["input"].items() if k in DETECTOR_SECTIONS}
@@ -462,7 +468,7 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         except (yaml.YAMLError, ValueError) as exc:
             raise ConfigError([f"config: {exc}"]) from None
     finally:
-        _CURRENT_PATH = None
+        _CURRENT_PATH, _DROP_TOP = None, frozenset()
     problems += [f"environment {k}: no section {k.split('__')[0][len('FORUMPULSE_'):].lower()!r} (sections: "
                  f"{', '.join(Settings.model_fields)})" for k in sorted(os.environ)
                  if k.startswith("FORUMPULSE_") and "__" in k

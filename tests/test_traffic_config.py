@@ -305,3 +305,23 @@ def test_live_first_run_reads_topic_rows_by_day_later_runs_whole(tmp_path: Path,
     assert made == [(until - timedelta(days=cfg.history_days), until)]
     assert first >= 5  # the warm-up: one read per day with topic views (6 of them), not one for 15 days
     assert len(reads) == first + 1 and len(made) == 1  # then the new minutes, read whole
+
+
+def test_config_check_names_every_problem_in_one_run(tmp_path: Path) -> None:
+    """An unknown top-level section stopped the check there, and threshold problems were named only once every
+    other field was right, one per run (4 runs for 4 mistakes: user trial 40)."""
+    cfg = tmp_path / "fp.yaml"
+    cfg.write_text("topc: {x: 1}\n"
+                   "detectors:\n  traffic:\n    enabled: [site, transfr]\n    histroy_days: 3\n"
+                   "    thresholds: {site: {spike_ratoi: 3, dip_ratio: low}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg)
+    text = "\n".join(err.value.problems)
+    for want in ("topc: Extra inputs", "detectors.traffic.enabled.1:", "detectors.traffic.histroy_days:",
+                 "unknown traffic rule site.spike_ratoi (did you mean site.spike_ratio?)",
+                 "traffic rule site.dip_ratio: 'low' is not a number"):
+        assert want in text, text
+    cfg.write_text("detectors:\n  traffic:\n    rules_file: /no/such/rules.yaml\n")  # still checked alone
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg)
+    assert "cannot read /no/such/rules.yaml" in "\n".join(err.value.problems)
