@@ -334,7 +334,10 @@ def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
         pred = _learned_period(xv, p)
         resid = pd.Series(xv - pred)  # NaN where no period counts
         err = resid.abs().shift(1).rolling(p.long_window, min_periods=p.min_history).mean().to_numpy()
-        use = np.where(np.isnan(err), np.inf, err) < best_err
+        # only where it has a prediction: after a value that breaks its pattern it has none for a while, and
+        # being 'in use' there with no residual (p = 1) hid every other model's evidence (stop 40, from the
+        # event of user trial 40: expected was NaN on the rows after a lone spike)
+        use = (np.where(np.isnan(err), np.inf, err) < best_err) & ~np.isnan(pred)
         if use.any():
             # the learned period replaces the other models where it is the best: it is what re-learns a new period
             pv = np.where(use, _model_p(resid, p), pv)

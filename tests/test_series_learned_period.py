@@ -88,3 +88,18 @@ def test_learned_period_is_streaming() -> None:
         np.testing.assert_array_equal(_learned_period(x[:m], p), full[:m])
     s = anomaly_scores(x, p)
     np.testing.assert_array_equal(anomaly_scores(x[:CHANGE + 100], p), s[:CHANGE + 100])
+
+
+def test_the_learned_period_is_not_in_use_where_it_has_no_prediction() -> None:
+    """After a value that breaks the sawtooth the learned period has no prediction for a while; it stayed "in
+    use" there with no residual (p = 1, expectation NaN), hiding the other models' evidence (stop 40: the rows
+    after a lone spike had no expectation in a user trial).  Every row with history has an expectation now."""
+    from forumpulse.detectors.series import _scores
+
+    n, k = 3000, 2800
+    x = 50 + 10 * np.sin(np.arange(n) * 2 * np.pi / 288) + np.random.default_rng(5).normal(0, 0.5, n)
+    x[k] = 500.0
+    p = ScoreParams()
+    assert np.isnan(_learned_period(x, p)[k + 1:k + 10]).any()  # the situation the test is about
+    _, expected = _scores(x, p, None, None, True)
+    assert np.isfinite(expected[p.min_history:]).all(), np.flatnonzero(~np.isfinite(expected))[:10]
