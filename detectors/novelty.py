@@ -52,6 +52,11 @@ class NoveltyParams:
     phase_orders: int = 2     # ... for the last 1 .. phase_orders levels
 
 
+#: a range narrower than this share of the values' magnitude is no range: a constant 4.2 that read 4.2000001 once
+#: (float rounding) made a grid 1e-8 wide on which every later row was a new context, a full alarm (user trial 40)
+REL_WIDTH = 1e-6
+
+
 class _Grid:
     """Expanding grid: ``levels`` levels over the range of the values seen so far; :meth:`level` places a value
     on the grid of the values *before* it (beyond the range: levels outside ``0 .. levels - 1``), then widens."""
@@ -61,10 +66,11 @@ class _Grid:
         self.lo = self.hi = float("nan")
 
     def level(self, v: float) -> int | None:
-        """Level of ``v`` (``None`` while the grid has no width), then ``v`` joins the range."""
+        """Level of ``v`` (``None`` while the grid has no width: a range under ``REL_WIDTH`` of the values'
+        magnitude is float rounding, not a range), then ``v`` joins the range."""
         out: int | None = None
         width = (self.hi - self.lo) / self.levels
-        if width > 0.0:  # False while NaN
+        if width * self.levels > REL_WIDTH * max(abs(self.lo), abs(self.hi)):  # False while NaN or 0
             out = math.floor((v - self.lo) / width)
             if out == self.levels and v <= self.hi:
                 out = self.levels - 1  # the maximum itself is on the grid

@@ -200,13 +200,14 @@ def _lag_rows(sec: npt.NDArray[np.int64], lag_seconds: int) -> npt.NDArray[np.in
     return np.where((idx < len(sec)) & (sec[idx_c] == want), idx_c, -1)
 
 
-def _robust_surprise(err: pd.Series, p: ScoreParams) -> pd.Series:
-    """|err| over 1.4826 × its trailing median (rows before t), floored, capped at ``surprise_cap``."""
+def _robust_surprise(err: pd.Series, p: ScoreParams, floor: pd.Series | float = 1e-9) -> pd.Series:
+    """|err| over 1.4826 × its trailing median (rows before t), floored (at ``floor``, and 1e-9), capped at
+    ``surprise_cap``."""
     e = err.abs()
     med = e.shift(1).rolling(p.long_window, min_periods=p.min_history).median()
     mean = e.shift(1).rolling(p.long_window, min_periods=p.min_history).mean()
     scale = np.maximum(1.4826 * med, 0.5 * mean)
-    scale = np.maximum(scale, 1e-9)
+    scale = np.maximum(np.maximum(scale, floor), 1e-9)
     return (e / scale).clip(upper=p.surprise_cap)
 
 
@@ -218,10 +219,16 @@ def _tail_p(r: pd.Series, p: ScoreParams) -> FloatArray:
     return pv
 
 
-def _model_p(y: pd.Series, p: ScoreParams) -> FloatArray:
+#: a step smaller than this share of the series' level is no surprise, however flat the series was: a constant
+#: 4.2 that read 4.2000001 once (float rounding) scored 1.0, the full alarm (user trial 40)
+STEP_REL_FLOOR = 1e-6
+
+
+def _model_p(y: pd.Series, p: ScoreParams, magnitude: pd.Series | None = None) -> FloatArray:
     """Tail probability of one model's residual series ``y`` (NaN = model not active yet): Bonferroni minimum of
     the level surprise (``short_window`` mean vs trailing ``long_window`` median/MAD) and the step surprise
-    (|Δy| vs its trailing median)."""
+    (|Δy| vs its trailing median, whose scale is at least ``STEP_REL_FLOOR`` × ``magnitude``, the series'
+    trailing median; ``y``'s own when not given)."""
     hist = y.shift(p.short_window)
     med = hist.rolling(p.long_window, min_periods=p.min_history).median()
     mad = (hist - med).abs().rolling(p.long_window, min_periods=p.min_history).median()
@@ -229,7 +236,8 @@ def _model_p(y: pd.Series, p: ScoreParams) -> FloatArray:
     floor = 1e-3 * spread.fillna(0.0) + 1e-9 + 1e-4 * med.abs()
     scale = np.maximum(1.4826 * mad, floor)
     level = ((y.rolling(p.short_window, min_periods=1).mean() - med).abs() / scale).clip(upper=p.surprise_cap)
-    step = _robust_surprise(y.diff(), p)
+    mag = (magnitude if magnitude is not None else med).abs().fillna(0.0)
+    step = _robust_surprise(y.diff(), p, STEP_REL_FLOOR * mag)
     pv = np.minimum(1.0, 2.0 * np.minimum(_tail_p(level, p), _tail_p(step, p)))
     pv[np.isnan(y.to_numpy())] = 1.0
     return pv
@@ -284,6 +292,7 @@ def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
     if n == 0:
         return np.zeros(0), np.zeros(0)
     pv = _model_p(x, p)
+    magnitude = x.shift(p.short_window).rolling(p.long_window, min_periods=p.min_history).median()
     expected = np.zeros(0)
     if want_expected:
         level = x.shift(p.short_window).rolling(p.long_window, min_periods=p.min_history).median()
@@ -323,10 +332,10 @@ def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
             use = err < best_err
             if use.any():
                 if p.combine == "min":
-                    pm = _model_p(resid, p)
+                    pm = _model_p(resid, p, magnitude)
                     pv = np.where(use, np.minimum(pv, pm) * 2, pv)
                 else:
-                    pv = np.where(use, _model_p(resid, p), pv)
+                    pv = np.where(use, _model_p(resid, p, magnitude), pv)
                 if want_expected:
                     expected = np.where(use, pred, expected)
                 best_err = np.where(use, err, best_err)
@@ -340,7 +349,7 @@ def _scores(values: Sequence[float] | FloatArray, params: ScoreParams | None,
         use = (np.where(np.isnan(err), np.inf, err) < best_err) & ~np.isnan(pred)
         if use.any():
             # the learned period replaces the other models where it is the best: it is what re-learns a new period
-            pv = np.where(use, _model_p(resid, p), pv)
+            pv = np.where(use, _model_p(resid, p, magnitude), pv)
             if want_expected:
                 expected = np.where(use, pred, expected)
     # evidence on the score scale; below 0 where the Bonferroni factors make p > 1 (calm rows), capped at 1

@@ -5,7 +5,8 @@
   the first real value a "jump from zero"); inf is missing, like NaN;
 * a holiday dip that closed at the end of its holiday is not reopened by the next day's unexplained dip (it
   would close again at once: one event flapping open/closed every minute);
-* a no-data gap breaks the runs that confirm an outage or a spike (two bursts around a gap are not one hold).
+* a no-data gap breaks the runs that confirm an outage or a spike (two bursts around a gap are not one hold);
+* float rounding on a constant series (4.2 read as 4.2000001 once) is no alarm.
 """
 
 from __future__ import annotations
@@ -158,3 +159,18 @@ def test_an_open_spike_is_reported_again_as_it_grows() -> None:
     assert len(opened) >= 3, reports  # the stored/published peak follows the growth ...
     assert all(b[1] >= 1.25 * a[1] * 0.99 for a, b in pairwise(opened)), opened
     assert len(opened) < 15  # ... a quarter at a time, not every minute
+
+
+def test_float_rounding_on_a_constant_series_is_no_alarm_a_real_step_is() -> None:
+    """A constant 4.2 that read 4.2000001 once (float rounding) scored 1.0, the full alarm: the step test's scale
+    had an absolute floor of 1e-9 and the novelty grid a width of 1e-8 after it (user trial 40).  Both floors are
+    relative to the series' magnitude now; a real change of the same series still alarms."""
+    n, k = 4000, 3000
+    ts = [datetime(2024, 3, 1, tzinfo=UTC) + timedelta(minutes=5 * i) for i in range(n)]
+    x = np.full(n, 4.2)
+    x[k] = 4.2000001
+    p = ScoreParams()
+    assert (anomaly_scores(x, p, ts) >= p.alarm).sum() == 0
+    x[k] = 4.2
+    x[k:] = 4.3  # a real step of 2.4%
+    assert (anomaly_scores(x, p, ts)[k:k + 5] >= p.alarm).any()
