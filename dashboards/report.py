@@ -738,11 +738,13 @@ def _event_report(
     return path
 
 
-def _duration(start: datetime, end: datetime | None) -> str:
-    """``2 h 05 min`` / ``40 min`` between two times; empty while open."""
+def _duration(start: datetime, end: datetime | None, kind: str = "") -> str:
+    """``2 h 05 min`` / ``40 min`` between two times; empty while open.  A ``pipeline_gap``'s ``end`` is its last
+    silent minute (other kinds end at the minute things were back), so its minute counts: a 22:00-23:59 gap is
+    2 h 00 min (it read 1 h 59 min: user trial 40)."""
     if end is None:
         return ""
-    m = max(0, int((end - start).total_seconds() // 60))
+    m = max(0, int((end - start).total_seconds() // 60) + (1 if kind == "pipeline_gap" else 0))
     return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{m} min"
 
 
@@ -822,7 +824,7 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
     ev_rows = "".join(
         f"<tr><td>{html.escape(str(i))}</td><td>{html.escape(str(k))}</td><td>{html.escape(str(s))}</td>"
         f"<td>{html.escape(str(lb))}</td><td>{html.escape(str(st))}</td><td>{_fmt_t(_utc(a))}</td>"
-        f"<td>{_fmt_t(_utc(e)) if e is not None else 'open'}</td><td>{_duration(_utc(a), _utc(e) if e is not None else None)}</td>"
+        f"<td>{_fmt_t(_utc(e)) if e is not None else 'open'}</td><td>{_duration(_utc(a), _utc(e) if e is not None else None, str(k))}</td>"
         f"<td>{_fmt_t(_utc(p))}</td><td class=\"n\">{_figure(ob)}</td><td class=\"n\">{_figure(ex)}</td>"
         f"<td class=\"n\">{sc:.2f}</td></tr>"
         for i, k, s, lb, st, a, e, p, ob, ex, sc in events)

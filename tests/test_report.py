@@ -502,3 +502,14 @@ def test_left_out_surges_at_the_baseline_edges_and_overlapping_are_counted_once(
     summary = text_of(page, "summary")
     assert "its usual 20.0%" in summary and "(60 views per hour against 60 usually)" in summary, summary
     assert "Its surges detected in those days (" in summary and summary.count(" to 2024-") == 4
+
+
+def test_durations_count_a_gaps_last_silent_minute() -> None:
+    """A pipeline_gap ends on its last silent minute, an outage on the first minute back: a 22:00-00:00 gap read
+    "1 h 59 min" next to an outage's "3 h 00 min" (user trial 40)."""
+    from forumpulse.dashboards.report import _duration
+
+    a = datetime(2024, 2, 4, 22, 0, tzinfo=UTC)
+    assert _duration(a, a + timedelta(minutes=119), "pipeline_gap") == "2 h 00 min"
+    assert _duration(a, a + timedelta(minutes=120), "outage") == "2 h 00 min"
+    assert _duration(a, None, "pipeline_gap") == ""
