@@ -987,20 +987,53 @@ class SeasonalDetector:
                                 {"ratio": round(ratio, 3), "window_minutes": m, "confirmed_at": _iso(ts),
                                  "_emitted_ratio": ratio}, site=self.site)
                 self._spike_run = 0
-                yield self._open("spike", new, start)
+                opened = self._open("spike", new, start)
+                opened.detail["_hot"] = ts  # its last 5 minutes are at spike_ratio: just checked
+                yield opened
             return
         det.detail["_last"] = ts
+        # the last minute whose 5-minute window is still over the end threshold: the spike ends shortly after it
+        # when the trailing window says it is over (that window lags the traffic by up to its 30 minutes: a
+        # 12-minute flood read as 40 minutes long, user trial 40)
+        obs5, have5 = self._observed(local, 5)
+        refs5 = self._reference_sums(local, 5)
+        if have5 >= 4 and refs5 and obs5 >= self._end_level * max(max(refs5), 1.0):
+            det.detail["_hot"] = ts
         if ratio > det.observed / max(det.expected, 1.0):
             det.observed, det.expected, det.peak_ts = obs, exp, ts
             det.score = max(det.score, score)
             det.detail["ratio"] = round(ratio, 3)
-        if obs / bound < 1.0 + (self.p.spike_ratio - 1.0) * self.p.end_ratio:
-            yield self._close("spike", ts)
+        if obs / bound < self._end_level:
+            hot = det.detail.pop("_hot", None)
+            closed = self._close("spike", ts)
+            if hot is not None:
+                # the minute after its last elevated minute: within the last elevated 5-minute window, the last
+                # minute at spike_ratio on its own (a flood's last minute), else that window's end
+                end = hot + timedelta(minutes=1)
+                for back in range(5):
+                    if self._minute_hot(hot - timedelta(minutes=back)):
+                        end = hot - timedelta(minutes=back - 1)
+                        break
+                closed.end = max(closed.start, min(ts, end))
+            yield closed
         elif self._is_new_level(det, ts):
             yield self._new_level("spike", ts, ratio, m)
         elif ratio >= PEAK_STEP * det.detail.get("_emitted_ratio", math.inf):
             det.detail["_emitted_ratio"] = ratio
             yield det  # grown by a quarter since last reported: the stored and published peak follows
+
+    @property
+    def _end_level(self) -> float:
+        """A spike is over when its window is under this multiple of its busiest reference (1.5 at the shipped
+        spike_ratio 2 and end_ratio 0.5)."""
+        return 1.0 + (self.p.spike_ratio - 1.0) * self.p.end_ratio
+
+    def _minute_hot(self, ts: datetime) -> bool:
+        """The minute ``ts`` on its own is at ``spike_ratio`` x its busiest reference day's same minute."""
+        local = ts.astimezone(self.tz)
+        obs1, have1 = self._observed(local, 1)
+        refs1 = self._reference_sums(local, 1)
+        return bool(have1 and refs1 and obs1 >= self.p.spike_ratio * max(max(refs1), 1.0))
 
     def _dip(self, ts: datetime, local: datetime) -> Iterator[Detection]:
         m = self.p.dip_bucket_minutes

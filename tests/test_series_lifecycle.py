@@ -144,3 +144,20 @@ def test_an_outage_into_a_day_kind_without_references_closes_when_the_site_is_ba
     assert int(det.excluded[sat.date()].sum()) < 60  # the outage's minutes and its recovery, not the day
     value, refs = det.expected(T0 + timedelta(days=12, hours=12), 30)  # the second Saturday is judged
     assert refs == 2 and value == pytest.approx(600.0)
+
+
+def test_a_spike_ends_after_its_last_elevated_minute_not_when_its_window_clears() -> None:
+    """A 15-minute flood (06:00-06:14) was reported until about 06:44: the 30-minute trailing window says the
+    spike is over up to 30 minutes after the traffic was (user trial 40: a 12-minute flood read as "40 min").  It
+    ends the minute after its last minute at spike_ratio x its busiest reference; the start and the id are
+    unchanged."""
+    det = SeasonalDetector("UTC", None, seasonal_params(load_rules(), rollup=True), site="f")
+    x = np.random.default_rng(2).poisson(100, 9 * DAY).astype(float)
+    flood = 8 * DAY + 6 * 60
+    x[flood:flood + 15] += 1500.0
+    spikes = [d for d in _run(det, x) if d.kind == "spike"]
+    closed = [d for d in spikes if d.state == "closed"]
+    assert len(closed) == 1 and len({d.id for d in spikes}) == 1
+    t = T0 + timedelta(minutes=flood)
+    assert t <= closed[0].start <= t + timedelta(minutes=2)
+    assert closed[0].end == t + timedelta(minutes=15), closed[0].to_json()
