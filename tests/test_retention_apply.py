@@ -74,6 +74,7 @@ def test_archive_dropped_by_the_old_ttl_loads_after_apply_retention(tmp_path: Pa
     st = tmp_path / "st"
     r = _run("ingest", "--store", f"chdb:{st}", "-f", "combined", str(log), cwd=tmp_path)
     assert r.returncode == 0 and "5 of the loaded rows are older than retention.raw_days" in r.stderr, r.stderr
+    assert "loaded 5 (of which 5 past retention, not kept)  quarantined 1" in r.stdout, r.stdout  # user trial 40
     assert _counts(st) == (0, 1)
     cfg = tmp_path / "keep.yaml"
     cfg.write_text(f"store:\n  url: chdb:{st}\nretention:\n  raw_days: 0\n  rollup_days: 0\n")
