@@ -30,8 +30,10 @@ NASA-1995 trace and the simulator, not fitted to NAB.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -1104,7 +1106,7 @@ def run_seasonal(ts: Sequence[datetime], counts: Sequence[float], tz: str, calen
 
 
 def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[datetime], FloatArray]:
-    """``timestamp,value`` CSV (header optional; more columns ignored).  Timestamps are ISO 8601 (naive = UTC) or
+    """``timestamp,value`` CSV (``-``: standard input; header optional; more columns ignored).  Timestamps are ISO 8601 (naive = UTC) or
     epoch seconds (milliseconds when above 1e11).  Rows are sorted by time (stable sort); duplicate timestamps
     keep the last row of the file.  Values that are not finite numbers are missing.  Absent rows mean "no data".
 
@@ -1118,14 +1120,20 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
         longer.append(fields)
         return fields[:2]  # the extra fields are ignored, as a whole extra column is
 
+    src: Any = path
+    if path == "-":  # standard input, as `ingest -` reads it (read once: the file may be read twice below)
+        src = io.StringIO(sys.stdin.read())
+        path = "<stdin>"
     try:
         try:
-            df = pd.read_csv(path, header=None, dtype=str, skip_blank_lines=True, keep_default_na=False)
+            df = pd.read_csv(src, header=None, dtype=str, skip_blank_lines=True, keep_default_na=False)
         except pd.errors.ParserError as exc:
             if "Expected" not in str(exc):
                 raise
+            if isinstance(src, io.StringIO):
+                src.seek(0)
             # some row has more fields than the first: read again, keeping timestamp,value of those rows
-            df = pd.read_csv(path, header=None, dtype=str, skip_blank_lines=True, keep_default_na=False,
+            df = pd.read_csv(src, header=None, dtype=str, skip_blank_lines=True, keep_default_na=False,
                              engine="python", on_bad_lines=_longer)
     except pd.errors.EmptyDataError:
         raise ValueError(f"{path}: the file is empty (expected timestamp,value rows)") from None
@@ -1347,7 +1355,7 @@ def series_events(ts: Sequence[datetime], values: FloatArray, tz: str = "UTC", c
 
 
 def detect_series_command(
-    input: Annotated[str, typer.Option("--input", help="CSV timestamp,value (rows absent = no data)")],
+    input: Annotated[str, typer.Option("--input", help="CSV timestamp,value (rows absent = no data); - reads standard input")],
     scores: Annotated[bool, typer.Option("--scores", help="print a per-row anomaly score in [0,1] instead")] = False,
     timezone: Annotated[str, typer.Option("--timezone", help="IANA time zone for seasonality and holidays")] = "UTC",
     country: Annotated[str | None, typer.Option("--country", help="holiday calendar country, e.g. US, MY")] = None,
@@ -1392,7 +1400,7 @@ def detect_series_command(
         raise typer.Exit(2) from None
     notes += series_notes(ts, vals, step, "generic" if scores else mode, score_params(rules).min_history)
     for note in notes:
-        print(f"note: {input}: {note}", file=sys.stderr)
+        print(f"note: {'<stdin>' if input == '-' else input}: {note}", file=sys.stderr)
     if scores:
         sc = anomaly_scores(vals, score_params(rules), ts if len(ts) > 1 else None, step)  # as in the NAB evaluation
         print("timestamp,value,score")

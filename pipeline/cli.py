@@ -56,7 +56,8 @@ def detect(
             takes = {o for p in (cmd.params if cmd else []) for o in getattr(p, "opts", [])}
             moved, foreign = [g for g in given if g in takes], [g for g in given if g not in takes]
             hint = (f"put {', '.join(moved)} after it (forumpulse detect {sub} {moved[0]} ...)" if moved else "")
-            hint += ("; " if hint else "") + (f"'{sub}' takes no {', '.join(foreign)}" if foreign else "")
+            if foreign:  # (a separator only between the two parts: it ended the message with '; ', user trial 40)
+                hint += ("; " if hint else "") + f"'{sub}' takes no {', '.join(foreign)}"
             typer.echo(f"error: {', '.join(given)} before '{sub}' would be ignored: {hint}", err=True)
             raise typer.Exit(2)
         return

@@ -130,6 +130,7 @@ def test_detect_options_before_a_subcommand_are_refused_not_ignored(tmp_path):
                         "chdb:typo"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 2 and "--from, --to before 'history'" in r.stderr and "Traceback" not in r.stderr
     assert "forumpulse detect history --from" in r.stderr and not (tmp_path / "typo").exists()
+    assert r.stderr.rstrip().endswith("...)"), r.stderr  # no dangling '; ' (user trial 40)
     # an option the subcommand does not have is not suggested there
     r = subprocess.run([str(EXE), "detect", "--from", "2024-02-05", "series", "--input", "x.csv"], capture_output=True,
                        text=True, timeout=120, cwd=tmp_path)

@@ -161,3 +161,22 @@ def test_numeric_dates_of_unknown_day_month_order_are_refused(tmp_path: Path, st
     p.write_text("2024-03-09T23:00Z,1\n10 Mar 2024 00:00,2\n20240310T0100Z,3\n")  # unambiguous forms still read
     ts, _ = read_series_csv(str(p))
     assert [t.day for t in ts] == [9, 10, 10]
+
+
+def test_series_reads_standard_input(tmp_path: Path) -> None:
+    """``--input -`` reads standard input, as ``ingest -`` does (it failed: "No such file or directory: '-'",
+    user trial 40); the same scores as the file."""
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("forumpulse")
+    ts, x = _daily_counts(3)
+    p = tmp_path / "s.csv"
+    _write(p, ts, x)
+    from_file = subprocess.run([str(exe), "detect", "series", "--input", str(p), "--scores"], capture_output=True,
+                               text=True, timeout=120)
+    piped = subprocess.run([str(exe), "detect", "series", "--input", "-", "--scores"], input=p.read_text(),
+                           capture_output=True, text=True, timeout=120)
+    assert from_file.returncode == piped.returncode == 0, piped.stderr
+    assert piped.stdout == from_file.stdout and len(piped.stdout.splitlines()) == len(ts) + 1
+    assert piped.stderr == from_file.stderr.replace(str(p), "<stdin>")
