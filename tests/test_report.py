@@ -513,3 +513,16 @@ def test_durations_count_a_gaps_last_silent_minute() -> None:
     assert _duration(a, a + timedelta(minutes=119), "pipeline_gap") == "2 h 00 min"
     assert _duration(a, a + timedelta(minutes=120), "outage") == "2 h 00 min"
     assert _duration(a, None, "pipeline_gap") == ""
+
+
+def test_a_peak_multiple_from_few_views_says_so(world: Any, tmp_path: Path) -> None:
+    """A topic with 2 views in its busiest 10 minutes read "65× at its peak" with no word of caution (user trial
+    40): under 20 views the summary says what the peak rests on; a busy topic's summary does not."""
+    store, _ = world
+    quiet = text_of(generate_event_report(store, topic_id=106, time_from=FROM, time_to=TO,
+                                          out_dir=tmp_path / "q").read_text(), "summary")
+    assert re.search(r"× at its peak \(the peak rests on only \d+ views?: too few for the multiple to mean much\)",
+                     quiet), quiet
+    busy = text_of(generate_event_report(store, topic_id=101, time_from=FROM, time_to=TO,
+                                         out_dir=tmp_path / "b").read_text(), "summary")
+    assert "at its peak" in busy and "rests on only" not in busy
