@@ -237,6 +237,11 @@ def test_an_open_event_runs_to_the_end_of_the_data(world: Any, tmp_path: Path) -
     assert "(50.0% of topic views over the detector's window to that minute)" in meta, meta
     daily = generate_daily_report(store, (FROM + timedelta(days=1, hours=12)).date(), tmp_path / "d").read_text()
     assert "ev-open" in text_of(daily, "events")  # listed while open, not only once closed
+    # a surge led by visitors names visitor-minutes, not the unique visitors of the page's figures (user trial 40)
+    store.insert("detections", fx.ts_table([{**det[0], "id": "ev-vis", "detail": '{"measure": "visitors"}'}],
+                                           ("start_ts", "end_ts", "peak_ts", "updated_at")))
+    vis = text_of(generate_event_report(store, event_id="ev-vis", out_dir=tmp_path / "v").read_text(), "event-meta")
+    assert "(50.0% of topic visitor-minutes (each visitor counted once per minute active) over the" in vis, vis
 
 
 def test_intervals_without_views_are_zero_not_bridged(world: Any) -> None:
