@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 from forumpulse.pipeline.config import Settings, load_settings
-from forumpulse.pipeline.store import StoreBusy
+from forumpulse.pipeline.store import StoreBusy, chdb_foreign_holder
 from rich.console import Console
 from rich.table import Table
 
@@ -42,6 +42,11 @@ _DEMO_LOCKS: list[Any] = []
 
 def _refuse_if_open(chdb_folder: Path) -> None:
     """StoreBusy when another process holds the chDB folder's lock (the demo deletes the folder)."""
+    other = chdb_foreign_holder(chdb_folder)  # a chdb session / clickhouse-local, without forumpulse's lock
+    if other is not None:
+        raise StoreBusy(f"the demo's store {chdb_folder} is open in another process (pid {other}, not forumpulse: "
+                        "a chdb session or clickhouse-local); the demo starts afresh by deleting it: stop that "
+                        "process first, or use --data DIR")
     lock = chdb_folder / ".forumpulse.lock"
     if not lock.exists():
         return

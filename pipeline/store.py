@@ -105,6 +105,28 @@ def _settings_clause(settings: dict[str, Any]) -> str:
     return " SETTINGS " + ", ".join(parts) if parts else ""
 
 
+def chdb_foreign_holder(path: str | Path) -> str | None:
+    """The pid of another process holding the chDB / ClickHouse data folder ``path`` open without forumpulse's own
+    lock (a ``chdb.session.Session`` in some script, ``clickhouse-local --path``): the engine keeps an ``flock`` on
+    ``PATH/status``, whose text starts ``PID: N``.  None when the folder is free or held by this process."""
+    status = Path(path) / "status"
+    if not status.is_file():
+        return None
+    try:
+        with open(status, "a+") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.seek(0)
+                m = re.search(r"PID:\s*(\d+)", fh.read())
+                pid = m.group(1) if m else "unknown"
+                return None if pid == str(os.getpid()) else pid
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    except OSError:
+        return None
+    return None
+
+
 class _ChdbEngine:
     """The one chDB session of this process for one data folder, shared by every ChdbStore on that folder."""
 
@@ -136,6 +158,12 @@ class _ChdbEngine:
             self.sess = chs.Session(path)
         except Exception as exc:  # chDB raises a bare RuntimeError here
             self._release()
+            other = chdb_foreign_holder(path)
+            if other is not None:  # chDB's own words were "Cannot lock file .../status ... (BAD_ARGUMENTS)"
+                raise StoreBusy(
+                    f"the chDB data folder {path} is open in another process (pid {other}) that is not forumpulse "
+                    "(a chdb session or clickhouse-local): chDB lets only one process open a folder; stop it "
+                    "first, or work on a copy of the folder") from exc
             raise StoreBusy(f"chDB could not open {path}: {exc}") from exc
 
     def _release(self) -> None:

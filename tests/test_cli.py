@@ -268,6 +268,35 @@ def test_demo_refuses_to_wipe_a_store_in_use(tmp_path):
         holder.wait()
 
 
+def test_a_store_held_by_a_plain_chdb_session_is_named_not_wiped(tmp_path):
+    """A chDB session of some script (not forumpulse: no .forumpulse.lock) holding the demo's store: the demo
+    deleted and rebuilt the folder and exited 0, and other commands said "Cannot lock file .../status ...
+    (BAD_ARGUMENTS)" (user trial 40).  Both name the holding pid now; nothing is deleted."""
+    from forumpulse.pipeline.demo import run_demo
+    from forumpulse.pipeline.store import StoreBusy
+
+    chdb = tmp_path / "demo" / "chdb"
+    chdb.mkdir(parents=True)
+    (tmp_path / "demo" / "keep.html").write_text("a report the user kept")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys,time\nfrom chdb import session\n"
+                               "s = session.Session(sys.argv[1]); print('held', flush=True); time.sleep(60)",
+                               str(chdb)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreBusy, match=rf"open in another process \(pid {holder.pid}, not forumpulse"):
+            run_demo(tmp_path, weeks=2)
+        assert (tmp_path / "demo" / "keep.html").exists()  # nothing was deleted
+        log = tmp_path / "a.log"
+        log.write_text('1.2.3.4 - - [01/Feb/2024:10:00:00 +0000] "GET /t/1 HTTP/1.1" 200 10 "-" "Mozilla/5.0"\n')
+        r = subprocess.run([str(EXE), "ingest", "--store", f"chdb:{chdb}", "-f", "combined", str(log)],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert r.returncode != 0 and f"open in another process (pid {holder.pid}) that is not forumpulse" in r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--input", "nope.log"], "error: nope.log: no such file"),
     (["--input", "."], "error: .: is a directory"),
