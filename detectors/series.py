@@ -1182,8 +1182,16 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
         bad = np.flatnonzero(ts.isna().to_numpy())
         if len(bad):
             i = int(bad[0])
+            why = ""
+            if (secs | millis).iloc[i]:  # an epoch number among dates: say so (user trial 40)
+                j = int(np.flatnonzero(~(secs | millis).to_numpy())[0])
+                why = (f": the file mixes epoch numbers with dates (row {j + 1 + header}: {col.iloc[j]!r}); "
+                       "use one form")
+            elif len(bad) == len(col) and pd.to_datetime(df.iloc[:, 1].str.strip(), utc=True, format="mixed",
+                                                         errors="coerce").notna().all():
+                why = ": the columns look swapped (they are timestamp,value, in that order)"
             raise ValueError(f"{path}: row {i + 1 + header}: {col.iloc[i]!r} is not a timestamp "
-                             f"({len(bad)} such row(s))")
+                             f"({len(bad)} such row(s)){why}")
         # an offset follows a time of day ("2024-03-04" ends in "-04" but has none)
         naive = int((~col.str.contains(r"(?:\d:\d\d(?::\d\d)?|T\d{4}(?:\d\d)?)(?:[.,]\d+)?\s*"
                                        r"(?:Z|UTC|GMT|[+-]\d\d(?::?\d\d)?)$", case=False, regex=True)).sum())

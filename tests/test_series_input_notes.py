@@ -180,3 +180,17 @@ def test_series_reads_standard_input(tmp_path: Path) -> None:
     assert from_file.returncode == piped.returncode == 0, piped.stderr
     assert piped.stdout == from_file.stdout and len(piped.stdout.splitlines()) == len(ts) + 1
     assert piped.stderr == from_file.stderr.replace(str(p), "<stdin>")
+
+
+def test_timestamp_errors_say_what_is_wrong(tmp_path: Path) -> None:
+    """An epoch number among ISO dates and swapped columns were both "'…' is not a timestamp" (user trial 40)."""
+    cases = {"2024-03-01T00:00Z,1\n1709251380,2\n": "mixes epoch numbers with dates (row 1: '2024-03-01T00:00Z')",
+             "value,timestamp\n5,2024-03-01T00:00Z\n6,2024-03-01T00:05Z\n": "the columns look swapped",
+             "foo,1\nbar,2\n": "'foo' is not a timestamp (2 such row(s))"}
+    for i, (text, want) in enumerate(cases.items()):
+        p = tmp_path / f"c{i}.csv"
+        p.write_text(text)
+        with pytest.raises(ValueError) as err:
+            read_series_csv(str(p))
+        assert want in str(err.value), str(err.value)
+    assert "swapped" not in str(err.value) and "mixes" not in str(err.value)
