@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import re
 import threading
@@ -339,6 +340,11 @@ class ClickHouseStore:
         self.url = url
         self.database = (u.path or "").strip("/") or DEFAULT_DATABASE
         secure = u.scheme == "clickhouses"
+        # clickhouse-connect logs "Unexpected Http Driver Exception" at ERROR before raising; the error raised here
+        # says it all, and the bare line printed above it read as a second, unexplained failure (user trial 40)
+        quiet = logging.getLogger("clickhouse_connect")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
         try:
             admin = clickhouse_connect.get_client(
                 host=u.hostname or "127.0.0.1",
@@ -361,6 +367,8 @@ class ClickHouseStore:
             )
         except Exception as exc:
             raise StoreUnavailable(f"cannot reach ClickHouse at {u.hostname}:{u.port}: {exc}") from exc
+        finally:
+            quiet.setLevel(level)
 
     def command(self, sql: str) -> None:
         try:

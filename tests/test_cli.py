@@ -426,3 +426,13 @@ def test_config_check_warns_about_groups_without_members(tmp_path):
     assert ("warning: sites.0.holiday_periods.1 'CNY 2025': 2025-01-27 to 2042-02-04, 6,218 days: a holiday period "
             "this long calls every dip in it a holiday (a year typo?)") in r.stderr, r.stderr
     assert "holiday_periods.0" not in r.stderr
+
+
+def test_an_unreachable_clickhouse_is_one_error_line(tmp_path):
+    """clickhouse-connect logged "Unexpected Http Driver Exception" on a line of its own above our error, which
+    read as a second, unexplained failure (user trial 40)."""
+    r = subprocess.run([str(EXE), "detect", "--from", "2024-02-01", "--to", "2024-02-02", "--store",
+                        "clickhouse://default@127.0.0.1:9/x"], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode != 0 and "cannot reach ClickHouse at 127.0.0.1:9" in r.stderr, r.stderr
+    assert "Unexpected Http Driver Exception" not in r.stderr and "Traceback" not in r.stderr, r.stderr
