@@ -1247,7 +1247,12 @@ def series_notes(ts: Sequence[datetime], values: FloatArray, step: int | None, m
     decided = int(_row_steps(sec)[-1])
     used = int(step) if step else decided
     if step and decided and step != decided:
-        out.append(f"--step {step}: the first {min(n, DECIDE_ROWS)} rows are {decided} s apart")
+        # what it does to the results, said (a --step 60 on 300 s rows lost a 3-hour outage with only the
+        # spacing noted: user trial 40)
+        out.append(f"--step {step}: the first {min(n, DECIDE_ROWS)} rows are {decided} s apart; the results use "
+                   f"{step} s " + (f"(each row is then followed by {decided // step - 1} missing steps, read as no "
+                                  "data)" if step < decided and decided % step == 0 else "(a different phase and "
+                                  "window for every detector)") + f": leave --step out to use {decided} s")
     elif used > 0:
         block = DECIDE_ROWS
         for b in range(0, len(steps), block):

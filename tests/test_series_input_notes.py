@@ -72,7 +72,9 @@ def test_a_change_of_row_spacing_is_noted_and_the_right_step_finds_the_outage() 
     found = [d for d in series_events(ts, x, step=300) if d.kind == "outage"]
     assert not blind and len(found) == 1  # what the note is for
     assert series_notes(ts2, x[150:], None, "auto", 30) == []  # a regular series: no note
-    assert series_notes(ts2, x[150:], 60, "auto", 30) == ["--step 60: the first 100 rows are 300 s apart"]
+    assert series_notes(ts2, x[150:], 60, "auto", 30) == [
+        "--step 60: the first 100 rows are 300 s apart; the results use 60 s (each row is then followed by 4 "
+        "missing steps, read as no data): leave --step out to use 300 s"]
 
 
 def test_mode_switch_and_short_series_are_noted() -> None:
