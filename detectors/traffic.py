@@ -1831,8 +1831,13 @@ class TrafficDetector:
                 del self.sites[name]  # half-fed: start the site afresh rather than feed its minutes twice
                 raise
             rt.cursor = until
+            if topics_from is not None and start < topics_from:
+                # warmed further back for an open gap (_warm_start): what ended before the usual warm-up was
+                # stored by earlier runs; re-derived here from colder baselines it must not overwrite them, and
+                # those days count as judged by earlier runs, not this one (found by a review)
+                dets = [d for d in dets if d.end is None or d.end >= topics_from]
             if rt.judged_from is None:
-                rt.judged_from = start
+                rt.judged_from = start if topics_from is None else max(start, topics_from)
             for d in dets:
                 prev = self._outbox.get(d.id)
                 self._outbox[d.id] = _Outgoing(_first_report(prev.det if prev else None, d))
@@ -1846,10 +1851,11 @@ class TrafficDetector:
     # -- reading (no detector state is touched) -------------------------------------------------------------
     def _warm_start(self, store: Any, name: str, start: datetime) -> datetime:
         """Where a site's first live run starts reading: ``start`` (``history_days`` back), or earlier when the
-        store has a ``pipeline_gap`` of the site still open that began before it (up to ``GAP_WARM_DAYS`` back):
-        from the hour before that gap, so the warm-up sees the silent source's last lines, opens the same gap
-        (same id) and closes it when the lines come back.  A restart used to leave such a gap open for good: its
-        source was never seen again (found by a review).  The topic detectors still start at ``start``."""
+        store has a ``pipeline_gap`` of the site still open that began before it (at most ``GAP_WARM_DAYS``
+        before ``start``): from the hour before that gap, so the warm-up sees the silent source's last lines,
+        opens the same gap (same id) and closes it when the lines come back.  A restart used to leave such a gap
+        open for good: its source was never seen again (found by a review).  The topic detectors still start at
+        ``start``, and what the longer warm-up finds ended before ``start`` is not emitted (:meth:`_run_site`)."""
         try:
             rows = store.query_rows(
                 f"SELECT min(start_ts) FROM detections FINAL WHERE site = {_q(name)} AND kind = 'pipeline_gap' "

@@ -63,10 +63,15 @@ def test_a_restart_closes_a_gap_that_began_before_its_warm_up(store: Any) -> Non
     assert [r[1:] for r in opened] == [("source:origin/b.log", _local(ORPHAN, "2026-03-03T10:00"), None, "open")]
     restarted = TrafficDetector(s, sites=["orphan"])
     t = _local(ORPHAN, "2026-03-20T10:30") + timedelta(seconds=30)
+    emitted = []
     while t <= _local(ORPHAN, "2026-03-20T11:30"):
-        restarted.run_once(store, t)
+        emitted += restarted.run_once(store, t)
         t += timedelta(minutes=1)
     after_restart = _gaps(store)
+    # the longer warm-up neither re-emits what ended before the usual one nor counts those days as judged
+    usual = _local(ORPHAN, "2026-03-20T10:29") - timedelta(days=restarted.cfg.history_days)
+    assert emitted and all(d.end is None or d.end >= usual for d in emitted)
+    assert restarted.sites["orphan"].judged_from == usual
     assert after_restart[0][0] == opened[0][0] and after_restart[0][3:] == (_local(ORPHAN, "2026-03-20T10:59"),
                                                                            "closed")
     store.command("TRUNCATE TABLE detections")
