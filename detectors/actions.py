@@ -425,7 +425,7 @@ class IpsetAction:
         self.maxelem = int(maxelem)
         if not 1 <= self.maxelem <= 2**31 - 1:
             raise ActionError(f"maxelem must be 1..{2**31 - 1}, got {maxelem}")
-        self._missing_chains: set[tuple[str, str]] = set()  # (tool, chain) already warned about
+        self._missing_chains: set[tuple[str, str]] = set()  # (tool, chain) / (set, "shrink") already warned about
         self.pre = _ns_prefix(netns)
         self.held = _Held(clock)
         self._ready = False
@@ -450,10 +450,10 @@ class IpsetAction:
             self._ready = True
 
     def _create(self, name: str, family: str) -> None:
-        """Create the set unless it exists with these parameters.  One that exists with another ``maxelem`` (the
-        default 65,536 before the setting was raised) is resized in place: a new set is filled with its members
-        and swapped in (``ipset swap``), so the iptables rules, which refer to the set and not its name, keep
-        matching and no ban is off for a moment."""
+        """Create the set unless it exists with these parameters.  One that exists with a smaller ``maxelem``
+        (the default 65,536 before the setting was raised) is enlarged in place: a new set is filled with its
+        members and swapped in (``ipset swap``), so the iptables rules, which refer to the set and not its name,
+        keep matching and no ban is off for a moment.  A larger one is kept as it is (with one warning)."""
         create = ["hash:net", "family", family, "timeout", "0", "maxelem", str(self.maxelem)]
         try:
             _run([*self.pre, "ipset", "create", name, *create, "-exist"])
@@ -463,9 +463,18 @@ class IpsetAction:
                 raise
         header = _run([*self.pre, "ipset", "list", "-t", name])
         m = re.search(r"\bmaxelem (\d+)", header)
-        if m is None or int(m.group(1)) == self.maxelem or f"family {family} " not in header:
+        if (m is None or int(m.group(1)) == self.maxelem or f"family {family} " not in header
+                or not re.search(r"^Type:\s*hash:net\s*$", header, re.M)):
             raise ActionError(f"ipset {name} exists with other parameters than hash:net {family} timeout "
                               f"maxelem {self.maxelem}: {header.strip()[:300]}")
+        if int(m.group(1)) > self.maxelem:
+            # never shrunk: a set holding more members than the new bound cannot be refilled ("Hash is full"),
+            # and every ban would fail from then on (found by a review); a larger set does no harm
+            if (name, "shrink") not in self._missing_chains:
+                self._missing_chains.add((name, "shrink"))
+                log.warning("ipset %s: maxelem is %s, above the configured %d: kept (sets are only enlarged)",
+                            name, m.group(1), self.maxelem)
+            return
         tmp = f"{name[:27]}_new"
         log.warning("ipset %s: resizing from maxelem %s to %d (swap with a new set)", name, m.group(1),
                     self.maxelem)

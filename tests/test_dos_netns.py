@@ -173,6 +173,11 @@ def test_ipset_docker_user_chain_and_resize(topo: Topo) -> None:
     assert big.members() == [topo.attacker_ip]
     assert not topo.connects(a, s) and not topo.connects(a, topo.victim_from_a)  # the rules match the new set
     assert "forumpulse4_new" not in topo.ns(topo.victim, "ipset", "list", "-n").stdout
+    small = IpsetAction(netns=topo.victim, iptables_chains=("INPUT", "DOCKER-USER"), maxelem=1)
+    small.ensure()  # lowering it keeps the larger set (a set fuller than the bound cannot be refilled)
+    small.ban(ban("10.200.99.7"))  # and bans go on working
+    assert "maxelem 200000" in topo.ns(topo.victim, "ipset", "list", "-t", "forumpulse4").stdout
+    small.unban(ban("10.200.99.7"))
     big.unban(ban(topo.attacker_ip))
     assert topo.connects(a, s) and topo.connects(a, topo.victim_from_a)
 
