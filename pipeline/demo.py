@@ -42,23 +42,23 @@ _DEMO_LOCKS: list[Any] = []
 
 def _refuse_if_open(chdb_folder: Path) -> None:
     """StoreBusy when another process holds the chDB folder's lock (the demo deletes the folder)."""
+    lock = chdb_folder / ".forumpulse.lock"
+    if lock.exists():  # a forumpulse process first (it holds the engine's lock too)
+        with open(lock, "a+") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.seek(0)
+                owner = fh.read().strip() or "unknown"
+                raise StoreBusy(f"the demo's store {chdb_folder} is open in another process (pid {owner}); the "
+                                "demo starts afresh by deleting it: stop that process first, or use --data DIR"
+                                ) from None
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
     other = chdb_foreign_holder(chdb_folder)  # a chdb session / clickhouse-local, without forumpulse's lock
     if other is not None:
         raise StoreBusy(f"the demo's store {chdb_folder} is open in another process (pid {other}, not forumpulse: "
                         "a chdb session or clickhouse-local); the demo starts afresh by deleting it: stop that "
                         "process first, or use --data DIR")
-    lock = chdb_folder / ".forumpulse.lock"
-    if not lock.exists():
-        return
-    with open(lock, "a+") as fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            owner = fh.read().strip() or "unknown"
-            raise StoreBusy(f"the demo's store {chdb_folder} is open in another process (pid {owner}); the demo "
-                            "starts afresh by deleting it: stop that process first, or use --data DIR") from None
-        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def run_demo(data_dir: Path, weeks: int = 4, lines_per_day: int = 60_000, seed: int = 7,

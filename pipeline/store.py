@@ -107,9 +107,10 @@ def _settings_clause(settings: dict[str, Any]) -> str:
 
 
 def chdb_foreign_holder(path: str | Path) -> str | None:
-    """The pid of another process holding the chDB / ClickHouse data folder ``path`` open without forumpulse's own
-    lock (a ``chdb.session.Session`` in some script, ``clickhouse-local --path``): the engine keeps an ``flock`` on
-    ``PATH/status``, whose text starts ``PID: N``.  None when the folder is free or held by this process."""
+    """The pid of another process holding the chDB / ClickHouse data folder ``path`` open: the engine keeps an
+    ``flock`` on ``PATH/status``, whose text starts ``PID: N``.  None when the folder is free or held by this
+    process.  A forumpulse process holds it too: check ``PATH/.forumpulse.lock`` first to tell one from a plain
+    ``chdb.session.Session`` or ``clickhouse-local --path``."""
     status = Path(path) / "status"
     if not status.is_file():
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -279,10 +280,11 @@ def test_a_store_held_by_a_plain_chdb_session_is_named_not_wiped(tmp_path):
     chdb.mkdir(parents=True)
     (tmp_path / "demo" / "keep.html").write_text("a report the user kept")
     holder = subprocess.Popen([sys.executable, "-c", "import sys,time\nfrom chdb import session\n"
-                               "s = session.Session(sys.argv[1]); print('held', flush=True); time.sleep(60)",
+                               "s = session.Session(sys.argv[1]); print('held', flush=True); time.sleep(600)",
                                str(chdb)], stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert holder.stdout is not None and select.select([holder.stdout], [], [], 120)[0], "holder never started"
+        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(StoreBusy, match=rf"open in another process \(pid {holder.pid}, not forumpulse"):
             run_demo(tmp_path, weeks=2)
         assert (tmp_path / "demo" / "keep.html").exists()  # nothing was deleted
@@ -295,6 +297,25 @@ def test_a_store_held_by_a_plain_chdb_session_is_named_not_wiped(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+    # a forumpulse process holds the engine's lock too: it is named as forumpulse's, not as a foreign one (another
+    # data folder: this process keeps the first demo's folder lock)
+    data = tmp_path / "second"
+    chdb = data / "demo" / "chdb"
+    chdb.mkdir(parents=True)
+    (data / "demo" / "keep.html").write_text("a report the user kept")
+    fp = subprocess.Popen([sys.executable, "-c", "import sys,time\nfrom forumpulse.pipeline.store import open_store\n"
+                           "s = open_store('chdb:' + sys.argv[1]); print('held', flush=True); time.sleep(600)",
+                           str(chdb)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert fp.stdout is not None and select.select([fp.stdout], [], [], 120)[0], "holder never started"
+        assert fp.stdout.readline().strip() == "held"
+        with pytest.raises(StoreBusy, match=rf"open in another process \(pid {fp.pid}\); the demo") as err:
+            run_demo(data, weeks=2)
+        assert "not forumpulse" not in str(err.value)
+        assert (data / "demo" / "keep.html").exists()
+    finally:
+        fp.kill()
+        fp.wait()
 
 
 @pytest.mark.parametrize(("args", "message"), [
