@@ -451,11 +451,13 @@ def score_events(ts: Sequence[datetime], score: FloatArray, values: FloatArray, 
     obs_all = seen.to_numpy(dtype=np.float64)
     dev = np.abs(obs_all - exp_all)
     out = []
+    prev = first - 1  # the previous alarm row: two alarms never point at the same row (same start, same id)
     for i in np.flatnonzero(score >= alarm):
         i = int(i)
         if i < first:
             continue
-        lo = max(first, i - lookback)
+        lo = max(first, prev + 1, i - lookback)
+        prev = i
         j = lo + int(np.argmax(dev[lo:i + 1]))
         if dev[j] <= dev[i]:
             j = i  # ties go to the alarm row
@@ -1172,7 +1174,8 @@ def read_series_csv(path: str, notes: list[str] | None = None) -> tuple[list[dat
     else:
         # 10/03/2024, 10.03.2024, 10-03-24: day-first or month-first cannot be known (the date parser read
         # 10/03 as 3 October and 13/03 as 13 March in one file, re-sorting the series without a word: user trial 40)
-        numeric_dmy = col.str.match(r"\d{1,2}[/.\-]\d{1,2}[/.\-]\d{2,4}(?!\d)")
+        # anywhere in the field ("00:00 10/03/2024", "Sun 10/03/2024": a review), not in ISO's 2024-03-10
+        numeric_dmy = col.str.contains(r"(?<![\d/.\-])\d{1,2}[/.\-]\d{1,2}[/.\-]\d{2,4}(?![\d/.\-])", regex=True)
         if numeric_dmy.any():
             i = int(np.flatnonzero(numeric_dmy.to_numpy())[0])
             raise ValueError(f"{path}: row {i + 1 + header}: {col.iloc[i]!r} is a numeric date whose day and month "

@@ -152,7 +152,8 @@ def test_a_block_of_two_spacings_does_not_crash_the_notes(tmp_path: Path) -> Non
     assert not any("offset" in n for n in got), got
 
 
-@pytest.mark.parametrize("stamp", ["10/03/2024 00:00", "10.03.2024 00:00", "3-10-24 00:00"])
+@pytest.mark.parametrize("stamp", ["10/03/2024 00:00", "10.03.2024 00:00", "3-10-24 00:00", "00:00 10/03/2024",
+                                   "Sun 10/03/2024 00:00"])
 def test_numeric_dates_of_unknown_day_month_order_are_refused(tmp_path: Path, stamp: str) -> None:
     """10/03/2024 was read as 3 October and 13/03/2024 as 13 March in the same file, re-sorting the series with
     only a note about rows out of order (user trial 40): such dates are refused, naming the row and the remedy."""
@@ -160,9 +161,9 @@ def test_numeric_dates_of_unknown_day_month_order_are_refused(tmp_path: Path, st
     p.write_text(f"2024-03-09T23:00Z,1\n{stamp},2\n")
     with pytest.raises(ValueError, match=r"row 2: .* day and month order cannot be known .* ISO 8601"):
         read_series_csv(str(p))
-    p.write_text("2024-03-09T23:00Z,1\n10 Mar 2024 00:00,2\n20240310T0100Z,3\n")  # unambiguous forms still read
-    ts, _ = read_series_csv(str(p))
-    assert [t.day for t in ts] == [9, 10, 10]
+    p.write_text("2024-03-09T23:00Z,1\n10 Mar 2024 00:00,2\n20240310T0100Z,3\n2024-03-10 10:03:00,4\n")
+    ts, _ = read_series_csv(str(p))  # unambiguous forms still read
+    assert [t.day for t in ts] == [9, 10, 10, 10]
 
 
 def test_series_reads_standard_input(tmp_path: Path) -> None:

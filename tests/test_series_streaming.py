@@ -254,3 +254,7 @@ def test_an_alarm_after_the_row_that_caused_it_points_at_that_row() -> None:
     score[4] = 0.9
     (same_row,) = score_events(ts[:6], score, np.array([1.0, 1, 1, 1, 9, 1]), 0.5)
     assert same_row.start == ts[4] and same_row.observed == 9.0 and same_row.detail == {}
+    # two alarms close together (a suppression under 4 rows) never point at the same row: one id each (a review)
+    score = np.array([0.0, 0, 0, 0, 0, 0.9, 0.9, 0])
+    two = score_events(ts[:8], score, np.array([1.0, 1, 1, 1, 9, 1, 1, 1]), 0.5)
+    assert len(two) == 2 and len({d.id for d in two}) == 2 and two[0].start == ts[4] and two[1].start == ts[6]
