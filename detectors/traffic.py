@@ -2553,11 +2553,12 @@ def detect_history(store: Any, start: datetime, end: datetime | None, settings: 
     # back at 00:00 ends at 23:59, an outage at the minute the traffic came back -- is written closed too, or
     # its record stayed open for ever (a review found both).
     ended = [d for d in latest.values() if d.end is not None and _utc(d.end) < _utc(start)]
-    if ended:
-        stored_open = {str(r[0]) for r in store.query_rows(
-            f"SELECT id FROM detections FINAL WHERE id IN ({', '.join(_q(d.id) for d in ended)}) "
+    stored_open: set[str] = set()
+    for k in range(0, len(ended), 1000):  # (in chunks: a busy site's warm-up ends many events)
+        stored_open |= {str(r[0]) for r in store.query_rows(
+            f"SELECT id FROM detections FINAL WHERE id IN ({', '.join(_q(d.id) for d in ended[k:k + 1000])}) "
             "AND state = 'open'")}
-        out_list += [d for d in ended if d.id in stored_open]
+    out_list += [d for d in ended if d.id in stored_open]
     out_list.sort(key=lambda d: (d.start, d.kind, d.scope))
     # An event still open at this run's end that the store already has closed at or after that end was seen
     # to its end by a run over more data (live, or history with a later --to): keep that state, do not write
