@@ -158,52 +158,42 @@ def _as_replacement(path: str, data: dict[str, Any], shipped: dict[str, Any]) ->
     """A replacement rules file (``rules_file``, ``--rules``): every section and key it names must exist in the
     shipped file, with a value of the same kind (a typo is an error naming it, not a crash later); the keys it
     leaves out keep the shipped values."""
-    problems: list[str] = []
-    merged = copy.deepcopy(shipped)
-    for section, values in data.items():
-        if section == "version":
-            continue
-        if section not in shipped or not isinstance(shipped[section], dict):
-            near = difflib.get_close_matches(str(section), [k for k in shipped if k != "version"], n=1)
-            problems.append(f"unknown section {section!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
-            continue
-        if not isinstance(values, dict):
-            problems.append(f"section {section!r} must be a mapping of rule: value")
-            continue
-        for k, v in values.items():
-            if k not in shipped[section]:
-                near = difflib.get_close_matches(str(k), list(shipped[section]), n=1)
-                problems.append(f"unknown rule {section}.{k}" + (f" (did you mean {section}.{near[0]}?)" if near else ""))
-            elif not _same_kind(k, v, shipped[section][k]):
-                problems.append(f"{section}.{k}: {v!r} is not a {_kind_name(k, shipped[section][k])} "
-                                f"(shipped: {shipped[section][k]!r})")
-            else:
-                merged[section][k] = _as_shipped(k, v, shipped[section][k])
+    merged, problems = _merge_rules(shipped, {k: v for k, v in data.items() if k != "version"}, "")
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems))
     return merged
 
 
-def load_rules(path: str | Path | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Rules from ``traffic.yaml`` (or ``path``) with per-section ``overrides``; unknown keys are errors."""
-    rules = copy.deepcopy(_load_yaml(str(path or RULES_FILE)))
-    problems: list[str] = []  # every one at once (config check used to name one per run: user trial 40)
-    for section, values in (overrides or {}).items():
-        if section not in rules or not isinstance(rules[section], dict):
-            near = difflib.get_close_matches(str(section), [k for k, v in rules.items() if isinstance(v, dict)], n=1)
-            problems.append(f"unknown traffic rule section {section!r}"
-                            + (f" (did you mean {near[0]!r}?)" if near else ""))
+def _merge_rules(base: dict[str, Any], data: dict[str, Any], what: str) -> tuple[dict[str, Any], list[str]]:
+    """``base`` with ``data``'s section -> key -> value merged in, and every problem at once (a section or key
+    ``base`` lacks, with a did-you-mean; a value of another kind); ``what`` begins the messages."""
+    problems: list[str] = []
+    merged = copy.deepcopy(base)
+    for section, values in data.items():
+        if section not in base or not isinstance(base[section], dict):
+            near = difflib.get_close_matches(str(section), [k for k, v in base.items() if isinstance(v, dict)], n=1)
+            problems.append(f"unknown {what}section {section!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+            continue
+        if not isinstance(values, dict):
+            problems.append(f"section {section!r} must be a mapping of rule: value")
             continue
         for k, v in values.items():
-            if k not in rules[section]:
-                near = difflib.get_close_matches(str(k), list(rules[section]), n=1)
-                problems.append(f"unknown traffic rule {section}.{k}"
+            if k not in base[section]:
+                near = difflib.get_close_matches(str(k), list(base[section]), n=1)
+                problems.append(f"unknown {what or 'rule '}{section}.{k}"
                                 + (f" (did you mean {section}.{near[0]}?)" if near else ""))
-            elif not _same_kind(k, v, rules[section][k]):
-                problems.append(f"traffic rule {section}.{k}: {v!r} is not a {_kind_name(k, rules[section][k])} "
-                                f"(shipped: {rules[section][k]!r})")
+            elif not _same_kind(k, v, base[section][k]):
+                problems.append(f"{what}{section}.{k}: {v!r} is not a {_kind_name(k, base[section][k])} "
+                                f"(shipped: {base[section][k]!r})")
             else:
-                rules[section][k] = _as_shipped(k, v, rules[section][k])
+                merged[section][k] = _as_shipped(k, v, base[section][k])
+    return merged, problems
+
+
+def load_rules(path: str | Path | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Rules from ``traffic.yaml`` (or ``path``) with per-section ``overrides``; unknown keys are errors, all of
+    them in one ValueError (config check used to name one per run: user trial 40)."""
+    rules, problems = _merge_rules(_load_yaml(str(path or RULES_FILE)), overrides or {}, "traffic rule ")
     if problems:
         raise ValueError("; ".join(problems))
     return rules

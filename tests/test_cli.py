@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -269,53 +271,49 @@ def test_demo_refuses_to_wipe_a_store_in_use(tmp_path):
         holder.wait()
 
 
+@contextlib.contextmanager
+def _holding(opens: str, folder: Path) -> Iterator[subprocess.Popen[str]]:
+    """A child process that opens ``folder`` with the Python statement ``opens`` (``sys.argv[1]`` is the folder)
+    and holds it until the block ends; it has started (within 120 s) when the block begins."""
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys,time\n{opens}\nprint('held', flush=True)\n"
+                             "time.sleep(600)", str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and select.select([proc.stdout], [], [], 120)[0], "holder never started"
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_store_held_by_a_plain_chdb_session_is_named_not_wiped(tmp_path):
     """A chDB session of some script (not forumpulse: no .forumpulse.lock) holding the demo's store: the demo
     deleted and rebuilt the folder and exited 0, and other commands said "Cannot lock file .../status ...
-    (BAD_ARGUMENTS)" (user trial 40).  Both name the holding pid now; nothing is deleted."""
+    (BAD_ARGUMENTS)" (user trial 40).  Both name the holding pid now; nothing is deleted.  A forumpulse process
+    holds the engine's lock too: it is named as forumpulse's, not as a foreign one (a review)."""
     from forumpulse.pipeline.demo import run_demo
     from forumpulse.pipeline.store import StoreBusy
 
-    chdb = tmp_path / "demo" / "chdb"
-    chdb.mkdir(parents=True)
-    (tmp_path / "demo" / "keep.html").write_text("a report the user kept")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys,time\nfrom chdb import session\n"
-                               "s = session.Session(sys.argv[1]); print('held', flush=True); time.sleep(600)",
-                               str(chdb)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and select.select([holder.stdout], [], [], 120)[0], "holder never started"
-        assert holder.stdout.readline().strip() == "held"
+    for data in (tmp_path / "plain", tmp_path / "fp"):  # two data folders: this process keeps a demo's folder lock
+        (data / "demo" / "chdb").mkdir(parents=True)
+        (data / "demo" / "keep.html").write_text("a report the user kept")
+    chdb = tmp_path / "plain" / "demo" / "chdb"
+    with _holding("from chdb import session\ns = session.Session(sys.argv[1])", chdb) as holder:
         with pytest.raises(StoreBusy, match=rf"open in another process \(pid {holder.pid}, not forumpulse"):
-            run_demo(tmp_path, weeks=2)
-        assert (tmp_path / "demo" / "keep.html").exists()  # nothing was deleted
+            run_demo(tmp_path / "plain", weeks=2)
+        assert (tmp_path / "plain" / "demo" / "keep.html").exists()  # nothing was deleted
         log = tmp_path / "a.log"
         log.write_text('1.2.3.4 - - [01/Feb/2024:10:00:00 +0000] "GET /t/1 HTTP/1.1" 200 10 "-" "Mozilla/5.0"\n')
         r = subprocess.run([str(EXE), "ingest", "--store", f"chdb:{chdb}", "-f", "combined", str(log)],
                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert r.returncode != 0 and f"open in another process (pid {holder.pid}) that is not forumpulse" in r.stderr
         assert "Traceback" not in r.stderr, r.stderr
-    finally:
-        holder.kill()
-        holder.wait()
-    # a forumpulse process holds the engine's lock too: it is named as forumpulse's, not as a foreign one (another
-    # data folder: this process keeps the first demo's folder lock)
-    data = tmp_path / "second"
-    chdb = data / "demo" / "chdb"
-    chdb.mkdir(parents=True)
-    (data / "demo" / "keep.html").write_text("a report the user kept")
-    fp = subprocess.Popen([sys.executable, "-c", "import sys,time\nfrom forumpulse.pipeline.store import open_store\n"
-                           "s = open_store('chdb:' + sys.argv[1]); print('held', flush=True); time.sleep(600)",
-                           str(chdb)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert fp.stdout is not None and select.select([fp.stdout], [], [], 120)[0], "holder never started"
-        assert fp.stdout.readline().strip() == "held"
+    opener = "from forumpulse.pipeline.store import open_store\ns = open_store('chdb:' + sys.argv[1])"
+    with _holding(opener, tmp_path / "fp" / "demo" / "chdb") as fp:
         with pytest.raises(StoreBusy, match=rf"open in another process \(pid {fp.pid}\); the demo") as err:
-            run_demo(data, weeks=2)
+            run_demo(tmp_path / "fp", weeks=2)
         assert "not forumpulse" not in str(err.value)
-        assert (data / "demo" / "keep.html").exists()
-    finally:
-        fp.kill()
-        fp.wait()
+        assert (tmp_path / "fp" / "demo" / "keep.html").exists()
 
 
 @pytest.mark.parametrize(("args", "message"), [
