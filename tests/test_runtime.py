@@ -79,4 +79,4 @@ def test_ingest_runs_without_pandas(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "False"
-    assert "read 2  loaded 1  quarantined 1" in r.stdout + r.stderr
+    assert "read 2  loaded 1 (of which 1 past retention, not kept)  quarantined 1" in r.stdout + r.stderr  # 1995
