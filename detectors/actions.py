@@ -425,7 +425,7 @@ class IpsetAction:
         self.maxelem = int(maxelem)
         if not 1 <= self.maxelem <= 2**31 - 1:
             raise ActionError(f"maxelem must be 1..{2**31 - 1}, got {maxelem}")
-        self._missing_chains: set[tuple[str, str]] = set()  # (tool, chain) / (set, "shrink") already warned about
+        self._warned: set[tuple[str, str]] = set()  # (tool, missing chain) / (set, "shrink"): warned about once
         self.pre = _ns_prefix(netns)
         self.held = _Held(clock)
         self._ready = False
@@ -470,8 +470,8 @@ class IpsetAction:
         if int(m.group(1)) > self.maxelem:
             # never shrunk: a set holding more members than the new bound cannot be refilled ("Hash is full"),
             # and every ban would fail from then on (found by a review); a larger set does no harm
-            if (name, "shrink") not in self._missing_chains:
-                self._missing_chains.add((name, "shrink"))
+            if (name, "shrink") not in self._warned:
+                self._warned.add((name, "shrink"))
                 log.warning("ipset %s: maxelem is %s, above the configured %d: kept (sets are only enlarged)",
                             name, m.group(1), self.maxelem)
             return
@@ -483,7 +483,7 @@ class IpsetAction:
         try:
             members = [ln.split(" ", 2)[2] for ln in _run([*self.pre, "ipset", "save", name]).splitlines()
                        if ln.startswith(f"add {name} ")]
-            _run([*self.pre, "ipset", "-exist", "restore"], stdin="".join(f"add {tmp} {m}\n" for m in members))
+            _run([*self.pre, "ipset", "-exist", "restore"], stdin="".join(f"add {tmp} {e}\n" for e in members))
             _run([*self.pre, "ipset", "swap", tmp, name])
         finally:
             subprocess.run([*self.pre, "ipset", "destroy", tmp], capture_output=True, check=False)
@@ -496,12 +496,12 @@ class IpsetAction:
         if subprocess.run([*self.pre, tool, "-C", *rule], capture_output=True, check=False).returncode == 0:
             return
         if subprocess.run([*self.pre, tool, "-S", chain], capture_output=True, check=False).returncode != 0:
-            if (tool, chain) not in self._missing_chains:
-                self._missing_chains.add((tool, chain))
+            if (tool, chain) not in self._warned:
+                self._warned.add((tool, chain))
                 log.warning("%s has no chain %s (yet): set %s is not matched there until it exists", tool,
                             chain, name)
             return
-        self._missing_chains.discard((tool, chain))
+        self._warned.discard((tool, chain))
         _run([*self.pre, tool, "-I", *rule])
 
     def _restore(self, missing: list[tuple[_Net, int]]) -> None:
