@@ -39,6 +39,7 @@ import html
 import io
 import json
 import math
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -763,11 +764,12 @@ def _figure(x: float) -> str:
     return f"{x:,.4g}" if abs(x) < 1e4 else f"{x:,.0f}"
 
 
-def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "forum", tz: str = "UTC") -> Path:
+def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "forum", tz: str = "UTC",
+                          rerun_options: str = "") -> Path:
     """The day's detections (latest state) and top topics by human views, as one HTML page; returns its path.
     ``day`` is a calendar day in the site's time zone ``tz`` (an editor's day, not the UTC day), and the page
     shows its times there."""
-    return _daily_report(store, day, out_dir, site, tz)[0]
+    return _daily_report(store, day, out_dir, site, tz, rerun_options)[0]
 
 
 def _judged(store: Store, site: str, t0: datetime, t1: datetime) -> list[tuple[datetime, datetime]] | None:
@@ -789,8 +791,11 @@ def _judged(store: Store, site: str, t0: datetime, t1: datetime) -> list[tuple[d
     return spans
 
 
-def _judged_text(spans: list[tuple[datetime, datetime]] | None, t0: datetime, t1: datetime, day: date) -> str:
-    """What the daily report says about which minutes of the day the detectors judged."""
+def _judged_text(spans: list[tuple[datetime, datetime]] | None, t0: datetime, t1: datetime, day: date,
+                 rerun_options: str = "") -> str:
+    """What the daily report says about which minutes of the day the detectors judged; the command it suggests
+    carries ``rerun_options`` (the configuration and store the page was made from: without them a pasted command
+    judged the default store, user trial 41)."""
     if spans is None:
         return ("Which minutes of this day the detectors judged is not recorded in this store (it predates "
                 "migration 0010: run forumpulse db migrate).")
@@ -799,7 +804,7 @@ def _judged_text(spans: list[tuple[datetime, datetime]] | None, t0: datetime, t1
     # the site's day, with its offsets: a bare date is UTC, so the day of a site east or west of UTC was only
     # partly covered by the command this page suggested (user trial 40)
     frm, to = (t.astimezone(_ZONE.get()).isoformat(timespec="minutes") for t in (t0, t1))
-    rerun = f"forumpulse detect --from {frm} --to {to}"
+    rerun = f"forumpulse detect --from {frm} --to {to}" + (f" {rerun_options}" if rerun_options else "")
     if not spans:
         return f"No detection run covered this day: its events are unknown, not absent ({rerun} judges it)."
     if done >= whole:
@@ -809,13 +814,15 @@ def _judged_text(spans: list[tuple[datetime, datetime]] | None, t0: datetime, t1
             f"unknown ({rerun} judges it; give --from/--to in UTC or with an offset for part of it).")
 
 
-def _daily_report(store: Store, day: date, out_dir: Path, site: str, tz: str) -> tuple[Path, int, int]:
+def _daily_report(store: Store, day: date, out_dir: Path, site: str, tz: str,
+                  rerun_options: str = "") -> tuple[Path, int, int]:
     """:func:`generate_daily_report`, also returning how many events and topics the page lists."""
     with _shown_in(tz) as zone:
-        return _daily_page(store, day, out_dir, site, tz, zone)
+        return _daily_page(store, day, out_dir, site, tz, zone, rerun_options)
 
 
-def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone: tzinfo) -> tuple[Path, int, int]:
+def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone: tzinfo,
+                rerun_options: str) -> tuple[Path, int, int]:
     t0 = datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(UTC)
     nxt = day + timedelta(days=1)
     t1 = datetime(nxt.year, nxt.month, nxt.day, tzinfo=zone).astimezone(UTC)  # 23 or 25 hours on DST days
@@ -857,7 +864,7 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
     body = (f"<h1 id=\"title\">Daily report {day.isoformat()}</h1><p class=\"meta\">{html.escape(site)} · "
             f"{html.escape(day_txt)}</p>"
             "<h2>Top events</h2>"
-            + f"<p class=\"meta\" id=\"judged\">{html.escape(_judged_text(judged, t0, t1, day))}</p>"
+            + f"<p class=\"meta\" id=\"judged\">{html.escape(_judged_text(judged, t0, t1, day, rerun_options))}</p>"
             + (f"<table id=\"events\"><tr><th>id</th><th>kind</th><th>scope</th><th>label</th><th>state</th>"
                f"<th>start</th><th>end</th><th>duration</th><th>peak</th><th>observed</th><th>expected</th>"
                f"<th>score</th></tr>{ev_rows}</table>" if ev_rows
@@ -928,6 +935,29 @@ def _open_for_report(config: Path | None, store: str | None,
     return open_store(store or settings.store.url, existing=True), name, settings.site(name), configured
 
 
+def _rerun_options(config: Path | None, store: str | None) -> str:
+    """The options that make a command the page suggests read the same configuration and store as the page: the
+    configuration file (--config, else $FORUMPULSE_CONFIG) and a --store given on the command line, paths made
+    absolute (the command may be pasted elsewhere) and a password in a store URL left as a placeholder (the page
+    is shared)."""
+    import shlex
+    from urllib.parse import urlsplit
+
+    opts: list[str] = []
+    path = config or (Path(os.environ["FORUMPULSE_CONFIG"]) if os.environ.get("FORUMPULSE_CONFIG") else None)
+    if path is not None:
+        opts += ["-c", str(path.absolute())]
+    if store:
+        if store.startswith("chdb:"):
+            store = "chdb:" + str(Path(store[len("chdb:"):]).absolute())
+        else:
+            u = urlsplit(store)
+            if u.password:
+                store = u._replace(netloc=u.netloc.replace(f":{u.password}@", ":PASSWORD@", 1)).geturl()
+        opts += ["--store", store]
+    return " ".join(shlex.quote(o) for o in opts)
+
+
 def report_event_command(
     out: Annotated[Path, typer.Option("--out", help="output folder (created)")],
     topic: Annotated[int | None, typer.Option("--topic", help="topic id")] = None,
@@ -991,7 +1021,7 @@ def report_daily_command(
                    f"{', '.join(have) or 'none'}; --site or sites[] in the configuration)", err=True)
         raise typer.Exit(2)
     try:
-        path, n_events, n_topics = _daily_report(st, d, out, site, tz)
+        path, n_events, n_topics = _daily_report(st, d, out, site, tz, _rerun_options(config, store))
     except OSError as exc:
         raise _write_failed(out, exc) from None
     finally:

@@ -174,7 +174,12 @@ def test_titles_csv_is_loaded_by_migrate_and_reports_use_the_configured_store(tm
     assert r.returncode == 0, r.stderr
     assert "note: no detections and no topic views on 2024-02-01 (UTC) for site board" in r.stderr  # nothing ingested
     assert not (tmp_path / "data").exists()  # not the built-in default ./data/chdb
-    assert "board" in (tmp_path / "out" / "daily-2024-02-01.html").read_text()
+    page = (tmp_path / "out" / "daily-2024-02-01.html").read_text()
+    assert "board" in page
+    # the command the page suggests reads the same configuration (pasted without it, it judged the default store
+    # and recorded the day as judged there, user trial 41)
+    assert (f"(forumpulse detect --from 2024-02-01T00:00+00:00 --to 2024-02-02T00:00+00:00 -c {cfg} judges it)"
+            in page), page
     # a --site typo (neither configured nor in the data) is an error, not an empty page with exit 0
     r = subprocess.run([str(EXE), "report", "daily", "--day", "2024-02-01", "--out", str(tmp_path / "out2"), "-c",
                         str(cfg), "--site", "bord"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -188,6 +193,21 @@ def test_titles_csv_is_loaded_by_migrate_and_reports_use_the_configured_store(tm
     finally:
         s.close()
     assert [(str(g), int(t)) for g, t in rows] == [("vote", 7)]
+
+
+def test_daily_report_rerun_options_name_the_configuration_and_store(tmp_path, monkeypatch):
+    """The suggested command carries the page's configuration and store: absolute paths (it may be pasted in
+    another folder), a store URL's password left as a placeholder (the page is shared), quoted for a shell."""
+    from forumpulse.dashboards.report import _rerun_options
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FORUMPULSE_CONFIG", raising=False)
+    assert _rerun_options(None, None) == ""
+    assert _rerun_options(Path("c.yaml"), "chdb:st") == f"-c {tmp_path / 'c.yaml'} --store chdb:{tmp_path / 'st'}"
+    assert (_rerun_options(None, "clickhouse://ops:s3cret@ch:8123/fp")
+            == "--store clickhouse://ops:PASSWORD@ch:8123/fp")
+    monkeypatch.setenv("FORUMPULSE_CONFIG", "my conf.yaml")
+    assert _rerun_options(None, None) == f"-c '{tmp_path / 'my conf.yaml'}'"
 
 
 def test_load_titles_without_a_csv_or_configured_file_is_an_error(tmp_path):
