@@ -1217,15 +1217,32 @@ class StoreSink:
         self.flush()
 
 
+class UndeliveredError(RuntimeError):
+    """A sink could not deliver ``undelivered`` (decisions): the caller keeps them and emits them again
+    (:class:`forumpulse.pipeline.live_detect._GuardedSink` does, bounded)."""
+
+    def __init__(self, message: str, undelivered: Sequence[Decision]) -> None:
+        super().__init__(message)
+        self.undelivered = list(undelivered)
+
+
 class KafkaSink:
     """Publishes decisions as JSON on ``topic`` (default ``weblogs.decisions``), keyed by the banned value.
 
-    ``producer`` may be injected (anything with ``produce(topic, value=, key=)``, ``poll`` and ``flush``);
-    otherwise a confluent-kafka Producer is made from ``bootstrap_servers``.
+    Delivery is confirmed, not assumed: each message carries a delivery callback.  :meth:`flush` waits up to
+    ``flush_timeout_s`` and raises :class:`UndeliveredError` with the decisions whose delivery failed (librdkafka
+    gave up: ``message.timeout.ms``, 5 min by default), to be emitted again; those still waiting (a broker away
+    for less) stay in the producer's queue, counted in :attr:`waiting`, and a later flush reports them.
+    :meth:`close` waits ``close_timeout_s`` more and raises with everything still unconfirmed: the process is
+    about to drop them.  Before this a flush that left messages queued returned quietly and a closing CLI lost
+    them (from a review).  At least once: a message re-sent after a timeout may also arrive late.
+
+    ``producer`` may be injected (anything with ``produce(topic, value=, key=, on_delivery=)``, ``poll`` and
+    ``flush``); otherwise a confluent-kafka Producer is made from ``bootstrap_servers``.
     """
 
     def __init__(self, bootstrap_servers: str = "127.0.0.1:9092", topic: str = "weblogs.decisions",
-                 producer: Any = None) -> None:
+                 producer: Any = None, flush_timeout_s: float = 10.0, close_timeout_s: float = 10.0) -> None:
         if producer is None:
             from confluent_kafka import Producer
             from forumpulse.pipeline.kafka_client import client_config
@@ -1234,17 +1251,54 @@ class KafkaSink:
                                                "linger.ms": 20}))
         self.producer = producer
         self.topic = topic
+        self.flush_timeout_s, self.close_timeout_s = flush_timeout_s, close_timeout_s
+        self.delivered = 0
+        self.failed = 0
+        self._serial = 0
+        self._in_flight: dict[int, Decision] = {}  # handed to the producer, no delivery report yet
+        self._errors: list[tuple[Decision, str]] = []  # delivery reports with an error, since the last flush
+
+    @property
+    def waiting(self) -> int:
+        """Decisions handed to the producer without a delivery report yet."""
+        return len(self._in_flight)
 
     def emit(self, decision: Decision) -> None:
+        self._serial += 1
+        serial = self._serial
+
+        def report(err: Any, _msg: Any) -> None:
+            d = self._in_flight.pop(serial, None)
+            if d is None:
+                return
+            if err is None:
+                self.delivered += 1
+            else:
+                self._errors.append((d, str(err)))
+
         self.producer.produce(self.topic, value=json.dumps(decision.to_json(), sort_keys=True).encode(),
-                              key=decision.value.encode())
+                              key=decision.value.encode(), on_delivery=report)
+        self._in_flight[serial] = decision  # only once handed over: a produce() that raised leaves nothing
         self.producer.poll(0)
 
     def flush(self) -> None:
-        self.producer.flush(10)
+        self._wait(self.flush_timeout_s)
+
+    def _wait(self, timeout_s: float, give_up: bool = False) -> None:
+        self.producer.flush(timeout_s)
+        bad, self._errors = self._errors, []
+        why = bad[0][1] if bad else f"no delivery report within {timeout_s:g} s"
+        lost = [d for d, _ in bad]
+        if give_up and self._in_flight:
+            lost += list(self._in_flight.values())
+            self._in_flight.clear()
+        if lost:
+            self.failed += len(lost)
+            raise UndeliveredError(f"{len(lost)} decision(s) not delivered to Kafka topic {self.topic} ({why})",
+                                   lost)
 
     def close(self) -> None:
-        self.flush()
+        self._wait(max(self.close_timeout_s, self.flush_timeout_s), give_up=True)
 
 
 # --------------------------------------------------------------------------------------------- detector
@@ -2009,7 +2063,7 @@ def detect_records(records: Iterable[ParsedLine], detector: DosDetector | None =
 
 
 __all__ = ["Action", "Batch", "Candidate", "CrawlerVerifier", "Decision", "DecisionManager", "DecisionSink",
-           "DosDetector", "JsonLinesSink", "KafkaSink", "StoreSink", "detect_records", "iso_ms", "prefix_of"]
+           "DosDetector", "JsonLinesSink", "KafkaSink", "StoreSink", "UndeliveredError", "detect_records", "iso_ms", "prefix_of"]
 
 
 # --------------------------------------------------------------------------------------------- replay / CLI

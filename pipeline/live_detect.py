@@ -36,9 +36,11 @@ scope,mode}``, ``forumpulse_dos_refused_total{reason}`` (not decided: allowlist,
 loopback, ...), ``forumpulse_dos_action_errors_total``, ``forumpulse_dos_webhook_failures_total`` (background
 deliveries that failed after their retries), ``forumpulse_dos_active_bans``, ``forumpulse_dos_restored_total``,
 ``forumpulse_dos_firewall_checks_total`` / ``_firewall_check_errors_total`` (``firewall_check_s``),
-``forumpulse_dos_feed_errors_total``, ``forumpulse_dos_feed_replayed_total``; ``forumpulse_traffic_runs_total``
+``forumpulse_dos_feed_errors_total``, ``forumpulse_dos_feed_replayed_total``, ``forumpulse_dos_sink_errors_total
+{sink}`` / ``_sink_retrying{sink}`` (decisions not yet taken by the store or confirmed by Kafka, emitted again)
+/ ``_sink_dropped_total{sink}``; ``forumpulse_traffic_runs_total``
 / ``_run_errors_total`` / ``_detections_total`` / ``_publish_failures_total`` (events not confirmed by Kafka,
-retried), ``forumpulse_traffic_last_run_timestamp_seconds`` and
+retried) / ``_events_waiting`` (queued without a report), ``forumpulse_traffic_last_run_timestamp_seconds`` and
 ``forumpulse_traffic_minutes_judged_behind_seconds{site}`` (wall clock minus the end of the last complete minute
 the detectors judged: the live watermark holding them back for a source or partition behind shows here).
 
@@ -204,20 +206,49 @@ def decision_view(d: Any, now: float | None = None) -> dict[str, Any]:
 
 class _GuardedSink:
     """Wraps a sink so one failing flush (store or Kafka away) is logged and counted instead of stopping
-    detection; the failed decisions are kept and retried with the next flush (bounded)."""
+    detection; the failed decisions are kept and emitted again with the next flush, up to ``keep`` of them (the
+    oldest beyond are dropped, counted in :attr:`dropped` and logged).  What failed is what the sink says: an
+    exception with ``undelivered`` (:class:`~forumpulse.detectors.dos.UndeliveredError`: Kafka's delivery
+    reports), else the sink's whole ``buf`` (StoreSink drops its buffer on a failed insert)."""
 
     def __init__(self, inner: Any, name: str, keep: int = 10_000) -> None:
         self.inner, self.name, self.keep = inner, name, keep
         self.errors = 0
+        self.dropped = 0
         self._retry: list[Any] = []
+
+    @property
+    def retrying(self) -> int:
+        """Decisions waiting to be emitted again."""
+        return len(self._retry)
 
     def emit(self, decision: Any) -> None:
         try:
             self.inner.emit(decision)
         except Exception as exc:
             self.errors += 1
-            self._retry.append(decision)
+            self._keep([decision])
             log.warning("decision sink %s: emit failed: %s", self.name, exc)
+
+    def _keep(self, failed: list[Any], before: bool = False) -> None:
+        kept = failed + self._retry if before else self._retry + failed
+        over = len(kept) - self.keep
+        if over > 0:
+            self.dropped += over
+            log.error("decision sink %s: %d decision(s) dropped, more than %d waiting to be emitted again",
+                      self.name, over, self.keep)
+            kept = kept[over:]
+        self._retry = kept
+
+    def _settle(self, call: Callable[[], None], pending: list[Any]) -> None:
+        try:
+            call()
+        except Exception as exc:
+            self.errors += 1
+            lost = getattr(exc, "undelivered", None)
+            self._keep(pending if lost is None else list(lost), before=True)
+            log.warning("decision sink %s: flush failed (%d kept for retry): %s", self.name, len(self._retry),
+                        str(exc).splitlines()[0][:200] if str(exc) else exc)
 
     def flush(self) -> None:
         retry, self._retry = self._retry, []
@@ -225,24 +256,19 @@ class _GuardedSink:
             try:
                 self.inner.emit(d)
             except Exception:
-                self._retry = retry[i:]
+                self._retry = retry[i:] + self._retry
                 break
         buf = getattr(self.inner, "buf", None)
-        pending = list(buf) if isinstance(buf, list) else []
-        try:
-            self.inner.flush()
-        except Exception as exc:
-            self.errors += 1
-            # StoreSink drops its buffer on a failed insert: keep it for the next flush
-            self._retry = (pending + self._retry)[-self.keep:]
-            log.warning("decision sink %s: flush failed (%d kept for retry): %s", self.name, len(self._retry),
-                        str(exc).splitlines()[0][:200] if str(exc) else exc)
+        self._settle(self.inner.flush, list(buf) if isinstance(buf, list) else [])
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.flush()
-        with contextlib.suppress(Exception):
-            self.inner.close()
+        buf = getattr(self.inner, "buf", None)
+        self._settle(self.inner.close, list(buf) if isinstance(buf, list) else [])
+        if self._retry:
+            log.error("decision sink %s: %d decision(s) not emitted at shutdown (they are in the decisions "
+                      "table when the store took them)", self.name, len(self._retry))
 
 
 class LiveDos:
@@ -282,8 +308,12 @@ class LiveDos:
         if publish is None:
             publish = self.live.publish_decisions or self.actions_cfg.kafka
         if publish:
+            # a short wait per flush: flushes run under the detection lock (a batch, an unban), and a broker
+            # away held each for 10 s (an unban took ~23 s, user trial 41); what is still queued is reported
+            # by a later flush (KafkaSink)
             self.sinks.append(_GuardedSink(KafkaSink(settings.kafka.bootstrap_servers,
-                                                     settings.kafka.decisions_topic), "kafka"))
+                                                     settings.kafka.decisions_topic, flush_timeout_s=0.5),
+                                           "kafka"))
         if self.actions_cfg.jsonl_path:
             self.sinks.append(_GuardedSink(JsonLinesSink(self.actions_cfg.jsonl_path), "jsonl"))
         self.manager = DecisionManager(self.cfg, sinks=self.sinks, actions=acts, wall_clock=clock,
@@ -845,6 +875,17 @@ class DosCollector:
                                   "every ban in force", value=live.firewall_checks)
         yield CounterMetricFamily("forumpulse_dos_firewall_check_errors", "firewall actions whose periodic check "
                                   "failed", value=live.firewall_check_errors)
+        errs = CounterMetricFamily("forumpulse_dos_sink_errors", "decision sink emits/flushes that failed (store "
+                                   "or Kafka away; the decisions are kept and emitted again)", labels=["sink"])
+        waiting = GaugeMetricFamily("forumpulse_dos_sink_retrying", "decisions a sink failed to take, waiting to "
+                                    "be emitted again", labels=["sink"])
+        dropped = CounterMetricFamily("forumpulse_dos_sink_dropped", "decisions dropped by a sink: more were "
+                                      "waiting to be emitted again than it keeps", labels=["sink"])
+        for sink in live.sinks:
+            errs.add_metric([sink.name], sink.errors)
+            waiting.add_metric([sink.name], sink.retrying + int(getattr(sink.inner, "waiting", 0)))
+            dropped.add_metric([sink.name], sink.dropped)
+        yield from (errs, waiting, dropped)
         feed = self.handles.feed if self.handles is not None else None
         if feed is not None:
             yield CounterMetricFamily("forumpulse_dos_feed_errors", "DoS feed batches that failed",
@@ -873,6 +914,9 @@ class TrafficCollector:
         yield CounterMetricFamily("forumpulse_traffic_publish_failures", "detections whose delivery to the events "
                                   "topic was not confirmed (kept and retried at the next run)",
                                   value=svc.publish_failures)
+        yield GaugeMetricFamily("forumpulse_traffic_events_waiting", "events messages queued for Kafka without a "
+                                "delivery report yet (a broker away; each detection state is queued once)",
+                                value=int(getattr(svc.detector.producer, "waiting", 0)))
         yield GaugeMetricFamily("forumpulse_traffic_last_run_timestamp_seconds", "wall time of the last run",
                                 value=svc.last_run)
         # a run under way is no stuck thread: the first one warms the baselines on history_days of rollups and
@@ -903,16 +947,33 @@ class EventsPublisher:
     by the detector after handing over a flush's detections) flushes for up to ``timeout_s`` and returns the keys
     whose every message of that flush Kafka acknowledged.  The detector keeps the others in its outbox and hands
     them again at the next run (at least once: one still queued may be delivered late, a duplicate with the same
-    key and state).  Messages not confirmed are counted in :attr:`failures` and logged."""
+    key and state).  Messages not confirmed are counted in :attr:`failures` and logged.
+
+    A detection handed again in the same state while its earlier message still waits in the producer's queue
+    (no delivery report yet: a broker away) is not queued again: that message's report answers for it.  Before,
+    every run queued each pending detection once more: a broker away for an hour grew the queue by some sixty
+    copies of each at the one-minute interval (from a review).  :attr:`waiting` counts the messages without a report."""
 
     def __init__(self, producer: Any, timeout_s: float = 10.0) -> None:
         self.producer = producer
         self.timeout_s = timeout_s
         self._batch: list[tuple[bytes, list[Any]]] = []  # key, [delivery error, None (delivered) or _PENDING]
+        self._queued: dict[bytes, tuple[bytes, list[Any]]] = {}  # key -> (value, box) of its last message
         self.delivered = 0
         self.failures = 0
+        self.requeues_saved = 0
+
+    @property
+    def waiting(self) -> int:
+        """Messages handed to the producer without a delivery report yet."""
+        return sum(1 for _, box in self._queued.values() if box[0] is _PENDING)
 
     def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+        last = self._queued.get(key)
+        if last is not None and last[0] == value and last[1][0] is _PENDING:
+            self._batch.append((key, last[1]))  # still queued in this state: its report answers
+            self.requeues_saved += 1
+            return
         box: list[Any] = [_PENDING]
 
         def done(err: Any, _msg: Any) -> None:
@@ -920,6 +981,7 @@ class EventsPublisher:
 
         self.producer.produce(topic, key=key, value=value, on_delivery=done)
         self._batch.append((key, box))  # only once handed over: a produce() that raised leaves nothing pending
+        self._queued[key] = (value, box)
         self.producer.poll(0)
 
     def confirm(self) -> set[bytes]:
@@ -941,6 +1003,8 @@ class EventsPublisher:
             bad.add(key)
             why = "no delivery report" if box[0] is _PENDING else str(box[0])
             reasons[why] = reasons.get(why, 0) + 1
+        # a reported message leaves the queue's record (an error: the next hand-over queues it again)
+        self._queued = {k: q for k, q in self._queued.items() if q[1][0] is _PENDING}
         failed = sum(reasons.values())
         self.delivered += len(batch) - failed
         if failed:
@@ -1101,9 +1165,16 @@ def live_services(dos: bool = False, traffic: bool = False, actions: Sequence[An
 # ---------------------------------------------------------------------------------------------- owner client
 
 
+class OwnerNoAnswer(RuntimeError):
+    """The owner took the request but did not answer within the timeout: it may still carry it out, so a
+    caller must not do the same work directly (an unban sent twice: two webhooks; the store is the owner's)."""
+
+
 def owner_request(owner_url: str, method: str, path: str, params: dict[str, str] | None = None,
                   password: str | None = None, timeout: float = 10.0) -> tuple[int, Any]:
-    """Call an owner route; returns (status, parsed JSON).  Raises OSError when nothing listens."""
+    """Call an owner route; returns (status, parsed JSON).  Raises OSError when nothing listens (no owner: the
+    caller may work directly) and :class:`OwnerNoAnswer` when the owner took the request and did not answer
+    within ``timeout`` seconds (before, that too fell back to working directly, user trial 41)."""
     import urllib.error
     import urllib.parse
     import urllib.request
@@ -1115,6 +1186,9 @@ def owner_request(owner_url: str, method: str, path: str, params: dict[str, str]
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return int(r.status), json.loads(r.read() or b"null")
+    except TimeoutError as exc:  # connected and sent: waiting for the answer timed out (a connect timeout is URLError)
+        raise OwnerNoAnswer(f"the owner at {owner_url} took the request and did not answer within {timeout:g} s") \
+            from exc
     except urllib.error.HTTPError as exc:
         body = exc.read()
         try:
@@ -1123,7 +1197,7 @@ def owner_request(owner_url: str, method: str, path: str, params: dict[str, str]
             return int(exc.code), {"error": body.decode("utf-8", "replace")[:500]}
 
 
-__all__ = ["DosCollector", "DosFeed", "DosHook", "EventsPublisher", "LiveConfig", "LiveDos", "LiveHandles", "TrafficCollector",
-           "TrafficService", "active_from_store",
+__all__ = ["DosCollector", "DosFeed", "DosHook", "EventsPublisher", "LiveConfig", "LiveDos", "LiveHandles", "OwnerNoAnswer",
+           "TrafficCollector", "TrafficService", "active_from_store",
            "decision_view", "dos_service", "live_config", "live_services", "normalize_value", "owner_request",
            "traffic_service"]

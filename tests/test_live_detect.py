@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from fake_kafka import FakeKafka
 from forumpulse.detectors.dos_cli import decisions_command, unban_command, unban_direct
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.contracts import build_envelope
@@ -197,6 +198,10 @@ def test_flood_through_kafka_is_banned_published_and_served(
         assert m[("forumpulse_dos_action_errors_total", ())] == 0
         assert (("forumpulse_dos_feed_errors_total", ()) in m) == (source == "feed")
         assert m.get(("forumpulse_dos_feed_replayed_total", ()), 0) == 0
+        # every decision reached the table and was confirmed by Kafka: nothing waits to be emitted again
+        for sink in ("store", "kafka"):
+            assert m[("forumpulse_dos_sink_retrying", (("sink", sink),))] == 0, m
+            assert m[("forumpulse_dos_sink_errors_total", (("sink", sink),))] == 0, m
         assert ("forumpulse_lines_loaded_total", ()) in m  # the owner's own metrics are still served
     finally:
         owner.shutdown()
@@ -663,36 +668,6 @@ def test_traffic_runs_follow_intervals_longer_than_a_minute(interval: float, now
     assert svc._next_delay() == pytest.approx(delay)
 
 
-class _FakeKafka:
-    """A confluent-kafka Producer stand-in: messages wait in a queue; ``up`` decides whether a flush delivers
-    them (delivery callback without error) or leaves them queued (a broker away: no report, flush returns the
-    count left).  ``fail`` delivers them with an error report instead."""
-
-    def __init__(self) -> None:
-        self.up = False
-        self.fail: str | None = None
-        self.queue: list[tuple[str, bytes, bytes, Any]] = []
-        self.delivered: list[tuple[bytes, bytes]] = []
-
-    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any = None) -> None:
-        self.queue.append((topic, key, value, on_delivery))
-
-    def poll(self, _timeout: float) -> int:
-        return 0
-
-    def flush(self, _timeout: float) -> int:
-        if self.fail is not None:
-            for _, _, _, cb in self.queue:
-                cb(self.fail, None)
-            self.queue = []
-        elif self.up:
-            for _, key, value, cb in self.queue:
-                self.delivered.append((key, value))
-                cb(None, None)
-            self.queue = []
-        return len(self.queue)
-
-
 class _NullStore:
     def __init__(self) -> None:
         self.inserts = 0
@@ -711,7 +686,7 @@ def test_events_leave_the_outbox_only_once_kafka_confirms_delivery() -> None:
     from forumpulse.pipeline.live_detect import EventsPublisher, TrafficCollector
     from prometheus_client import CollectorRegistry, generate_latest
 
-    kafka = _FakeKafka()
+    kafka = FakeKafka()
     svc = TrafficService(load_settings(), store=None, producer=EventsPublisher(kafka, timeout_s=0.01))
     det = svc.detector
     t = datetime(2026, 3, 11, 10, 0, tzinfo=UTC)
@@ -737,7 +712,7 @@ def test_a_produce_that_raised_leaves_nothing_pending() -> None:
     it, or the next flush would count a failure and refuse the re-sent detection Kafka did confirm."""
     from forumpulse.pipeline.live_detect import EventsPublisher
 
-    class _Full(_FakeKafka):
+    class _Full(FakeKafka):
         def produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any = None) -> None:
             if key == b"full":
                 raise BufferError("Local: Queue full")
