@@ -57,6 +57,20 @@ def test_flood_caught_within_two_seconds_of_stream_time(rate: int, batch_lines: 
     assert d.evidence["count"] >= d.evidence["threshold"]
 
 
+@pytest.mark.parametrize(("spellings", "banned"), [
+    (["198.51.100.9", "::ffff:198.51.100.9"], "198.51.100.9"),        # a dual-stack listener's IPv4-mapped form
+    (["2001:DB8::7", "2001:db8:0:0::7", "2001:0db8::0007"], "2001:db8::7"),  # case and zeros
+])
+def test_one_client_in_several_spellings_is_counted_once(spellings: list[str], banned: str) -> None:
+    """A 20 req/s flood whose address two listeners write differently: each spelling alone stays under
+    client_flood (26 in 2 s), so before the fix it evaded the rule (user trial 41)."""
+    flood = synth_flood(T0 + 120_000, "x", 20, 10)
+    recs = [r._replace(client_ip=spellings[i % len(spellings)]) for i, r in enumerate(flood)]
+    det = run_detector(ordered(synth_humans(np.random.default_rng(5), T0 + 60_000, 120, 10) + recs), cfg())
+    bans = {d.value: d.reason for d in det.manager.decisions}
+    assert bans == {banned: "client_flood"}, bans
+
+
 def test_batch_boundaries_do_not_change_decisions() -> None:
     rng = np.random.default_rng(3)
     recs = ordered(synth_humans(rng, T0, 200, 20) + synth_flood(T0 + 50_000, "198.51.100.9", 40, 5)
