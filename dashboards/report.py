@@ -591,6 +591,21 @@ def _img(name: str, data: bytes, alt: str) -> str:
             f'src="data:image/png;base64,{base64.b64encode(data).decode()}">')
 
 
+def _top_referrer_text(referrers: Sequence[tuple[str, int]]) -> str:
+    """The summary's sentence on referrers: the largest single source by views, every one tied with it named.
+    It claimed "most visitors who arrived from elsewhere came from X" of a source with 18% of them, and named one of
+    several tied sources as if it led (user trial 41)."""
+    if not referrers:
+        return ""
+    top = referrers[0][1]
+    names = [dm for dm, n in referrers if n == top]
+    views = _count(top, "view")
+    if len(names) == 1:
+        return f" The largest single source of views arriving from other sites was {names[0]} ({views})."
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+    return f" The largest single sources of views arriving from other sites were {listed} ({views} each)."
+
+
 def generate_event_report(
     store: Store, *, topic_id: int | None = None, group: str | None = None, event_id: str | None = None,
     time_from: datetime | None = None, time_to: datetime | None = None, out_dir: Path, site: str = "forum",
@@ -664,7 +679,7 @@ def _event_report(
     else:
         base_txt = f"There is no data from the previous {baseline_days} days to compare with."
         ratio = math.nan
-    top_ref = f" Most visitors who arrived from elsewhere came from {d.referrers[0][0]}." if d.referrers else ""
+    top_ref = _top_referrer_text(d.referrers)
     if d.total_views:
         peak_txt = (f"The busiest {per} began at {_fmt_t(d.times[ip])}, with {_count(int(d.views[ip]), 'view')}; "
                     f"its share of the forum's topic views was highest, {_pct(shares[isf])}, in the {per} from "
@@ -734,8 +749,11 @@ def _event_report(
         + (f"<table id=\"referrers\"><tr><th>site</th><th>views</th></tr>{ref_rows}</table>" if ref_rows
            else "<p id=\"referrers\">No external referrers were recorded.</p>")
         + "<p class=\"meta\">Counts are human requests unless stated; referrers: human topic views arriving from "
-        "another site (the forum's own hosts left out), stored privacy-filtered. "
-        "Visitors are distinct human client addresses that requested the topic, whatever the answer (a redirect "
+        + ("another site (the forum's own hosts left out), stored privacy-filtered. " if own_hosts else
+           "another site, stored privacy-filtered; the forum's own host names are not configured (sites[].hosts: "
+           "give the configuration with -c), so only the request's own host is left out and links between the "
+           "forum's own sites may show as referrers. ")
+        + "Visitors are distinct human client addresses that requested the topic, whatever the answer (a redirect "
         "or a refused request counts too), so they can outnumber views. Views from one address block that "
         f"carries {CONCENTRATED_SHARE:.0%} or more of them are named above the figures.</p>"
     )

@@ -6,7 +6,7 @@ the logs in stream time → print a summary (top topics and their share, traffic
 next to the ground truth) → write an event report for the biggest topic surge.
 
 The demo writes ``DATA/demo/forumpulse.yaml`` so every other command can be pointed at the same store afterwards
-(``forumpulse detect --config data/demo/forumpulse.yaml ...``, ``forumpulse report event --store chdb:data/demo/chdb ...``).  A re-run starts from an empty store.
+(``forumpulse detect --config data/demo/forumpulse.yaml ...``, ``forumpulse report event --config data/demo/forumpulse.yaml ...``).  A re-run starts from an empty store.
 """
 
 from __future__ import annotations

@@ -92,6 +92,11 @@ def test_event_report_numbers(world: Any, tmp_path: Path) -> None:
     table = text_of(page, "referrers")
     assert table.index("news.example.com") < table.index("www.google.com")
     assert f"{refs['news.example.com']:,}" in table
+    # the largest single source, with its views (it claimed "most visitors who arrived from elsewhere" of it)
+    top_n = refs["news.example.com"]
+    assert (f"The largest single source of views arriving from other sites was news.example.com ({top_n:,} "
+            f"view{'s' if top_n != 1 else ''}).") in text_of(page, "summary")
+    assert "the forum's own host names are not configured" in page  # no own_hosts given: said, not claimed
     assert "Election results thread" in text_of(page, "title")
     summary = text_of(page, "summary")
     assert f"{views:,} views" in summary and "The busiest 10 minutes began at" in summary
@@ -207,6 +212,16 @@ def test_own_hosts_are_not_external_referrers(world: Any, tmp_path: Path) -> Non
                                  own_hosts=["www.news.example.com"]).read_text()  # www. or not: the same site
     table = text_of(page, "referrers")
     assert "news.example.com" not in table and "www.google.com" in table
+    assert "the forum's own hosts left out" in page and "not configured" not in page
+
+
+def test_tied_top_referrers_are_all_named() -> None:
+    from forumpulse.dashboards.report import _top_referrer_text
+
+    assert _top_referrer_text([]) == ""
+    assert _top_referrer_text([("b.example", 7), ("a.example", 7), ("c.example", 7), ("d.example", 2)]) == (
+        " The largest single sources of views arriving from other sites were b.example, a.example and c.example "
+        "(7 views each).")
 
 
 def test_titles_with_dollar_signs_are_drawn_as_written(world: Any, tmp_path: Path) -> None:
