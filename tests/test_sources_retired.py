@@ -180,6 +180,11 @@ st = open_store({url!r})
 migrate(st)
 t = datetime(2026, 3, 11, 9, 0, tzinfo=UTC)
 _beat(st, "forum", t, t, host="web1", file="/var/log/apache2/access.log")
+import numpy as np
+from table_rows import forum_requests
+# a source only loaded by `forumpulse ingest` (lines, no liveness row): web1/access.log
+recent = int(datetime.now(UTC).timestamp() * 1000) - 3_600_000  # within the raw data's retention
+st.insert("requests", forum_requests("forum", np.array([recent]), np.array([200]), np.random.default_rng(1)))
 st.close()
 """], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent)
     assert seed.returncode == 0, seed.stderr
@@ -189,7 +194,11 @@ st.close()
         return subprocess.run([*fp, "sources", *args, "--store", url], capture_output=True, text=True, timeout=120)
 
     typo = run("retire", "source:web1//var/log/apache2/acess.log", "--site", "forum")
-    assert typo.returncode == 1 and "web1//var/log/apache2/access.log" in typo.stderr, typo.stderr
+    # a usage error (2, as the CLI's others), the closest name suggested, the ingested-only source listed too
+    assert typo.returncode == 2, typo.stderr
+    assert ("Did you mean: web1//var/log/apache2/acess.log -> web1//var/log/apache2/access.log?" in typo.stderr
+            and "Its sources on the live path: web1//var/log/apache2/access.log; loaded by forumpulse ingest: "
+            "web1/access.log" in typo.stderr), typo.stderr
     # written, with a warning: dated before its last line (moot), and an undo of what was not retired
     moot = run("retire", "web1//var/log/apache2/access.log", "--site", "forum", "--at", "2026-03-11T08:00Z")
     assert moot.returncode == 0 and "after the retirement" in moot.stderr, moot.stderr
