@@ -790,6 +790,12 @@ def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "f
     return _daily_report(store, day, out_dir, site, tz, rerun_options)[0]
 
 
+def _peak_after_end(peak: Any, end: Any) -> bool:
+    """A closed event whose peak time is after its end: a trailing window's end (docs/detectors.md, spike); the
+    daily page marks it and says why (a peak after the end read as an error, user trial 41)."""
+    return end is not None and peak is not None and _utc(peak) > _utc(end)
+
+
 def _judged(store: Store, site: str, t0: datetime, t1: datetime) -> list[tuple[datetime, datetime]] | None:
     """The parts of ``[t0, t1)`` a detection run judged for ``site`` (``detection_runs``, migration 0010: history
     runs' ranges, live sessions' minutes), merged and in order; None for a store without that table (not yet
@@ -860,7 +866,8 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
         f"<tr><td>{html.escape(str(i))}</td><td>{html.escape(str(k))}</td><td>{html.escape(str(s))}</td>"
         f"<td>{html.escape(str(lb))}</td><td>{html.escape(str(st))}</td><td>{_fmt_t(_utc(a))}</td>"
         f"<td>{_fmt_t(_utc(e)) if e is not None else 'open'}</td><td>{_duration(_utc(a), _utc(e) if e is not None else None, str(k))}</td>"
-        f"<td>{_fmt_t(_utc(p))}</td><td class=\"n\">{_figure(ob)}</td><td class=\"n\">{_figure(ex)}</td>"
+        f"<td>{_fmt_t(_utc(p))}{' *' if _peak_after_end(p, e) else ''}</td><td class=\"n\">{_figure(ob)}</td>"
+        f"<td class=\"n\">{_figure(ex)}</td>"
         f"<td class=\"n\">{sc:.2f}</td></tr>"
         for i, k, s, lb, st, a, e, p, ob, ex, sc in events)
     judged = _judged(store, site, t0, t1)
@@ -887,6 +894,10 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
                f"<th>start</th><th>end</th><th>duration</th><th>peak</th><th>observed</th><th>expected</th>"
                f"<th>score</th></tr>{ev_rows}</table>" if ev_rows
                else "<p id=\"events\">No detections are recorded for this day.</p>")
+            + ("<p class=\"meta\" id=\"peak-note\">* The peak of a detector that measures a trailing window (a "
+               "spike: the last 30 minutes) is the end of the window with the highest ratio to its expectation, so "
+               "after a short burst it falls after the event ended.</p>"
+               if any(_peak_after_end(ev[7], ev[6]) for ev in events) else "")
             + "<h2>Top topics</h2>"
             + f"<table id=\"topics\"><tr><th>topic</th><th>title</th><th>views</th><th>share of the day's "
             f"topic views</th><th>replies</th><th>visitors</th><th>views from one address block</th></tr>{tp_rows}</table>"

@@ -167,6 +167,21 @@ def test_daily_report(world: Any, tmp_path: Path) -> None:
     assert f"{100 * n / sum(views.values()):.1f}%" in topics, topics
     empty = generate_daily_report(store, (T0 - timedelta(days=5)).date(), tmp_path).read_text()
     assert "No detections are recorded for this day" in empty
+    assert 'id="peak-note"' not in page  # its peak is inside the event
+
+
+def test_daily_report_marks_a_spike_peak_after_the_end(world: Any, tmp_path: Path) -> None:
+    """A spike's peak is the end of its trailing 30-minute window: after a short burst it falls after the event
+    ended, which read as an error on the page (user trial 41); marked, and the note says why."""
+    store, _ = world
+    start = T0 + timedelta(days=2, hours=10)
+    det = [{"id": "ev-burst", "kind": "spike", "site": "spiky", "scope": "site", "start_ts": start,
+            "end_ts": start + timedelta(minutes=20), "peak_ts": start + timedelta(minutes=35), "observed": 900.0,
+            "expected": 300.0, "score": 0.9, "label": "spike", "state": "closed", "detail": "{}", "updated_at": TO}]
+    store.insert("detections", fx.ts_table(det, ("start_ts", "end_ts", "peak_ts", "updated_at")))
+    page = generate_daily_report(store, start.date(), tmp_path, site="spiky").read_text()
+    assert f"{start + timedelta(minutes=35):%Y-%m-%d %H:%M} UTC *" in text_of(page, "events")
+    assert "after a short burst it falls after the event ended" in text_of(page, "peak-note")
 
 
 def test_daily_report_tells_an_unjudged_day_from_a_quiet_one(world: Any, tmp_path: Path) -> None:
