@@ -991,7 +991,8 @@ def report_event_command(
     out: Annotated[Path, typer.Option("--out", help="output folder (created)")],
     topic: Annotated[int | None, typer.Option("--topic", help="topic id")] = None,
     group: Annotated[str | None, typer.Option("--group", help="topic group name")] = None,
-    event: Annotated[str | None, typer.Option("--event", help="detection id")] = None,
+    event: Annotated[str | None, typer.Option("--event", help="id of a topic_surge detection (scope topic:<id> or "
+                                              "group:<name>; other kinds have no topic to report on)")] = None,
     from_: Annotated[str | None, typer.Option("--from", help="start, ISO 8601 (UTC if no offset); default: the "
                                               "event's range padded by a quarter of its length (at least 1 h) "
                                               "with --event, else 48 hours before --to")] = None,

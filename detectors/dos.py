@@ -2253,11 +2253,12 @@ def dos_command(
                    f"error: detectors.dos.{exc} -- with --rules {rules}" if rules else f"error: detectors.dos.{exc}",
                    err=True)
         raise typer.Exit(2) from None
-    except ValidationError as exc:  # a rules file that is not a DoS rules file
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        typer.echo(f"error: rules {rules or 'file'}: {where + ': ' if where else ''}{first['msg']} "
-                   f"({exc.error_count()} problem(s))", err=True)
+    except ValidationError as exc:  # a rules file that is not a DoS rules file: every problem, one a line (the
+        # first alone hid the others, e.g. a mistyped scope behind a missing field; user trial 41)
+        errs = exc.errors()
+        lines = [f"  {'.'.join(str(x) for x in e['loc']) or '(file)'}: {e['msg']}" for e in errs[:20]]
+        more = [f"  ... and {len(errs) - 20} more"] if len(errs) > 20 else []
+        typer.echo("\n".join([f"error: rules {rules or 'file'}: {len(errs)} problem(s):", *lines, *more]), err=True)
         raise typer.Exit(2) from None
     if not det.manager.cfg.enabled:  # an explicit offline replay (tuning) still runs; it applies no action anyway
         typer.echo(f"note: detectors.dos.enabled is false in {config}: the live service (run --dos) judges "

@@ -157,6 +157,24 @@ def test_bad_rules_files_are_one_line_errors(tmp_path: Path, args: list[str], fi
     assert len(r.stderr.strip().splitlines()) <= 2, r.stderr
 
 
+def test_a_rules_file_with_several_problems_names_every_one(tmp_path: Path) -> None:
+    """The first problem alone hid the others (a missing field before a mistyped scope; user trial 41)."""
+    data = yaml.safe_load((CASES_DIR.parent / "dos.yaml").read_text())
+    names = [r["name"] for r in data["rules"]]
+    del data["rules"][names.index("client_flood")]["window_s"]
+    data["rules"][names.index("prefix_flood")]["scope"] = "ipp"
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "a.log").write_text('1.2.3.4 - - [01/Jul/1995:00:00:01 -0400] "GET / HTTP/1.0" 200 1\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORUMPULSE_")}
+    r = subprocess.run([str(EXE), "detect", "dos", "-i", "a.log", "--rules", "two.yaml"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    err = r.stderr
+    assert "error: rules two.yaml:" in err and "problem(s):" in err, err
+    assert f"rules.{names.index('client_flood')}.window_s: Field required" in err, err
+    assert f"rules.{names.index('prefix_flood')}.scope:" in err and "'ip'" in err, err
+
+
 def test_load_rules_raises_one_error_type_for_unusable_files(tmp_path: Path) -> None:
     from forumpulse.detectors.dos_rules import DosRulesError
 
