@@ -722,26 +722,47 @@ class Resolver(Protocol):
     def forward(self, host: str) -> list[str]: ...
 
 
+class LookupFailed(RuntimeError):
+    """A DNS lookup got no answer (timeout, server failure): unlike "no such name", it says nothing of the
+    address.  A :class:`Resolver` may raise it; :class:`CrawlerVerifier` counts and logs it."""
+
+
+#: no-answer errors of gethostbyaddr (h_errno) and getaddrinfo: "no such name" is an answer, these are not
+_HERR_NO_ANSWER = {2, 3}  # TRY_AGAIN, NO_RECOVERY
+_GAI_NO_ANSWER = {socket.EAI_AGAIN, socket.EAI_FAIL}
+
+
 class SocketResolver:
-    """System resolver with a timeout per lookup (lookups run in a small thread pool)."""
+    """System resolver with a timeout per lookup (lookups run in a small thread pool).  "No such name" is an
+    empty answer; a lookup that got no answer (timeout, a server failure) raises :class:`LookupFailed`."""
 
     def __init__(self, timeout_s: float = 2.0) -> None:
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fp-dns")
 
-    def reverse(self, ip: str) -> list[str]:
+    def _ask(self, call: Callable[..., Any], *args: Any) -> Any:
         try:
-            host, aliases, _ = self._pool.submit(socket.gethostbyaddr, ip).result(timeout=self.timeout_s)
-            return [host, *aliases]
-        except Exception:
-            return []
+            return self._pool.submit(call, *args).result(timeout=self.timeout_s)
+        except TimeoutError:
+            raise LookupFailed(f"no answer within {self.timeout_s:g} s") from None
+        except socket.gaierror as exc:
+            if exc.errno in _GAI_NO_ANSWER:
+                raise LookupFailed(str(exc)) from None
+            return None
+        except socket.herror as exc:
+            if exc.errno in _HERR_NO_ANSWER:
+                raise LookupFailed(str(exc)) from None
+            return None
+        except OSError:
+            return None
+
+    def reverse(self, ip: str) -> list[str]:
+        got = self._ask(socket.gethostbyaddr, ip)
+        return [got[0], *got[1]] if got else []
 
     def forward(self, host: str) -> list[str]:
-        try:
-            infos = self._pool.submit(socket.getaddrinfo, host, None).result(timeout=self.timeout_s)
-            return sorted({str(i[4][0]) for i in infos})
-        except Exception:
-            return []
+        infos = self._ask(socket.getaddrinfo, host, None)
+        return sorted({str(i[4][0]) for i in infos or ()})
 
 
 class CrawlerVerifier:
@@ -767,6 +788,8 @@ class CrawlerVerifier:
         self.rx = [(re.compile(p), d) for p, d in CRAWLER_DOMAINS]
         self.cache: dict[tuple[str, Any], tuple[float, bool]] = {}
         self.lookups = 0
+        self.lookup_failures = 0
+        self._warned_at: float | None = None
 
     def crawler_for(self, ua: str) -> int | None:
         for i, (rx, _) in enumerate(self.rx):
@@ -802,13 +825,30 @@ class CrawlerVerifier:
             return hit[1]
         self.lookups += 1
         ok = False
-        for name in self.resolver.reverse(ip):
-            name = name.rstrip(".").lower()
-            if name.endswith(suffixes) and ip in self.resolver.forward(name):
-                ok = True
-                break
+        try:
+            for name in self.resolver.reverse(ip):
+                name = name.rstrip(".").lower()
+                if name.endswith(suffixes) and ip in self.resolver.forward(name):
+                    ok = True
+                    break
+        except LookupFailed as exc:
+            # not verified (a claimed crawler is not taken at its word), but said: a real crawler can be banned
+            # while DNS fails, and nothing told (user trial 41).  Asked again after LOOKUP_RETRY_S, not the TTL.
+            self.lookup_failures += 1
+            self.cache[(ip, key)] = (now - self.ttl + LOOKUP_RETRY_S, False)
+            if self._warned_at is None or now - self._warned_at >= 60:
+                self._warned_at = now
+                log.warning("crawler verification (crawlers.verify: dns): a DNS lookup for %s got no answer (%s); "
+                            "it counts as not verified, so a real crawler can be banned while DNS fails (%d "
+                            "lookup(s) failed so far; forumpulse_dos_crawler_lookup_failures_total)", ip, exc,
+                            self.lookup_failures)
+            return False
         self.cache[(ip, key)] = (now, ok)
         return ok
+
+
+#: seconds before a crawler verification whose DNS lookup got no answer is asked again
+LOOKUP_RETRY_S = 60.0
 
 
 # --------------------------------------------------------------------------------------------- decisions
@@ -2256,9 +2296,10 @@ def dos_command(
     except ValidationError as exc:  # a rules file that is not a DoS rules file: every problem, one a line (the
         # first alone hid the others, e.g. a mistyped scope behind a missing field; user trial 41)
         errs = exc.errors()
-        lines = [f"  {'.'.join(str(x) for x in e['loc']) or '(file)'}: {e['msg']}" for e in errs[:20]]
+        problems = [f"  {'.'.join(str(x) for x in e['loc']) or '(file)'}: {e['msg']}" for e in errs[:20]]
         more = [f"  ... and {len(errs) - 20} more"] if len(errs) > 20 else []
-        typer.echo("\n".join([f"error: rules {rules or 'file'}: {len(errs)} problem(s):", *lines, *more]), err=True)
+        typer.echo("\n".join([f"error: rules {rules or 'file'}: {len(errs)} problem(s):", *problems, *more]),
+                   err=True)
         raise typer.Exit(2) from None
     if not det.manager.cfg.enabled:  # an explicit offline replay (tuning) still runs; it applies no action anyway
         typer.echo(f"note: detectors.dos.enabled is false in {config}: the live service (run --dos) judges "

@@ -36,7 +36,8 @@ scope,mode}``, ``forumpulse_dos_refused_total{reason}`` (not decided: allowlist,
 loopback, ...), ``forumpulse_dos_action_errors_total``, ``forumpulse_dos_webhook_failures_total`` (background
 deliveries that failed after their retries), ``forumpulse_dos_active_bans``, ``forumpulse_dos_restored_total``,
 ``forumpulse_dos_firewall_checks_total`` / ``_firewall_check_errors_total`` (``firewall_check_s``),
-``forumpulse_dos_feed_errors_total``, ``forumpulse_dos_feed_replayed_total``, ``forumpulse_dos_sink_errors_total
+``forumpulse_dos_feed_errors_total``, ``forumpulse_dos_feed_replayed_total``,
+``forumpulse_dos_crawler_lookup_failures_total`` (DNS without an answer: a claimed crawler not verified), ``forumpulse_dos_sink_errors_total
 {sink}`` / ``_sink_retrying{sink}`` (decisions not yet taken by the store or confirmed by Kafka, emitted again)
 / ``_sink_dropped_total{sink}``; ``forumpulse_traffic_runs_total``
 / ``_run_errors_total`` / ``_detections_total`` / ``_publish_failures_total`` (events not confirmed by Kafka,
@@ -875,6 +876,9 @@ class DosCollector:
                                   "every ban in force", value=live.firewall_checks)
         yield CounterMetricFamily("forumpulse_dos_firewall_check_errors", "firewall actions whose periodic check "
                                   "failed", value=live.firewall_check_errors)
+        yield CounterMetricFamily("forumpulse_dos_crawler_lookup_failures", "crawler verifications whose DNS "
+                                  "lookup got no answer (counted as not verified: a real crawler can be banned "
+                                  "while DNS fails)", value=int(getattr(m.verifier, "lookup_failures", 0)))
         errs = CounterMetricFamily("forumpulse_dos_sink_errors", "decision sink emits/flushes that failed (store "
                                    "or Kafka away; the decisions are kept and emitted again)", labels=["sink"])
         waiting = GaugeMetricFamily("forumpulse_dos_sink_retrying", "decisions a sink failed to take, waiting to "

@@ -126,6 +126,49 @@ def test_crawler_verification_needs_forward_confirmed_reverse_dns() -> None:
     assert {d.value for d in det.manager.decisions} == {"6.6.6.6"}  # the spoofed Googlebot is banned
 
 
+def test_a_dns_lookup_without_an_answer_is_said_and_asked_again_soon(caplog: pytest.LogCaptureFixture,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """DNS away: the real Googlebot is not verified (a claim is not taken at its word) but the failure is counted,
+    logged, and asked again after a minute, not cached for the hour as a "no" (user trial 41: banned silently)."""
+    import socket
+
+    from forumpulse.detectors.dos import LOOKUP_RETRY_S, LookupFailed, SocketResolver
+
+    class Away(FakeDns):
+        down = True
+
+        def reverse(self, ip: str) -> list[str]:
+            if self.down:
+                self.calls += 1
+                raise LookupFailed("no answer within 2 s")
+            return super().reverse(ip)
+
+    dns = Away({"66.249.66.1": "crawl-66-249-66-1.googlebot.com"}, {"crawl-66-249-66-1.googlebot.com": ["66.249.66.1"]})
+    now = [1000.0]
+    v = CrawlerVerifier("dns", dns, clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="forumpulse.detectors.dos"):
+        assert not v.verified("66.249.66.1", [GOOGLEBOT])
+    assert v.lookup_failures == 1 and "got no answer" in caplog.text and "a real crawler can be banned" in caplog.text
+    now[0] += LOOKUP_RETRY_S - 1
+    assert not v.verified("66.249.66.1", [GOOGLEBOT]) and dns.calls == 1  # within the retry time: not asked
+    dns.down = False
+    now[0] += 2
+    assert v.verified("66.249.66.1", [GOOGLEBOT]) and dns.calls == 2  # asked again, not cached for the TTL
+    # the system resolver tells "no such name" (an answer) from no answer
+    r = SocketResolver(timeout_s=1)
+
+    def herr(code: int) -> Any:
+        def f(_ip: str) -> Any:
+            raise socket.herror(code, "x")
+        return f
+
+    monkeypatch.setattr(socket, "gethostbyaddr", herr(1))  # HOST_NOT_FOUND
+    assert r.reverse("192.0.2.1") == []
+    monkeypatch.setattr(socket, "gethostbyaddr", herr(2))  # TRY_AGAIN
+    with pytest.raises(LookupFailed):
+        r.reverse("192.0.2.1")
+
+
 def test_ua_less_clients_in_a_crawlers_published_network_are_verified_without_dns() -> None:
     """Squid's native log has no user agent: a crawler there can only be told by its address.  Published crawler
     networks (pipeline/rules/crawler_networks.yaml) verify such a client with no DNS; a client *with* a user
