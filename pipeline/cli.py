@@ -465,8 +465,18 @@ def config_check(config: ConfigOpt = None) -> None:
     for g in empty_groups(s, topic_group_rows(s, titles)):
         typer.echo("warning: " + empty_group_warning(g, f"of {s.topics.titles_csv}" if titles is not None
                                                        else "(topics.titles_csv is not set)"), err=True)
+    import difflib
+
+    names = [site.name for site in s.sites]
     for where in s.unconfigured_sites():
-        typer.echo(f"note: {where} is not in sites: it gets the defaults (UTC, no holiday calendar)")
+        # a name close to a configured site's is most likely a typo of it: said as a warning on stderr, with
+        # the name (a note on stdout among "configuration OK" went unread, user trial 41)
+        close = difflib.get_close_matches(where.split(" ", 1)[1].strip("'"), names, 1, 0.75)
+        if close:
+            typer.echo(f"warning: {where} is not in sites (did you mean {close[0]!r}?): it gets the defaults "
+                       "(UTC, no holiday calendar)", err=True)
+        else:
+            typer.echo(f"note: {where} is not in sites: it gets the defaults (UTC, no holiday calendar)")
     for what in s.long_holiday_periods():
         typer.echo(f"warning: {what}: a holiday period this long calls every dip in it a holiday (a year typo?)",
                    err=True)
