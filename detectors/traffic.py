@@ -1629,7 +1629,7 @@ def partition_state(loaded_ms: int, lag: int, active: bool, reported_ms: int, no
                     gap_min_minutes: int) -> tuple[str, int | None]:
     """A Kafka partition's loading state from its owner's newest ``consumer_progress`` row (migration 0007), at
     ``now_ms``, and the limit it puts on the live watermark (epoch ms, None = none); the rule of
-    :meth:`TrafficDetector._partition_marks` and of the ops dashboard's partition panel (tests compare the two):
+    :meth:`TrafficDetector._partitions` and of the ops dashboard's partition panel (tests compare the two):
 
     ``gone`` (no report for ``gap_min_minutes``), ``far behind`` (lag > 0 or unknown, and the newest message
     stored is older than that: not waited for, as a source silent that long), ``behind`` (lag > 0 or unknown,
@@ -1926,7 +1926,15 @@ class TrafficDetector:
         Sources without heartbeats (no way to tell late from quiet) and sources silent longer than
         ``gap_min_minutes`` (the gap detectors' case) do not hold it back; None when no source counts.  A file's
         heartbeats include its host's (``origin_file`` empty, in this site or in every site ``*``), as for
-        :meth:`_fresh_sources`: a quiet file of a host that heartbeats does not hold the site back."""
+        :meth:`_fresh_sources`: a quiet file of a host that heartbeats does not hold the site back.
+
+        A source quiet at its last report (no line after its latest heartbeat) whose heartbeat is older than
+        ``heartbeat_fresh_seconds`` does not hold it either while the Kafka loader reports every partition caught
+        up (:meth:`_partitions`): nothing of it waits in the loader, and a source heartbeating more slowly than
+        that (syslog's MARK every 20 minutes, a cron ``logger``) pinned the site at its last heartbeat for up to
+        ``gap_min_minutes`` (from a review).  Without loader reports (``forumpulse ingest``) such a source still
+        holds it: there a late loader and a slow heartbeat look alike.  Left: a stall before Kafka (a sender's
+        buffer) of a quiet source is not waited for once its heartbeat is stale."""
         gap = timedelta(minutes=int(self.rules["health"]["gap_min_minutes"]))
         rows = store.query_rows(
             "SELECT origin_host, origin_file, site, toUnixTimestamp64Milli(argMax(last_line_ts, updated_at)), "
@@ -1938,20 +1946,27 @@ class TrafficDetector:
                 host_hb[str(host)] = max(host_hb.get(str(host), 0), int(hb or 0))
         lo = int((now - gap).timestamp() * 1000)
         hi = int((now + timedelta(seconds=LIVE_CLOCK_SKEW_S)).timestamp() * 1000)
-        marks = []
+        parts = self._partitions(store, now)
+        marks = [m for _, m in parts if m is not None]
+        # the Kafka loader reports every partition caught up: what reached Kafka has landed
+        loaded_up = not marks and any(state == "caught up" for state, _ in parts)
+        stale = int((now - timedelta(seconds=float(self.rules["health"]["heartbeat_fresh_seconds"]))).timestamp()
+                    * 1000)
         for host, file, row_site, line, hb in rows:
             if row_site != site and str(file) not in ("", "-"):
                 continue
             beat = max(int(hb or 0), host_hb.get(str(host), 0))
             t = max(int(line or 0), beat)
             if beat > 0 and lo <= t <= hi:
+                if loaded_up and int(line or 0) <= beat < stale:
+                    continue  # quiet at its last heartbeat, which is not fresh: see the docstring
                 marks.append(t)
-        marks += self._partition_marks(store, now)
         return datetime.fromtimestamp(min(marks) / 1000, UTC) if marks else None
 
-    def _partition_marks(self, store: Any, now: datetime) -> list[int]:
-        """Live: how far the consumers have loaded each Kafka partition (``consumer_progress``, migration 0007),
-        as limits on every site's watermark (a partition carries lines of every site).  A source's latest line
+    def _partitions(self, store: Any, now: datetime) -> list[tuple[str, int | None]]:
+        """Live: each Kafka partition's :func:`partition_state` (state, limit) at ``now``: how far the consumers
+        have loaded it (``consumer_progress``, migration 0007), as limits on every site's watermark (a partition
+        carries lines of every site).  A source's latest line
         comes from whichever partition is current, so :meth:`_watermark`'s sources cannot show a loader behind on
         one partition only; these rows can.  Per partition, the newest row (its owner's latest report):
 
@@ -1974,9 +1989,9 @@ class TrafficDetector:
             "argMax(active, updated_at), toUnixTimestamp64Milli(max(updated_at)) FROM consumer_progress "
             f"WHERE updated_at >= {_sql_ts(now - timedelta(minutes=gap_min))} GROUP BY group_id, topic, partition")
         now_ms = int(now.timestamp() * 1000)
-        marks = [partition_state(int(loaded), int(lag), bool(active), int(updated), now_ms, stale_s, gap_min)[1]
-                 for loaded, lag, active, updated in rows]
-        return [m for m in marks if m is not None]
+        return [partition_state(int(loaded), int(lag), bool(active), int(updated), now_ms, stale_s, gap_min)
+                for loaded, lag, active, updated in rows]
+
 
     def _fresh_sources(self, store: Any, site: str, at: datetime, live: bool) -> set[str]:
         """Sources of ``site`` (``host/file``, ``host/`` for a host heartbeat) whose last heartbeat is evidence of

@@ -136,6 +136,27 @@ def test_a_quiet_file_of_a_heartbeating_host_does_not_hold_the_site_back(store: 
     assert det.sites[name].cursor == now - timedelta(minutes=1)  # not held 8 minutes back by the quiet file
 
 
+@pytest.mark.parametrize(("beat", "line", "loader", "cursor"), [
+    # quiet since 09:50, its heartbeat (a 20-minute MARK) at 10:01:30: before the fix held there till 10:11
+    ("10:01:30", "09:50", True, "10:05"),
+    ("10:01:30", "09:50", False, "10:01"),    # no loader reports (ingest): a late loader looks the same, held
+    ("10:05:40", "09:50", True, "10:05"),     # a fresh heartbeat holds as before (at 10:05:40: nothing to wait)
+    ("10:01:30", "10:03:30", True, "10:03"),  # lines after its heartbeat: still held at its latest line
+])
+def test_a_quiet_source_with_slow_heartbeats_does_not_pin_the_watermark(store: Any, beat: str, line: str,
+                                                                         loader: bool, cursor: str) -> None:
+    """A source heartbeating more slowly than heartbeat_fresh_seconds, quiet at its last heartbeat, with the Kafka
+    loader caught up on every partition: nothing of it waits to be loaded (from a review)."""
+    store.insert("requests", build_requests(PART))
+    name = PART["site"]["name"]
+    _liveness(store, name, _local(PART, f"2026-03-11T{line}"), _local(PART, f"2026-03-11T{beat}"))
+    if loader:
+        _progress(store, [(0, _NOW - timedelta(seconds=2), 0, True, _NOW - timedelta(seconds=3))])
+    det = TrafficDetector(_settings([PART]), sites=[name])
+    det.run_once(store, _NOW)
+    assert det.sites[name].cursor == _local(PART, f"2026-03-11T{cursor}"), det.sites[name].cursor
+
+
 def _progress(store: Any, rows: list[tuple[int, datetime, int, bool, datetime]]) -> None:
     """``consumer_progress`` rows: (partition, loaded_ts, lag, active, updated_at)."""
     import pyarrow as pa
