@@ -616,11 +616,33 @@ def sign(secret: bytes, body: bytes) -> str:
 
 
 def verify_signature(secret: bytes, body: bytes, header: str | None) -> bool:
+    """``X-Forumpulse-Signature`` matches ``body``.  It signs the body alone, so a recorded delivery can be
+    replayed as it was: a receiver that can should check :func:`verify_timed_signature` instead."""
     return header is not None and hmac.compare_digest(sign(secret, body), header)
 
 
+def sign_timed(secret: bytes, body: bytes, ts: int) -> str:
+    """Value of the ``X-Forumpulse-Signature-Timed`` header: ``sha256=<hex HMAC-SHA256(secret, "<ts>." + body)>``
+    with ``ts`` the ``X-Forumpulse-Timestamp`` header (Unix seconds of the attempt)."""
+    return "sha256=" + hmac.new(secret, str(int(ts)).encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def verify_timed_signature(secret: bytes, body: bytes, timestamp: str | None, header: str | None,
+                           tolerance_s: float = 300.0, now: float | None = None) -> bool:
+    """``X-Forumpulse-Signature-Timed`` matches ``body`` and ``X-Forumpulse-Timestamp``, and that timestamp is
+    within ``tolerance_s`` of ``now`` (default: the clock): a delivery replayed later is refused (the body-only
+    signature could be replayed any time, user trial 41).  Each retry is signed afresh."""
+    if timestamp is None or header is None or not timestamp.isdigit():
+        return False
+    if abs((time.time() if now is None else now) - int(timestamp)) > tolerance_s:
+        return False
+    return hmac.compare_digest(sign_timed(secret, body, int(timestamp)), header)
+
+
 class WebhookAction:
-    """POSTs each decision as JSON with an HMAC-SHA256 signature header; retries 5xx, 408, 429 and network errors
+    """POSTs each decision as JSON with HMAC-SHA256 signature headers (``X-Forumpulse-Signature`` over the body;
+    ``X-Forumpulse-Signature-Timed`` over the ``X-Forumpulse-Timestamp`` and the body, which a receiver checks
+    with :func:`verify_timed_signature` to refuse replays); retries 5xx, 408, 429 and network errors
     with exponential backoff (``backoff_s * 2**attempt``, or the receiver's ``Retry-After`` seconds when longer, at
     most 60 s); other 4xx are not retried.  Raises ActionError when it gives up.  ``timeout_s`` bounds each attempt
     as a whole (connect, send, response), not each socket read: a receiver trickling its answer is cut off.
@@ -731,6 +753,9 @@ class WebhookAction:
         for attempt in range(self.retries + 1):
             self.attempts += 1
             wait = self.backoff_s * 2**attempt
+            ts = int(time.time())  # per attempt: a retry minutes later is still fresh for the receiver
+            headers["X-Forumpulse-Timestamp"] = str(ts)
+            headers["X-Forumpulse-Signature-Timed"] = sign_timed(self.secret, body, ts)
             try:
                 return self._attempt(body, headers)
             except urllib.error.HTTPError as exc:

@@ -14,7 +14,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from forumpulse.detectors.actions import ActionError, WebhookAction, parse_value, verify_signature
+from forumpulse.detectors.actions import (
+    ActionError,
+    WebhookAction,
+    parse_value,
+    verify_signature,
+    verify_timed_signature,
+)
 from forumpulse.detectors.decision_api import DecisionApiServer, DecisionRegistry
 from forumpulse.detectors.dos import Decision
 
@@ -45,6 +51,11 @@ def receiver() -> Iterator[dict[str, Any]]:
                 self.end_headers()
                 return
             ok = verify_signature(SECRET.encode(), body, self.headers.get("X-Forumpulse-Signature"))
+            timed = verify_timed_signature(SECRET.encode(), body, self.headers.get("X-Forumpulse-Timestamp"),
+                                           self.headers.get("X-Forumpulse-Signature-Timed"))
+            assert ok == timed  # both signatures, with one secret
+            state.setdefault("raw", []).append((body, self.headers.get("X-Forumpulse-Timestamp"),
+                                                self.headers.get("X-Forumpulse-Signature-Timed")))
             state["got"].append((ok, json.loads(body)))
             state["codes"].append(204 if ok else 401)
             self.send_response(204 if ok else 401)
@@ -67,6 +78,11 @@ def test_webhook_signed_and_retried(receiver: dict[str, Any]) -> None:
     assert sleeps == [0.01, 0.02]  # exponential backoff
     ok, payload = receiver["got"][0]
     assert ok and payload["value"] == "198.51.100.7" and payload["action"] == "ban"
+    # the timed signature refuses a replay: the same delivery, ten minutes later, or with another timestamp
+    body, ts, sig = receiver["raw"][0]
+    assert verify_timed_signature(SECRET.encode(), body, ts, sig, now=int(ts) + 60)
+    assert not verify_timed_signature(SECRET.encode(), body, ts, sig, now=int(ts) + 600)
+    assert not verify_timed_signature(SECRET.encode(), body, str(int(ts) + 600), sig, now=int(ts) + 600)
     # a wrong secret is rejected by the receiver (4xx: not retried)
     bad = WebhookAction(receiver["url"], "wrong", retries=3, backoff_s=0.01, sleep=sleeps.append)
     with pytest.raises(ActionError, match="HTTP 401"):
