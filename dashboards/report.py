@@ -782,6 +782,23 @@ def _figure(x: float) -> str:
     return f"{x:,.4g}" if abs(x) < 1e4 else f"{x:,.0f}"
 
 
+def _figure_of(kind: str, x: float) -> str:
+    """``x`` (an event's observed or expected) in its kind's unit (docs/detectors.md's table): a topic surge's
+    share as a percentage, a transfer rate in MB/s, a response time in ms, counts with their noun.  Bare
+    figures (0.5, 1.3e+08) left editors to guess (user trial 41)."""
+    if kind == "topic_surge":
+        return _pct(100.0 * x)
+    if kind == "transfer_regression":
+        return f"{_figure(x / 1e6)} MB/s"
+    if kind == "latency_regression":
+        return f"{_figure(x)} ms"
+    if kind in ("spike", "dip", "outage"):
+        return f"{_figure(x)} views"
+    if kind == "pipeline_gap":
+        return f"{_figure(x)} lines"
+    return _figure(x)
+
+
 def generate_daily_report(store: Store, day: date, out_dir: Path, site: str = "forum", tz: str = "UTC",
                           rerun_options: str = "") -> Path:
     """The day's detections (latest state) and top topics by human views, as one HTML page; returns its path.
@@ -866,8 +883,8 @@ def _daily_page(store: Store, day: date, out_dir: Path, site: str, tz: str, zone
         f"<tr><td>{html.escape(str(i))}</td><td>{html.escape(str(k))}</td><td>{html.escape(str(s))}</td>"
         f"<td>{html.escape(str(lb))}</td><td>{html.escape(str(st))}</td><td>{_fmt_t(_utc(a))}</td>"
         f"<td>{_fmt_t(_utc(e)) if e is not None else 'open'}</td><td>{_duration(_utc(a), _utc(e) if e is not None else None, str(k))}</td>"
-        f"<td>{_fmt_t(_utc(p))}{' *' if _peak_after_end(p, e) else ''}</td><td class=\"n\">{_figure(ob)}</td>"
-        f"<td class=\"n\">{_figure(ex)}</td>"
+        f"<td>{_fmt_t(_utc(p))}{' *' if _peak_after_end(p, e) else ''}</td><td class=\"n\">{_figure_of(str(k), ob)}</td>"
+        f"<td class=\"n\">{_figure_of(str(k), ex)}</td>"
         f"<td class=\"n\">{sc:.2f}</td></tr>"
         for i, k, s, lb, st, a, e, p, ob, ex, sc in events)
     judged = _judged(store, site, t0, t1)

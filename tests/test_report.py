@@ -157,7 +157,8 @@ def test_daily_report(world: Any, tmp_path: Path) -> None:
     # its end, duration and figures, for ops (trial 31: start and peak only, an outage's length was nowhere)
     end = TO - timedelta(hours=4)
     assert f"{end:%Y-%m-%d %H:%M}" in events and "40 h 00 min" in events, events
-    assert re.search(r"40 h 00 min\s+[\d-]+ [\d:]+ UTC\s+0\.5\s+0\.1\s+9\.00", events), events  # duration, peak, obs, exp, score
+    # duration, peak, observed and expected in their unit (a topic surge's shares as percentages), score
+    assert re.search(r"40 h 00 min\s+[\d-]+ [\d:]+ UTC\s+50\.0%\s+10\.0%\s+9\.00", events), events
     t0 = T0 + timedelta(days=2)
     views = Counter(r["topic_id"] for r in tr.rows if in_range(r, t0, t0 + timedelta(days=1)) and human(r, "topic_view"))
     (top, n), = views.most_common(1)
@@ -181,6 +182,7 @@ def test_daily_report_marks_a_spike_peak_after_the_end(world: Any, tmp_path: Pat
     store.insert("detections", fx.ts_table(det, ("start_ts", "end_ts", "peak_ts", "updated_at")))
     page = generate_daily_report(store, start.date(), tmp_path, site="spiky").read_text()
     assert f"{start + timedelta(minutes=35):%Y-%m-%d %H:%M} UTC *" in text_of(page, "events")
+    assert "900 views" in text_of(page, "events") and "300 views" in text_of(page, "events")  # in their unit
     assert "after a short burst it falls after the event ended" in text_of(page, "peak-note")
 
 
@@ -228,6 +230,14 @@ def test_own_hosts_are_not_external_referrers(world: Any, tmp_path: Path) -> Non
     table = text_of(page, "referrers")
     assert "news.example.com" not in table and "www.google.com" in table
     assert "the forum's own hosts left out" in page and "not configured" not in page
+
+
+def test_event_figures_are_shown_in_their_unit() -> None:
+    from forumpulse.dashboards.report import _figure_of
+
+    assert _figure_of("transfer_regression", 130_000_000.0) == "130 MB/s"
+    assert _figure_of("latency_regression", 812.5) == "812.5 ms"
+    assert _figure_of("topic_surge", 0.4321) == "43.2%" and _figure_of("pipeline_gap", 0.0) == "0 lines"
 
 
 def test_tied_top_referrers_are_all_named() -> None:
