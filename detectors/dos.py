@@ -1038,7 +1038,7 @@ class DecisionManager:
         self._prune_offences_at = 1024
         self._prune_breaker_at = 10_000
         self.suppressed: dict[str, int] = {"allowlist": 0, "trusted_proxy": 0, "crawler": 0, "active": 0,
-                                           "invalid": 0,
+                                           "active_range": 0, "invalid": 0,
                                            "breaker_repeat": 0, **{r: 0 for r, _ in NEVER_BAN}}
         self.action_errors = 0
         #: stream time (ms) of the candidate being judged: ``stream_clock`` reads it
@@ -1071,6 +1071,9 @@ class DecisionManager:
         value = net_value(net)
         if value in self.active:
             self.suppressed["active"] += 1
+            return None
+        if c.scope == "ip" and self._range_holds(net, c.decided_at + c.duration_s * 1000):
+            self.suppressed["active_range"] += 1
             return None
         never = never_ban_reason(net)
         if never is not None:
@@ -1146,6 +1149,16 @@ class DecisionManager:
             self._prune_offences(horizon)
         self._dispatch(d)
         return d
+
+    def _range_holds(self, net: _Net, until_ms: int) -> bool:
+        """An enforced range ban in force holds ``net`` until at least ``until_ms``: a ban of one of its
+        addresses would block nothing more, yet took a place in the minute's breaker budget (a range's members
+        went on tripping client_flood, from a trial) -- refused as ``active_range``.  One ending sooner does not
+        hold it: the address is banned for its own time.  (Scans the bans in force, as :meth:`expire` does.)"""
+        return any(d.scope == "range" and d.mode == "enforce" and d.expires_at >= until_ms
+                   and net.version == (r := canonical_network(d.value)).version
+                   and net.subnet_of(r)  # type: ignore[arg-type]
+                   for d in list(self.active.values()))
 
     def _crawler_range(self, c: Candidate) -> bool:
         """A crawler's own range (Googlebot from a dozen addresses of 66.249.66.0/24): its busiest addresses
@@ -1635,6 +1648,8 @@ class DosDetector:
         why = next((k for k, n in m.suppressed.items() if n != before.get(k, 0)), None)
         if why == "breaker_repeat":
             return (c.decided_at // 60_000 + 1) * 60
+        if why == "active_range":  # until the range ban ends (or is lifted): asked again each second
+            return c.decided_at // 1000 + 1
         if why == "active":
             try:
                 held = m.active.get(canonical_value(c.value))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import ipaddress
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -338,6 +339,7 @@ def test_columnar_rewrite_gives_the_recorded_decisions(source: str) -> None:
     records = [rec(int(t), ip, p, q, int(st), ua, m) for t, ip, m, p, q, st, ua in zip(
         *(table.column(c).to_pylist() for c in ("ts", "client_ip", "method", "path", "query", "status",
                                                 "user_agent")), strict=True)]
+    repeats = 0
     for size, want in golden["decisions"].items():
         bs = int(size)
         det = DosDetector(rules, DecisionManager(cfg()))
@@ -368,6 +370,23 @@ def test_columnar_rewrite_gives_the_recorded_decisions(source: str) -> None:
                 assert 1 <= len(top) <= 3 and all(ipaddress.ip_address(ip) in net for ip, _ in top)
                 assert [n for _, n in top] == sorted((n for _, n in top), reverse=True)
                 assert sum(n for _, n in top) <= d["evidence"]["count"]
+        # a sixth (user trial 41): an address inside an enforced range ban in force is not banned again
+        # (refused as active_range), which leaves that minute's breaker budget to others: a decision of such a
+        # minute recorded as a breaker one may now be enforced
+        ranges = [(ipaddress.ip_network(w["value"]), w["decided_at"], w["expires_at"]) for w in want
+                  if w["scope"] == "range" and w["mode"] == "enforce"]
+
+        def covered(w: dict[str, Any], ranges: list[Any] = ranges) -> bool:
+            return w["scope"] == "ip" and any(ipaddress.ip_address(w["value"]) in net and a <= w["decided_at"] < e
+                                              for net, a, e in ranges)
+
+        freed = {w["decided_at"][:16] for w in want if covered(w)}
+        assert freed, "the golden log has addresses banned inside a range ban"
+        inside = {w["reason"] for w in want if covered(w)}
+        want = [w for w in want if not covered(w)]
+        enforced_now = {(d["value"], d["decided_at"]) for d in got if d["mode"] == "enforce"}
+        want = [{**w, "mode": "enforce"} if w["mode"] == "breaker" and w["decided_at"][:16] in freed
+                and (w["value"], w["decided_at"]) in enforced_now else w for w in want]
         breaker_min = {}
         again = []
         for i, d in enumerate(got):
@@ -377,10 +396,13 @@ def test_columnar_rewrite_gives_the_recorded_decisions(source: str) -> None:
             elif d["value"] in breaker_min and breaker_min[d["value"]] < minute:
                 assert d["mode"] == "enforce" and d["evidence"]["offence"] == 1, d
                 again.append(i)
-        assert again, "the golden log has breaker decisions followed by repeat offences"
-        assert len(got) - len(again) == len(want) > 60
+        repeats += len(again)
+        assert len(got) - len(again) == len(want) > 25
         assert [d for i, d in enumerate(got) if i not in again] == want, f"batch size {bs}"
-        assert {d["reason"] for d in got} == set(golden["rules"])
+        assert {d["reason"] for d in got} | inside == set(golden["rules"])  # every rule fired
+        per_minute = Counter(d["decided_at"][:16] for d in got if d["mode"] == "enforce")
+        assert max(per_minute.values()) <= cfg().max_bans_per_minute  # the freed places are still within budget
+    assert repeats, "the golden log has breaker decisions followed by repeat offences"
 
 
 # ------------------------------------------------------------------ swarm rule

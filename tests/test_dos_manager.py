@@ -241,3 +241,28 @@ def test_an_unban_lets_the_address_teach_its_baseline_again() -> None:
     live._query = lambda sql, what: [("192.0.2.9", T0 + 20_000, "manual")]  # type: ignore[method-assign]
     live.sync_store_unbans()
     assert "192.0.2.9" not in live.detector.baseline.tainted
+
+
+# ------------------------------------------------------------------------------- an address inside a range ban
+
+
+def test_an_address_inside_an_enforced_range_ban_is_not_banned_again() -> None:
+    """Its ban would block nothing more, yet took a place in the minute's breaker budget (from a trial); a range
+    ban ending sooner, or one only observed, leaves the address its own ban."""
+    act = Recorder()
+    mgr = DecisionManager(cfg(max_bans_per_minute=2), actions=[act])
+    assert mgr.submit(cand("198.51.100.0/24", rule="prefix_flood", duration=3600)) is not None
+    for host in range(1, 6):  # five members tripping client_flood: none banned, the budget untouched
+        assert mgr.submit(cand(f"198.51.100.{host}", at=T0 + host)) is None
+    assert mgr.submit(cand("::ffff:198.51.100.9", at=T0 + 7)) is None  # in any spelling
+    assert mgr.suppressed["active_range"] == 6
+    outside = mgr.submit(cand("203.0.113.5", at=T0 + 8))  # the minute's second ban: within the budget of 2
+    assert outside is not None and outside.mode == "enforce"
+    assert act.calls == [("ban", "198.51.100.0/24"), ("ban", "203.0.113.5")]
+    # a range ban ending before the address's own would: the address gets its own
+    mgr.submit(cand("192.0.2.0/24", at=T0 + 61_000, rule="prefix_flood", duration=60))
+    mine = mgr.submit(cand("192.0.2.7", at=T0 + 61_001, duration=600))
+    assert mine is not None and mine.value == "192.0.2.7"
+    observe = DecisionManager(cfg(mode="observe"))
+    observe.submit(cand("198.51.100.0/24", rule="prefix_flood", duration=3600))
+    assert observe.submit(cand("198.51.100.1", at=T0 + 1)) is not None  # an observed range blocks nothing
