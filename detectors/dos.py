@@ -157,13 +157,14 @@ class Batch:
     decoded column).  The attributes ``client_ip`` etc. decode the whole column on first use (for evidence and
     compatibility); they are object arrays.  ``Batch(ts, client_ip, method, path, query, status, user_agent,
     is_static=None)`` with object arrays still works.  Client addresses are held in one spelling each
-    (:func:`_canonical_ips`: IPv6 compressed lower case, IPv4-mapped as IPv4), so rules count a client once.  ``is_static`` is the enricher's flag; when absent the
-    rules' ``static`` pattern decides.  Batches are immutable in use: do not assign to the columns.
+    (:func:`_canonical_ips`: IPv6 compressed lower case, IPv4-mapped as IPv4), so rules count a client once.
+    ``is_static`` is the enricher's flag; when absent the rules' ``static`` pattern decides.  Batches are immutable in use: do not assign to the columns.
     """
 
     def __init__(self, ts: Any, client_ip: Any = None, method: Any = None, path: Any = None, query: Any = None,
                  status: Any = None, user_agent: Any = None, is_static: Any = None, *,
-                 encoded: dict[str, tuple[np.ndarray, np.ndarray]] | None = None, ips_canonical: bool = False) -> None:
+                 encoded: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                 ips_canonical: bool = False) -> None:
         self.ts = np.asarray(ts, dtype=np.int64)
         self.status = np.asarray(status, dtype=np.int64)
         self.is_static = None if is_static is None else np.asarray(is_static, dtype=bool)
@@ -2165,7 +2166,8 @@ def detect_records(records: Iterable[ParsedLine], detector: DosDetector | None =
 
 
 __all__ = ["Action", "Batch", "Candidate", "CrawlerVerifier", "Decision", "DecisionManager", "DecisionSink",
-           "DosDetector", "JsonLinesSink", "KafkaSink", "StoreSink", "UndeliveredError", "detect_records", "iso_ms", "prefix_of"]
+           "DosDetector", "JsonLinesSink", "KafkaSink", "StoreSink", "UndeliveredError", "detect_records", "iso_ms",
+           "prefix_of"]
 
 
 # --------------------------------------------------------------------------------------------- replay / CLI

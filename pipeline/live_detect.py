@@ -37,9 +37,9 @@ loopback, ...), ``forumpulse_dos_action_errors_total``, ``forumpulse_dos_webhook
 deliveries that failed after their retries), ``forumpulse_dos_active_bans``, ``forumpulse_dos_restored_total``,
 ``forumpulse_dos_firewall_checks_total`` / ``_firewall_check_errors_total`` (``firewall_check_s``),
 ``forumpulse_dos_feed_errors_total``, ``forumpulse_dos_feed_replayed_total``,
-``forumpulse_dos_crawler_lookup_failures_total`` (DNS without an answer: a claimed crawler not verified), ``forumpulse_dos_sink_errors_total
-{sink}`` / ``_sink_retrying{sink}`` (decisions not yet taken by the store or confirmed by Kafka, emitted again)
-/ ``_sink_dropped_total{sink}``; ``forumpulse_traffic_runs_total``
+``forumpulse_dos_crawler_lookup_failures_total`` (DNS without an answer: a claimed crawler not verified),
+``forumpulse_dos_sink_errors_total{sink}`` / ``_sink_retrying{sink}`` (decisions not yet taken by the store or
+confirmed by Kafka, emitted again) / ``_sink_dropped_total{sink}``; ``forumpulse_traffic_runs_total``
 / ``_run_errors_total`` / ``_detections_total`` / ``_publish_failures_total`` (events not confirmed by Kafka,
 retried) / ``_events_waiting`` (queued without a report), ``forumpulse_traffic_last_run_timestamp_seconds`` and
 ``forumpulse_traffic_minutes_judged_behind_seconds{site}`` (wall clock minus the end of the last complete minute
@@ -956,7 +956,8 @@ class EventsPublisher:
     A detection handed again in the same state while its earlier message still waits in the producer's queue
     (no delivery report yet: a broker away) is not queued again: that message's report answers for it.  Before,
     every run queued each pending detection once more: a broker away for an hour grew the queue by some sixty
-    copies of each at the one-minute interval (from a review).  :attr:`waiting` counts the messages without a report."""
+    copies of each at the one-minute interval (from a review).  :attr:`waiting` counts the messages without a
+    report."""
 
     def __init__(self, producer: Any, timeout_s: float = 10.0) -> None:
         self.producer = producer
@@ -1190,7 +1191,7 @@ def owner_request(owner_url: str, method: str, path: str, params: dict[str, str]
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return int(r.status), json.loads(r.read() or b"null")
-    except TimeoutError as exc:  # connected and sent: waiting for the answer timed out (a connect timeout is URLError)
+    except TimeoutError as exc:  # connected and sent, the answer late (a connect timeout comes as URLError)
         raise OwnerNoAnswer(f"the owner at {owner_url} took the request and did not answer within {timeout:g} s") \
             from exc
     except urllib.error.HTTPError as exc:
