@@ -579,12 +579,18 @@ def main() -> None:
         if isinstance(exc, RulesError):
             # a rules or data file named in the configuration (topics.rules_file, topics.post_map_csv,
             # topics.titles_csv, bots.networks_file, bots.extra_patterns) is missing or invalid: which and where
-            typer.echo(f"rules error: {exc}", err=True)
+            # "rules error" of a data file (titles_csv, post_map_csv) read as a rules problem (user trial 41)
+            typer.echo(f"{'data file' if _data_file_error(str(exc)) else 'rules'} error: {exc}", err=True)
             sys.exit(2)
         if isinstance(exc, StoreBusy | StoreUnavailable | StoreLocationError):  # as _open() reports them
             typer.echo(f"error: {exc}", err=True)
             sys.exit(2 if isinstance(exc, StoreLocationError) else 3)
         raise
+
+
+def _data_file_error(message: str) -> bool:
+    """A RulesError about one of the configuration's data files (topic titles, the post map), not a rules file."""
+    return message.startswith(("topic titles", "topics.titles_csv", "topics.post_map_csv"))
 
 
 if __name__ == "__main__":
