@@ -1966,9 +1966,8 @@ class TrafficDetector:
     def _partitions(self, store: Any, now: datetime) -> list[tuple[str, int | None]]:
         """Live: each Kafka partition's :func:`partition_state` (state, limit) at ``now``: how far the consumers
         have loaded it (``consumer_progress``, migration 0007), as limits on every site's watermark (a partition
-        carries lines of every site).  A source's latest line
-        comes from whichever partition is current, so :meth:`_watermark`'s sources cannot show a loader behind on
-        one partition only; these rows can.  Per partition, the newest row (its owner's latest report):
+        carries lines of every site).  A source's latest line comes from whichever partition is current, so
+        :meth:`_watermark`'s sources cannot show a loader behind on one partition only; these rows can.  Per partition, the newest row (its owner's latest report):
 
         * reported more than ``gap_min_minutes`` ago (no loader for it that long: a pipeline gap, not a reason to
           wait), or released caught up (``active`` false, lag 0: its owner exited cleanly): no limit;
@@ -1991,7 +1990,6 @@ class TrafficDetector:
         now_ms = int(now.timestamp() * 1000)
         return [partition_state(int(loaded), int(lag), bool(active), int(updated), now_ms, stale_s, gap_min)
                 for loaded, lag, active, updated in rows]
-
 
     def _fresh_sources(self, store: Any, site: str, at: datetime, live: bool) -> set[str]:
         """Sources of ``site`` (``host/file``, ``host/`` for a host heartbeat) whose last heartbeat is evidence of
