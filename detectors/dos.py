@@ -100,42 +100,66 @@ def _canonical_ips(codes: np.ndarray, uniques: np.ndarray) -> tuple[np.ndarray, 
     (lower case, zeros compressed) and an IPv4-mapped IPv6 address as its IPv4 address.  One client written two
     ways (``::ffff:198.51.100.9`` by a dual-stack listener, ``198.51.100.9`` by another; ``2001:DB8::1`` and
     ``2001:db8:0::1``) split every per-client counter and stayed under the flood threshold (user trial 41).
-    Values that are not addresses are left as they are.  Work is per distinct value; dotted IPv4 is skipped in
-    Arrow."""
+    Values that are not addresses are left as they are.  Work is per distinct value: dotted IPv4 is skipped in
+    Arrow, the rest parsed once and remembered across batches (:data:`_CANON`, bounded)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if not len(uniques):
         return codes, uniques
-    v4 = pc.match_substring_regex(pa.array(uniques, type=pa.string()), _V4_ARROW).to_numpy(zero_copy_only=False)
-    canon = None
-    for i in np.flatnonzero(~v4).tolist():
-        u = uniques[i]
-        if ":" not in u:
-            continue
-        try:
-            if "%" in u:
-                raise ValueError(u)  # scoped: the careful path
-            b = socket.inet_pton(socket.AF_INET6, u)
-            c = (socket.inet_ntop(socket.AF_INET, b[12:]) if b[:12] == _MAPPED
-                 else socket.inet_ntop(socket.AF_INET6, b))
-        except (OSError, ValueError):
-            try:
-                c = canonical_value(u)
-            except ValueError:
-                continue
-            if "/" in c:  # a network is not a client address
-                continue
-        if c != u:
-            if canon is None:
-                canon = np.asarray(uniques, dtype=object).copy()
-            canon[i] = c
-    if canon is None:
+    arr = pa.array(uniques, type=pa.string())
+    other = np.flatnonzero(~pc.match_substring_regex(arr, _V4_ARROW).to_numpy(zero_copy_only=False))
+    if not len(other):
         return codes, uniques
-    merged, inverse = np.unique(canon.astype(str), return_inverse=True)
-    return inverse.astype(np.int64)[codes], np.asarray(merged, dtype=object)
+    if len(_CANON) > _CANON_MAX:
+        _CANON.clear()
+    known = _CANON
+    changed: dict[int, str] = {}
+    for i in other.tolist():
+        u = uniques[i]
+        c = known.get(u)
+        if c is None:
+            c = known[u] = _canonical_ip(u)
+        if c != u:
+            changed[i] = c
+    if not changed:
+        return codes, uniques
+    # each changed entry points at the entry already spelled canonically, else at the first changed entry of its
+    # spelling, which takes that spelling (the dictionary may keep unused entries: Batch.raw_codes)
+    at = pc.index_in(pa.array(list(changed.values()), type=pa.string()), value_set=arr).to_pylist()
+    remap = np.arange(len(uniques), dtype=np.int64)
+    out = np.asarray(uniques, dtype=object).copy()
+    first: dict[str, int] = {}
+    for (i, c), j in zip(changed.items(), at, strict=True):
+        if j is None:
+            j = first.setdefault(c, i)
+            out[j] = c
+        remap[i] = j
+    return remap[codes], out
 
 
+def _canonical_ip(u: str) -> str:
+    """One value that is not a dotted IPv4 address, in :func:`_canonical_ips`' spelling (itself when it is no
+    address)."""
+    if ":" not in u:
+        return u
+    try:
+        if "%" in u:
+            raise ValueError(u)  # scoped: the careful path
+        b = socket.inet_pton(socket.AF_INET6, u)
+        return socket.inet_ntop(socket.AF_INET, b[12:]) if b[:12] == _MAPPED else socket.inet_ntop(socket.AF_INET6, b)
+    except (OSError, ValueError):
+        try:
+            c = canonical_value(u)
+        except ValueError:
+            return u
+        return u if "/" in c else c  # a network is not a client address
+
+
+#: client-address spellings already worked out (value -> canonical), across batches; cleared when it passes
+#: :data:`_CANON_MAX` entries (a dict read and written under the GIL: safe for the owner's threads)
+_CANON: dict[str, str] = {}
+_CANON_MAX = 200_000
 _MAPPED = bytes(10) + b"\xff\xff"
 
 

@@ -72,6 +72,21 @@ def test_one_client_in_several_spellings_is_counted_once(spellings: list[str], b
     assert bans == {banned: "client_flood"}, bans
 
 
+def test_batch_client_addresses_have_one_code_per_client() -> None:
+    """Two spellings of an address whose canonical form is not in the batch share one code; a mapped address
+    joins its IPv4 form; values that are not addresses stay as they are."""
+    ips = ["2001:DB8::1", "10.0.0.1", "2001:db8:0:0::1", "::ffff:10.0.0.1", "not-an-ip", "2001:db8::2", "2001:DB8::2",
+           "fe80::1%eth0", ""]
+    b = Batch.from_columns({"ts": list(range(len(ips))), "client_ip": ips, "method": ["GET"] * len(ips),
+                            "path": ["/"] * len(ips), "query": [""] * len(ips), "status": [200] * len(ips),
+                            "user_agent": ["UA"] * len(ips)})
+    codes, uniq = b.codes("client_ip")
+    assert list(uniq) == ["2001:db8::1", "10.0.0.1", "not-an-ip", "2001:db8::2", "fe80::1%eth0", ""]
+    assert list(codes) == [0, 1, 0, 1, 2, 3, 3, 4, 5]
+    assert list(b.client_ip) == ["2001:db8::1", "10.0.0.1", "2001:db8::1", "10.0.0.1", "not-an-ip", "2001:db8::2",
+                                 "2001:db8::2", "fe80::1%eth0", ""]
+
+
 def test_batch_boundaries_do_not_change_decisions() -> None:
     rng = np.random.default_rng(3)
     recs = ordered(synth_humans(rng, T0, 200, 20) + synth_flood(T0 + 50_000, "198.51.100.9", 40, 5)
