@@ -182,7 +182,8 @@ class Batch:
     compatibility); they are object arrays.  ``Batch(ts, client_ip, method, path, query, status, user_agent,
     is_static=None)`` with object arrays still works.  Client addresses are held in one spelling each
     (:func:`_canonical_ips`: IPv6 compressed lower case, IPv4-mapped as IPv4), so rules count a client once.
-    ``is_static`` is the enricher's flag; when absent the rules' ``static`` pattern decides.  Batches are immutable in use: do not assign to the columns.
+    ``is_static`` is the enricher's flag; when absent the rules' ``static`` pattern decides.  Batches are
+    immutable in use: do not assign to the columns.
     """
 
     def __init__(self, ts: Any, client_ip: Any = None, method: Any = None, path: Any = None, query: Any = None,
@@ -1183,7 +1184,7 @@ class DecisionManager:
         return any(d.scope == "range" and d.mode == "enforce" and d.expires_at >= until_ms
                    and net.version == (r := canonical_network(d.value)).version
                    and net.subnet_of(r)  # type: ignore[arg-type]
-                   for d in list(self.active.values()))
+                   for d in self.active.values())
 
     def _crawler_range(self, c: Candidate) -> bool:
         """A crawler's own range (Googlebot from a dozen addresses of 66.249.66.0/24): its busiest addresses
@@ -2336,11 +2337,12 @@ def dos_command(
         raise typer.Exit(2) from None
     except ValidationError as exc:  # a rules file that is not a DoS rules file: every problem, one a line (the
         # first alone hid the others, e.g. a mistyped scope behind a missing field; user trial 41)
-        errs = exc.errors()
-        problems = [f"  {'.'.join(str(x) for x in e['loc']) or '(file)'}: {e['msg']}" for e in errs[:20]]
-        more = [f"  ... and {len(errs) - 20} more"] if len(errs) > 20 else []
-        typer.echo("\n".join([f"error: rules {rules or 'file'}: {len(errs)} problem(s):", *problems, *more]),
-                   err=True)
+        from forumpulse.detectors.dos_rules import rule_problems
+
+        problems = rule_problems(rules, exc)
+        more = [f"  ... and {len(problems) - 20} more"] if len(problems) > 20 else []
+        typer.echo("\n".join([f"error: rules {rules or 'file'}: {len(problems)} problem(s):",
+                               *(f"  {p}" for p in problems[:20]), *more]), err=True)
         raise typer.Exit(2) from None
     if not det.manager.cfg.enabled:  # an explicit offline replay (tuning) still runs; it applies no action anyway
         typer.echo(f"note: detectors.dos.enabled is false in {config}: the live service (run --dos) judges "

@@ -209,6 +209,21 @@ def load_rules(path: str | Path | None = None, overrides: dict[str, dict[str, An
     return RuleSet.model_validate(data)
 
 
+def rule_problems(path: str | Path | None, exc: ValidationError) -> list[str]:
+    """Every problem of a rules file (``path``, default the built-in one) that does not validate, as
+    ``<rule name>.<field>: <reason>``: the rule named, not its position in the file."""
+    data = _read_rules(Path(path or RULES_PATH))
+    rules = data.get("rules", [])
+    names = [r.get("name") for r in rules if isinstance(r, dict)] if isinstance(rules, list) else []
+
+    def where(loc: tuple[Any, ...]) -> str:
+        if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int) and loc[1] < len(names):
+            loc = (names[loc[1]], *loc[2:])
+        return ".".join(str(x) for x in loc)
+
+    return [f"{where(e['loc']) or '(file)'}: {e['msg']}" for e in exc.errors()]
+
+
 # --------------------------------------------------------------------------------------------- config
 
 
@@ -262,17 +277,8 @@ class DosConfig(_Strict):
             raise ValueError(f"rules_file: cannot read {exc.filename}: {exc.strerror}") from None
         except DosRulesError as exc:
             raise ValueError(f"rules_file {exc}" if exc.key == "rules_file" else str(exc)) from None
-        except ValidationError as exc:  # name the rule, not its position in the file
-            data = _read_rules(Path(self.rules_file or RULES_PATH))
-            rules = data.get("rules", [])
-            names = [r.get("name") for r in rules if isinstance(r, dict)] if isinstance(rules, list) else []
-
-            def where(loc: tuple[Any, ...]) -> str:
-                if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int) and loc[1] < len(names):
-                    loc = (names[loc[1]], *loc[2:])
-                return ".".join(str(x) for x in loc)
-
-            raise ValueError("; ".join(f"rules: {where(e['loc'])}: {e['msg']}" for e in exc.errors())) from None
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"rules: {p}" for p in rule_problems(self.rules_file, exc))) from None
         return self
 
 

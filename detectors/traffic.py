@@ -1967,7 +1967,8 @@ class TrafficDetector:
         """Live: each Kafka partition's :func:`partition_state` (state, limit) at ``now``: how far the consumers
         have loaded it (``consumer_progress``, migration 0007), as limits on every site's watermark (a partition
         carries lines of every site).  A source's latest line comes from whichever partition is current, so
-        :meth:`_watermark`'s sources cannot show a loader behind on one partition only; these rows can.  Per partition, the newest row (its owner's latest report):
+        :meth:`_watermark`'s sources cannot show a loader behind on one partition only; these rows can.  Per
+        partition, the newest row (its owner's latest report):
 
         * reported more than ``gap_min_minutes`` ago (no loader for it that long: a pipeline gap, not a reason to
           wait), or released caught up (``active`` false, lag 0: its owner exited cleanly): no limit;

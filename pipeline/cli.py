@@ -468,10 +468,10 @@ def config_check(config: ConfigOpt = None) -> None:
     import difflib
 
     names = [site.name for site in s.sites]
-    for where in s.unconfigured_sites():
+    for where, name in s.unconfigured_sites():
         # a name close to a configured site's is most likely a typo of it: said as a warning on stderr, with
         # the name (a note on stdout among "configuration OK" went unread, user trial 41)
-        close = difflib.get_close_matches(where.split(" ", 1)[1].strip("'"), names, 1, 0.75)
+        close = difflib.get_close_matches(name, names, 1, 0.75)
         if close:
             typer.echo(f"warning: {where} is not in sites (did you mean {close[0]!r}?): it gets the defaults "
                        "(UTC, no holiday calendar)", err=True)
@@ -568,7 +568,7 @@ def main() -> None:
         app()
     except Exception as exc:
         from forumpulse.pipeline.config import ConfigError
-        from forumpulse.pipeline.enrich import RulesError
+        from forumpulse.pipeline.enrich import DataFileError, RulesError
         from forumpulse.pipeline.store import StoreBusy, StoreLocationError, StoreUnavailable
 
         # a user's error, not a bug: one clear message, no traceback.  Commands written in other modules load
@@ -580,17 +580,12 @@ def main() -> None:
             # a rules or data file named in the configuration (topics.rules_file, topics.post_map_csv,
             # topics.titles_csv, bots.networks_file, bots.extra_patterns) is missing or invalid: which and where
             # "rules error" of a data file (titles_csv, post_map_csv) read as a rules problem (user trial 41)
-            typer.echo(f"{'data file' if _data_file_error(str(exc)) else 'rules'} error: {exc}", err=True)
+            typer.echo(f"{'data file' if isinstance(exc, DataFileError) else 'rules'} error: {exc}", err=True)
             sys.exit(2)
         if isinstance(exc, StoreBusy | StoreUnavailable | StoreLocationError):  # as _open() reports them
             typer.echo(f"error: {exc}", err=True)
             sys.exit(2 if isinstance(exc, StoreLocationError) else 3)
         raise
-
-
-def _data_file_error(message: str) -> bool:
-    """A RulesError about one of the configuration's data files (topic titles, the post map), not a rules file."""
-    return message.startswith(("topic titles", "topics.titles_csv", "topics.post_map_csv"))
 
 
 if __name__ == "__main__":

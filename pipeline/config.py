@@ -393,12 +393,14 @@ class Settings(BaseSettings):
             raise ValueError(f"sites: two sites share a name ({names})")
         return self
 
-    def unconfigured_sites(self) -> list[str]:
-        """Sites that sources or topic groups name but ``sites`` does not list: allowed (such a site gets the
-        defaults: UTC, no holiday calendar, every engine's rules), but often a typo; ``config check`` says so."""
+    def unconfigured_sites(self) -> list[tuple[str, str]]:
+        """Sites that sources or topic groups name but ``sites`` does not list, as (``key 'name'``, name):
+        allowed (such a site gets the defaults: UTC, no holiday calendar, every engine's rules), but often a typo;
+        ``config check`` says so."""
         names = {site.name for site in self.sites}
-        out = [f"sources.{i}.site {x.site!r}" for i, x in enumerate(self.sources) if x.site not in names]
-        out += [f"topics.groups.{i}.site {g.site!r}" for i, g in enumerate(self.topics.groups) if g.site not in names]
+        out = [(f"sources.{i}.site {x.site!r}", x.site) for i, x in enumerate(self.sources) if x.site not in names]
+        out += [(f"topics.groups.{i}.site {g.site!r}", g.site) for i, g in enumerate(self.topics.groups)
+                if g.site not in names]
         return out
 
     def long_holiday_periods(self, days: int = LONG_HOLIDAY_DAYS) -> list[str]:

@@ -127,6 +127,11 @@ class RulesError(ValueError):
     """A rules file is invalid; the message names the file and the rule."""
 
 
+class DataFileError(RulesError):
+    """A data file the configuration names (topic titles, the post map) is missing or invalid; the message names
+    the file and the line.  A RulesError, so every caller of those still catches it; the CLI labels it apart."""
+
+
 def builtin_rules_path(name: str) -> Path:
     """Path of a built-in rules file (``topics.yaml``, ``static.yaml``, ``bots.yaml``)."""
     return Path(str(resources.files("forumpulse.pipeline").joinpath("rules", name)))
@@ -426,11 +431,11 @@ def load_post_map(csv_path: str | Path) -> dict[int, int]:
                 try:
                     out[int(row[0])] = int(row[1])
                 except (ValueError, IndexError):
-                    raise RulesError(f"{csv_path}:{no}: expected post_id,topic_id, got {row!r}") from None
+                    raise DataFileError(f"{csv_path}:{no}: expected post_id,topic_id, got {row!r}") from None
     except OSError as exc:
-        raise RulesError(f"topics.post_map_csv: cannot read {csv_path}: {exc.strerror}") from None
+        raise DataFileError(f"topics.post_map_csv: cannot read {csv_path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        raise RulesError(f"{csv_path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise DataFileError(f"{csv_path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     return out
 
 
@@ -859,9 +864,9 @@ def load_topic_titles(csv_path: str | Path, updated_at: datetime | None = None) 
     try:
         return _read_topic_titles(p, updated_at)
     except OSError as exc:
-        raise RulesError(f"topic titles: cannot read {p}: {exc.strerror}") from None
+        raise DataFileError(f"topic titles: cannot read {p}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        raise RulesError(f"{p}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise DataFileError(f"{p}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
 @dataclass(frozen=True)
@@ -996,13 +1001,13 @@ def _read_topic_titles(p: Path, updated_at: datetime | None) -> pa.Table:
             if no == 1 and row[0].strip().lower() == "site":
                 continue
             if len(row) < 3:
-                raise RulesError(f"{p}:{no}: expected site,topic_id,title[,forum], got {len(row)} fields")
+                raise DataFileError(f"{p}:{no}: expected site,topic_id,title[,forum], got {len(row)} fields")
             try:
                 tid = int(row[1])
             except ValueError:
-                raise RulesError(f"{p}:{no}: topic_id {row[1]!r} is not an integer") from None
+                raise DataFileError(f"{p}:{no}: topic_id {row[1]!r} is not an integer") from None
             if not 0 < tid <= MAX_TOPIC_ID:
-                raise RulesError(f"{p}:{no}: topic_id {tid} out of range")
+                raise DataFileError(f"{p}:{no}: topic_id {tid} out of range")
             sites.append(row[0].strip())
             ids.append(tid)
             titles.append(row[2])

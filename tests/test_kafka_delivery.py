@@ -62,6 +62,18 @@ def test_a_closing_sink_names_what_it_could_not_deliver() -> None:
     assert guarded.retrying == 1 and guarded.dropped == 1 and guarded.errors == 1
 
 
+def test_a_real_producer_with_no_broker_keeps_and_then_names_its_decisions() -> None:
+    """The same with librdkafka itself (no stand-in), a broker that is not there (nothing listens on the port):
+    a flush leaves the decision waiting, not failed; close gives it up and names it."""
+    sink = KafkaSink("127.0.0.1:9", flush_timeout_s=0.2, close_timeout_s=0.5)
+    sink.emit(decision("198.51.100.7"))
+    sink.flush()
+    assert sink.waiting == 1 and sink.failed == 0 and len(sink.producer) == 1
+    with pytest.raises(UndeliveredError, match="1 decision") as err:
+        sink.close()
+    assert [d.value for d in err.value.undelivered] == ["198.51.100.7"] and sink.waiting == 0
+
+
 def test_a_pending_detection_is_queued_once_not_once_per_run() -> None:
     kafka = FakeKafka()
     pub = EventsPublisher(kafka, timeout_s=0.01)
