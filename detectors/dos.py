@@ -1365,10 +1365,18 @@ class KafkaSink:
 
     ``producer`` may be injected (anything with ``produce(topic, value=, key=, on_delivery=)``, ``poll`` and
     ``flush``); otherwise a confluent-kafka Producer is made from ``bootstrap_servers``.
+
+    ``on_delivered`` (e.g. :func:`published_recorder`: the ``decisions_published`` table) is called at each
+    flush and at close with the ids of the decisions confirmed since the last call, so that a restarted owner
+    can publish again what the topic never confirmed (``LiveDos.republish``).  An exception from it is logged and
+    counted in :attr:`record_errors`, never raised (the decisions *were* delivered); the ids are offered again at
+    the next flush, up to :data:`KEEP_CONFIRMED` of them (the oldest beyond are forgotten: published again at
+    the next start, at least once).
     """
 
     def __init__(self, bootstrap_servers: str = "127.0.0.1:9092", topic: str = "weblogs.decisions",
-                 producer: Any = None, flush_timeout_s: float = 10.0, close_timeout_s: float = 10.0) -> None:
+                 producer: Any = None, flush_timeout_s: float = 10.0, close_timeout_s: float = 10.0,
+                 on_delivered: Callable[[list[str]], None] | None = None) -> None:
         if producer is None:
             from confluent_kafka import Producer
             from forumpulse.pipeline.kafka_client import client_config
@@ -1383,6 +1391,9 @@ class KafkaSink:
         self._serial = 0
         self._in_flight: dict[int, Decision] = {}  # handed to the producer, no delivery report yet
         self._errors: list[tuple[Decision, str]] = []  # delivery reports with an error, since the last flush
+        self.on_delivered = on_delivered
+        self.record_errors = 0
+        self._confirmed: list[str] = []  # ids delivered and not yet handed to on_delivered
 
     @property
     def waiting(self) -> int:
@@ -1399,6 +1410,8 @@ class KafkaSink:
                 return
             if err is None:
                 self.delivered += 1
+                if self.on_delivered is not None:
+                    self._confirmed.append(d.id)
             else:
                 self._errors.append((d, str(err)))
 
@@ -1412,6 +1425,7 @@ class KafkaSink:
 
     def _wait(self, timeout_s: float, give_up: bool = False) -> None:
         self.producer.flush(timeout_s)
+        self._record()
         bad, self._errors = self._errors, []
         why = bad[0][1] if bad else f"no delivery report within {timeout_s:g} s"
         lost = [d for d, _ in bad]
@@ -1425,6 +1439,43 @@ class KafkaSink:
 
     def close(self) -> None:
         self._wait(max(self.close_timeout_s, self.flush_timeout_s), give_up=True)
+
+    def _record(self) -> None:
+        if not self._confirmed or self.on_delivered is None:
+            return
+        ids = self._confirmed
+        try:
+            self.on_delivered(ids)
+        except Exception as exc:
+            self.record_errors += 1
+            keep = ids[-KEEP_CONFIRMED:]
+            log.warning("kafka %s: %d delivered decision(s) not recorded as published (%s)%s", self.topic,
+                        len(ids), str(exc).splitlines()[0][:200] if str(exc) else exc,
+                        "; offered again at the next flush" if len(keep) == len(ids) else
+                        f"; {len(ids) - len(keep)} forgotten (published again at the next start)")
+            self._confirmed = keep
+        else:
+            self._confirmed = []
+
+
+#: delivered decision ids a KafkaSink keeps while its ``on_delivered`` fails (the store away)
+KEEP_CONFIRMED = 10_000
+
+
+def published_recorder(store: Any, topic: str, clock: Callable[[], float] = time.time) -> Callable[[list[str]], None]:
+    """An ``on_delivered`` for :class:`KafkaSink`: one ``decisions_published`` row (migration 0012) per decision
+    id ``topic`` confirmed.  Idempotent (the table keeps one row per topic and id).  Raises what the insert
+    raises (a store without the table: run ``forumpulse db migrate``)."""
+
+    def record(ids: list[str]) -> None:
+        import pyarrow as pa
+        from forumpulse.pipeline.tables import PUBLISHED_SCHEMA
+
+        now = int(clock() * 1000)
+        store.insert("decisions_published", pa.table(
+            {"topic": [topic] * len(ids), "id": ids, "published_at": [now] * len(ids)}, schema=PUBLISHED_SCHEMA))
+
+    return record
 
 
 # --------------------------------------------------------------------------------------------- detector

@@ -87,7 +87,7 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
     import uuid
 
     from forumpulse.detectors.actions import build_actions
-    from forumpulse.detectors.dos import Decision, KafkaSink, StoreSink
+    from forumpulse.detectors.dos import Decision, KafkaSink, StoreSink, published_recorder
     from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig
     from forumpulse.pipeline.live_detect import active_from_store, normalize_value
 
@@ -107,7 +107,9 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
     errors = []
     if acfg.kafka:  # a broker away: told as an action error, and the firewall actions still run
         try:
-            kafka = KafkaSink(settings.kafka.bootstrap_servers, settings.kafka.decisions_topic)
+            # confirmed -> decisions_published; unconfirmed, the next owner start publishes it again
+            kafka = KafkaSink(settings.kafka.bootstrap_servers, settings.kafka.decisions_topic,
+                              on_delivered=published_recorder(store, settings.kafka.decisions_topic))
             kafka.emit(u)
             kafka.close()
         except Exception as exc:

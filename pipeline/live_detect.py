@@ -35,6 +35,8 @@ Metrics (the owner's ``GET /metrics``, read at scrape time; :class:`DosCollector
 scope,mode}``, ``forumpulse_dos_refused_total{reason}`` (not decided: allowlist, crawler, already banned,
 loopback, ...), ``forumpulse_dos_action_errors_total``, ``forumpulse_dos_webhook_failures_total`` (background
 deliveries that failed after their retries), ``forumpulse_dos_active_bans``, ``forumpulse_dos_restored_total``,
+``forumpulse_dos_republished_total`` (decisions the topic never confirmed, published again at start) /
+``_published_record_errors_total`` (confirmations not written to ``decisions_published``),
 ``forumpulse_dos_firewall_checks_total`` / ``_firewall_check_errors_total`` (``firewall_check_s``),
 ``forumpulse_dos_feed_errors_total``, ``forumpulse_dos_feed_replayed_total``,
 ``forumpulse_dos_crawler_lookup_failures_total`` (DNS without an answer: a claimed crawler not verified),
@@ -147,20 +149,39 @@ def _decision_from_row(row: Sequence[Any]) -> Any:
                     origin=str(origin), evidence=ev)
 
 
+#: the latest ``decisions`` row per value, in :func:`_decision_from_row`'s order (``GROUP BY value``)
+_LATEST_PER_VALUE = (
+    "SELECT argMax(id, created_at) AS last_id, toUnixTimestamp64Milli(max(created_at)) AS last_ms, "
+    "argMax(toUnixTimestamp64Milli(decided_at), created_at), argMax(toUnixTimestamp64Milli(first_seen), "
+    "created_at), argMax(toUnixTimestamp64Milli(expires_at), created_at), argMax(site, created_at), "
+    "argMax(action, created_at) AS last_action, value, argMax(scope, created_at), argMax(reason, created_at), "
+    "argMax(duration_s, created_at) AS dur, argMax(mode, created_at), argMax(origin, created_at), "
+    "argMax(evidence, created_at) FROM decisions GROUP BY value")
+
+
 def active_from_store(store: Any, now: float | None = None) -> list[Any]:
     """Bans still in force by the wall clock (``created_at + duration_s > now``) whose latest row per value is
     a ban (a later unban ends it), newest first, as :class:`~forumpulse.detectors.dos.Decision` objects."""
     now_ms = int((time.time() if now is None else now) * 1000)
-    rows = store.query_rows(
-        "SELECT argMax(id, created_at), toUnixTimestamp64Milli(max(created_at)), "
-        "argMax(toUnixTimestamp64Milli(decided_at), created_at), argMax(toUnixTimestamp64Milli(first_seen), "
-        "created_at), argMax(toUnixTimestamp64Milli(expires_at), created_at), argMax(site, created_at), "
-        "argMax(action, created_at) AS last_action, value, argMax(scope, created_at), argMax(reason, created_at), "
-        "argMax(duration_s, created_at) AS dur, argMax(mode, created_at), argMax(origin, created_at), "
-        "argMax(evidence, created_at) FROM decisions GROUP BY value "
-        f"HAVING last_action = 'ban' AND toUnixTimestamp64Milli(max(created_at)) + dur * 1000 > {now_ms} "
-        "ORDER BY max(created_at) DESC")
+    rows = store.query_rows(f"{_LATEST_PER_VALUE} HAVING last_action = 'ban' AND last_ms + dur * 1000 > {now_ms} "
+                            "ORDER BY last_ms DESC")
     return _by_canonical_value(store, [_decision_from_row(r) for r in rows])
+
+
+def unpublished_from_store(store: Any, topic: str, keep_unbans_s: float, now: float | None = None) -> list[Any]:
+    """The decisions a restarted owner publishes again on ``topic``, oldest first: per value (keyed canonically,
+    as :func:`active_from_store`), the latest row -- a ban still in force, or an unban made within
+    ``keep_unbans_s`` -- when ``decisions_published`` (migration 0012) has no confirmation of it for ``topic``.
+    Only the latest word per value: an older ban whose unban was delivered, or an older unban followed by a new
+    ban, is never sent again (it would undo what came after it).  Store errors are raised (a store without the
+    table: ``forumpulse db migrate``)."""
+    now_ms = int((time.time() if now is None else now) * 1000)
+    since_ms = now_ms - int(keep_unbans_s * 1000)
+    rows = store.query_rows(
+        f"SELECT * FROM ({_LATEST_PER_VALUE} HAVING (last_action = 'ban' AND last_ms + dur * 1000 > {now_ms}) OR "
+        f"(last_action = 'unban' AND last_ms >= {since_ms})) WHERE last_id NOT IN (SELECT id FROM "
+        f"decisions_published WHERE topic = {_sql_str(topic)}) ORDER BY last_ms DESC")
+    return _by_canonical_value(store, [_decision_from_row(r) for r in rows])[::-1]
 
 
 def _by_canonical_value(store: Any, held: list[Any]) -> list[Any]:
@@ -290,6 +311,7 @@ class LiveDos:
             JsonLinesSink,
             KafkaSink,
             StoreSink,
+            published_recorder,
             site_proxies,
         )
         from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig, load_rules
@@ -312,9 +334,11 @@ class LiveDos:
             # a short wait per flush: flushes run under the detection lock (a batch, an unban), and a broker
             # away held each for 10 s (an unban took ~23 s, user trial 41); what is still queued is reported
             # by a later flush (KafkaSink)
-            self.sinks.append(_GuardedSink(KafkaSink(settings.kafka.bootstrap_servers,
-                                                     settings.kafka.decisions_topic, flush_timeout_s=0.5),
-                                           "kafka"))
+            # each confirmed decision is recorded (decisions_published), so a restart publishes again only
+            # what the topic never confirmed (republish)
+            self.sinks.append(_GuardedSink(KafkaSink(
+                settings.kafka.bootstrap_servers, settings.kafka.decisions_topic, flush_timeout_s=0.5,
+                on_delivered=published_recorder(store, settings.kafka.decisions_topic, clock)), "kafka"))
         if self.actions_cfg.jsonl_path:
             self.sinks.append(_GuardedSink(JsonLinesSink(self.actions_cfg.jsonl_path), "jsonl"))
         self.manager = DecisionManager(self.cfg, sinks=self.sinks, actions=acts, wall_clock=clock,
@@ -328,10 +352,43 @@ class LiveDos:
         self.firewall_checks = 0
         self.firewall_check_errors = 0
         self.warmed_prefixes = 0
+        self.republished = 0
         self._unbans_from_ms = self._unbans_seen_ms = int(clock() * 1000)  # sync_store_unbans: rows after this
         if restore:
             self.restore()
+            self.republish()
             self.warm_prefixes()
+
+    def republish(self) -> int:
+        """Publish again, on the Kafka sink (when publishing), the decisions the topic never confirmed
+        (:func:`unpublished_from_store`: the latest word per value, a ban in force or an unban within the longest
+        ban's duration): a decision still queued in the producer when the last owner stopped or was killed (the
+        broker away) reached the table but not the consumers of ``weblogs.decisions``.  They go through the
+        guarded sink (kept and sent again while the broker stays away) with their original ids and times; the
+        first start after migration 0012 publishes every such decision once more (no confirmations recorded
+        yet).  At least once: consumers must take a decision id twice.  Store errors are logged; nothing is
+        sent then.  Returns how many were queued (also :attr:`republished`)."""
+        kafka = next((s for s in self.sinks if s.name == "kafka"), None)
+        if kafka is None:
+            return 0
+        try:
+            again = unpublished_from_store(self.store, kafka.inner.topic, self.registry.keep_deleted_s,
+                                           self.clock())
+        except Exception as exc:
+            log.warning("could not read which decisions %s has not confirmed (none published again): %s",
+                        kafka.inner.topic, str(exc).splitlines()[0][:200])
+            return 0
+        if not again:
+            return 0
+        with self.lock:
+            for d in again:
+                kafka.emit(d)
+            kafka.flush()
+        self.republished += len(again)
+        log.warning("published again on %s: %d decision(s) it never confirmed (%d ban(s), %d unban(s))",
+                    kafka.inner.topic, len(again), sum(d.action == "ban" for d in again),
+                    sum(d.action == "unban" for d in again))
+        return len(again)
 
     def warm_prefixes(self) -> int:
         """Teach the detector's prefix baselines the last ``prefix_baseline.forget_after_s`` (24 h) of the store's
@@ -872,6 +929,12 @@ class DosCollector:
                                 value=live.active_count())
         yield CounterMetricFamily("forumpulse_dos_restored", "bans restored from the decisions table at start",
                                   value=live.restored)
+        yield CounterMetricFamily("forumpulse_dos_republished", "decisions published again on the decisions "
+                                  "topic at start: the topic never confirmed them", value=live.republished)
+        kafka = next((s.inner for s in live.sinks if s.name == "kafka"), None)
+        yield CounterMetricFamily("forumpulse_dos_published_record_errors", "times confirmed decisions could not "
+                                  "be recorded in decisions_published (retried; else published again at start)",
+                                  value=int(getattr(kafka, "record_errors", 0)))
         yield CounterMetricFamily("forumpulse_dos_firewall_checks", "periodic checks that the firewall sets hold "
                                   "every ban in force", value=live.firewall_checks)
         yield CounterMetricFamily("forumpulse_dos_firewall_check_errors", "firewall actions whose periodic check "

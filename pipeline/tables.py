@@ -41,3 +41,8 @@ QUARANTINE_SCHEMA = pa.schema(
         ("detail", pa.string()), ("raw", pa.binary()), ("line_no", pa.uint64()), ("source_ref", pa.string()),
     ]
 )
+
+#: ``decisions_published`` (migration 0012): one decision a Kafka topic confirmed (``detectors.dos.KafkaSink``).
+PUBLISHED_SCHEMA = pa.schema([
+    ("topic", pa.string()), ("id", pa.string()), ("published_at", pa.timestamp("ms", tz="UTC")),
+])

@@ -14,14 +14,22 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fake_kafka import FakeKafka
-from forumpulse.detectors.dos import Decision, KafkaSink, UndeliveredError
-from forumpulse.pipeline.live_detect import EventsPublisher, OwnerNoAnswer, _GuardedSink, owner_request
+from forumpulse.detectors.dos import Decision, KafkaSink, StoreSink, UndeliveredError, published_recorder
+from forumpulse.pipeline.live_detect import (
+    EventsPublisher,
+    OwnerNoAnswer,
+    _GuardedSink,
+    owner_request,
+    unpublished_from_store,
+)
+from forumpulse.pipeline.store import Store
 
 
 def decision(value: str) -> Decision:
@@ -72,6 +80,75 @@ def test_a_real_producer_with_no_broker_keeps_and_then_names_its_decisions() -> 
     with pytest.raises(UndeliveredError, match="1 decision") as err:
         sink.close()
     assert [d.value for d in err.value.undelivered] == ["198.51.100.7"] and sink.waiting == 0
+
+
+def test_confirmed_decisions_are_handed_on_and_a_failed_record_is_offered_again() -> None:
+    """``on_delivered`` gets the ids Kafka confirmed; when it fails (the store away) the flush still succeeds
+    (the decisions *were* delivered) and the ids are offered again at the next flush."""
+    kafka = FakeKafka()
+    kafka.up = True
+    got: list[list[str]] = []
+    fail = [True]
+
+    def record(ids: list[str]) -> None:
+        if fail.pop() if fail else False:
+            raise RuntimeError("store unavailable")
+        got.append(list(ids))
+
+    sink = KafkaSink(producer=kafka, flush_timeout_s=0.01, on_delivered=record)
+    sink.emit(decision("198.51.100.7"))
+    sink.flush()  # delivered, not recorded: no exception, counted
+    assert sink.delivered == 1 and sink.record_errors == 1 and got == []
+    sink.emit(decision("198.51.100.8"))
+    kafka.fail = "KafkaError{code=_MSG_TIMED_OUT}"
+    with pytest.raises(UndeliveredError):  # .8 failed; .7 (delivered before) is recorded all the same
+        sink.flush()
+    assert got == [["d-198.51.100.7"]]
+    kafka.fail = None
+    sink.emit(decision("198.51.100.8"))
+    sink.close()
+    assert got == [["d-198.51.100.7"], ["d-198.51.100.8"]] and sink.record_errors == 1
+
+
+def test_only_the_latest_unconfirmed_word_per_value_is_published_again(store: Store) -> None:
+    """What a restarted owner publishes again (unpublished_from_store): per value, the latest row when the
+    topic never confirmed it and it still matters; never an older row that a later (confirmed) one overrides."""
+    now = 1_800_000_000.0
+    rows: list[Decision] = []
+
+    def row(value: str, action: str, ago_s: float, duration_s: int = 3600) -> Decision:
+        at = int((now - ago_s) * 1000)
+        d = replace(decision(value), id=f"{action}-{value}-{ago_s:g}", action=action, created_at=at,
+                    duration_s=duration_s if action == "ban" else 0)
+        rows.append(d)
+        return d
+
+    row("198.51.100.1", "ban", 61)  # in force, never confirmed: sent again
+    confirmed = [row("198.51.100.2", "ban", 62).id]  # in force, confirmed: not sent
+    row("198.51.100.3", "ban", 600)
+    row("198.51.100.3", "unban", 300)  # unban never confirmed: the unban is sent, not the ban
+    row("198.51.100.4", "ban", 600)  # a ban never confirmed ...
+    confirmed.append(row("198.51.100.4", "unban", 301).id)  # ... lifted, and that was confirmed: nothing
+    row("198.51.100.5", "unban", 900)  # an old unban never confirmed ...
+    confirmed.append(row("198.51.100.5", "ban", 120).id)  # ... then a new ban, confirmed: nothing (it would lift it)
+    row("198.51.100.6", "ban", 7200)  # expired (1 h ban, 2 h ago): nothing
+    row("198.51.100.7", "unban", 8 * 86400)  # an unban older than the longest ban: nothing
+    row("::FFFF:198.51.100.9", "ban", 60)  # an old spelling, in force, never confirmed: sent under its canonical one
+    sink = StoreSink(store)
+    for d in rows:
+        sink.emit(d)
+    sink.close()
+    published_recorder(store, "weblogs.decisions")(confirmed)
+    published_recorder(store, "other.topic")(["ban-198.51.100.1-61"])  # another topic's confirmation: not this one's
+
+    again = unpublished_from_store(store, "weblogs.decisions", keep_unbans_s=7 * 86400, now=now)
+    assert [(d.action, d.value, d.id) for d in again] == [
+        ("unban", "198.51.100.3", "unban-198.51.100.3-300"),
+        ("ban", "198.51.100.1", "ban-198.51.100.1-61"),
+        ("ban", "198.51.100.9", "ban-::FFFF:198.51.100.9-60")]  # oldest first
+    assert [d.id for d in unpublished_from_store(store, "other.topic", 7 * 86400, now)] == [
+        "unban-198.51.100.4-301", "unban-198.51.100.3-300", "ban-198.51.100.5-120", "ban-198.51.100.2-62",
+        "ban-::FFFF:198.51.100.9-60"]
 
 
 def test_a_pending_detection_is_queued_once_not_once_per_run() -> None:

@@ -39,7 +39,7 @@ from forumpulse.pipeline.live_detect import (
 from forumpulse.pipeline.owner import Owner
 from forumpulse.pipeline.process import Processor, SourceContext
 from forumpulse.pipeline.store import Store, migrate, open_store
-from live_stack import Broker, kafka_broker, wait_until
+from live_stack import Broker, free_ports, kafka_broker, wait_until
 from table_rows import forum_requests
 from test_live_support import Msg, produce
 
@@ -361,6 +361,48 @@ def test_restart_restores_active_bans_and_direct_unban(chdb_path: Path, settings
     with pytest.raises(SystemExit):
         unban_command("no-such-address", config=None, owner="http://127.0.0.1:9", store=None, password_env=None,
                       reason="manual")
+
+
+def test_decisions_kafka_never_confirmed_are_published_at_the_next_start(broker: Broker, chdb_path: Path,
+                                                                          settings: Settings) -> None:
+    """The owner stopped with the broker away: its ban and unban were in the table, never on the topic (a
+    firewall host reading it missed them; stop 41's open end).  The next start publishes them, with their ids,
+    in order; what the topic confirmed before is not sent again, and a third start sends nothing."""
+    s = _settings(settings, broker, "republish", "feed")
+    store = open_store(f"chdb:{chdb_path}?database=live_republish")
+    try:
+        migrate(store, NO_TTL)
+        up = LiveDos(s, store, actions=[], publish=True)
+        [sent] = up.process_stream(_flood_stream(s, "198.51.100.21", 1_760_000_000.0))
+        up.close()  # confirmed: recorded in decisions_published
+        assert [i for (i,) in store.query_rows("SELECT id FROM decisions_published")] == [sent.id]
+
+        away = s.model_copy(deep=True)
+        away.kafka.bootstrap_servers = "127.0.0.1:%d" % free_ports(1)[0]  # nothing listens: the broker is away
+        down = LiveDos(away, store, actions=[], publish=True)
+        assert down.republished == 0  # the topic confirmed everything so far
+        lost = down.process_stream(_flood_stream(s, "198.51.100.22", 1_760_000_100.0))
+        lost += down.process_stream(_flood_stream(s, "198.51.100.23", 1_760_000_200.0))
+        down.unban("198.51.100.23")  # lifted while away: the unban is the latest word, the ban is not sent
+        down.close()  # waits, then gives them up (logged); before this they never reached the topic
+        assert sorted(d.value for d in lost) == ["198.51.100.22", "198.51.100.23"]
+        assert [json.loads(m.value)["id"] for m in broker.read_all(s.kafka.decisions_topic)] == [sent.id]
+
+        back = LiveDos(s, store, actions=[], publish=True)
+        assert back.republished == 2
+        back.close()
+        got = [json.loads(m.value) for m in broker.read_all(s.kafka.decisions_topic, expected=3)]
+        assert [(d["action"], d["value"]) for d in got] == [
+            ("ban", "198.51.100.21"), ("ban", "198.51.100.22"), ("unban", "198.51.100.23")]
+        assert got[1]["id"] == next(d.id for d in lost if d.value == "198.51.100.22")
+        assert len({d["id"] for d in got}) == 3
+
+        again = LiveDos(s, store, actions=[], publish=True)
+        assert again.republished == 0  # their delivery was recorded this time
+        again.close()
+        assert broker.count(s.kafka.decisions_topic) == 3
+    finally:
+        store.close()
 
 
 def test_dos_metrics_follow_the_wall_clock_and_count_every_unban(chdb_path: Path, settings: Settings) -> None:

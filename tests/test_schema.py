@@ -25,14 +25,14 @@ from forumpulse.pipeline.store import (
     open_store,
     render,
 )
-from forumpulse.pipeline.tables import DERIVED_IN_STORE, QUARANTINE_SCHEMA, REQUESTS_SCHEMA
+from forumpulse.pipeline.tables import DERIVED_IN_STORE, PUBLISHED_SCHEMA, QUARANTINE_SCHEMA, REQUESTS_SCHEMA
 
 EXPECTED_TABLES = {
     "requests", "quarantine", "site_minute", "topic_minute", "topic_hour", "client_minute", "prefix_minute",
     "prefix_hour", "transfer_minute",
     "detections", "decisions", "pipeline_stats", "source_liveness", "topic_titles", "topic_groups",
     "consumer_batches", "consumer_progress", "source_heartbeat_minute", "ingest_files", "detection_runs",
-    "source_retired", "schema_migrations",
+    "source_retired", "decisions_published", "schema_migrations",
 }
 
 # Arrow type written by the code -> ClickHouse column type the schema must have.
@@ -67,7 +67,7 @@ def test_migrations_apply_from_zero_and_are_idempotent(empty_store):
     ("requests", REQUESTS_SCHEMA), ("quarantine", QUARANTINE_SCHEMA), ("consumer_batches", BATCHES_SCHEMA),
     ("source_liveness", LIVENESS_SCHEMA), ("consumer_progress", PROGRESS_SCHEMA),
     ("source_heartbeat_minute", HEARTBEAT_LOG_SCHEMA), ("detection_runs", RUNS_SCHEMA),
-    ("source_retired", RETIRED_SCHEMA)])
+    ("source_retired", RETIRED_SCHEMA), ("decisions_published", PUBLISHED_SCHEMA)])
 def test_tables_match_what_the_code_writes(module_store, table, schema):
     cols = {n: t for n, t in module_store.query_rows(
         f"SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '{table}' "

@@ -600,4 +600,16 @@ ORDER BY (site, origin_host, origin_file);
 CREATE TABLE IF NOT EXISTS forumpulse.source_retired ON CLUSTER forum_cluster AS forumpulse.source_retired_local
 ENGINE = Distributed(forum_cluster, forumpulse, source_retired_local, rand());
 
+CREATE TABLE IF NOT EXISTS forumpulse.decisions_published_local ON CLUSTER forum_cluster
+(
+    topic        LowCardinality(String),
+    id           String,
+    published_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/decisions_published_local', '{replica}', published_at)
+ORDER BY (topic, id);
+
+CREATE TABLE IF NOT EXISTS forumpulse.decisions_published ON CLUSTER forum_cluster AS forumpulse.decisions_published_local
+ENGINE = Distributed(forum_cluster, forumpulse, decisions_published_local, rand());
+
 CREATE TABLE IF NOT EXISTS forumpulse.schema_migrations ON CLUSTER forum_cluster (version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/schema_migrations', '{replica}') ORDER BY version;
