@@ -177,11 +177,15 @@ def unpublished_from_store(store: Any, topic: str, keep_unbans_s: float, now: fl
     table: ``forumpulse db migrate``)."""
     now_ms = int((time.time() if now is None else now) * 1000)
     since_ms = now_ms - int(keep_unbans_s * 1000)
-    rows = store.query_rows(
-        f"SELECT * FROM ({_LATEST_PER_VALUE} HAVING (last_action = 'ban' AND last_ms + dur * 1000 > {now_ms}) OR "
-        f"(last_action = 'unban' AND last_ms >= {since_ms})) WHERE last_id NOT IN (SELECT id FROM "
-        f"decisions_published WHERE topic = {_sql_str(topic)}) ORDER BY last_ms DESC")
-    return _by_canonical_value(store, [_decision_from_row(r) for r in rows])[::-1]
+    latest = [_decision_from_row(r) for r in store.query_rows(
+        f"{_LATEST_PER_VALUE} HAVING (last_action = 'ban' AND last_ms + dur * 1000 > {now_ms}) OR "
+        f"(last_action = 'unban' AND last_ms >= {since_ms}) ORDER BY last_ms DESC")]
+    confirmed: set[str] = set()
+    for i in range(0, len(latest), 5000):  # ids as literals, not an IN subquery: on a cluster both tables are
+        ids = ", ".join(_sql_str(d.id) for d in latest[i:i + 5000])  # Distributed (double-distributed IN)
+        confirmed.update(str(x) for (x,) in store.query_rows(
+            f"SELECT DISTINCT id FROM decisions_published WHERE topic = {_sql_str(topic)} AND id IN ({ids})"))
+    return _by_canonical_value(store, [d for d in latest if d.id not in confirmed])[::-1]
 
 
 def _by_canonical_value(store: Any, held: list[Any]) -> list[Any]:

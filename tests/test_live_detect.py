@@ -378,7 +378,7 @@ def test_decisions_kafka_never_confirmed_are_published_at_the_next_start(broker:
         assert [i for (i,) in store.query_rows("SELECT id FROM decisions_published")] == [sent.id]
 
         away = s.model_copy(deep=True)
-        away.kafka.bootstrap_servers = "127.0.0.1:%d" % free_ports(1)[0]  # nothing listens: the broker is away
+        away.kafka.bootstrap_servers = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens: the broker is away
         down = LiveDos(away, store, actions=[], publish=True)
         assert down.republished == 0  # the topic confirmed everything so far
         lost = down.process_stream(_flood_stream(s, "198.51.100.22", 1_760_000_100.0))
