@@ -1,5 +1,6 @@
-"""Delivery to Kafka when the broker is away, without a broker (FakeKafka decides what a flush reports; the real
-broker's path is in test_live_detect.py), and the CLI's owner client when the owner is slow:
+"""Delivery to Kafka when the broker is away, mostly without a broker (FakeKafka decides what a flush reports;
+one test stops and restarts a real broker under the sink; the owner's path is in test_live_detect.py), and the
+CLI's owner client when the owner is slow:
 
 * the DoS decision sink (KafkaSink inside the owner's _GuardedSink) keeps a decision Kafka did not confirm and
   sends it again; a closing sink says what it could not deliver (it returned quietly, from a review);
@@ -149,6 +150,43 @@ def test_only_the_latest_unconfirmed_word_per_value_is_published_again(store: St
     assert [d.id for d in unpublished_from_store(store, "other.topic", 7 * 86400, now)] == [
         "unban-198.51.100.4-301", "unban-198.51.100.3-300", "ban-198.51.100.5-120", "ban-198.51.100.2-62",
         "ban-::FFFF:198.51.100.9-60"]
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_real_broker_away_and_back_gets_each_decision_once(tmp_path: Path) -> None:
+    """The stand-in's story with librdkafka and a real broker: while the broker is stopped a decision waits,
+    then librdkafka gives it up (``message.timeout.ms``) and the guarded sink keeps it; once the broker is back
+    the next flush sends it, and the topic holds every decision once, in order.  Each confirmation is handed
+    to ``on_delivered`` (what ``decisions_published`` records)."""
+    from confluent_kafka import Producer
+    from forumpulse.pipeline.kafka_client import client_config
+    from live_stack import kafka_broker, wait_until
+
+    with kafka_broker(tmp_path / "kafka", create_topics=False) as broker:
+        topic = broker.create_topic("decisions-away", 1)
+        producer = Producer(client_config({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True,
+                                           "linger.ms": 20, "message.timeout.ms": 4000}))
+        recorded: list[str] = []
+        sink = _GuardedSink(KafkaSink(topic=topic, producer=producer, flush_timeout_s=0.5,
+                                      on_delivered=recorded.extend), "kafka")
+        sink.emit(decision("198.51.100.1"))
+        wait_until(lambda: (sink.flush(), sink.inner.delivered)[1] == 1, 30, what="the first delivery")
+
+        broker.stop()
+        sink.emit(decision("198.51.100.2"))
+        sink.flush()  # no report yet: waiting in the producer, not an error
+        assert sink.inner.waiting == 1 and sink.errors == 0
+        wait_until(lambda: (sink.flush(), sink.retrying)[1] == 1, 60, what="librdkafka giving the decision up")
+        assert sink.errors >= 1 and sink.inner.failed >= 1 and recorded == ["d-198.51.100.1"]
+
+        broker.start()
+        wait_until(lambda: (sink.flush(), sink.inner.delivered)[1] == 2, 120, what="the decision sent again")
+        assert sink.retrying == 0 and sink.inner.waiting == 0 and sink.dropped == 0
+        sink.close()
+        assert recorded == ["d-198.51.100.1", "d-198.51.100.2"]
+        got = [json.loads(m.value)["id"] for m in broker.read_all(topic, expected=2)]
+        assert got == ["d-198.51.100.1", "d-198.51.100.2"]
 
 
 def test_a_pending_detection_is_queued_once_not_once_per_run() -> None:
