@@ -31,7 +31,8 @@ from typing import Any
 
 from forumpulse.pipeline.store import guarded, load_migrations, render
 
-#: sharding keys by table; tables not named here are spread with rand() (small, query-only tables)
+#: sharding keys by table; a ReplacingMergeTree table not named here is sharded by the hash of its sorting key
+#: (:func:`sharding_key`), every other one is spread with rand() (small, query-only tables)
 SHARDING_KEYS = {
     "requests": "cityHash64(client_ip)",
     "client_minute": "cityHash64(client_ip)",
@@ -54,6 +55,26 @@ _DROP_TABLE = re.compile(r"^DROP TABLE IF EXISTS (\w+)$")
 #: created from zero, so the generated DDL leaves them out (an in-place cluster upgrade runs them per shard on the
 #: ``_local`` tables, once).
 _BACKFILL = re.compile(r"^(INSERT INTO|TRUNCATE TABLE) ")
+
+
+_ORDER_BY = re.compile(r"\bORDER BY\s+(\([^)]*\)|[\w.]+)")
+
+
+def sharding_key(name: str, engine: str, rest: str) -> str:
+    """The Distributed table's sharding key for table ``name`` (``engine``; ``rest``: the clause after it).
+
+    A ReplacingMergeTree keeps one row per sorting key only among rows of one shard: spread with rand(), the
+    states of one detection (one source, one partition's progress ...) land on several shards, and ``FINAL``
+    over the Distributed table -- which runs per shard -- returns each shard's latest, i.e. several rows, some
+    stale.  So such a table is sharded by the hash of its sorting key: every row of one key on one shard."""
+    if name in SHARDING_KEYS:
+        return SHARDING_KEYS[name]
+    if engine == "ReplacingMergeTree":
+        m = _ORDER_BY.search(rest)
+        if m is None:
+            raise ValueError(f"{name}: a ReplacingMergeTree without ORDER BY")
+        return f"cityHash64({m.group(1).strip().removeprefix('(').removesuffix(')')})"
+    return "rand()"
 
 
 def _replicated(engine: str, args: str | None, db: str, table: str) -> str:
@@ -88,7 +109,7 @@ def cluster_statements(cluster: str, database: str, params: dict[str, Any] | Non
                 created[name] = (len(out), columns)
                 out.append(create_local(name, columns, engine, args, rest))
                 local = f"{name}_local"
-                key = SHARDING_KEYS.get(name, "rand()")
+                key = sharding_key(name, engine, rest)
                 out.append(
                     f"CREATE TABLE IF NOT EXISTS {database}.{name} ON CLUSTER {cluster} AS {database}.{local}\n"
                     f"ENGINE = Distributed({cluster}, {database}, {local}, {key})"

@@ -23,6 +23,29 @@ def single_node_objects() -> tuple[list[str], list[str]]:
     return tables, views
 
 
+def replacing_keys() -> dict[str, str]:
+    """ReplacingMergeTree tables of the migrations -> the columns of their ORDER BY, as cityHash64(...)."""
+    out = {}
+    for m in load_migrations():
+        for s in render(m):
+            t = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)\s*\(.*\)\s*ENGINE\s*=\s*ReplacingMergeTree\b.*?"
+                         r"ORDER BY \(?([\w, ]+)\)?", s, re.S)
+            if t:
+                out[t.group(1)] = f"cityHash64({', '.join(c.strip() for c in t.group(2).split(','))})"
+    return out
+
+
+def test_replacing_tables_keep_every_row_of_a_key_on_one_shard():
+    """FINAL runs per shard: a ReplacingMergeTree spread with rand() returned one row per shard holding a key --
+    the states of one detection, several of them stale.  Each is sharded by its sorting key instead."""
+    keys = replacing_keys()
+    assert {"detections", "source_liveness", "consumer_progress", "source_retired", "decisions_published"} <= set(keys)
+    text = cluster_sql("c1", "fp")
+    for t, key in keys.items():
+        assert f"ENGINE = Distributed(c1, fp, {t}_local, {key})" in text, t
+    assert "detections_local, cityHash64(site, kind, id))" in text
+
+
 def test_every_statement_parses_in_clickhouse(store):
     stmts = cluster_statements("c1", "fp")
     # formatQuery runs ClickHouse's own parser; the DDL travels as data (braces in {shard} are not parameters)
@@ -37,7 +60,7 @@ def test_every_table_is_replicated_and_distributed_and_views_stay_local():
     for t in tables:
         assert re.search(rf"CREATE TABLE IF NOT EXISTS fp\.{t}_local ON CLUSTER c1\n\(.*?\)\nENGINE = Replicated\w*MergeTree\("
                          rf"'/clickhouse/tables/{{shard}}/fp/{t}_local', '{{replica}}'", text, re.S), t
-        key = SHARDING_KEYS.get(t, "rand()")
+        key = SHARDING_KEYS.get(t) or replacing_keys().get(t, "rand()")
         assert f"CREATE TABLE IF NOT EXISTS fp.{t} ON CLUSTER c1 AS fp.{t}_local\nENGINE = Distributed(c1, fp, {t}_local, {key})" in text
     for v in views:
         m = re.search(rf"CREATE MATERIALIZED VIEW IF NOT EXISTS fp\.{v} ON CLUSTER c1 TO fp\.(\w+) AS(.*?)(;|$)", text, re.S)

@@ -281,7 +281,7 @@ PARTITION BY toYYYYMM(start_ts)
 ORDER BY (site, kind, id);
 
 CREATE TABLE IF NOT EXISTS forumpulse.detections ON CLUSTER forum_cluster AS forumpulse.detections_local
-ENGINE = Distributed(forum_cluster, forumpulse, detections_local, rand());
+ENGINE = Distributed(forum_cluster, forumpulse, detections_local, cityHash64(site, kind, id));
 
 CREATE TABLE IF NOT EXISTS forumpulse.decisions_local ON CLUSTER forum_cluster
 (
@@ -341,7 +341,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/sou
 ORDER BY (site, origin_host, origin_file);
 
 CREATE TABLE IF NOT EXISTS forumpulse.source_liveness ON CLUSTER forum_cluster AS forumpulse.source_liveness_local
-ENGINE = Distributed(forum_cluster, forumpulse, source_liveness_local, rand());
+ENGINE = Distributed(forum_cluster, forumpulse, source_liveness_local, cityHash64(site, origin_host, origin_file));
 
 CREATE TABLE IF NOT EXISTS forumpulse.topic_titles_local ON CLUSTER forum_cluster
 (
@@ -355,7 +355,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/top
 ORDER BY (site, topic_id);
 
 CREATE TABLE IF NOT EXISTS forumpulse.topic_titles ON CLUSTER forum_cluster AS forumpulse.topic_titles_local
-ENGINE = Distributed(forum_cluster, forumpulse, topic_titles_local, rand());
+ENGINE = Distributed(forum_cluster, forumpulse, topic_titles_local, cityHash64(site, topic_id));
 
 CREATE TABLE IF NOT EXISTS forumpulse.topic_groups_local ON CLUSTER forum_cluster
 (
@@ -368,7 +368,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/top
 ORDER BY (site, group_name, topic_id);
 
 CREATE TABLE IF NOT EXISTS forumpulse.topic_groups ON CLUSTER forum_cluster AS forumpulse.topic_groups_local
-ENGINE = Distributed(forum_cluster, forumpulse, topic_groups_local, rand());
+ENGINE = Distributed(forum_cluster, forumpulse, topic_groups_local, cityHash64(site, group_name, topic_id));
 
 CREATE TABLE IF NOT EXISTS forumpulse.consumer_batches_local ON CLUSTER forum_cluster
 (
@@ -386,7 +386,7 @@ ORDER BY (group_id, topic, partition, first_offset)
 TTL toDateTime(created_at) + INTERVAL 30 DAY;
 
 CREATE TABLE IF NOT EXISTS forumpulse.consumer_batches ON CLUSTER forum_cluster AS forumpulse.consumer_batches_local
-ENGINE = Distributed(forum_cluster, forumpulse, consumer_batches_local, rand());
+ENGINE = Distributed(forum_cluster, forumpulse, consumer_batches_local, cityHash64(group_id, topic, partition, first_offset));
 
 ALTER TABLE forumpulse.requests_local ON CLUSTER forum_cluster MODIFY COLUMN url LowCardinality(String) CODEC(ZSTD(3));
 
@@ -534,7 +534,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/con
 ORDER BY (group_id, topic, partition);
 
 CREATE TABLE IF NOT EXISTS forumpulse.consumer_progress ON CLUSTER forum_cluster AS forumpulse.consumer_progress_local
-ENGINE = Distributed(forum_cluster, forumpulse, consumer_progress_local, rand());
+ENGINE = Distributed(forum_cluster, forumpulse, consumer_progress_local, cityHash64(group_id, topic, partition));
 
 CREATE TABLE IF NOT EXISTS forumpulse.source_heartbeat_minute_local ON CLUSTER forum_cluster
 (
@@ -583,7 +583,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/det
 ORDER BY (site, mode, from_ts);
 
 CREATE TABLE IF NOT EXISTS forumpulse.detection_runs ON CLUSTER forum_cluster AS forumpulse.detection_runs_local
-ENGINE = Distributed(forum_cluster, forumpulse, detection_runs_local, rand());
+ENGINE = Distributed(forum_cluster, forumpulse, detection_runs_local, cityHash64(site, mode, from_ts));
 
 CREATE TABLE IF NOT EXISTS forumpulse.source_retired_local ON CLUSTER forum_cluster
 (
@@ -598,7 +598,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/sou
 ORDER BY (site, origin_host, origin_file);
 
 CREATE TABLE IF NOT EXISTS forumpulse.source_retired ON CLUSTER forum_cluster AS forumpulse.source_retired_local
-ENGINE = Distributed(forum_cluster, forumpulse, source_retired_local, rand());
+ENGINE = Distributed(forum_cluster, forumpulse, source_retired_local, cityHash64(site, origin_host, origin_file));
 
 CREATE TABLE IF NOT EXISTS forumpulse.decisions_published_local ON CLUSTER forum_cluster
 (
@@ -610,6 +610,6 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/forumpulse/dec
 ORDER BY (topic, id);
 
 CREATE TABLE IF NOT EXISTS forumpulse.decisions_published ON CLUSTER forum_cluster AS forumpulse.decisions_published_local
-ENGINE = Distributed(forum_cluster, forumpulse, decisions_published_local, rand());
+ENGINE = Distributed(forum_cluster, forumpulse, decisions_published_local, cityHash64(topic, id));
 
 CREATE TABLE IF NOT EXISTS forumpulse.schema_migrations ON CLUSTER forum_cluster (version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/forumpulse/schema_migrations', '{replica}') ORDER BY version;
