@@ -152,21 +152,36 @@ def test_only_the_latest_unconfirmed_word_per_value_is_published_again(store: St
         "ban-::FFFF:198.51.100.9-60"]
 
 
+@pytest.fixture(scope="module")
+def away_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real broker of this module's own, which its tests stop and start again."""
+    from live_stack import kafka_broker
+
+    with kafka_broker(tmp_path_factory.mktemp("kafka"), create_topics=False) as broker:
+        yield broker
+
+
+def _producer(bootstrap: str, **extra: Any) -> Any:
+    from confluent_kafka import Producer
+    from forumpulse.pipeline.kafka_client import client_config
+
+    return Producer(client_config({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
+                                   **extra}))
+
+
 @pytest.mark.kafka
 @pytest.mark.slow
-def test_a_real_broker_away_and_back_gets_each_decision_once(tmp_path: Path) -> None:
+def test_a_real_broker_away_and_back_gets_each_decision_once(away_broker: Any) -> None:
     """The stand-in's story with librdkafka and a real broker: while the broker is stopped a decision waits,
     then librdkafka gives it up (``message.timeout.ms``) and the guarded sink keeps it; once the broker is back
     the next flush sends it, and the topic holds every decision once, in order.  Each confirmation is handed
     to ``on_delivered`` (what ``decisions_published`` records)."""
-    from confluent_kafka import Producer
-    from forumpulse.pipeline.kafka_client import client_config
-    from live_stack import kafka_broker, wait_until
+    from live_stack import wait_until
 
-    with kafka_broker(tmp_path / "kafka", create_topics=False) as broker:
+    broker = away_broker
+    if True:
         topic = broker.create_topic("decisions-away", 1)
-        producer = Producer(client_config({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True,
-                                           "linger.ms": 20, "message.timeout.ms": 4000}))
+        producer = _producer(broker.bootstrap, **{"message.timeout.ms": 4000})
         recorded: list[str] = []
         sink = _GuardedSink(KafkaSink(topic=topic, producer=producer, flush_timeout_s=0.5,
                                       on_delivered=recorded.extend), "kafka")
@@ -187,6 +202,33 @@ def test_a_real_broker_away_and_back_gets_each_decision_once(tmp_path: Path) -> 
         assert recorded == ["d-198.51.100.1", "d-198.51.100.2"]
         got = [json.loads(m.value)["id"] for m in broker.read_all(topic, expected=2)]
         assert got == ["d-198.51.100.1", "d-198.51.100.2"]
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_real_broker_away_gets_a_pending_detection_once(away_broker: Any) -> None:
+    """The events publisher with librdkafka and a real broker stopped for five runs: the pending detection is
+    queued once (the producer holds one message, not five), and once the broker is back the topic gets it once."""
+    broker = away_broker
+    topic = broker.create_topic("events-away", 1)
+    producer = _producer(broker.bootstrap)
+    pub = EventsPublisher(producer, timeout_s=0.3)
+    broker.stop()
+    try:
+        for _ in range(5):  # five traffic runs hand the same open detection over
+            pub(topic, b"det-1", b'{"state": "open"}')
+            assert pub.confirm() == set()
+        assert len(producer) == 1 and pub.waiting == 1 and pub.requeues_saved == 4
+    finally:
+        broker.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pub(topic, b"det-1", b'{"state": "open"}')  # the next run: answered by the queued message's report
+        if pub.confirm() == {b"det-1"}:
+            break
+    else:
+        raise AssertionError("the detection was never confirmed once the broker was back")
+    assert [(m.key, m.value) for m in broker.read_all(topic, expected=1)] == [(b"det-1", b'{"state": "open"}')]
 
 
 def test_a_pending_detection_is_queued_once_not_once_per_run() -> None:
