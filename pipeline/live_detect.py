@@ -36,7 +36,7 @@ scope,mode}``, ``forumpulse_dos_refused_total{reason}`` (not decided: allowlist,
 loopback, ...), ``forumpulse_dos_action_errors_total``, ``forumpulse_dos_webhook_failures_total`` (background
 deliveries that failed after their retries), ``forumpulse_dos_active_bans``, ``forumpulse_dos_restored_total``,
 ``forumpulse_dos_republished_total`` (decisions the topic never confirmed, published again at start) /
-``_published_record_errors_total`` (confirmations not written to ``decisions_published``),
+``_published_record_errors_total`` (failed attempts to write confirmations to ``decisions_published``),
 ``forumpulse_dos_firewall_checks_total`` / ``_firewall_check_errors_total`` (``firewall_check_s``),
 ``forumpulse_dos_feed_errors_total``, ``forumpulse_dos_feed_replayed_total``,
 ``forumpulse_dos_crawler_lookup_failures_total`` (DNS without an answer: a claimed crawler not verified),
@@ -176,16 +176,21 @@ def unpublished_from_store(store: Any, topic: str, keep_unbans_s: float, now: fl
     ban, is never sent again (it would undo what came after it).  Store errors are raised (a store without the
     table: ``forumpulse db migrate``)."""
     now_ms = int((time.time() if now is None else now) * 1000)
-    since_ms = now_ms - int(keep_unbans_s * 1000)
-    latest = [_decision_from_row(r) for r in store.query_rows(
+    # an unban matters while the ban it lifted would still be in force: bans made under longer durations than
+    # today's rules give count too (from a review)
+    [[longest]] = store.query_rows("SELECT max(duration_s) FROM decisions WHERE action = 'ban'")
+    since_ms = now_ms - int(max(keep_unbans_s, int(longest or 0)) * 1000)
+    # the latest word per canonical value first, then what the topic confirmed: the other order let an older
+    # ban under one spelling stand in for a confirmed unban under another (from a review)
+    latest = _by_canonical_value(store, [_decision_from_row(r) for r in store.query_rows(
         f"{_LATEST_PER_VALUE} HAVING (last_action = 'ban' AND last_ms + dur * 1000 > {now_ms}) OR "
-        f"(last_action = 'unban' AND last_ms >= {since_ms}) ORDER BY last_ms DESC")]
+        f"(last_action = 'unban' AND last_ms >= {since_ms}) ORDER BY last_ms DESC")])
     confirmed: set[str] = set()
-    for i in range(0, len(latest), 5000):  # ids as literals, not an IN subquery: on a cluster both tables are
-        ids = ", ".join(_sql_str(d.id) for d in latest[i:i + 5000])  # Distributed (double-distributed IN)
+    for i in range(0, len(latest), 1000):  # ids as literals, not an IN subquery: on a cluster both tables are
+        ids = ", ".join(_sql_str(d.id) for d in latest[i:i + 1000])  # Distributed (double-distributed IN)
         confirmed.update(str(x) for (x,) in store.query_rows(
             f"SELECT DISTINCT id FROM decisions_published WHERE topic = {_sql_str(topic)} AND id IN ({ids})"))
-    return _by_canonical_value(store, [d for d in latest if d.id not in confirmed])[::-1]
+    return [d for d in latest if d.id not in confirmed][::-1]
 
 
 def _by_canonical_value(store: Any, held: list[Any]) -> list[Any]:
@@ -207,10 +212,19 @@ def _by_canonical_value(store: Any, held: list[Any]) -> list[Any]:
             canon[d.value] = c
     if not canon:
         return held
-    wanted = ", ".join(_sql_str(c) for c in sorted(set(canon.values())))
-    latest = {str(v): int(t) for v, t in store.query_rows(
-        f"SELECT value, toUnixTimestamp64Milli(max(created_at)) FROM decisions WHERE value IN ({wanted}) "
-        "GROUP BY value")}
+    # the newest row under *any* spelling of each canonical value, among rows newer than the oldest held one
+    # (only those can end it): comparing with the canonical spelling alone missed an unban written under a
+    # second old spelling (ban '2001:DB8::1', unban '2001:0db8::1'; from a review)
+    since = min(d.created_at for d in held if d.value in canon)
+    latest: dict[str, int] = {}
+    for v, t in store.query_rows(
+            "SELECT value, toUnixTimestamp64Milli(max(created_at)) FROM decisions "
+            f"WHERE toUnixTimestamp64Milli(created_at) > {int(since)} GROUP BY value"):
+        try:
+            c = canonical_value(str(v))
+        except ValueError:
+            continue
+        latest[c] = max(latest.get(c, -1), int(t))
     out, seen = [], set()
     for d in held:  # newest first
         c = canon.get(d.value, d.value)
@@ -306,7 +320,8 @@ class LiveDos:
     """
 
     def __init__(self, settings: Settings, store: Any, actions: Sequence[Any] | None = None,
-                 publish: bool | None = None, restore: bool = True, clock: Callable[[], float] = time.time) -> None:
+                 publish: bool | None = None, restore: bool = True, clock: Callable[[], float] = time.time,
+                 kafka_producer: Any = None) -> None:
         from forumpulse.detectors.actions import build_actions
         from forumpulse.detectors.decision_api import DecisionRegistry
         from forumpulse.detectors.dos import (
@@ -341,7 +356,8 @@ class LiveDos:
             # each confirmed decision is recorded (decisions_published), so a restart publishes again only
             # what the topic never confirmed (republish)
             self.sinks.append(_GuardedSink(KafkaSink(
-                settings.kafka.bootstrap_servers, settings.kafka.decisions_topic, flush_timeout_s=0.5,
+                settings.kafka.bootstrap_servers, settings.kafka.decisions_topic, producer=kafka_producer,
+                flush_timeout_s=0.5,
                 on_delivered=published_recorder(store, settings.kafka.decisions_topic, clock)), "kafka"))
         if self.actions_cfg.jsonl_path:
             self.sinks.append(_GuardedSink(JsonLinesSink(self.actions_cfg.jsonl_path), "jsonl"))
@@ -359,9 +375,14 @@ class LiveDos:
         self.republished = 0
         self._unbans_from_ms = self._unbans_seen_ms = int(clock() * 1000)  # sync_store_unbans: rows after this
         if restore:
-            self.restore()
+            # what the topic never confirmed goes first: restore() may lift a ban (a trusted proxy), and that
+            # unban must follow the ban on the topic, not precede it (from a review)
             self.republish()
+            self.restore()
             self.warm_prefixes()
+
+    def _kafka_sink(self) -> _GuardedSink | None:
+        return next((s for s in self.sinks if s.name == "kafka"), None)
 
     def republish(self) -> int:
         """Publish again, on the Kafka sink (when publishing), the decisions the topic never confirmed
@@ -372,7 +393,7 @@ class LiveDos:
         first start after migration 0012 publishes every such decision once more (no confirmations recorded
         yet).  At least once: consumers must take a decision id twice.  Store errors are logged; nothing is
         sent then.  Returns how many were queued (also :attr:`republished`)."""
-        kafka = next((s for s in self.sinks if s.name == "kafka"), None)
+        kafka = self._kafka_sink()
         if kafka is None:
             return 0
         try:
@@ -499,6 +520,7 @@ class LiveDos:
                                 log.warning("could not re-apply %s to %s: %s", d.value, getattr(a, "name", a),
                                             str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
                 self.restored += 1
+            self.manager.flush()  # an unban restore made (a trusted proxy) reaches the table and Kafka now
         if self.restored:
             log.info("restored %d active decision(s) from the decisions table", self.restored)
         return self.restored
@@ -935,10 +957,11 @@ class DosCollector:
                                   value=live.restored)
         yield CounterMetricFamily("forumpulse_dos_republished", "decisions published again on the decisions "
                                   "topic at start: the topic never confirmed them", value=live.republished)
-        kafka = next((s.inner for s in live.sinks if s.name == "kafka"), None)
-        yield CounterMetricFamily("forumpulse_dos_published_record_errors", "times confirmed decisions could not "
-                                  "be recorded in decisions_published (retried; else published again at start)",
-                                  value=int(getattr(kafka, "record_errors", 0)))
+        kafka = live._kafka_sink()
+        yield CounterMetricFamily("forumpulse_dos_published_record_errors", "attempts to record confirmed "
+                                  "decisions in decisions_published that failed (retried at the next flush; else "
+                                  "published again at start)",
+                                  value=int(getattr(kafka.inner if kafka else None, "record_errors", 0)))
         yield CounterMetricFamily("forumpulse_dos_firewall_checks", "periodic checks that the firewall sets hold "
                                   "every ban in force", value=live.firewall_checks)
         yield CounterMetricFamily("forumpulse_dos_firewall_check_errors", "firewall actions whose periodic check "

@@ -23,10 +23,13 @@ from typing import Any
 import pytest
 from fake_kafka import FakeKafka
 from forumpulse.detectors.dos import Decision, KafkaSink, StoreSink, UndeliveredError, published_recorder
+from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.live_detect import (
     EventsPublisher,
+    LiveDos,
     OwnerNoAnswer,
     _GuardedSink,
+    active_from_store,
     owner_request,
     unpublished_from_store,
 )
@@ -150,6 +153,68 @@ def test_only_the_latest_unconfirmed_word_per_value_is_published_again(store: St
     assert [d.id for d in unpublished_from_store(store, "other.topic", 7 * 86400, now)] == [
         "unban-198.51.100.4-301", "unban-198.51.100.3-300", "ban-198.51.100.5-120", "ban-198.51.100.2-62",
         "ban-::FFFF:198.51.100.9-60"]
+
+
+def test_an_unban_under_another_old_spelling_is_not_undone_by_the_older_ban(store: Store) -> None:
+    """Two old spellings of one address (rows from before values were canonical): the ban under one, a later
+    unban under the other.  The unban is the latest word: sent while unconfirmed, and once the topic confirmed
+    it the older ban is *not* sent in its place (it was, from a review: the confirmed filter ran before the
+    spellings were merged), nor restored as active."""
+    now = 1_800_000_000.0
+    ban = replace(decision("2001:DB8::1"), id="ban-old", created_at=int((now - 600) * 1000), duration_s=3600)
+    unban = replace(decision("2001:0db8::1"), id="unban-old", action="unban", created_at=int((now - 300) * 1000),
+                    duration_s=0)
+    sink = StoreSink(store)
+    for d in (ban, unban):
+        sink.emit(d)
+    sink.close()
+    first = unpublished_from_store(store, "weblogs.decisions", 7 * 86400, now)
+    assert [(d.action, d.value, d.id) for d in first] == [("unban", "2001:db8::1", "unban-old")]
+    published_recorder(store, "weblogs.decisions")(["unban-old"])
+    assert unpublished_from_store(store, "weblogs.decisions", 7 * 86400, now) == []
+    assert active_from_store(store, now) == []  # the ban is over (restore put it back, from the same review)
+
+
+def test_an_unban_counts_for_as_long_as_the_longest_ban_in_the_table(store: Store) -> None:
+    """The rules now ban for at most a day, but a 30-day ban made before is still in force: its unban (8 days
+    ago, never confirmed) is still sent -- the window is the longest ban in the table, not today's rules."""
+    now = 1_800_000_000.0
+    ban = replace(decision("198.51.100.40"), id="ban-long", created_at=int((now - 10 * 86400) * 1000),
+                  duration_s=30 * 86400)
+    unban = replace(decision("198.51.100.40"), id="unban-long", action="unban",
+                    created_at=int((now - 8 * 86400) * 1000), duration_s=0)
+    sink = StoreSink(store)
+    for d in (ban, unban):
+        sink.emit(d)
+    sink.close()
+    assert [d.id for d in unpublished_from_store(store, "weblogs.decisions", 86400, now)] == ["unban-long"]
+
+
+def test_a_ban_lifted_at_start_follows_its_republished_ban_on_the_topic(store: Store, settings: Settings) -> None:
+    """The owner starts with an unconfirmed ban of an address listed as a trusted proxy since: the ban is
+    published again *before* restore lifts it, so the topic ends with the unban (it ended with the ban, from a
+    review: consumers banned the site's own proxy), and the unban row is in the table at once."""
+    settings.sites[0].trusted_proxies = ["10.0.0.5"]
+    settings.actions = {"decision_api": {"enabled": False}}
+    now = time.time()
+    old = replace(decision("10.0.0.5"), id="ban-proxy", created_at=int((now - 60) * 1000), duration_s=3600)
+    sink = StoreSink(store)
+    sink.emit(old)
+    sink.close()
+    kafka = FakeKafka()
+    kafka.up = True
+    live = LiveDos(settings, store, actions=[], publish=True, kafka_producer=kafka)
+    try:
+        assert live.republished == 1
+        assert [(json.loads(v)["action"], k) for k, v in kafka.delivered] == [("ban", b"10.0.0.5"),
+                                                                               ("unban", b"10.0.0.5")]
+        assert [a for (a,) in store.query_rows(
+            "SELECT action FROM decisions WHERE value = '10.0.0.5' ORDER BY created_at")] == ["ban", "unban"]
+    finally:
+        live.close()
+    again = LiveDos(settings, store, actions=[], publish=True, kafka_producer=FakeKafka())
+    assert again.republished == 0  # both confirmed and recorded
+    again.close()
 
 
 @pytest.fixture(scope="module")
