@@ -217,6 +217,29 @@ def test_a_ban_lifted_at_start_follows_its_republished_ban_on_the_topic(store: S
     again.close()
 
 
+def test_a_store_without_the_table_publishes_nothing_again_and_still_starts(
+        store: Store, settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """A store not migrated to 0012 (no decisions_published): the owner starts, says it could not tell what
+    the topic confirmed, publishes nothing again, and a new decision is still published (its record fails,
+    logged and counted, not raised)."""
+    store.command("DROP TABLE decisions_published")
+    settings.actions = {"decision_api": {"enabled": False}}
+    sink = StoreSink(store)
+    sink.emit(replace(decision("198.51.100.76"), created_at=int(time.time() * 1000), duration_s=3600))
+    sink.close()
+    kafka = FakeKafka()
+    kafka.up = True
+    with caplog.at_level("WARNING"):
+        live = LiveDos(settings, store, actions=[], publish=True, kafka_producer=kafka)
+    assert live.republished == 0 and "could not read which decisions" in caplog.text
+    assert live.restored == 1  # the ban in force is restored all the same
+    live.unban("198.51.100.77")
+    kafka_sink = live._kafka_sink()
+    assert kafka_sink is not None and kafka_sink.errors == 0 and kafka_sink.inner.record_errors == 1
+    assert [json.loads(v)["action"] for _, v in kafka.delivered] == ["unban"]
+    live.close()
+
+
 @pytest.fixture(scope="module")
 def away_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real broker of this module's own, which its tests stop and start again."""
