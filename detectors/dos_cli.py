@@ -82,14 +82,21 @@ def _open_store(settings: Any, store: str | None, owner: str, password: str | No
 
 
 def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") -> dict[str, Any]:
-    """Unban without an owner: table row, Kafka message (``actions.kafka``), every configured action."""
+    """Unban without an owner: table row, Kafka message, every configured action.
+
+    Kafka: with ``actions.kafka`` the message must be confirmed (else an action error: exit 1).  Otherwise,
+    when owners publish (``detectors.live.publish_decisions``, the default) and the decisions topic has had
+    deliveries recorded (``decisions_published``: Kafka is in use), it is sent too, and one not confirmed is
+    only a note: the next owner start publishes it (``kafka`` in the result: ``published``, ``pending`` or
+    ``off``).  Before, a default configuration never sent a direct unban, so the topic said "banned" until an
+    owner started (user trial 42)."""
     import time
     import uuid
 
     from forumpulse.detectors.actions import build_actions
     from forumpulse.detectors.dos import Decision, KafkaSink, StoreSink, published_recorder
     from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig
-    from forumpulse.pipeline.live_detect import active_from_store, normalize_value
+    from forumpulse.pipeline.live_detect import _sql_str, active_from_store, live_config, normalize_value
 
     v = normalize_value(value)
     cfg = DosConfig.model_validate(settings.detectors.get("dos", {}) or {})
@@ -105,21 +112,37 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
     sink.emit(u)
     sink.close()
     errors = []
-    if acfg.kafka:  # a broker away: told as an action error, and the firewall actions still run
+    topic = settings.kafka.decisions_topic
+    owners_publish = live_config(settings).publish_decisions
+    in_use = False
+    if owners_publish and not acfg.kafka:
+        try:
+            in_use = bool(store.query_rows(
+                f"SELECT count() > 0 FROM decisions_published WHERE topic = {_sql_str(topic)}")[0][0])
+        except Exception:  # a store before migration 0012: nothing recorded
+            in_use = False
+    published = "pending" if owners_publish or acfg.kafka else "off"  # pending: the next owner start sends it
+    if acfg.kafka or in_use:  # a broker away: an action error (actions.kafka) or a note; the actions still run
         try:
             # confirmed -> decisions_published; unconfirmed, the next owner start publishes it again
-            kafka = KafkaSink(settings.kafka.bootstrap_servers, settings.kafka.decisions_topic,
-                              on_delivered=published_recorder(store, settings.kafka.decisions_topic))
+            wait = 10.0 if acfg.kafka else 5.0
+            kafka = KafkaSink(settings.kafka.bootstrap_servers, topic, flush_timeout_s=wait, close_timeout_s=wait,
+                              on_delivered=published_recorder(store, topic))
             kafka.emit(u)
             kafka.close()
+            published = "published"
         except Exception as exc:
-            errors.append(f"kafka {settings.kafka.decisions_topic}: {exc}")
+            if acfg.kafka:
+                errors.append(f"kafka {topic}: {exc}")
+            else:
+                print(f"note: kafka {topic}: {exc}; the next owner start publishes it", file=sys.stderr)
     for a in build_actions(acfg):
         try:
             a.unban(u)
         except Exception as exc:
             errors.append(f"{getattr(a, 'name', a)}: {exc}")
-    return {"unbanned": v, "held": bool(held), "decision": u.to_json(), "via": "store", "action_errors": errors}
+    return {"unbanned": v, "held": bool(held), "decision": u.to_json(), "via": "store", "kafka": published,
+            "action_errors": errors}
 
 
 def unban_command(

@@ -421,7 +421,9 @@ class ActionsConfig(_Strict):
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
     decision_api: DecisionApiConfig = Field(default_factory=DecisionApiConfig)
     jsonl_path: str | None = Field(None, description="also append every decision to this JSON-lines file")
-    kafka: bool = Field(False, description="publish decisions on kafka.decisions_topic")
+    kafka: bool = Field(False, description="publish decisions on kafka.decisions_topic, and require a direct "
+                        "`detect unban` to (an error when Kafka does not confirm it); owners publish anyway when "
+                        "detectors.live.publish_decisions")
 
 
 class DetectorsSection(BaseModel):

@@ -170,8 +170,9 @@ def active_from_store(store: Any, now: float | None = None) -> list[Any]:
 
 def unpublished_from_store(store: Any, topic: str, keep_unbans_s: float, now: float | None = None) -> list[Any]:
     """The decisions a restarted owner publishes again on ``topic``, oldest first: per value (keyed canonically,
-    as :func:`active_from_store`), the latest row -- a ban still in force, or an unban made within
-    ``keep_unbans_s`` -- when ``decisions_published`` (migration 0012) has no confirmation of it for ``topic``.
+    as :func:`active_from_store`), the latest row -- a ban still in force, or an unban while a ban of that value
+    would still be in force without it (looked for within ``keep_unbans_s`` or the longest ban in the table) --
+    when ``decisions_published`` (migration 0012) has no confirmation of it for ``topic``.
     Only the latest word per value: an older ban whose unban was delivered, or an older unban followed by a new
     ban, is never sent again (it would undo what came after it).  Store errors are raised (a store without the
     table: ``forumpulse db migrate``)."""
@@ -185,6 +186,20 @@ def unpublished_from_store(store: Any, topic: str, keep_unbans_s: float, now: fl
     latest = _by_canonical_value(store, [_decision_from_row(r) for r in store.query_rows(
         f"{_LATEST_PER_VALUE} HAVING (last_action = 'ban' AND last_ms + dur * 1000 > {now_ms}) OR "
         f"(last_action = 'unban' AND last_ms >= {since_ms}) ORDER BY last_ms DESC")])
+    # an unban matters only while a ban of its value would still be in force (a 10-minute ban lifted a week
+    # ago needs no unban on the topic; user trial 42)
+    from forumpulse.detectors.dos import canonical_value
+
+    unexpired: set[str] = set()
+    if any(d.action == "unban" for d in latest):
+        for (v,) in store.query_rows(
+                "SELECT DISTINCT value FROM decisions WHERE action = 'ban' AND "
+                f"toUnixTimestamp64Milli(created_at) + toInt64(duration_s) * 1000 > {now_ms}"):
+            try:
+                unexpired.add(canonical_value(str(v)))
+            except ValueError:
+                unexpired.add(str(v))
+    latest = [d for d in latest if d.action == "ban" or d.value in unexpired]
     confirmed: set[str] = set()
     for i in range(0, len(latest), 1000):  # ids as literals, not an IN subquery: on a cluster both tables are
         ids = ", ".join(_sql_str(d.id) for d in latest[i:i + 1000])  # Distributed (double-distributed IN)
@@ -307,8 +322,9 @@ class _GuardedSink:
         buf = getattr(self.inner, "buf", None)
         self._settle(self.inner.close, list(buf) if isinstance(buf, list) else [])
         if self._retry:
-            log.error("decision sink %s: %d decision(s) not emitted at shutdown (they are in the decisions "
-                      "table when the store took them)", self.name, len(self._retry))
+            log.error("decision sink %s: %d decision(s) not emitted at shutdown (%s)", self.name, len(self._retry),
+                      "the next owner start publishes again what the topic never confirmed" if self.name == "kafka"
+                      else "they are in the decisions table when the store took them")
 
 
 class LiveDos:

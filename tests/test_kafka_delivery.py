@@ -183,10 +183,15 @@ def test_an_unban_counts_for_as_long_as_the_longest_ban_in_the_table(store: Stor
                   duration_s=30 * 86400)
     unban = replace(decision("198.51.100.40"), id="unban-long", action="unban",
                     created_at=int((now - 8 * 86400) * 1000), duration_s=0)
+    short = replace(decision("198.51.100.41"), id="ban-short", created_at=int((now - 2 * 86400) * 1000),
+                    duration_s=600)
+    short_unban = replace(decision("198.51.100.41"), id="unban-short", action="unban",
+                          created_at=int((now - 2 * 86400 + 60) * 1000), duration_s=0)
     sink = StoreSink(store)
-    for d in (ban, unban):
+    for d in (ban, unban, short, short_unban):
         sink.emit(d)
     sink.close()
+    # the 10-minute ban lifted two days ago would be over by now: its unban is not sent (user trial 42)
     assert [d.id for d in unpublished_from_store(store, "weblogs.decisions", 86400, now)] == ["unban-long"]
 
 

@@ -405,6 +405,34 @@ def test_decisions_kafka_never_confirmed_are_published_at_the_next_start(broker:
         store.close()
 
 
+def test_a_direct_unban_is_published_where_owners_publish(broker: Broker, chdb_path: Path,
+                                                           settings: Settings) -> None:
+    """``detect unban`` with no owner, default configuration (``actions.kafka`` off, owners publish): once an
+    owner has published on the decisions topic (Kafka is in use), the unban goes there too; before, the topic
+    said "banned" until an owner started (user trial 42).  On a store that never published it is left to the
+    next owner start (``pending``), and with publishing off it is ``off``."""
+    s = _settings(settings, broker, "direct", "feed")
+    topic = s.kafka.decisions_topic
+    store = open_store(f"chdb:{chdb_path}?database=live_direct_unban")
+    try:
+        migrate(store, NO_TTL)
+        assert unban_direct("198.51.100.31", s, store)["kafka"] == "pending"  # nothing published there yet
+        up = LiveDos(s, store, actions=[], publish=True)
+        [ban] = up.process_stream(_flood_stream(s, "198.51.100.32", 1_760_000_000.0))
+        up.close()
+        out = unban_direct("198.51.100.32", s, store)
+        assert out["kafka"] == "published" and out["action_errors"] == []
+        got = [json.loads(m.value) for m in broker.read_all(topic, expected=2)]
+        assert [(d["action"], d["value"]) for d in got] == [("ban", "198.51.100.32"), ("unban", "198.51.100.32")]
+        assert got[1]["evidence"]["ban_id"] == ban.id
+        off = s.model_copy(deep=True)
+        off.detectors["live"]["publish_decisions"] = False
+        assert unban_direct("198.51.100.33", off, store)["kafka"] == "off"
+        assert broker.count(topic) == 2
+    finally:
+        store.close()
+
+
 def test_dos_metrics_follow_the_wall_clock_and_count_every_unban(chdb_path: Path, settings: Settings) -> None:
     """The active-bans gauge counts bans in force by the wall clock (the manager only expires its own when a
     candidate arrives); an unban of a ban this process does not hold is counted like any other; the registry
