@@ -195,7 +195,15 @@ def decisions_command(
     password_env: str | None = _typer_option(None, "--password-env", help="variable holding the owner's password"),
 ) -> None:
     """List the active DoS decisions (one JSON object per line, newest first)."""
-    from forumpulse.pipeline.live_detect import OwnerNoAnswer, active_from_store, decision_view, owner_request
+    from forumpulse.detectors.dos_rules import ActionsConfig
+    from forumpulse.pipeline.live_detect import (
+        OwnerNoAnswer,
+        active_from_store,
+        decision_view,
+        live_config,
+        owner_request,
+        with_published,
+    )
 
     password = _password(password_env)
     try:
@@ -211,7 +219,10 @@ def decisions_command(
         settings = _settings(config)
         st = _open_store(settings, store, owner, password)
         try:
-            rows = [decision_view(d) for d in active_from_store(st)]
+            acfg = ActionsConfig.model_validate(settings.actions or {})
+            publish = live_config(settings).publish_decisions or acfg.kafka
+            rows = with_published([decision_view(d) for d in active_from_store(st)], st,
+                                  settings.kafka.decisions_topic if publish else None)
         finally:
             st.close()
     else:

@@ -200,12 +200,33 @@ def unpublished_from_store(store: Any, topic: str, keep_unbans_s: float, now: fl
             except ValueError:
                 unexpired.add(str(v))
     latest = [d for d in latest if d.action == "ban" or d.value in unexpired]
-    confirmed: set[str] = set()
-    for i in range(0, len(latest), 1000):  # ids as literals, not an IN subquery: on a cluster both tables are
-        ids = ", ".join(_sql_str(d.id) for d in latest[i:i + 1000])  # Distributed (double-distributed IN)
-        confirmed.update(str(x) for (x,) in store.query_rows(
-            f"SELECT DISTINCT id FROM decisions_published WHERE topic = {_sql_str(topic)} AND id IN ({ids})"))
+    confirmed = published_ids(store, topic, [d.id for d in latest])
     return [d for d in latest if d.id not in confirmed][::-1]
+
+
+def published_ids(store: Any, topic: str, ids: Sequence[str]) -> set[str]:
+    """Those of ``ids`` whose delivery ``topic`` confirmed (``decisions_published``, migration 0012).  Store
+    errors are raised (a store without the table: ``forumpulse db migrate``)."""
+    out: set[str] = set()
+    for i in range(0, len(ids), 1000):  # ids as literals, not an IN subquery: on a cluster both tables are
+        chunk = ", ".join(_sql_str(x) for x in ids[i:i + 1000])  # Distributed (double-distributed IN)
+        out.update(str(x) for (x,) in store.query_rows(
+            f"SELECT DISTINCT id FROM decisions_published WHERE topic = {_sql_str(topic)} AND id IN ({chunk})"))
+    return out
+
+
+def with_published(views: list[dict[str, Any]], store: Any, topic: str | None) -> list[dict[str, Any]]:
+    """:func:`decision_view` objects with ``published``: whether ``topic`` confirmed the decision (a firewall
+    host or process reading it has it), ``None`` when that is unknown (the store failed, or has no
+    ``decisions_published``); unchanged when ``topic`` is None (decisions are not published)."""
+    if topic is None or not views:
+        return views
+    try:
+        done: set[str] | None = published_ids(store, topic, [str(v["id"]) for v in views])
+    except Exception as exc:
+        log.warning("could not read which decisions %s confirmed: %s", topic, str(exc).splitlines()[0][:200])
+        done = None
+    return [{**v, "published": None if done is None else v["id"] in done} for v in views]
 
 
 def _by_canonical_value(store: Any, held: list[Any]) -> list[Any]:
@@ -661,10 +682,14 @@ class LiveDos:
         return [d for d in list(self.manager.active.values()) if d.created_at / 1000 + d.duration_s > now]
 
     def active(self) -> list[dict[str, Any]]:
+        """Bans in force, newest first (:func:`decision_view`), with ``published`` when decisions go to Kafka
+        (:func:`with_published`)."""
         now = self.clock()
         with self.lock:
             ds = self._in_force(now)
-        return [decision_view(d, now) for d in sorted(ds, key=lambda d: -d.created_at)]
+        kafka = self._kafka_sink()
+        return with_published([decision_view(d, now) for d in sorted(ds, key=lambda d: -d.created_at)], self.store,
+                              kafka.inner.topic if kafka is not None else None)
 
     def active_count(self) -> int:
         """Enforced bans in force by the wall clock (an observe decision blocks nothing; read without the

@@ -33,8 +33,10 @@ from forumpulse.pipeline.live_detect import (
     LiveHandles,
     TrafficService,
     active_from_store,
+    decision_view,
     live_services,
     normalize_value,
+    with_published,
 )
 from forumpulse.pipeline.owner import Owner
 from forumpulse.pipeline.process import Processor, SourceContext
@@ -160,6 +162,9 @@ def test_flood_through_kafka_is_banned_published_and_served(
 
         code, active = _http(f"http://127.0.0.1:{owner.port}/fp/decisions")
         assert code == 200 and [d["value"] for d in active] == [ATTACKER] and active[0]["remaining_s"] > 0
+        # the topic confirmed it (a firewall host reading weblogs.decisions has it)
+        wait_until(lambda: _http(f"http://127.0.0.1:{owner.port}/fp/decisions")[1][0]["published"] is True, 30,
+                   what="published: true")
         capsys.readouterr()
         decisions_command(config=None, owner=f"http://127.0.0.1:{owner.port}", store=None, password_env=None)
         listed = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
@@ -387,6 +392,9 @@ def test_decisions_kafka_never_confirmed_are_published_at_the_next_start(broker:
         down.close()  # waits, then gives them up (logged); before this they never reached the topic
         assert sorted(d.value for d in lost) == ["198.51.100.22", "198.51.100.23"]
         assert [json.loads(m.value)["id"] for m in broker.read_all(s.kafka.decisions_topic)] == [sent.id]
+        # `detect decisions` without an owner says which bans the topic has not got
+        views = with_published([decision_view(d) for d in active_from_store(store)], store, s.kafka.decisions_topic)
+        assert {v["value"]: v["published"] for v in views} == {"198.51.100.21": True, "198.51.100.22": False}
 
         back = LiveDos(s, store, actions=[], publish=True)
         assert back.republished == 2
