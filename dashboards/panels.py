@@ -422,10 +422,14 @@ FROM decisions
 WHERE {SITE} AND action = 'ban' AND decided_at <= $__toTime AND expires_at > $__toTime
 ORDER BY decided_at DESC, value LIMIT 100"""),
     PanelSpec("table", "Recent decisions", f"""
-SELECT decided_at, action, value, scope, reason, duration_s, mode, origin
+SELECT decided_at, action, value, scope, reason, duration_s, mode, origin,
+       id IN (SELECT id FROM decisions_published) AS kafka_confirmed
 FROM decisions
 WHERE {SITE} AND $__timeFilter(decided_at)
-ORDER BY decided_at DESC, value LIMIT 50"""),
+ORDER BY decided_at DESC, value LIMIT 50""", description=(
+        "kafka_confirmed: the decisions topic (weblogs.decisions) confirmed it, so firewall hosts reading the topic "
+        "have it; false while the broker is away (the next owner start sends what it never confirmed), and always "
+        "when decisions are not published to Kafka.")),
     PanelSpec("timeseries", "Quarantined lines per second", f"""
 SELECT $__timeInterval(ingested_at) AS time, reason, count() / {BUCKET_RANGE_SECONDS} AS lines_per_s
 FROM quarantine

@@ -206,6 +206,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
               "duration_s": dur, "mode": "enforce", "origin": "forumpulse", "evidence": "{}"} for i, m, dur, act, v in dec]
     store.insert("decisions", fx.ts_table(drows, ("created_at", "decided_at", "first_seen", "expires_at"),
                                           {"duration_s": pa.uint32()}))
+    # the decisions topic confirmed d2 only
+    store.insert("decisions_published", pa.table({"topic": ["weblogs.decisions"], "id": ["d2"],
+                                                  "published_at": pa.array([T1], pa.timestamp("ms", tz="UTC"))}))
     yield store, tr, q, stats, dec
     store.close()
 
@@ -353,6 +356,8 @@ def _recent(w: Any, sql: str) -> None:
     res = run(w[0], sql)
     want = [(v, act) for _i, m, _d, act, v in sorted(w[4], key=lambda d: -d[1]) if 0 <= m <= 180]
     assert [(r["value"], r["action"]) for r in res] == want
+    assert {r["value"]: bool(r["kafka_confirmed"]) for r in res} == {
+        "203.0.113.9": False, fx.FLOOD_CLIENT: True, "192.0.2.10": False}
 
 
 @check("Quarantined lines per second")
