@@ -365,6 +365,14 @@ def iso_ms(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def ms_of_iso(text: str) -> int:
+    """Milliseconds since the epoch of an :func:`iso_ms` string (or any ISO 8601 time with an offset)."""
+    t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if t.tzinfo is None:
+        raise ValueError(f"no time zone in {text!r}")
+    return round(t.timestamp() * 1000)
+
+
 def _factorize(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     codes, uniques = pd.factorize(a, sort=False)
     return codes.astype(np.int64), np.asarray(uniques, dtype=object)
@@ -988,6 +996,16 @@ class Decision:
             "site": self.site, "origin": self.origin, "created_at": iso_ms(self.created_at),
             "evidence": self.evidence,
         }
+
+
+def decision_from_json(obj: dict[str, Any]) -> Decision:
+    """The :class:`Decision` of a :meth:`Decision.to_json` object (a JSON-lines sink's line, a Kafka payload,
+    the owner's spool).  Raises KeyError / ValueError / TypeError on a malformed object."""
+    return Decision(id=str(obj["id"]), created_at=ms_of_iso(obj["created_at"]), decided_at=ms_of_iso(obj["decided_at"]),
+                    first_seen=ms_of_iso(obj["first_seen"]), expires_at=ms_of_iso(obj["expires_at"]),
+                    site=str(obj["site"]), action=str(obj["action"]), value=str(obj["value"]),
+                    scope=str(obj["scope"]), reason=str(obj["reason"]), duration_s=int(obj["duration_s"]),
+                    mode=str(obj["mode"]), origin=str(obj["origin"]), evidence=dict(obj.get("evidence") or {}))
 
 
 class DecisionSink(Protocol):

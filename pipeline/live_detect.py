@@ -35,7 +35,9 @@ Metrics (the owner's ``GET /metrics``, read at scrape time; :class:`DosCollector
 scope,mode}``, ``forumpulse_dos_refused_total{reason}`` (not decided: allowlist, crawler, already banned,
 loopback, ...), ``forumpulse_dos_action_errors_total``, ``forumpulse_dos_webhook_failures_total`` (background
 deliveries that failed after their retries), ``forumpulse_dos_active_bans``, ``forumpulse_dos_restored_total``,
-``forumpulse_dos_republished_total`` (decisions the topic never confirmed, published again at start) /
+``forumpulse_dos_unspooled_total`` (decisions the store had not taken at shutdown, loaded at start from
+``detectors.live.spool_dir``), ``forumpulse_dos_republished_total`` (decisions the topic never confirmed,
+published again at start) /
 ``_published_record_errors_total`` (failed attempts to write confirmations to ``decisions_published``),
 ``forumpulse_dos_firewall_checks_total`` / ``_firewall_check_errors_total`` (``firewall_check_s``),
 ``forumpulse_dos_feed_errors_total``, ``forumpulse_dos_feed_replayed_total``,
@@ -63,11 +65,13 @@ import contextlib
 import ipaddress
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import pyarrow as pa
@@ -97,6 +101,9 @@ class LiveConfig(BaseModel):
     publish_decisions: bool = Field(True, description="publish decisions on kafka.decisions_topic (also when "
                                     "actions.kafka is true)")
     publish_events: bool = Field(True, description="publish traffic detections on kafka.events_topic")
+    spool_dir: str = Field(
+        "data/spool", description="decisions the store had not taken when the owner stopped (store away) are "
+        "written here as JSON lines and loaded into it at the next start (relative: to the working directory)")
     traffic_interval_s: float = Field(60.0, ge=1, description="seconds between traffic detector runs")
     traffic_offset_s: float = Field(5.0, ge=0, le=59, description="run this many seconds after the minute")
     firewall_check_s: float = Field(
@@ -287,8 +294,9 @@ class _GuardedSink:
     exception with ``undelivered`` (:class:`~forumpulse.detectors.dos.UndeliveredError`: Kafka's delivery
     reports), else the sink's whole ``buf`` (StoreSink drops its buffer on a failed insert)."""
 
-    def __init__(self, inner: Any, name: str, keep: int = 10_000) -> None:
-        self.inner, self.name, self.keep = inner, name, keep
+    def __init__(self, inner: Any, name: str, keep: int = 10_000,
+                 spool: Callable[[list[Any]], str] | None = None) -> None:
+        self.inner, self.name, self.keep, self.spool = inner, name, keep, spool
         self.errors = 0
         self.dropped = 0
         self._retry: list[Any] = []
@@ -342,6 +350,16 @@ class _GuardedSink:
             self.flush()
         buf = getattr(self.inner, "buf", None)
         self._settle(self.inner.close, list(buf) if isinstance(buf, list) else [])
+        if self._retry and self.spool is not None:
+            try:
+                where = self.spool(self._retry)
+            except Exception as exc:
+                log.error("decision sink %s: %d decision(s) not emitted at shutdown, and could not be spooled: %s",
+                          self.name, len(self._retry), exc)
+            else:
+                log.warning("decision sink %s: %d decision(s) not emitted at shutdown, spooled to %s (loaded at "
+                            "the next start)", self.name, len(self._retry), where)
+                self._retry = []
         if self._retry:
             log.error("decision sink %s: %d decision(s) not emitted at shutdown (%s)", self.name, len(self._retry),
                       "the next owner start publishes again what the topic never confirmed" if self.name == "kafka"
@@ -383,7 +401,10 @@ class LiveDos:
         longest = max([self.cfg.escalation.max_duration_s, *(r.duration_s for r in rules.rules)])
         self.registry = DecisionRegistry(clock=clock, keep_deleted_s=longest)
         acts = [self.registry, *(build_actions(self.actions_cfg) if actions is None else actions)]  # in memory: first
-        self.sinks: list[_GuardedSink] = [_GuardedSink(StoreSink(store, flush_every=1_000_000), "store")]
+        self.spool_dir = Path(self.live.spool_dir)
+        # what the store has not taken at shutdown (a ClickHouse server away) is spooled, loaded at the next start
+        self.sinks: list[_GuardedSink] = [_GuardedSink(StoreSink(store, flush_every=1_000_000), "store",
+                                                       spool=self._spool)]
         if publish is None:
             publish = self.live.publish_decisions or self.actions_cfg.kafka
         if publish:
@@ -412,13 +433,65 @@ class LiveDos:
         self.firewall_check_errors = 0
         self.warmed_prefixes = 0
         self.republished = 0
+        self.unspooled = 0
         self._unbans_from_ms = self._unbans_seen_ms = int(clock() * 1000)  # sync_store_unbans: rows after this
         if restore:
             # what the topic never confirmed goes first: restore() may lift a ban (a trusted proxy), and that
             # unban must follow the ban on the topic, not precede it (from a review)
+            self.load_spool()
             self.republish()
             self.restore()
             self.warm_prefixes()
+
+    # -- the spool: decisions the store had not taken at shutdown ------------------------------------------
+    def _spool(self, decisions: list[Any]) -> str:
+        """Write ``decisions`` to a new file of :attr:`spool_dir` (complete or absent: written aside, renamed)."""
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        path = self.spool_dir / f"decisions-{int(time.time() * 1000)}-{os.getpid()}.jsonl"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for d in decisions:
+                f.write(json.dumps(d.to_json(), sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return str(path)
+
+    def load_spool(self) -> int:
+        """Insert the decisions spooled at earlier shutdowns (:attr:`spool_dir`, ``decisions-*.jsonl``, oldest
+        first) into the ``decisions`` table, removing each file once the store took it; a file the store refuses
+        (still away) stays for the next start, a malformed one is renamed ``*.bad`` and logged.  Idempotent: a
+        file inserted twice (a crash before its removal) is deduplicated by its insert token.  Returns the
+        decisions loaded (also :attr:`unspooled`)."""
+        from forumpulse.detectors.dos import StoreSink, decision_from_json
+
+        if not self.spool_dir.is_dir():
+            return 0
+        loaded = 0
+        for path in sorted(self.spool_dir.glob("decisions-*.jsonl")):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    ds = [decision_from_json(json.loads(line)) for line in f if line.strip()]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.error("spooled decisions %s unreadable (%s): renamed to .bad, not loaded", path, exc)
+                with contextlib.suppress(OSError):
+                    os.replace(path, path.with_suffix(".bad"))
+                continue
+            try:
+                sink = StoreSink(self.store, flush_every=1_000_000)
+                for d in ds:
+                    sink.emit(d)
+                sink.flush()
+            except Exception as exc:
+                log.warning("spooled decisions %s not loaded (the store: %s); kept for the next start", path,
+                            str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                continue
+            path.unlink()
+            loaded += len(ds)
+            log.warning("loaded %d decision(s) spooled at an earlier shutdown (%s) into the decisions table",
+                        len(ds), path.name)
+        self.unspooled += loaded
+        return loaded
 
     def _kafka_sink(self) -> _GuardedSink | None:
         return next((s for s in self.sinks if s.name == "kafka"), None)
@@ -998,6 +1071,8 @@ class DosCollector:
                                 value=live.active_count())
         yield CounterMetricFamily("forumpulse_dos_restored", "bans restored from the decisions table at start",
                                   value=live.restored)
+        yield CounterMetricFamily("forumpulse_dos_unspooled", "decisions the store had not taken at an earlier "
+                                  "shutdown, loaded from the spool at start", value=live.unspooled)
         yield CounterMetricFamily("forumpulse_dos_republished", "decisions published again on the decisions "
                                   "topic at start: the topic never confirmed them", value=live.republished)
         kafka = live._kafka_sink()

@@ -367,6 +367,16 @@ def test_compose_forumpulse_config_is_valid_with_the_env_secret(monkeypatch: pyt
     monkeypatch.setenv("FORUMPULSE_DETECTORS", '{"live": {"dos_source": "nowhere"}}')
     with pytest.raises(ConfigError, match=r"detectors\.live\.dos_source"):
         load_settings(cfg)
+    # the spool of decisions ClickHouse had not taken at a stop outlives the container, and its user may write it
+    from forumpulse.pipeline.live_detect import live_config
+
+    workdir = re.findall(r"^WORKDIR\s+(\S+)", (COMPOSE_DIR / "Dockerfile").read_text(), re.M)[-1]
+    spool = str(Path(workdir) / live_config(s).spool_dir)
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in resolved()["services"]["forumpulse-detectors"]["volumes"]}
+    assert spool in mounts and mounts[spool] in load_compose()["volumes"], (spool, mounts)
+    assert "/etc/forumpulse/forumpulse.yaml" in mounts  # its own volumes replace the shared list: config kept
+    assert re.search(rf"install -d -o forumpulse -g forumpulse .*{re.escape(spool)}",
+                     (COMPOSE_DIR / "Dockerfile").read_text())
 
 
 # ---------------------------------------------------------------------------------------- helper scripts

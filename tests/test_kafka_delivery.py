@@ -245,6 +245,40 @@ def test_a_store_without_the_table_publishes_nothing_again_and_still_starts(
     live.close()
 
 
+def test_decisions_the_store_had_not_taken_at_shutdown_are_spooled_and_loaded_at_the_next_start(
+        store: Store, settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The store away when the owner stops (a ClickHouse server down): the decisions it had not taken were
+    logged and lost to the table -- a restarted owner then neither served nor re-applied those bans.  Now they
+    are spooled (JSON lines in detectors.live.spool_dir) and loaded at the next start; while the store is
+    still away the file stays, and a malformed file is set aside as .bad, not deleted."""
+    spool = tmp_path / "spool"
+    settings.detectors = {"live": {"spool_dir": str(spool)}}
+    settings.actions = {"decision_api": {"enabled": False}}
+    first = LiveDos(settings, store, actions=[], publish=False)
+    store.command("RENAME TABLE decisions TO decisions_away")  # the store refuses decisions from here on
+    first.unban("198.51.100.90")  # an unban row the store cannot take
+    with caplog.at_level("WARNING"):
+        first.close()
+    files = sorted(spool.glob("decisions-*.jsonl"))
+    assert len(files) == 1 and "spooled to" in caplog.text
+    [row] = [json.loads(x) for x in files[0].read_text().splitlines()]
+    assert (row["action"], row["value"]) == ("unban", "198.51.100.90")
+
+    still_away = LiveDos(settings, store, actions=[], publish=False)  # the store still refuses: kept
+    assert still_away.unspooled == 0 and sorted(spool.glob("decisions-*.jsonl")) == files
+    still_away.close()
+
+    store.command("RENAME TABLE decisions_away TO decisions")
+    (spool / "decisions-1-1.jsonl").write_text("{not json\n")  # older name: read first
+    back = LiveDos(settings, store, actions=[], publish=False)
+    back.close()
+    assert back.unspooled == 1 and sorted(p.name for p in spool.iterdir()) == ["decisions-1-1.bad"]
+    assert store.query_rows("SELECT action, value FROM decisions") == [("unban", "198.51.100.90")]
+    again = LiveDos(settings, store, actions=[], publish=False)
+    again.close()
+    assert again.unspooled == 0 and store.query_rows("SELECT count() FROM decisions") == [(1,)]
+
+
 @pytest.fixture(scope="module")
 def away_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real broker of this module's own, which its tests stop and start again."""
