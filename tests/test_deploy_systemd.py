@@ -202,3 +202,23 @@ def test_collector_file_limit_and_writable_native_cache() -> None:
         assert unit.get("Service", "CacheDirectory") == "forumpulse", path.name
         env = dict(e.split("=", 1) for v in unit.all("Service", "Environment") for e in shlex.split(v))
         assert env.get("XDG_CACHE_HOME") == "/var/cache/forumpulse", path.name
+
+
+def test_the_dos_spool_is_writable_where_detection_runs() -> None:
+    """A unit that runs ``--dos`` under ProtectSystem=strict may write its spool (decisions the store had not taken
+    at a stop, detectors.live.spool_dir relative to WorkingDirectory): otherwise they are lost at every owner
+    restart the detectors' store (the owner's endpoint) goes through."""
+    from forumpulse.pipeline.live_detect import LiveConfig
+
+    checked = 0
+    for path in sorted(UNITS.glob("*.service")):
+        unit = _parse(path)
+        if "--dos" not in (unit.get("Service", "ExecStart") or ""):
+            continue
+        spool = Path(unit.get("Service", "WorkingDirectory") or "/") / LiveConfig().spool_dir
+        writable = [Path("/var/lib") / d for v in unit.all("Service", "StateDirectory") for d in v.split()]
+        writable += [Path(w.lstrip("-")) for v in unit.all("Service", "ReadWritePaths") for w in v.split()]
+        assert unit.get("Service", "ProtectSystem") != "strict" or any(
+            spool == w or w in spool.parents for w in writable), (path.name, spool, writable)
+        checked += 1
+    assert checked >= 1
