@@ -423,7 +423,7 @@ WHERE {SITE} AND action = 'ban' AND decided_at <= $__toTime AND expires_at > $__
 ORDER BY decided_at DESC, value LIMIT 100"""),
     PanelSpec("table", "Recent decisions", f"""
 SELECT decided_at, action, value, scope, reason, duration_s, mode, origin,
-       id IN (SELECT id FROM decisions_published) AS kafka_confirmed
+       id GLOBAL IN (SELECT id FROM decisions_published) AS kafka_confirmed
 FROM decisions
 WHERE {SITE} AND $__timeFilter(decided_at)
 ORDER BY decided_at DESC, value LIMIT 50""", description=(

@@ -1388,7 +1388,7 @@ class KafkaSink:
     flush and at close with the ids of the decisions confirmed since the last call, so that a restarted owner
     can publish again what the topic never confirmed (``LiveDos.republish``).  An exception from it is logged and
     counted in :attr:`record_errors`, never raised (the decisions *were* delivered); the ids are offered again at
-    the next flush, up to :data:`KEEP_CONFIRMED` of them (the oldest beyond are forgotten: published again at
+    the first flush :data:`RECORD_RETRY_S` later (and at close), up to :data:`KEEP_CONFIRMED` of them (the oldest beyond are forgotten: published again at
     the next start, at least once).
     """
 
@@ -1412,6 +1412,7 @@ class KafkaSink:
         self.on_delivered = on_delivered
         self.record_errors = 0
         self._confirmed: list[str] = []  # ids delivered and not yet handed to on_delivered
+        self._record_after = 0.0  # monotonic time before which a failed on_delivered is not tried again
 
     @property
     def waiting(self) -> int:
@@ -1443,7 +1444,7 @@ class KafkaSink:
 
     def _wait(self, timeout_s: float, give_up: bool = False) -> None:
         self.producer.flush(timeout_s)
-        self._record()
+        self._record(force=give_up)
         bad, self._errors = self._errors, []
         why = bad[0][1] if bad else f"no delivery report within {timeout_s:g} s"
         lost = [d for d, _ in bad]
@@ -1458,18 +1459,21 @@ class KafkaSink:
     def close(self) -> None:
         self._wait(max(self.close_timeout_s, self.flush_timeout_s), give_up=True)
 
-    def _record(self) -> None:
+    def _record(self, force: bool = False) -> None:
         if not self._confirmed or self.on_delivered is None:
             return
+        if not force and time.monotonic() < self._record_after:
+            return  # it failed a moment ago (the store away): not a second store timeout on every flush
         ids = self._confirmed
         try:
             self.on_delivered(ids)
         except Exception as exc:
             self.record_errors += 1
+            self._record_after = time.monotonic() + RECORD_RETRY_S
             keep = ids[-KEEP_CONFIRMED:]
             log.warning("kafka %s: %d delivered decision(s) not recorded as published (%s)%s", self.topic,
                         len(ids), str(exc).splitlines()[0][:200] if str(exc) else exc,
-                        "; offered again at the next flush" if len(keep) == len(ids) else
+                        f"; offered again in {RECORD_RETRY_S:g} s" if len(keep) == len(ids) else
                         f"; {len(ids) - len(keep)} forgotten (published again at the next start)")
             self._confirmed = keep
         else:
@@ -1478,6 +1482,8 @@ class KafkaSink:
 
 #: delivered decision ids a KafkaSink keeps while its ``on_delivered`` fails (the store away)
 KEEP_CONFIRMED = 10_000
+#: seconds a KafkaSink waits after a failed ``on_delivered`` before trying it again (flushes in between skip it)
+RECORD_RETRY_S = 10.0
 
 
 def published_recorder(store: Any, topic: str, clock: Callable[[], float] = time.time) -> Callable[[list[str]], None]:

@@ -96,7 +96,8 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
     from forumpulse.detectors.actions import build_actions
     from forumpulse.detectors.dos import Decision, KafkaSink, StoreSink, published_recorder
     from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig
-    from forumpulse.pipeline.live_detect import _sql_str, active_from_store, live_config, normalize_value
+    from forumpulse.pipeline.live_detect import active_from_store, live_config, normalize_value
+    from forumpulse.pipeline.store import sql_string
 
     v = normalize_value(value)
     cfg = DosConfig.model_validate(settings.detectors.get("dos", {}) or {})
@@ -118,7 +119,7 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
     if owners_publish and not acfg.kafka:
         try:
             in_use = bool(store.query_rows(
-                f"SELECT count() > 0 FROM decisions_published WHERE topic = {_sql_str(topic)}")[0][0])
+                f"SELECT count() > 0 FROM decisions_published WHERE topic = {sql_string(topic)}")[0][0])
         except Exception:  # a store before migration 0012: nothing recorded
             in_use = False
     published = "pending" if owners_publish or acfg.kafka else "off"  # pending: the next owner start sends it

@@ -190,8 +190,11 @@ def unpublished_from_store(store: Any, topic: str, keep_unbans_s: float, now: fl
     since_ms = now_ms - int(max(keep_unbans_s, int(longest or 0)) * 1000)
     # the latest word per canonical value first, then what the topic confirmed: the other order let an older
     # ban under one spelling stand in for a confirmed unban under another (from a review)
+    # rows older than the window cannot be a latest word that matters (a ban in force or an unban within it)
+    recent = _LATEST_PER_VALUE.replace(
+        "FROM decisions GROUP BY", f"FROM decisions WHERE toUnixTimestamp64Milli(created_at) >= {since_ms} GROUP BY")
     latest = _by_canonical_value(store, [_decision_from_row(r) for r in store.query_rows(
-        f"{_LATEST_PER_VALUE} HAVING (last_action = 'ban' AND last_ms + dur * 1000 > {now_ms}) OR "
+        f"{recent} HAVING (last_action = 'ban' AND last_ms + dur * 1000 > {now_ms}) OR "
         f"(last_action = 'unban' AND last_ms >= {since_ms}) ORDER BY last_ms DESC")])
     # an unban matters only while a ban of its value would still be in force (a 10-minute ban lifted a week
     # ago needs no unban on the topic; user trial 42)
@@ -276,6 +279,18 @@ def _by_canonical_value(store: Any, held: list[Any]) -> list[Any]:
         seen.add(c)
         out.append(replace(d, value=c) if c != d.value else d)
     return out
+
+
+def _refused(value: str) -> str | None:
+    """Why a stored ban of ``value`` is neither restored nor published again: ``invalid`` (not an address or
+    network), a :func:`~forumpulse.detectors.dos.never_ban_reason` (loopback, link-local, ...), else None."""
+    from forumpulse.detectors.dos import canonical_network, never_ban_reason
+
+    try:
+        net = canonical_network(value)
+    except ValueError:
+        return "invalid"
+    return never_ban_reason(net)
 
 
 def decision_view(d: Any, now: float | None = None) -> dict[str, Any]:
@@ -445,37 +460,70 @@ class LiveDos:
 
     # -- the spool: decisions the store had not taken at shutdown ------------------------------------------
     def _spool(self, decisions: list[Any]) -> str:
-        """Write ``decisions`` to a new file of :attr:`spool_dir` (complete or absent: written aside, renamed)."""
+        """Write ``decisions`` to a new file of :attr:`spool_dir` (complete or absent: written aside, renamed;
+        the name is unique: time, then a random part)."""
+        import uuid
+
+        from forumpulse.detectors.dos import JsonLinesSink
+
         self.spool_dir.mkdir(parents=True, exist_ok=True)
-        path = self.spool_dir / f"decisions-{int(time.time() * 1000)}-{os.getpid()}.jsonl"
+        path = self.spool_dir / f"decisions-{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}.jsonl"
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for d in decisions:
-                f.write(json.dumps(d.to_json(), sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "x", encoding="utf-8") as f:
+                out = JsonLinesSink(f)
+                for d in decisions:
+                    out.emit(d)
+                out.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        with contextlib.suppress(OSError):  # the rename itself survives a power cut
+            fd = os.open(self.spool_dir, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         return str(path)
 
     def load_spool(self) -> int:
         """Insert the decisions spooled at earlier shutdowns (:attr:`spool_dir`, ``decisions-*.jsonl``, oldest
-        first) into the ``decisions`` table, removing each file once the store took it; a file the store refuses
-        (still away) stays for the next start, a malformed one is renamed ``*.bad`` and logged.  Idempotent: a
-        file inserted twice (a crash before its removal) is deduplicated by its insert token.  Returns the
-        decisions loaded (also :attr:`unspooled`)."""
+        first) into the ``decisions`` table, removing each file once the store took it.  A file is claimed
+        first (renamed ``*.loading-<pid>``): two owners sharing the folder never load one file both.  When the
+        store refuses (still away) the file goes back and the rest wait too, for the next start; a file that
+        cannot be read now (permissions, I/O) stays; one whose lines do not parse is renamed ``*.bad`` and
+        logged.  At least once: a crash between the insert and the removal loads that file again (the
+        ``decisions`` table does not deduplicate inserts).  Never raises (logged).  Returns the decisions
+        loaded (also :attr:`unspooled`)."""
         from forumpulse.detectors.dos import StoreSink, decision_from_json
 
-        if not self.spool_dir.is_dir():
-            return 0
         loaded = 0
-        for path in sorted(self.spool_dir.glob("decisions-*.jsonl")):
+        try:
+            paths = sorted(self.spool_dir.glob("decisions-*.jsonl")) if self.spool_dir.is_dir() else []
+        except OSError as exc:
+            log.error("spool %s unreadable: %s", self.spool_dir, exc)
+            paths = []
+        for path in paths:
+            claimed = path.with_name(f"{path.name}.loading-{os.getpid()}")
             try:
-                with open(path, encoding="utf-8") as f:
-                    ds = [decision_from_json(json.loads(line)) for line in f if line.strip()]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.error("spooled decisions %s unreadable (%s): renamed to .bad, not loaded", path, exc)
+                os.replace(path, claimed)
+            except OSError:
+                continue  # another owner took it, or it went away
+            try:
+                with open(claimed, encoding="utf-8") as f:
+                    lines = [line for line in f if line.strip()]
+            except OSError as exc:
+                log.error("spooled decisions %s unreadable now (%s): kept for the next start", path, exc)
+                os.replace(claimed, path)
+                continue
+            try:
+                ds = [decision_from_json(json.loads(line)) for line in lines]
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                log.error("spooled decisions %s malformed (%s): renamed to .bad, not loaded", path, exc)
                 with contextlib.suppress(OSError):
-                    os.replace(path, path.with_suffix(".bad"))
+                    os.replace(claimed, path.with_suffix(".bad"))
                 continue
             try:
                 sink = StoreSink(self.store, flush_every=1_000_000)
@@ -483,10 +531,12 @@ class LiveDos:
                     sink.emit(d)
                 sink.flush()
             except Exception as exc:
-                log.warning("spooled decisions %s not loaded (the store: %s); kept for the next start", path,
-                            str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
-                continue
-            path.unlink()
+                log.warning("spooled decisions %s not loaded (the store: %s); kept with the rest for the next "
+                            "start", path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                with contextlib.suppress(OSError):
+                    os.replace(claimed, path)
+                break  # the store is away: one timeout, not one per file
+            claimed.unlink(missing_ok=True)
             loaded += len(ds)
             log.warning("loaded %d decision(s) spooled at an earlier shutdown (%s) into the decisions table",
                         len(ds), path.name)
@@ -515,6 +565,9 @@ class LiveDos:
             log.warning("could not read which decisions %s has not confirmed (none published again): %s",
                         kafka.inner.topic, str(exc).splitlines()[0][:200])
             return 0
+        # a ban restore refuses (loopback, link-local, not an address: rows of a version that made them) is not
+        # sent either: firewall hosts would ban what the owner itself never bans (from a review)
+        again = [d for d in again if d.action != "ban" or _refused(d.value) is None]
         if not again:
             return 0
         with self.lock:
@@ -590,24 +643,21 @@ class LiveDos:
             log.warning("could not rebuild the decision stream from the store: %s", str(exc).splitlines()[0][:200])
         from dataclasses import replace
 
-        from forumpulse.detectors.dos import canonical_network, net_value, never_ban_reason
+        from forumpulse.detectors.dos import canonical_network, net_value
 
         with self.lock:
             for d in active:
                 if d.mode != "enforce":
                     continue
-                try:
-                    net = canonical_network(d.value)
-                except ValueError:
-                    self.manager.suppressed["invalid"] += 1
-                    log.warning("not restoring decision %s: %r is not a ban value", d.id, d.value)
+                refused = _refused(d.value)
+                if refused is not None:
+                    self.manager.suppressed[refused] += 1
+                    if refused == "invalid":
+                        log.warning("not restoring decision %s: %r is not a ban value", d.id, d.value)
+                    else:
+                        log.warning("not restoring the ban of %s (%s, never banned)", d.value, refused)
                     continue
-                never = never_ban_reason(net)
-                if never is not None:
-                    self.manager.suppressed[never] += 1
-                    log.warning("not restoring the ban of %s (%s, never banned)", d.value, never)
-                    continue
-                value = net_value(net)
+                value = net_value(canonical_network(d.value))
                 if self.manager.overlaps(value, self.manager.proxies):  # banned before it was listed: lift it
                     self.manager.suppressed["trusted_proxy"] += 1
                     self.manager.active[value] = d if value == d.value else replace(d, value=value)

@@ -24,9 +24,12 @@ def fixtures_dir() -> Path:
 
 
 @pytest.fixture
-def settings() -> Settings:
-    """Default settings with retention off (fixture logs are old; TTL would drop them on insert)."""
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """Default settings with retention off (fixture logs are old; TTL would drop them on insert), and the DoS
+    spool in a folder of the test's own (the default, ``data/spool`` under the working directory, is the
+    checkout's)."""
     s = load_settings()
+    s.detectors = {"live": {"spool_dir": str(tmp_path_factory.mktemp("spool"))}}
     s.retention.raw_days = 0
     s.retention.rollup_days = 0
     s.retention.quarantine_days = 0

@@ -103,6 +103,9 @@ def test_confirmed_decisions_are_handed_on_and_a_failed_record_is_offered_again(
     sink.emit(decision("198.51.100.7"))
     sink.flush()  # delivered, not recorded: no exception, counted
     assert sink.delivered == 1 and sink.record_errors == 1 and got == []
+    sink.flush()  # a moment later: not tried again (the store away would cost a second timeout per flush)
+    assert got == [] and sink.record_errors == 1
+    sink._record_after = 0.0  # RECORD_RETRY_S later
     sink.emit(decision("198.51.100.8"))
     kafka.fail = "KafkaError{code=_MSG_TIMED_OUT}"
     with pytest.raises(UndeliveredError):  # .8 failed; .7 (delivered before) is recorded all the same
@@ -256,15 +259,18 @@ def test_decisions_the_store_had_not_taken_at_shutdown_are_spooled_and_loaded_at
     settings.actions = {"decision_api": {"enabled": False}}
     first = LiveDos(settings, store, actions=[], publish=False)
     store.command("RENAME TABLE decisions TO decisions_away")  # the store refuses decisions from here on
-    first.unban("198.51.100.90")  # an unban row the store cannot take
+    ban = replace(decision("198.51.100.91"), id="ban-spooled", created_at=int(time.time() * 1000),
+                  duration_s=3600)
+    first.manager.dispatch(ban)  # a ban and an unban the store cannot take
+    first.unban("198.51.100.90")
     with caplog.at_level("WARNING"):
         first.close()
     files = sorted(spool.glob("decisions-*.jsonl"))
     assert len(files) == 1 and "spooled to" in caplog.text
-    [row] = [json.loads(x) for x in files[0].read_text().splitlines()]
-    assert (row["action"], row["value"]) == ("unban", "198.51.100.90")
+    rows = [json.loads(x) for x in files[0].read_text().splitlines()]
+    assert [(r["action"], r["value"]) for r in rows] == [("ban", "198.51.100.91"), ("unban", "198.51.100.90")]
 
-    still_away = LiveDos(settings, store, actions=[], publish=False)  # the store still refuses: kept
+    still_away = LiveDos(settings, store, actions=[], publish=False)  # the store still refuses: kept as it was
     assert still_away.unspooled == 0 and sorted(spool.glob("decisions-*.jsonl")) == files
     still_away.close()
 
@@ -272,11 +278,31 @@ def test_decisions_the_store_had_not_taken_at_shutdown_are_spooled_and_loaded_at
     (spool / "decisions-1-1.jsonl").write_text("{not json\n")  # older name: read first
     back = LiveDos(settings, store, actions=[], publish=False)
     back.close()
-    assert back.unspooled == 1 and sorted(p.name for p in spool.iterdir()) == ["decisions-1-1.bad"]
-    assert store.query_rows("SELECT action, value FROM decisions") == [("unban", "198.51.100.90")]
+    assert back.unspooled == 2 and sorted(p.name for p in spool.iterdir()) == ["decisions-1-1.bad"]
+    assert sorted(store.query_rows("SELECT action, value FROM decisions")) == [("ban", "198.51.100.91"),
+                                                                               ("unban", "198.51.100.90")]
+    # loaded before restore: the spooled ban is held again and served to bouncers
+    assert back.restored == 1 and set(back.manager.active) == {"198.51.100.91"}
+    assert "198.51.100.91" in back.registry.active
     again = LiveDos(settings, store, actions=[], publish=False)
     again.close()
-    assert again.unspooled == 0 and store.query_rows("SELECT count() FROM decisions") == [(1,)]
+    assert again.unspooled == 0 and store.query_rows("SELECT count() FROM decisions") == [(2,)]
+
+
+def test_bans_restore_refuses_are_not_published_again(store: Store, settings: Settings) -> None:
+    """A stored ban of an address never banned (loopback, link-local: a version that banned them) or of no
+    address at all is neither restored nor sent on the topic at start (it was sent, from a review)."""
+    now = int(time.time() * 1000)
+    sink = StoreSink(store)
+    for i, v in enumerate(["127.0.0.1", "169.254.1.1", "not-an-ip", "198.51.100.60"]):
+        sink.emit(replace(decision(v), id=f"old-{i}", created_at=now - 60_000, duration_s=3600))
+    sink.close()
+    kafka = FakeKafka()
+    kafka.up = True
+    live = LiveDos(settings, store, actions=[], publish=True, kafka_producer=kafka)
+    live.close()
+    assert live.republished == 1 and [k for k, _ in kafka.delivered] == [b"198.51.100.60"]
+    assert live.restored == 1 and live.manager.suppressed["invalid"] == 1
 
 
 @pytest.fixture(scope="module")

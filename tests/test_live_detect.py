@@ -93,7 +93,8 @@ def _settings(base: Settings, broker: Broker, tag: str, source: str) -> Settings
     s.kafka.events_topic = broker.create_topic(f"events-{tag}", 1)
     s.kafka.group_id = f"loader-{tag}"
     s.detectors = {"dos": {"crawlers": {"verify": "ua"}},
-                   "live": {"dos_source": source, "feed_group": f"dos-{tag}", "feed_start": "earliest"}}
+                   "live": {**base.detectors.get("live", {}), "dos_source": source, "feed_group": f"dos-{tag}",
+                            "feed_start": "earliest"}}
     s.actions = {"decision_api": {"enabled": True, "listen": "127.0.0.1:0", "api_key": API_KEY}}
     return s
 
