@@ -451,8 +451,9 @@ class LiveDos:
         self.unspooled = 0
         self._unbans_from_ms = self._unbans_seen_ms = int(clock() * 1000)  # sync_store_unbans: rows after this
         if restore:
-            # what the topic never confirmed goes first: restore() may lift a ban (a trusted proxy), and that
-            # unban must follow the ban on the topic, not precede it (from a review)
+            # spooled decisions first (into the table: republish and restore then see them); then what the topic
+            # never confirmed: restore() may lift a ban (a trusted proxy), and that unban must follow the ban on
+            # the topic, not precede it (from a review)
             self.load_spool()
             self.republish()
             self.restore()
@@ -501,6 +502,8 @@ class LiveDos:
 
         loaded = 0
         try:
+            if self.spool_dir.is_dir():
+                self._unclaim_stale()
             paths = sorted(self.spool_dir.glob("decisions-*.jsonl")) if self.spool_dir.is_dir() else []
         except OSError as exc:
             log.error("spool %s unreadable: %s", self.spool_dir, exc)
@@ -516,7 +519,8 @@ class LiveDos:
                     lines = [line for line in f if line.strip()]
             except OSError as exc:
                 log.error("spooled decisions %s unreadable now (%s): kept for the next start", path, exc)
-                os.replace(claimed, path)
+                with contextlib.suppress(OSError):
+                    os.replace(claimed, path)
                 continue
             try:
                 ds = [decision_from_json(json.loads(line)) for line in lines]
@@ -543,13 +547,33 @@ class LiveDos:
         self.unspooled += loaded
         return loaded
 
+    def _unclaim_stale(self) -> None:
+        """Put back files an owner claimed and did not finish (it crashed between the claim and the removal):
+        claimed by this process id before this start, or by a process that is gone."""
+        for claimed in self.spool_dir.glob("decisions-*.jsonl.loading-*"):
+            try:
+                pid = int(claimed.name.rsplit("-", 1)[1])
+            except ValueError:
+                continue
+            if pid != os.getpid():
+                try:
+                    os.kill(pid, 0)
+                    continue  # that owner is still loading it
+                except ProcessLookupError:
+                    pass
+                except OSError:
+                    continue  # alive, another user's
+            with contextlib.suppress(OSError):
+                os.replace(claimed, claimed.with_name(claimed.name.rsplit(".loading-", 1)[0]))
+                log.warning("spooled decisions %s: an earlier load did not finish; loading it again", claimed.name)
+
     def _kafka_sink(self) -> _GuardedSink | None:
         return next((s for s in self.sinks if s.name == "kafka"), None)
 
     def republish(self) -> int:
         """Publish again, on the Kafka sink (when publishing), the decisions the topic never confirmed
-        (:func:`unpublished_from_store`: the latest word per value, a ban in force or an unban within the longest
-        ban's duration): a decision still queued in the producer when the last owner stopped or was killed (the
+        (:func:`unpublished_from_store`: the latest word per value, a ban in force or an unban while a ban of its
+        value would still be in force; never a ban :meth:`restore` refuses): a decision still queued in the producer when the last owner stopped or was killed (the
         broker away) reached the table but not the consumers of ``weblogs.decisions``.  They go through the
         guarded sink (kept and sent again while the broker stays away) with their original ids and times; the
         first start after migration 0012 publishes every such decision once more (no confirmations recorded

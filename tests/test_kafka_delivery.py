@@ -288,6 +288,14 @@ def test_decisions_the_store_had_not_taken_at_shutdown_are_spooled_and_loaded_at
     again.close()
     assert again.unspooled == 0 and store.query_rows("SELECT count() FROM decisions") == [(2,)]
 
+    # an owner that crashed after claiming a file (renamed .loading-<pid>) left it: the next start loads it
+    crashed = spool / "decisions-0000000000002-abc.jsonl.loading-999999999"
+    crashed.write_text(json.dumps(rows[1]) + "\n")
+    later = LiveDos(settings, store, actions=[], publish=False)
+    later.close()
+    assert later.unspooled == 1 and not crashed.exists()
+    assert sorted(p.name for p in spool.iterdir()) == ["decisions-1-1.bad"]
+
 
 def test_bans_restore_refuses_are_not_published_again(store: Store, settings: Settings) -> None:
     """A stored ban of an address never banned (loopback, link-local: a version that banned them) or of no
