@@ -1388,8 +1388,8 @@ class KafkaSink:
     flush and at close with the ids of the decisions confirmed since the last call, so that a restarted owner
     can publish again what the topic never confirmed (``LiveDos.republish``).  An exception from it is logged and
     counted in :attr:`record_errors`, never raised (the decisions *were* delivered); the ids are offered again at
-    the first flush :data:`RECORD_RETRY_S` later (and at close), up to :data:`KEEP_CONFIRMED` of them (the oldest beyond are forgotten: published again at
-    the next start, at least once).
+    the first flush :data:`RECORD_RETRY_S` later (and at close), up to :data:`KEEP_CONFIRMED` of them (the
+    oldest beyond are forgotten: published again at the next start, at least once).
     """
 
     def __init__(self, bootstrap_servers: str = "127.0.0.1:9092", topic: str = "weblogs.decisions",
