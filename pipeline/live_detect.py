@@ -573,8 +573,9 @@ class LiveDos:
     def republish(self) -> int:
         """Publish again, on the Kafka sink (when publishing), the decisions the topic never confirmed
         (:func:`unpublished_from_store`: the latest word per value, a ban in force or an unban while a ban of its
-        value would still be in force; never a ban :meth:`restore` refuses): a decision still queued in the producer when the last owner stopped or was killed (the
-        broker away) reached the table but not the consumers of ``weblogs.decisions``.  They go through the
+        value would still be in force; never a ban :meth:`restore` refuses): a decision still queued in the
+        producer when the last owner stopped or was killed (the broker away) reached the table but not the
+        consumers of ``weblogs.decisions``.  They go through the
         guarded sink (kept and sent again while the broker stays away) with their original ids and times; the
         first start after migration 0012 publishes every such decision once more (no confirmations recorded
         yet).  At least once: consumers must take a decision id twice.  Store errors are logged; nothing is
