@@ -116,7 +116,7 @@ from typing import Annotated, Any
 import numpy as np
 import pyarrow as pa
 import typer
-from forumpulse.pipeline.config import Settings, load_settings
+from forumpulse.pipeline.config import Settings, load_settings, mask_url
 from forumpulse.pipeline.contracts import (
     LISTENER_LABEL_RE,
     Beat,
@@ -1696,7 +1696,8 @@ def open_store_waiting(url: str, stop: threading.Event, database: str | None = N
         except StoreError as exc:
             if stop.is_set():
                 raise
-            log.warning("store %s not available (retrying in %.1f s): %s", url, delay, str(exc).splitlines()[0][:200])
+            log.warning("store %s not available (retrying in %.1f s): %s", mask_url(url), delay,
+                        str(exc).splitlines()[0][:200])
             stop.wait(delay)
             delay = min(backoff_max_s, delay * 2)
 

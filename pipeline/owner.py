@@ -41,7 +41,7 @@ from typing import Annotated, Any
 
 import typer
 from forumpulse.pipeline.chhttp import ClickHouseHTTPServer, RequestInfo, Route
-from forumpulse.pipeline.config import Settings, load_settings
+from forumpulse.pipeline.config import Settings, load_settings, mask_url
 from forumpulse.pipeline.consumer import (
     ConsumerOptions,
     LiveConsumer,
@@ -120,7 +120,7 @@ class Owner:
                   "degraded" if kafka is not None and (kafka["reachable"] is False or kafka["stale"]) else "ok")
         body = {
             "status": status, "pid": os.getpid(),
-            "store": self.store_url, "uptime_s": round(time.time() - self.started, 1),
+            "store": mask_url(self.store_url), "uptime_s": round(time.time() - self.started, 1),
             "consumer": self.consumer.metrics.summary() if self.consumer else None,
             "kafka": kafka,
         }
@@ -193,7 +193,7 @@ class Owner:
         self.server = ClickHouseHTTPServer(self.store, self.host, self.port, password=self.password, routes=routes)
         self.port = self.server.port
         threading.Thread(target=self.server.serve_forever, name="owner-http", daemon=True).start()
-        log.info("owner serving on http://%s:%d (store %s)", self.host, self.port, self.store_url)
+        log.info("owner serving on http://%s:%d (store %s)", self.host, self.port, mask_url(self.store_url))
         if self.consume:
             opts = self.consumer_options or ConsumerOptions.from_settings(self.settings)
             self.consumer = LiveConsumer(self.settings, self.store, opts, hooks=ctx.hooks)
@@ -303,7 +303,7 @@ def run_command(
     except OSError as exc:  # the port in use, an address not on this host: one line, the store already closed
         log.error("cannot start: %s", exc)
         raise SystemExit(f"error: cannot start the owner: {exc}") from None
-    print(json.dumps({"owner": os.getpid(), "port": owner.port, "store": owner.store_url}), flush=True)
+    print(json.dumps({"owner": os.getpid(), "port": owner.port, "store": mask_url(owner.store_url)}), flush=True)
     owner.wait()
 
 

@@ -6,6 +6,7 @@ import json
 import urllib.request
 from pathlib import Path
 
+import pytest
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.owner import Owner, OwnerContext
 from forumpulse.pipeline.store import ClickHouseStore
@@ -166,3 +167,25 @@ def test_a_port_in_use_is_one_line_and_the_store_is_closed_cleanly(tmp_path: Pat
                            capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
     assert "error: cannot start the owner:" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_store_url_password_is_never_shown(chdb_path: Path, settings: Settings,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The systemd detectors reach the store through the owner's endpoint with its password in the URL: their
+    /fp/health (no password needed), the log and the ready line printed it in plain text (user trial 42)."""
+    secret = "S3cret-owner-pw"
+    owner = Owner(settings, store_url=f"chdb:{chdb_path}", port=0, services=[], password=secret)
+    owner.start()
+    try:
+        url = f"clickhouse://default:{secret}@127.0.0.1:{owner.port}/forumpulse"
+        with caplog.at_level("INFO"):
+            detectors = Owner(settings, store_url=url, port=0, services=[])
+            detectors.start()
+        try:
+            health = json.loads(_get(detectors.port, "/fp/health")[1])
+            assert health["store"] == f"clickhouse://default:***@127.0.0.1:{owner.port}/forumpulse"
+            assert "owner serving on" in caplog.text and secret not in caplog.text
+        finally:
+            detectors.shutdown()
+    finally:
+        owner.shutdown()
