@@ -1473,6 +1473,7 @@ class KafkaSink:
             keep = ids[-KEEP_CONFIRMED:]
             log.warning("kafka %s: %d delivered decision(s) not recorded as published (%s)%s", self.topic,
                         len(ids), str(exc).splitlines()[0][:200] if str(exc) else exc,
+                        "; the next start publishes them again" if force else
                         f"; offered again in {RECORD_RETRY_S:g} s" if len(keep) == len(ids) else
                         f"; {len(ids) - len(keep)} forgotten (published again at the next start)")
             self._confirmed = keep

@@ -369,8 +369,13 @@ class _GuardedSink:
             try:
                 where = self.spool(self._retry)
             except Exception as exc:
-                log.error("decision sink %s: %d decision(s) not emitted at shutdown, and could not be spooled: %s",
-                          self.name, len(self._retry), exc)
+                # named one by one: they are in no table and no file (from user trial 42: lost without a trace)
+                log.error("decision sink %s: %d decision(s) not emitted at shutdown and not spooled (%s); they "
+                          "are not in the decisions table: %s", self.name, len(self._retry), exc,
+                          "; ".join(f"{getattr(d, 'action', '?')} {getattr(d, 'value', '?')} id "
+                                    f"{getattr(d, 'id', '?')} until {getattr(d, 'expires_at', '?')}"
+                                    for d in self._retry[:50]) + (" ..." if len(self._retry) > 50 else ""))
+                self._retry = []
             else:
                 log.warning("decision sink %s: %d decision(s) not emitted at shutdown, spooled to %s (loaded at "
                             "the next start)", self.name, len(self._retry), where)
@@ -454,6 +459,7 @@ class LiveDos:
             # spooled decisions first (into the table: republish and restore then see them); then what the topic
             # never confirmed: restore() may lift a ban (a trusted proxy), and that unban must follow the ban on
             # the topic, not precede it (from a review)
+            self.check_spool_dir()
             self.load_spool()
             self.republish()
             self.restore()
@@ -487,7 +493,22 @@ class LiveDos:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        return str(path)
+        return str(path.absolute())
+
+    def check_spool_dir(self) -> bool:
+        """Whether :attr:`spool_dir` can take a spool file (created when missing); logged at start when not, so
+        an unwritable folder shows before a stop needs it (user trial 42)."""
+        try:
+            self.spool_dir.mkdir(parents=True, exist_ok=True)
+            ok = os.access(self.spool_dir, os.W_OK | os.X_OK)
+        except OSError as exc:
+            ok, why = False, str(exc)
+        else:
+            why = "not writable"
+        if not ok:
+            log.error("detectors.live.spool_dir %s: %s; decisions the store has not taken when this process stops "
+                      "would be lost", self.spool_dir.absolute(), why)
+        return ok
 
     def load_spool(self) -> int:
         """Insert the decisions spooled at earlier shutdowns (:attr:`spool_dir`, ``decisions-*.jsonl``, oldest
@@ -512,8 +533,12 @@ class LiveDos:
             claimed = path.with_name(f"{path.name}.loading-{os.getpid()}")
             try:
                 os.replace(path, claimed)
-            except OSError:
-                continue  # another owner took it, or it went away
+            except FileNotFoundError:
+                continue  # another owner took it
+            except OSError as exc:  # the folder not writable: it could neither be claimed nor removed once loaded
+                log.error("spooled decisions %s not loaded: cannot claim it (%s); make %s writable for this "
+                          "process", path.absolute(), exc, self.spool_dir.absolute())
+                continue
             try:
                 with open(claimed, encoding="utf-8") as f:
                     lines = [line for line in f if line.strip()]

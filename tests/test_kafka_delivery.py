@@ -12,6 +12,7 @@ CLI's owner client when the owner is slow:
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -295,6 +296,48 @@ def test_decisions_the_store_had_not_taken_at_shutdown_are_spooled_and_loaded_at
     later.close()
     assert later.unspooled == 1 and not crashed.exists()
     assert sorted(p.name for p in spool.iterdir()) == ["decisions-1-1.bad"]
+
+
+def test_a_spool_folder_that_cannot_be_written_is_said_at_start_and_its_losses_are_named(
+        store: Store, settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A spool folder this process cannot write (user trial 42: immutable): said at start, not first at the stop
+    that needs it; and at that stop each decision neither stored nor spooled is named in the log (value, id),
+    not summed up as "in the decisions table" (it is not)."""
+    (tmp_path / "file").write_text("")
+    settings.detectors = {"live": {"spool_dir": str(tmp_path / "file" / "spool")}}  # under a file: mkdir fails
+    settings.actions = {"decision_api": {"enabled": False}}
+    with caplog.at_level("WARNING"):
+        live = LiveDos(settings, store, actions=[], publish=False)
+    assert "spool_dir" in caplog.text and "would be lost" in caplog.text
+    store.command("RENAME TABLE decisions TO decisions_away")
+    try:
+        live.unban("198.51.100.95")
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            live.close()
+        assert "not spooled" in caplog.text and "unban 198.51.100.95 id " in caplog.text
+        assert "they are in the decisions table" not in caplog.text
+    finally:
+        store.command("RENAME TABLE decisions_away TO decisions")
+
+
+def test_a_spool_file_that_cannot_be_claimed_is_logged_not_skipped_in_silence(
+        store: Store, settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Claiming a file (renaming it) fails for a reason other than another owner having taken it (the trial's
+    immutable folder; here its claimed name is taken by a folder): logged with the fix, the file left as it is."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    f = spool / "decisions-0000000000001-abc.jsonl"
+    f.write_text(json.dumps(decision("198.51.100.96").to_json()) + "\n")
+    blocker = spool / f"{f.name}.loading-{os.getpid()}"
+    blocker.mkdir()
+    (blocker / "x").write_text("")
+    settings.detectors = {"live": {"spool_dir": str(spool)}}
+    settings.actions = {"decision_api": {"enabled": False}}
+    with caplog.at_level("WARNING"):
+        live = LiveDos(settings, store, actions=[], publish=False)
+    live.close()
+    assert live.unspooled == 0 and f.exists() and "cannot claim it" in caplog.text
 
 
 def test_bans_restore_refuses_are_not_published_again(store: Store, settings: Settings) -> None:
