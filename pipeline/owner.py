@@ -52,7 +52,7 @@ from forumpulse.pipeline.consumer import (
 )
 from forumpulse.pipeline.enrich import RulesError, load_configured_titles
 from forumpulse.pipeline.metrics import PipelineMetrics
-from forumpulse.pipeline.store import Store
+from forumpulse.pipeline.store import Store, StoreError
 from prometheus_client import CollectorRegistry, generate_latest
 
 log = logging.getLogger("forumpulse.owner")
@@ -303,6 +303,13 @@ def run_command(
     except OSError as exc:  # the port in use, an address not on this host: one line, the store already closed
         log.error("cannot start: %s", exc)
         raise SystemExit(f"error: cannot start the owner: {exc}") from None
+    except StoreError as exc:
+        if not owner.stop_event.is_set():
+            raise
+        # SIGTERM while waiting for a store that is away: a requested stop, not a failure (it exited 3 with
+        # "cannot reach ClickHouse", and systemd marked the unit failed; user trial 42)
+        log.info("stopped while waiting for the store: %s", str(exc).splitlines()[0][:200])
+        return
     print(json.dumps({"owner": os.getpid(), "port": owner.port, "store": mask_url(owner.store_url)}), flush=True)
     owner.wait()
 

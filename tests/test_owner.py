@@ -189,3 +189,32 @@ def test_a_store_url_password_is_never_shown(chdb_path: Path, settings: Settings
             detectors.shutdown()
     finally:
         owner.shutdown()
+
+
+def test_sigterm_while_waiting_for_an_absent_store_is_a_clean_stop(tmp_path: Path) -> None:
+    """``run`` whose store (a ClickHouse server, or the owner's endpoint the systemd detectors use) is away
+    waits for it; a SIGTERM then is a requested stop: exit 0 -- it was exit 3 "cannot reach ClickHouse", and
+    systemd marked the unit failed (user trial 42).  The password in the URL is not printed while it waits."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s1, socket.socket() as s2:
+        s1.bind(("127.0.0.1", 0))
+        s2.bind(("127.0.0.1", 0))
+        absent, port = s1.getsockname()[1], s2.getsockname()[1]  # nothing listens on either once closed
+    exe = Path(sys.executable).with_name("forumpulse")
+    p = subprocess.Popen([str(exe), "run", "--store", f"clickhouse://default:S3cret-pw@127.0.0.1:{absent}/forumpulse",
+                          "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(5)  # started, found no store, waiting (its first retry is logged at once)
+        assert p.poll() is None, "it did not wait for the store"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, (p.returncode, err[-2000:])
+    assert "not available" in err and "S3cret-pw" not in err + out and "Traceback" not in err, err[-2000:]
