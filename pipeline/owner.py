@@ -52,7 +52,7 @@ from forumpulse.pipeline.consumer import (
 )
 from forumpulse.pipeline.enrich import RulesError, load_configured_titles
 from forumpulse.pipeline.metrics import PipelineMetrics
-from forumpulse.pipeline.store import Store, StoreError
+from forumpulse.pipeline.store import Store, StoreError, StoreLocationError
 from prometheus_client import CollectorRegistry, generate_latest
 
 log = logging.getLogger("forumpulse.owner")
@@ -292,8 +292,11 @@ def run_command(
         services = [*_SERVICES, *live_services(dos=dos, traffic=traffic)]
     owner = Owner(settings, store, host, port, password, consume, opts, services=services)
 
+    signalled = threading.Event()
+
     def _signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: shutting down", signum)
+        signalled.set()
         owner.stop()
 
     signal.signal(signal.SIGTERM, _signal)
@@ -304,7 +307,7 @@ def run_command(
         log.error("cannot start: %s", exc)
         raise SystemExit(f"error: cannot start the owner: {exc}") from None
     except StoreError as exc:
-        if not owner.stop_event.is_set():
+        if not signalled.is_set() or isinstance(exc, StoreLocationError):  # (start() sets stop_event on any error)
             raise
         # SIGTERM while waiting for a store that is away: a requested stop, not a failure (it exited 3 with
         # "cannot reach ClickHouse", and systemd marked the unit failed; user trial 42)
