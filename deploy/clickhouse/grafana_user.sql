@@ -26,9 +26,11 @@ GRANT SELECT ON forumpulse.detections TO forumpulse_grafana_reader;
 -- decisions and quarantine: not the columns that hold other people's addresses or raw lines (a decision's
 -- evidence names the range's busiest clients and sample requests; a quarantined line is the raw log line, with its
 -- address and any session token the privacy settings would have stripped).  The banned value itself is granted:
--- the security panels list the bans.
-GRANT SELECT(decided_at, expires_at, site, action, value, scope, reason, duration_s, mode, origin)
+-- the security panels list the bans.  The id (a random hex string) tells whether the decisions topic confirmed a
+-- decision (decisions_published, migration 0012: topic, id, time; nothing about clients).
+GRANT SELECT(id, decided_at, expires_at, site, action, value, scope, reason, duration_s, mode, origin)
     ON forumpulse.decisions TO forumpulse_grafana_reader;
+GRANT SELECT ON forumpulse.decisions_published TO forumpulse_grafana_reader;
 GRANT SELECT(ingested_at, site, origin_host, origin_file, source_format, reason, line_no)
     ON forumpulse.quarantine TO forumpulse_grafana_reader;
 GRANT SELECT ON forumpulse.pipeline_stats TO forumpulse_grafana_reader;
