@@ -119,7 +119,7 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
     if owners_publish and not acfg.kafka:
         try:
             in_use = bool(store.query_rows(
-                f"SELECT count() > 0 FROM decisions_published WHERE topic = {sql_string(topic)}")[0][0])
+                f"SELECT 1 FROM decisions_published WHERE topic = {sql_string(topic)} LIMIT 1"))
         except Exception:  # a store before migration 0012: nothing recorded
             in_use = False
     published = "pending" if owners_publish or acfg.kafka else "off"  # pending: the next owner start sends it
