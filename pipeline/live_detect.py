@@ -156,46 +156,62 @@ def _decision_from_row(row: Sequence[Any]) -> Any:
                     origin=str(origin), evidence=ev)
 
 
-#: the latest ``decisions`` row per value, in :func:`_decision_from_row`'s order (``GROUP BY value``)
-_LATEST_PER_VALUE = (
-    "SELECT argMax(id, created_at) AS last_id, toUnixTimestamp64Milli(max(created_at)) AS last_ms, "
-    "argMax(toUnixTimestamp64Milli(decided_at), created_at), argMax(toUnixTimestamp64Milli(first_seen), "
-    "created_at), argMax(toUnixTimestamp64Milli(expires_at), created_at), argMax(site, created_at), "
-    "argMax(action, created_at) AS last_action, value, argMax(scope, created_at), argMax(reason, created_at), "
-    "argMax(duration_s, created_at) AS dur, argMax(mode, created_at), argMax(origin, created_at), "
-    "argMax(evidence, created_at) FROM decisions GROUP BY value")
+def _latest_per_value(where: str = "") -> str:
+    """SELECT of the latest ``decisions`` row per value (among rows matching ``where``, an SQL condition), in
+    :func:`_decision_from_row`'s order, ending in ``GROUP BY value``: add ``HAVING``/``ORDER BY`` after it."""
+    return ("SELECT argMax(id, created_at) AS last_id, toUnixTimestamp64Milli(max(created_at)) AS last_ms, "
+            "argMax(toUnixTimestamp64Milli(decided_at), created_at), argMax(toUnixTimestamp64Milli(first_seen), "
+            "created_at), argMax(toUnixTimestamp64Milli(expires_at), created_at), argMax(site, created_at), "
+            "argMax(action, created_at) AS last_action, value, argMax(scope, created_at), argMax(reason, created_at), "
+            "argMax(duration_s, created_at) AS dur, argMax(mode, created_at), argMax(origin, created_at), "
+            f"argMax(evidence, created_at) FROM decisions {f'WHERE {where} ' if where else ''}GROUP BY value")
 
 
-def active_from_store(store: Any, now: float | None = None) -> list[Any]:
+def active_from_store(store: Any, now: float | None = None, latest: list[Any] | None = None) -> list[Any]:
     """Bans still in force by the wall clock (``created_at + duration_s > now``) whose latest row per value is
-    a ban (a later unban ends it), newest first, as :class:`~forumpulse.detectors.dos.Decision` objects."""
+    a ban (a later unban ends it), newest first, as :class:`~forumpulse.detectors.dos.Decision` objects.
+    ``latest``: :func:`latest_words` already read at ``now`` (its bans are these), else the table is read."""
     now_ms = int((time.time() if now is None else now) * 1000)
-    rows = store.query_rows(f"{_LATEST_PER_VALUE} HAVING last_action = 'ban' AND last_ms + dur * 1000 > {now_ms} "
+    if latest is not None:
+        return [d for d in latest if d.action == "ban" and d.created_at + d.duration_s * 1000 > now_ms]
+    rows = store.query_rows(f"{_latest_per_value()} HAVING last_action = 'ban' AND last_ms + dur * 1000 > {now_ms} "
                             "ORDER BY last_ms DESC")
     return _by_canonical_value(store, [_decision_from_row(r) for r in rows])
 
 
-def unpublished_from_store(store: Any, topic: str, keep_unbans_s: float, now: float | None = None) -> list[Any]:
-    """The decisions a restarted owner publishes again on ``topic``, oldest first: per value (keyed canonically,
-    as :func:`active_from_store`), the latest row -- a ban still in force, or an unban while a ban of that value
-    would still be in force without it (looked for within ``keep_unbans_s`` or the longest ban in the table) --
-    when ``decisions_published`` (migration 0012) has no confirmation of it for ``topic``.
-    Only the latest word per value: an older ban whose unban was delivered, or an older unban followed by a new
-    ban, is never sent again (it would undo what came after it).  Store errors are raised (a store without the
-    table: ``forumpulse db migrate``)."""
+def latest_words(store: Any, keep_unbans_s: float, now: float | None = None) -> list[Any]:
+    """Per value (keyed canonically, as :func:`active_from_store`), the latest ``decisions`` row when it is a ban
+    still in force, or an unban within ``keep_unbans_s`` or the longest ban in the table (an unban of a ban that
+    could still be in force), newest first.  What a starting owner reads once for :func:`unpublished_from_store`
+    and :func:`active_from_store` (``latest=``).  Store errors are raised."""
     now_ms = int((time.time() if now is None else now) * 1000)
     # an unban matters while the ban it lifted would still be in force: bans made under longer durations than
     # today's rules give count too (from a review)
     [[longest]] = store.query_rows("SELECT max(duration_s) FROM decisions WHERE action = 'ban'")
     since_ms = now_ms - int(max(keep_unbans_s, int(longest or 0)) * 1000)
-    # the latest word per canonical value first, then what the topic confirmed: the other order let an older
-    # ban under one spelling stand in for a confirmed unban under another (from a review)
-    # rows older than the window cannot be a latest word that matters (a ban in force or an unban within it)
-    recent = _LATEST_PER_VALUE.replace(
-        "FROM decisions GROUP BY", f"FROM decisions WHERE toUnixTimestamp64Milli(created_at) >= {since_ms} GROUP BY")
-    latest = _by_canonical_value(store, [_decision_from_row(r) for r in store.query_rows(
+    # the latest word per canonical value first, then (unpublished_from_store) what the topic confirmed: the
+    # other order let an older ban under one spelling stand in for a confirmed unban under another (from a
+    # review).  Rows older than the window cannot be a latest word that matters (a ban in force, created after
+    # now - its duration >= since_ms, or an unban within the window)
+    recent = _latest_per_value(f"toUnixTimestamp64Milli(created_at) >= {since_ms}")
+    return _by_canonical_value(store, [_decision_from_row(r) for r in store.query_rows(
         f"{recent} HAVING (last_action = 'ban' AND last_ms + dur * 1000 > {now_ms}) OR "
         f"(last_action = 'unban' AND last_ms >= {since_ms}) ORDER BY last_ms DESC")])
+
+
+def unpublished_from_store(store: Any, topic: str, keep_unbans_s: float, now: float | None = None,
+                           latest: list[Any] | None = None) -> list[Any]:
+    """The decisions a restarted owner publishes again on ``topic``, oldest first: per value (keyed canonically,
+    as :func:`active_from_store`), the latest row -- a ban still in force, or an unban while a ban of that value
+    would still be in force without it (looked for within ``keep_unbans_s`` or the longest ban in the table) --
+    when ``decisions_published`` (migration 0012) has no confirmation of it for ``topic``.
+    Only the latest word per value: an older ban whose unban was delivered, or an older unban followed by a new
+    ban, is never sent again (it would undo what came after it).  ``latest``: :func:`latest_words` already read
+    (same ``keep_unbans_s`` and ``now``), else read here.  Store errors are raised (a store without the table:
+    ``forumpulse db migrate``)."""
+    now_ms = int((time.time() if now is None else now) * 1000)
+    if latest is None:
+        latest = latest_words(store, keep_unbans_s, now_ms / 1000)
     # an unban matters only while a ban of its value would still be in force (a 10-minute ban lifted a week
     # ago needs no unban on the topic; user trial 42)
     from forumpulse.detectors.dos import canonical_value
@@ -461,9 +477,18 @@ class LiveDos:
             # the topic, not precede it (from a review)
             self.check_spool_dir()
             self.load_spool()
-            self.republish()
-            self.restore()
+            latest = self._latest_words()  # read once for both (a full GROUP BY of the table each)
+            self.republish(latest)
+            self.restore(latest)
             self.warm_prefixes()
+
+    def _latest_words(self) -> list[Any] | None:
+        """:func:`latest_words` at this moment, or None (the store failed: :meth:`republish` and :meth:`restore`
+        then read, and log, for themselves)."""
+        try:
+            return latest_words(self.store, self.registry.keep_deleted_s, self.clock())
+        except Exception:
+            return None
 
     # -- the spool: decisions the store had not taken at shutdown ------------------------------------------
     def _spool(self, decisions: list[Any]) -> str:
@@ -595,7 +620,7 @@ class LiveDos:
     def _kafka_sink(self) -> _GuardedSink | None:
         return next((s for s in self.sinks if s.name == "kafka"), None)
 
-    def republish(self) -> int:
+    def republish(self, latest: list[Any] | None = None) -> int:
         """Publish again, on the Kafka sink (when publishing), the decisions the topic never confirmed
         (:func:`unpublished_from_store`: the latest word per value, a ban in force or an unban while a ban of its
         value would still be in force; never a ban :meth:`restore` refuses): a decision still queued in the
@@ -604,13 +629,14 @@ class LiveDos:
         guarded sink (kept and sent again while the broker stays away) with their original ids and times; the
         first start after migration 0012 publishes every such decision once more (no confirmations recorded
         yet).  At least once: consumers must take a decision id twice.  Store errors are logged; nothing is
-        sent then.  Returns how many were queued (also :attr:`republished`)."""
+        sent then.  ``latest``: :meth:`_latest_words` read at start (shared with :meth:`restore`).  Returns how
+        many were queued (also :attr:`republished`)."""
         kafka = self._kafka_sink()
         if kafka is None:
             return 0
         try:
             again = unpublished_from_store(self.store, kafka.inner.topic, self.registry.keep_deleted_s,
-                                           self.clock())
+                                           self.clock(), latest=latest)
         except Exception as exc:
             log.warning("could not read which decisions %s has not confirmed (none published again): %s",
                         kafka.inner.topic, str(exc).splitlines()[0][:200])
@@ -672,7 +698,7 @@ class LiveDos:
         return self.warmed_prefixes
 
     # -- state ----------------------------------------------------------------------------------------
-    def restore(self) -> int:
+    def restore(self, latest: list[Any] | None = None) -> int:
         """Put bans still in force (``decisions`` table, wall clock) back into the manager and the registry, and
         re-apply them, with the time they have left, to the actions that hold kernel state lost on a reboot
         (``reapply_on_restore``: nftables, ipset; re-adding is idempotent).  Webhooks are not called again: their
@@ -681,9 +707,10 @@ class LiveDos:
         unspecified, link-local, multicast -- written by a version that banned them -- or not an address) is
         not restored, served to bouncers or re-applied: it is logged and counted in ``manager.suppressed``.  A
         ban of a trusted proxy (made before ``sites[].trusted_proxies`` listed it) is lifted: an unban goes to
-        the store, the decision stream (bouncers) and every action, so no firewall set keeps it."""
+        the store, the decision stream (bouncers) and every action, so no firewall set keeps it.  ``latest``: as
+        :meth:`republish`."""
         try:
-            active = active_from_store(self.store, self.clock())
+            active = active_from_store(self.store, self.clock(), latest=latest)
         except Exception as exc:
             log.warning("could not restore active decisions: %s", str(exc).splitlines()[0][:200])
             return 0
@@ -1512,5 +1539,5 @@ def owner_request(owner_url: str, method: str, path: str, params: dict[str, str]
 
 __all__ = ["DosCollector", "DosFeed", "DosHook", "EventsPublisher", "LiveConfig", "LiveDos", "LiveHandles", "OwnerNoAnswer",
            "TrafficCollector", "TrafficService", "active_from_store",
-           "decision_view", "dos_service", "live_config", "live_services", "normalize_value", "owner_request",
+           "decision_view", "dos_service", "latest_words", "live_config", "live_services", "normalize_value", "owner_request",
            "traffic_service"]

@@ -31,6 +31,7 @@ from forumpulse.pipeline.live_detect import (
     OwnerNoAnswer,
     _GuardedSink,
     active_from_store,
+    latest_words,
     owner_request,
     unpublished_from_store,
 )
@@ -157,6 +158,12 @@ def test_only_the_latest_unconfirmed_word_per_value_is_published_again(store: St
     assert [d.id for d in unpublished_from_store(store, "other.topic", 7 * 86400, now)] == [
         "unban-198.51.100.4-301", "unban-198.51.100.3-300", "ban-198.51.100.5-120", "ban-198.51.100.2-62",
         "ban-::FFFF:198.51.100.9-60"]
+    # a starting owner reads the latest words once for republish and restore: the same answers as two reads
+    latest = latest_words(store, 7 * 86400, now)
+    assert unpublished_from_store(store, "weblogs.decisions", 7 * 86400, now, latest=latest) == again
+    assert active_from_store(store, now, latest=latest) == active_from_store(store, now)
+    assert [d.value for d in active_from_store(store, now)] == [
+        "198.51.100.9", "198.51.100.1", "198.51.100.2", "198.51.100.5"]
 
 
 def test_an_unban_under_another_old_spelling_is_not_undone_by_the_older_ban(store: Store) -> None:
@@ -177,6 +184,7 @@ def test_an_unban_under_another_old_spelling_is_not_undone_by_the_older_ban(stor
     published_recorder(store, "weblogs.decisions")(["unban-old"])
     assert unpublished_from_store(store, "weblogs.decisions", 7 * 86400, now) == []
     assert active_from_store(store, now) == []  # the ban is over (restore put it back, from the same review)
+    assert active_from_store(store, now, latest=latest_words(store, 7 * 86400, now)) == []
 
 
 def test_an_unban_counts_for_as_long_as_the_longest_ban_in_the_table(store: Store) -> None:
