@@ -480,6 +480,16 @@ def config_check(config: ConfigOpt = None) -> None:
     for what in s.long_holiday_periods():
         typer.echo(f"warning: {what}: a holiday period this long calls every dip in it a holiday (a year typo?)",
                    err=True)
+    from forumpulse.pipeline.live_detect import live_config, spool_state
+
+    spool = live_config(s).spool_dir
+    problem, waiting = spool_state(spool)
+    if problem:  # found when checked, not when an owner stops with decisions the store has not taken
+        typer.echo(f"warning: detectors.live.spool_dir {spool}: {problem}: decisions the store has not taken when "
+                   "a `run --dos` owner stops would be lost", err=True)
+    elif waiting:
+        typer.echo(f"note: detectors.live.spool_dir {spool}: {waiting} spooled decision file(s) wait for the next "
+                   "owner start, which loads them into the store")
 
 
 @config_app.command("show")

@@ -138,6 +138,29 @@ def normalize_value(value: str) -> str:
     return canonical_value(value)
 
 
+def spool_state(spool_dir: str | Path) -> tuple[str | None, int]:
+    """``(problem, waiting)`` of a ``detectors.live.spool_dir``, read without changing anything (``forumpulse
+    config check``): why no spool file could be written there (a file in the way, a folder that cannot be
+    created or written), else None; and how many spooled files wait for the next owner start."""
+    path = Path(spool_dir)
+    if path.exists() and not path.is_dir():
+        return "not a folder", 0
+    probe = path
+    while not probe.exists():  # the folder is created when missing: its nearest existing parent must allow it
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"cannot be created ({probe} is not a folder)", 0
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return ("not writable" if probe == path else f"cannot be created ({probe} is not writable)"), 0
+    try:
+        waiting = sum(1 for _ in path.glob("decisions-*.jsonl")) if path.is_dir() else 0
+    except OSError as exc:
+        return f"unreadable: {exc}", 0
+    return None, waiting
+
+
 # ---------------------------------------------------------------------------------------------- decisions
 
 
@@ -1540,4 +1563,4 @@ def owner_request(owner_url: str, method: str, path: str, params: dict[str, str]
 __all__ = ["DosCollector", "DosFeed", "DosHook", "EventsPublisher", "LiveConfig", "LiveDos", "LiveHandles", "OwnerNoAnswer",
            "TrafficCollector", "TrafficService", "active_from_store",
            "decision_view", "dos_service", "latest_words", "live_config", "live_services", "normalize_value", "owner_request",
-           "traffic_service"]
+           "spool_state", "traffic_service"]

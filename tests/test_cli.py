@@ -467,6 +467,33 @@ def test_config_check_warns_about_groups_without_members(tmp_path):
     assert "holiday_periods.0" not in r.stderr
 
 
+def test_config_check_says_when_the_spool_folder_cannot_take_decisions(tmp_path):
+    """detectors.live.spool_dir is checked with the configuration (read only: nothing is created), not found
+    unusable when an owner stops with decisions the store has not taken; spooled files waiting are said."""
+    blocker = tmp_path / "spool-is-a-file"
+    blocker.write_text("x")
+
+    def check(spool):
+        cfg = tmp_path / "fp.yaml"
+        cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\ndetectors:\n  live:\n    spool_dir: {spool}\n")
+        return subprocess.run([str(EXE), "config", "check", "-c", str(cfg)], capture_output=True, text=True,
+                              timeout=120)
+
+    r = check(blocker)
+    assert r.returncode == 0 and "configuration OK" in r.stdout, r.stderr
+    assert f"warning: detectors.live.spool_dir {blocker}: not a folder: decisions the store" in r.stderr, r.stderr
+    r = check(blocker / "spool")
+    assert f"spool_dir {blocker / 'spool'}: cannot be created ({blocker} is not a folder)" in r.stderr, r.stderr
+    fresh = tmp_path / "new" / "spool"
+    r = check(fresh)
+    assert "spool_dir" not in r.stderr + r.stdout and not (tmp_path / "new").exists()  # checked, not created
+    fresh.mkdir(parents=True)
+    for name in ("decisions-0000000000001-a.jsonl", "decisions-0000000000002-b.jsonl", "decisions-3.tmp"):
+        (fresh / name).write_text("{}\n")
+    r = check(fresh)
+    assert f"note: detectors.live.spool_dir {fresh}: 2 spooled decision file(s) wait for the next owner" in r.stdout
+
+
 def test_an_unreachable_clickhouse_is_one_error_line(tmp_path):
     """clickhouse-connect logged "Unexpected Http Driver Exception" on a line of its own above our error, which
     read as a second, unexplained failure (user trial 40)."""
