@@ -494,6 +494,7 @@ class LiveDos:
         self.republished = 0
         self.unspooled = 0
         self._unbans_from_ms = self._unbans_seen_ms = int(clock() * 1000)  # sync_store_unbans: rows after this
+        self._query_failing: dict[str, list[float]] = {}
         if restore:
             # spooled decisions first (into the table: republish and restore then see them); then what the topic
             # never confirmed: restore() may lift a ban (a trusted proxy), and that unban must follow the ban on
@@ -891,13 +892,34 @@ class LiveDos:
         self.firewall_check_errors += failed
         return failed
 
+    #: a side query failing again and again (the store away: the unban sync runs every firewall check) is
+    #: logged when it starts failing, then at most once per this many seconds, and once when it answers again
+    QUERY_FAILURE_LOG_EVERY_S = 300.0
+
     def _query(self, sql: str, what: str) -> list[Any] | None:
-        """Rows of a side query (warm start, unban sync); None, logged, when the store fails."""
+        """Rows of a side query (warm start, unban sync); None, logged, when the store fails (repeats of a
+        failure logged at most every :attr:`QUERY_FAILURE_LOG_EVERY_S`, with their count)."""
+        failing = self._query_failing.get(what)  # [first failure (monotonic), failures, last logged]
         try:
-            return list(self.store.query_rows(sql))
+            rows = list(self.store.query_rows(sql))
         except Exception as exc:
-            log.warning("could not %s: %s", what, str(exc).splitlines()[0][:200])
+            t = time.monotonic()
+            first_line = str(exc).splitlines()[0][:200]
+            if failing is None:
+                self._query_failing[what] = [t, 1, t]
+                log.warning("could not %s: %s", what, first_line)
+            else:
+                failing[1] += 1
+                if t - failing[2] >= self.QUERY_FAILURE_LOG_EVERY_S:
+                    failing[2] = t
+                    log.warning("could not %s: %s (failing for %.0f s, %d attempt(s))", what, first_line,
+                                t - failing[0], failing[1])
             return None
+        if failing is not None:
+            del self._query_failing[what]
+            log.info("the store answers again: %s works (failed %d time(s) over %.0f s)", what, failing[1],
+                        time.monotonic() - failing[0])
+        return rows
 
     def _in_force(self, now: float) -> list[Any]:
         """Bans the manager holds that are in force by the wall clock (it expires its own only when a candidate

@@ -243,6 +243,54 @@ def test_an_unban_lets_the_address_teach_its_baseline_again() -> None:
     assert "192.0.2.9" not in live.detector.baseline.tainted
 
 
+def test_a_store_away_is_logged_when_the_unban_sync_starts_failing_then_sparingly_then_when_it_answers(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unban sync runs at every firewall check (10 s): a store away logged a warning each time.  Now: one
+    when it starts failing, repeats at most every QUERY_FAILURE_LOG_EVERY_S with how long and how often, and one
+    line when it answers again."""
+    import logging
+    import time as _time
+
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.live_detect import LiveDos
+
+    class Store:
+        away = True
+
+        def query_rows(self, sql: str) -> list[tuple[str, int, str]]:
+            if self.away:
+                raise ConnectionError("Connection refused\nsecond line")
+            return []
+
+    st = Store()
+    live = LiveDos(load_settings(None), store=st, actions=[], publish=False, restore=False,
+                   clock=lambda: T0 / 1000 + 10)
+    t = [1000.0]
+    monkeypatch.setattr(_time, "monotonic", lambda: t[0])
+    caplog.set_level(logging.INFO, logger="forumpulse")
+
+    def said() -> list[str]:
+        out = [r.getMessage() for r in caplog.records if "unbans" in r.getMessage()]
+        caplog.clear()
+        return out
+
+    for _ in range(20):  # 20 checks, 10 s apart: 190 s
+        assert live.sync_store_unbans() == 0
+        t[0] += 10
+    assert said() == ["could not read unbans from the store: Connection refused"]
+    for _ in range(12):  # 120 s more: the 31st, 300 s after the first, says how long and how often
+        live.sync_store_unbans()
+        t[0] += 10
+    assert said() == ["could not read unbans from the store: Connection refused (failing for 300 s, 31 attempt(s))"]
+    st.away = False
+    live.sync_store_unbans()
+    live.sync_store_unbans()
+    assert said() == ["the store answers again: read unbans from the store works (failed 32 time(s) over 320 s)"]
+    st.away = True  # a new outage is told at once
+    live.sync_store_unbans()
+    assert said() == ["could not read unbans from the store: Connection refused"]
+
+
 # ------------------------------------------------------------------------------- an address inside a range ban
 
 
