@@ -13,7 +13,8 @@ every shard, reading ``requests_local`` and writing the rollups' ``_local`` tabl
 local.  Topic share is a sum over shards anyway (``sum``/``uniqMerge`` over the Distributed rollups are exact).
 
 Deduplication: replicated tables deduplicate insert blocks by default (``insert_deduplication_token`` works as on
-one node), so the single-node ``non_replicated_deduplication_window`` setting is dropped.
+one node), so the single-node ``non_replicated_deduplication_window`` setting is dropped (and a later migration
+setting it, 0013, is left out).
 
 Later migrations: ``ALTER TABLE T …`` becomes the same ALTER ``ON CLUSTER`` on ``T_local`` and on ``T``; data
 backfills (``INSERT INTO`` / ``TRUNCATE TABLE`` of a new rollup, e.g. 0003's ``topic_hour``) are left out — a
@@ -129,6 +130,8 @@ def cluster_statements(cluster: str, database: str, params: dict[str, Any] | Non
             a = _ALTER.match(stmt)
             if a and a.group(1) in tables:
                 name, change = a.groups()
+                if re.fullmatch(r"MODIFY SETTING non_replicated_deduplication_window = \d+;?\s*", change):
+                    continue  # replicated tables deduplicate by default (and a Distributed one has no such setting)
                 for tbl in (f"{name}_local", name):  # the shards' tables, then the Distributed one over them
                     out.append(f"ALTER TABLE {database}.{tbl} ON CLUSTER {cluster} {change}")
                 continue

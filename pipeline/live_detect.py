@@ -565,8 +565,9 @@ class LiveDos:
         first (renamed ``*.loading-<pid>``): two owners sharing the folder never load one file both.  When the
         store refuses (still away) the file goes back and the rest wait too, for the next start; a file that
         cannot be read now (permissions, I/O) stays; one whose lines do not parse is renamed ``*.bad`` and
-        logged.  At least once: a crash between the insert and the removal loads that file again (the
-        ``decisions`` table does not deduplicate inserts).  Never raises (logged).  Returns the decisions
+        logged.  A crash between the insert and the removal loads that file again: it lands once (one block,
+        the same insert token; migration 0013), unless more than the deduplication window's 1,000 parts were
+        inserted in between.  Never raises (logged).  Returns the decisions
         loaded (also :attr:`unspooled`)."""
         from forumpulse.detectors.dos import StoreSink, decision_from_json
 

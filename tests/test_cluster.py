@@ -87,6 +87,9 @@ def test_later_alters_reach_shards_and_distributed_tables_and_backfills_are_left
     text = cluster_sql("c1", "fp")
     for a in alters:
         table, change = re.match(r"ALTER TABLE (\w+) (.*)$", a, re.S).groups()
+        if change.startswith("MODIFY SETTING non_replicated_deduplication_window"):  # 0013: replicated tables
+            assert f"ALTER TABLE fp.{table}" not in text  # deduplicate by default; Distributed has no such setting
+            continue
         assert f"ALTER TABLE fp.{table}_local ON CLUSTER c1 {change}" in text
         assert f"ALTER TABLE fp.{table} ON CLUSTER c1 {change}" in text
     assert "INSERT INTO" not in text and "TRUNCATE" not in text

@@ -304,6 +304,15 @@ def test_decisions_the_store_had_not_taken_at_shutdown_are_spooled_and_loaded_at
     later.close()
     assert later.unspooled == 1 and not crashed.exists()
     assert sorted(p.name for p in spool.iterdir()) == ["decisions-1-1.bad"]
+    # a crash between a file's insert and its removal: loaded again, it lands once (migration 0013: the table
+    # honours the block's insert token, the hash of its decision ids; before, both rows landed twice)
+    n = store.query_rows("SELECT count() FROM decisions")[0][0]
+    (spool / "decisions-0000000000003-abc.jsonl.loading-999999999").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows))
+    last = LiveDos(settings, store, actions=[], publish=False)
+    last.close()
+    assert last.unspooled == 2 and store.query_rows("SELECT count() FROM decisions") == [(n,)]
+    assert sorted(p.name for p in spool.iterdir()) == ["decisions-1-1.bad"]
 
 
 def test_a_spool_folder_that_cannot_be_written_is_said_at_start_and_its_losses_are_named(
