@@ -452,6 +452,38 @@ def test_a_real_broker_away_gets_a_pending_detection_once(away_broker: Any) -> N
     assert [(m.key, m.value) for m in broker.read_all(topic, expected=1)] == [(b"det-1", b'{"state": "open"}')]
 
 
+@pytest.mark.kafka
+def test_on_a_real_broker_a_ban_lifted_at_start_follows_its_republished_ban(
+        away_broker: Any, store: Store, settings: Settings) -> None:
+    """The start order (republish, then restore) with librdkafka and a real topic of 3 partitions: the
+    republished ban of an address now listed as a trusted proxy and the unban restore makes of it share the
+    value's key, hence one partition, and the topic holds them in that order -- consumers end with the unban."""
+    broker = away_broker
+    topic = broker.create_topic("decisions-start-order", 3)
+    settings.kafka.bootstrap_servers = broker.bootstrap
+    settings.kafka.decisions_topic = topic
+    settings.sites[0].trusted_proxies = ["10.0.0.5"]
+    settings.actions = {"decision_api": {"enabled": False}}
+    now = time.time()
+    sink = StoreSink(store)
+    for v in ("10.0.0.5", "198.51.100.60"):  # the proxy's ban and another one, both never confirmed
+        sink.emit(replace(decision(v), id=f"ban-{v}", created_at=int((now - 60) * 1000), duration_s=3600))
+    sink.close()
+    live = LiveDos(settings, store, actions=[], publish=True)
+    try:
+        assert live.republished == 2
+    finally:
+        live.close()
+    msgs = broker.read_all(topic, expected=3)
+    by_key: dict[bytes, list[str]] = {}
+    for m in msgs:
+        by_key.setdefault(m.key, []).append(json.loads(m.value)["action"])
+    assert by_key == {b"10.0.0.5": ["ban", "unban"], b"198.51.100.60": ["ban"]}
+    assert {i for (i,) in store.query_rows(f"SELECT id FROM decisions_published WHERE topic = '{topic}'")} == {
+        "ban-10.0.0.5", "ban-198.51.100.60", *(i for (i,) in store.query_rows(
+            "SELECT id FROM decisions WHERE action = 'unban'"))}
+
+
 def test_a_pending_detection_is_queued_once_not_once_per_run() -> None:
     kafka = FakeKafka()
     pub = EventsPublisher(kafka, timeout_s=0.01)
