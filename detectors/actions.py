@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from forumpulse.detectors.dos import Decision, canonical_network, never_ban_reason
+from forumpulse.pipeline.runtime import error_line
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
@@ -311,7 +312,7 @@ class NftablesAction:
                 # was a guess.  Re-create them with every recorded ban still in force and retry once; a second
                 # failure is a real error.
                 log.warning("nftables ban of %s failed (%s); re-creating table %s with %d recorded ban(s) and "
-                            "retrying once", net, str(exc).splitlines()[0][:200], self.table, len(self.held))
+                            "retrying once", net, error_line(exc), self.table, len(self.held))
                 self._ready = False
                 self.ensure()
                 self._add(net, secs)
@@ -545,7 +546,7 @@ class IpsetAction:
                 # a set may have gone (ipset destroy in a firewall reload): create it again with every recorded
                 # ban still in force and retry once
                 log.warning("ipset ban of %s failed (%s); re-creating sets with %d recorded ban(s) and retrying "
-                            "once", net, str(exc).splitlines()[0][:200], len(self.held))
+                            "once", net, error_line(exc), len(self.held))
                 self._ready = False
                 self.ensure()
                 self._add(net, secs)

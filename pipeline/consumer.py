@@ -128,6 +128,7 @@ from forumpulse.pipeline.contracts import (
 )
 from forumpulse.pipeline.kafka_client import BrokerLink, client_config
 from forumpulse.pipeline.metrics import PipelineMetrics, stats_table
+from forumpulse.pipeline.runtime import error_line
 from forumpulse.pipeline.sources import retired_after, retired_sources
 from forumpulse.pipeline.store import Store, StoreError, StoreLocationError, migrate, open_store
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -1185,7 +1186,7 @@ class LiveConsumer:
                 if not isinstance(exc, StoreError):
                     raise exc
                 self.metrics.record_store_error()
-                log.warning("store error (retrying): %s", str(exc).splitlines()[0][:300])
+                log.warning("store error (retrying): %s", error_line(exc, 300))
                 if b.revoked:
                     raise _Revoked()
 
@@ -1424,7 +1425,7 @@ class LiveConsumer:
                 for key in sorted(self._hb_log, key=lambda k: k[1])[:len(self._hb_log) - HEARTBEAT_LOG_MAX_PENDING]:
                     del self._hb_log[key]
             self.metrics.record_store_error()
-            log.warning("heartbeat log write failed (will retry): %s", str(exc).splitlines()[0][:200])
+            log.warning("heartbeat log write failed (will retry): %s", error_line(exc))
 
     def _write_liveness(self) -> None:
         if not self._liveness_dirty:
@@ -1450,7 +1451,7 @@ class LiveConsumer:
             self._liveness_dirty.clear()
         except StoreError as exc:  # liveness is a side channel: retried at the next interval
             self.metrics.record_store_error()
-            log.warning("liveness write failed (will retry): %s", str(exc).splitlines()[0][:200])
+            log.warning("liveness write failed (will retry): %s", error_line(exc))
 
     def _write_stats(self, final: bool = False) -> None:
         lag = -1
@@ -1461,7 +1462,7 @@ class LiveConsumer:
             self.store.insert("pipeline_stats", stats_table([row]))
         except StoreError as exc:
             self.metrics.record_store_error()
-            log.warning("pipeline_stats write failed: %s", str(exc).splitlines()[0][:200])
+            log.warning("pipeline_stats write failed: %s", error_line(exc))
         self._write_progress(lag >= 0, final)
 
     def _write_progress(self, lag_known: bool, final: bool) -> None:
@@ -1492,7 +1493,7 @@ class LiveConsumer:
             self.store.insert("consumer_progress", pa.Table.from_pylist(rows, schema=PROGRESS_SCHEMA))
         except StoreError as exc:
             self.metrics.record_store_error()
-            log.warning("consumer_progress write failed (will retry): %s", str(exc).splitlines()[0][:200])
+            log.warning("consumer_progress write failed (will retry): %s", error_line(exc))
 
 
 # ---------------------------------------------------------------------------------------------- envelope split
@@ -1701,7 +1702,7 @@ def open_store_waiting(url: str, stop: threading.Event, database: str | None = N
             if stop.is_set():
                 raise
             log.warning("store %s not available (retrying in %.1f s): %s", mask_url(url), delay,
-                        str(exc).splitlines()[0][:200])
+                        error_line(exc))
             stop.wait(delay)
             delay = min(backoff_max_s, delay * 2)
 

@@ -78,6 +78,7 @@ import pyarrow as pa
 from forumpulse.pipeline.config import Settings, register_section_validator
 from forumpulse.pipeline.consumer import BatchInfo, _sql_str
 from forumpulse.pipeline.kafka_client import client_config
+from forumpulse.pipeline.runtime import error_line
 from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger("forumpulse.live_detect")
@@ -273,7 +274,7 @@ def with_published(views: list[dict[str, Any]], store: Any, topic: str | None) -
     try:
         done: set[str] | None = published_ids(store, topic, [str(v["id"]) for v in views])
     except Exception as exc:
-        log.warning("could not read which decisions %s confirmed: %s", topic, str(exc).splitlines()[0][:200])
+        log.warning("could not read which decisions %s confirmed: %s", topic, error_line(exc))
         done = None
     return [{**v, "published": None if done is None else v["id"] in done} for v in views]
 
@@ -386,7 +387,7 @@ class _GuardedSink:
             lost = getattr(exc, "undelivered", None)
             self._keep(pending if lost is None else list(lost), before=True)
             log.warning("decision sink %s: flush failed (%d kept for retry): %s", self.name, len(self._retry),
-                        str(exc).splitlines()[0][:200] if str(exc) else exc)
+                        error_line(exc))
 
     def flush(self) -> None:
         retry, self._retry = self._retry, []
@@ -611,7 +612,7 @@ class LiveDos:
                 sink.flush()
             except Exception as exc:
                 log.warning("spooled decisions %s not loaded (the store: %s); kept with the rest for the next "
-                            "start", path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                            "start", path, error_line(exc))
                 with contextlib.suppress(OSError):
                     os.replace(claimed, path)
                 break  # the store is away: one timeout, not one per file
@@ -664,7 +665,7 @@ class LiveDos:
                                            self.clock(), latest=latest)
         except Exception as exc:
             log.warning("could not read which decisions %s has not confirmed (none published again): %s",
-                        kafka.inner.topic, str(exc).splitlines()[0][:200])
+                        kafka.inner.topic, error_line(exc))
             return 0
         # a ban restore refuses (loopback, link-local, not an address: rows of a version that made them) is not
         # sent either: firewall hosts would ban what the owner itself never bans (from a review)
@@ -737,12 +738,12 @@ class LiveDos:
         try:
             active = active_from_store(self.store, self.clock(), latest=latest)
         except Exception as exc:
-            log.warning("could not restore active decisions: %s", str(exc).splitlines()[0][:200])
+            log.warning("could not restore active decisions: %s", error_line(exc))
             return 0
         try:  # the registry first: bans in force and the deletions a bouncer's cursor from before may lack
             self.registry.load_store(self.store)
         except Exception as exc:
-            log.warning("could not rebuild the decision stream from the store: %s", str(exc).splitlines()[0][:200])
+            log.warning("could not rebuild the decision stream from the store: %s", error_line(exc))
         from dataclasses import replace
 
         from forumpulse.detectors.dos import canonical_network, net_value
@@ -782,7 +783,7 @@ class LiveDos:
                             except Exception as exc:
                                 self.manager.action_errors += 1
                                 log.warning("could not re-apply %s to %s: %s", d.value, getattr(a, "name", a),
-                                            str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                                            error_line(exc))
                 self.restored += 1
             self.manager.flush()  # an unban restore made (a trusted proxy) reaches the table and Kafka now
         if self.restored:
@@ -888,7 +889,7 @@ class LiveDos:
             except Exception as exc:
                 failed += 1
                 log.warning("firewall check of %s failed: %s", getattr(a, "name", a),
-                            str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                            error_line(exc))
         self.firewall_checks += 1
         self.firewall_check_errors += failed
         return failed
@@ -905,7 +906,7 @@ class LiveDos:
             rows = list(self.store.query_rows(sql))
         except Exception as exc:
             t = time.monotonic()
-            first_line = str(exc).splitlines()[0][:200]
+            first_line = error_line(exc)
             if failing is None:
                 self._query_failing[what] = [t, 1, t]
                 log.warning("could not %s: %s", what, first_line)
@@ -919,7 +920,7 @@ class LiveDos:
         if failing is not None:
             del self._query_failing[what]
             log.info("the store answers again: %s works (failed %d time(s) over %.0f s)", what, failing[1],
-                        time.monotonic() - failing[0])
+                     time.monotonic() - failing[0])
         return rows
 
     def _in_force(self, now: float) -> list[Any]:

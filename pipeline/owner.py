@@ -52,6 +52,7 @@ from forumpulse.pipeline.consumer import (
 )
 from forumpulse.pipeline.enrich import RulesError, load_configured_titles
 from forumpulse.pipeline.metrics import PipelineMetrics
+from forumpulse.pipeline.runtime import error_line
 from forumpulse.pipeline.store import Store, StoreError, StoreLocationError
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -311,7 +312,7 @@ def run_command(
             raise
         # SIGTERM while waiting for a store that is away: a requested stop, not a failure (it exited 3 with
         # "cannot reach ClickHouse", and systemd marked the unit failed; user trial 42)
-        log.info("stopped while waiting for the store: %s", str(exc).splitlines()[0][:200])
+        log.info("stopped while waiting for the store: %s", error_line(exc))
         return
     print(json.dumps({"owner": os.getpid(), "port": owner.port, "store": mask_url(owner.store_url)}), flush=True)
     owner.wait()

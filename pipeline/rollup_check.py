@@ -49,6 +49,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from forumpulse.pipeline.runtime import error_line
+
 log = logging.getLogger("forumpulse.rollup_check")
 
 #: rollups fed from ``requests`` (minute) and those fed from a minute rollup (hour), with their time column
@@ -435,7 +437,7 @@ class RollupAuditor:
                 f"fromUnixTimestamp64Milli(toInt64({int(self.clock() * 1000) - 600_000}), 'UTC')")
         except Exception as exc:  # a store hiccup postpones the audit
             log.warning("rollup audit: could not read consumer_progress (%s); retrying later",
-                        str(exc).splitlines()[0][:200])
+                        error_line(exc))
             return []
         behind_ms, n = rows[0] if rows else (0, 0)
         if int(n):
@@ -459,7 +461,7 @@ class RollupAuditor:
             except Exception as exc:  # logged, counted, retried at the next call
                 self.errors += 1
                 log.warning("rollup audit of %s .. %s UTC failed (retrying later): %s", _ts(start), _ts(end),
-                            str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+                            error_line(exc, 300))
                 continue
             with self._lock:
                 self.pending.difference_update(_hours(start, end))

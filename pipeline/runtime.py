@@ -16,6 +16,15 @@ import gc
 import logging
 import os
 
+
+def error_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of ``exc``'s message, at most ``limit`` characters, for a log line; an exception without a
+    message (``TimeoutError()``) by its type's name.  ``str(exc).splitlines()[0]`` raised IndexError there, inside
+    the handler that was logging the error."""
+    lines = str(exc).splitlines()
+    return (lines[0] if lines and lines[0].strip() else type(exc).__name__)[:limit]
+
+
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3

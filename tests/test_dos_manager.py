@@ -4,6 +4,7 @@ memory.  (The audit findings of the DoS detector and its actions; nftables ones 
 from __future__ import annotations
 
 import logging
+import pathlib
 
 import pytest
 from forumpulse.detectors.actions import ActionError, parse_value
@@ -289,6 +290,36 @@ def test_a_store_away_is_logged_when_the_unban_sync_starts_failing_then_sparingl
     st.away = True  # a new outage is told at once
     live.sync_store_unbans()
     assert said() == ["could not read unbans from the store: Connection refused"]
+    st.query_rows = lambda sql: (_ for _ in ()).throw(TimeoutError())  # type: ignore[method-assign]
+    live._query_failing.clear()  # an error without a message is named by its type
+    live.sync_store_unbans()
+    assert said() == ["could not read unbans from the store: TimeoutError"]
+
+
+def test_a_store_failing_without_a_message_does_not_break_the_start(
+        caplog: pytest.LogCaptureFixture, tmp_path: pathlib.Path) -> None:
+    """An exception with an empty message (``TimeoutError()``) made the handlers that log store errors raise
+    IndexError (``str(exc).splitlines()[0]``) -- at start, inside restore's own handler.  Now it is named by its
+    type and the owner starts without the store's bans."""
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.live_detect import LiveDos
+    from forumpulse.pipeline.runtime import error_line
+
+    assert error_line(TimeoutError()) == "TimeoutError"
+    assert error_line(ValueError("first\nsecond"), 3) == "fir"
+    assert error_line(OSError(" \nsecond")) == "OSError"
+
+    class Store:
+        def query_rows(self, sql: str) -> list[tuple[object, ...]]:
+            raise TimeoutError()
+
+    settings = load_settings(None)
+    settings.detectors = {"live": {"spool_dir": str(tmp_path / "spool")}}
+    settings.actions = {"decision_api": {"enabled": False}}
+    caplog.set_level(logging.WARNING, logger="forumpulse")
+    live = LiveDos(settings, store=Store(), actions=[], publish=False)
+    assert live.restored == 0 and not live.manager.active
+    assert "could not restore active decisions: TimeoutError" in caplog.text
 
 
 # ------------------------------------------------------------------------------- an address inside a range ban
