@@ -408,3 +408,31 @@ def test_the_querys_own_settings_win_over_the_requests(server: ClickHouseHTTPSer
     _, out, _ = _http(server, {"query": "SELECT getSetting('max_block_size') SETTINGS max_block_size = 111",
                                "max_block_size": "222"})
     assert out == b"111\n"
+
+
+def test_a_store_gone_away_raises_one_error_without_the_drivers_log_lines(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """The server stops answering after the store was opened (a ClickHouse restart; user trial 43: the owner's
+    unban sync every 10 s): each query raises StoreError with the cause, and neither clickhouse-connect's
+    "Unexpected Http Driver Exception" nor urllib3's "Retrying (...)" is logged beside it; other warnings of
+    those libraries still are."""
+    import logging
+
+    import clickhouse_connect.driver._backend.http_sync as http_sync
+    from forumpulse.pipeline.store import _NOISY_LOGGERS, StoreError
+
+    assert http_sync.logger.name in _NOISY_LOGGERS  # the driver still logs under the name the filter is on
+    srv = start_server(store, port=0)
+    cs = ClickHouseStore(f"clickhouse://default@127.0.0.1:{srv.port}/{store.database}")
+    assert cs.query_rows("SELECT 1") == [(1,)]
+    srv.shutdown()
+    srv.server_close()
+    cs._client.http.clear()  # type: ignore[attr-defined]  # its kept-alive connection would still be served
+    caplog.set_level(logging.DEBUG)
+    for _ in range(3):
+        with pytest.raises(StoreError, match=r"(?i)connection|refused"):
+            cs.query_rows("SELECT 1")
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "Unexpected Http Driver Exception" in m or m.startswith("Retrying (")], said
+    logging.getLogger("urllib3.connectionpool").warning("Connection pool is full, discarding connection: x")
+    assert "Connection pool is full" in caplog.text
