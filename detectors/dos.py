@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 from forumpulse.detectors.dos_rules import DosConfig, Rule, RuleFilter, RuleSet, load_rules
 from forumpulse.pipeline.record import ParsedLine
+from forumpulse.pipeline.runtime import error_line
 
 if TYPE_CHECKING:
     from forumpulse.pipeline.config import Settings
@@ -1472,8 +1473,8 @@ class KafkaSink:
             self._record_after = time.monotonic() + RECORD_RETRY_S
             keep = ids[-KEEP_CONFIRMED:]
             log.warning("kafka %s: %d delivered decision(s) not recorded as published (%s)%s", self.topic,
-                        len(ids), str(exc).splitlines()[0][:200] if str(exc) else exc,
-                        "; the next start publishes them again" if force else
+                        len(ids), error_line(exc),
+                        "; the next start publishes again those in the decisions table (or its spool)" if force else
                         f"; offered again in {RECORD_RETRY_S:g} s" if len(keep) == len(ids) else
                         f"; {len(ids) - len(keep)} forgotten (published again at the next start)")
             self._confirmed = keep

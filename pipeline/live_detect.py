@@ -162,6 +162,14 @@ def spool_state(spool_dir: str | Path) -> tuple[str | None, int]:
     return None, waiting
 
 
+def _iso_ms(ms: Any) -> str:
+    """Epoch milliseconds as a UTC ISO time for a log line (``?`` when not a number)."""
+    try:
+        return datetime.fromtimestamp(int(ms) / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+
+
 # ---------------------------------------------------------------------------------------------- decisions
 
 
@@ -413,7 +421,7 @@ class _GuardedSink:
                 log.error("decision sink %s: %d decision(s) not emitted at shutdown and not spooled (%s); they "
                           "are not in the decisions table: %s", self.name, len(self._retry), exc,
                           "; ".join(f"{getattr(d, 'action', '?')} {getattr(d, 'value', '?')} id "
-                                    f"{getattr(d, 'id', '?')} until {getattr(d, 'expires_at', '?')}"
+                                    f"{getattr(d, 'id', '?')} until {_iso_ms(getattr(d, 'expires_at', None))}"
                                     for d in self._retry[:50]) + (" ..." if len(self._retry) > 50 else ""))
                 self._retry = []
             else:
@@ -551,8 +559,8 @@ class LiveDos:
         try:
             self.spool_dir.mkdir(parents=True, exist_ok=True)
             ok = os.access(self.spool_dir, os.W_OK | os.X_OK)
-        except OSError as exc:
-            ok, why = False, str(exc)
+        except OSError as exc:  # said as config check says it ("not a folder"), else the OS error
+            ok, why = False, spool_state(self.spool_dir)[0] or str(exc)
         else:
             why = "not writable"
         if not ok:
