@@ -79,7 +79,7 @@ from forumpulse.pipeline.config import Settings, register_section_validator
 from forumpulse.pipeline.consumer import BatchInfo, _sql_str
 from forumpulse.pipeline.kafka_client import client_config
 from forumpulse.pipeline.runtime import error_line
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 log = logging.getLogger("forumpulse.live_detect")
 
@@ -106,6 +106,14 @@ class LiveConfig(BaseModel):
         "data/spool", description="decisions the store had not taken when the owner stopped (store away) are "
         "written here as JSON lines and loaded into it at the next start (relative: to the working directory)")
     traffic_interval_s: float = Field(60.0, ge=1, description="seconds between traffic detector runs")
+
+    @field_validator("spool_dir")
+    @classmethod
+    def _spool_dir_named(cls, v: str) -> str:
+        if not v.strip():  # Path("") is the working directory: spool files would land wherever the owner runs
+            raise ValueError("empty: name a folder (the default is data/spool)")
+        return v
+
     traffic_offset_s: float = Field(5.0, ge=0, le=59, description="run this many seconds after the minute")
     firewall_check_s: float = Field(
         10.0, ge=0, description="seconds between checks that the nftables/ipset sets still hold every ban in force "

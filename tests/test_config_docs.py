@@ -137,6 +137,8 @@ def test_config_check_accepts_the_example() -> None:
          "bad regular expression"),
         # a misspelt detector part: each part's owner allows the others' keys, so this one is checked by name
         ("detectors:\n  dso:\n    mode: observe\n", "detectors", "unknown detector section(s) 'dso'"),
+        # an empty spool folder would be the working directory (user trial 43)
+        ("detectors:\n  live:\n    spool_dir: ' '\n", "detectors.live.spool_dir", "empty: name a folder"),
         ("detectors:\n  traffic:\n    enabled: [site, topicz]\n", "detectors.traffic.enabled.1",
          "Input should be 'site', 'topic' or 'transfer'"),
         ("sites:\n  - name: f\n    country: XX\n", "sites", "no holiday calendar for country 'XX'"),
