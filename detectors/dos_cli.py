@@ -88,7 +88,8 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
     when owners publish (``detectors.live.publish_decisions``, the default) and the decisions topic has had
     deliveries recorded (``decisions_published``: Kafka is in use), it is sent too, and one not confirmed is
     only a note: the next owner start publishes it (``kafka`` in the result: ``published``, ``pending`` or
-    ``off``).  Before, a default configuration never sent a direct unban, so the topic said "banned" until an
+    ``off``; ``not_needed`` when it was not sent and no ban of the value is in force: no later start sends it
+    either).  Before, a default configuration never sent a direct unban, so the topic said "banned" until an
     owner started (user trial 42)."""
     import time
     import uuid
@@ -122,7 +123,9 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
                 f"SELECT 1 FROM decisions_published WHERE topic = {sql_string(topic)} LIMIT 1"))
         except Exception:  # a store before migration 0012: nothing recorded
             in_use = False
-    published = "pending" if owners_publish or acfg.kafka else "off"  # pending: the next owner start sends it
+    # pending: the next owner start sends it -- only while a ban of the value is in force (unpublished_from_store);
+    # an unban of nothing in force is sent by no one later (user trial 43: "pending" that never resolved)
+    published = ("pending" if held else "not_needed") if owners_publish or acfg.kafka else "off"
     if acfg.kafka or in_use:  # a broker away: an action error (actions.kafka) or a note; the actions still run
         try:
             # confirmed -> decisions_published; unconfirmed, the next owner start publishes it again

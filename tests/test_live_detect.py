@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from fake_kafka import FakeKafka
+from forumpulse.detectors.dos import Decision, StoreSink
 from forumpulse.detectors.dos_cli import decisions_command, unban_command, unban_direct
 from forumpulse.pipeline.config import Settings
 from forumpulse.pipeline.contracts import build_envelope
@@ -419,25 +420,40 @@ def test_a_direct_unban_is_published_where_owners_publish(broker: Broker, chdb_p
     """``detect unban`` with no owner, default configuration (``actions.kafka`` off, owners publish): once an
     owner has published on the decisions topic (Kafka is in use), the unban goes there too; before, the topic
     said "banned" until an owner started (user trial 42).  On a store that never published it is left to the
-    next owner start (``pending``), and with publishing off it is ``off``."""
+    next owner start (``pending``; ``not_needed`` with no ban in force), and with publishing off it is ``off``."""
     s = _settings(settings, broker, "direct", "feed")
     topic = s.kafka.decisions_topic
     store = open_store(f"chdb:{chdb_path}?database=live_direct_unban")
     try:
         migrate(store, NO_TTL)
-        assert unban_direct("198.51.100.31", s, store)["kafka"] == "pending"  # nothing published there yet
+        now_ms = int(time.time() * 1000)
+        sink = StoreSink(store)
+        sink.emit(Decision(id="ban-31", created_at=now_ms, decided_at=now_ms, first_seen=now_ms,
+                           expires_at=now_ms + 3_600_000, site="forum", action="ban", value="198.51.100.31",
+                           scope="ip", reason="client_flood", duration_s=3600, mode="enforce", origin="forumpulse",
+                           evidence={}))
+        sink.close()
+        out = unban_direct("198.51.100.31", s, store)
+        assert (out["kafka"], out["held"]) == ("pending", True)  # nothing published there yet: the next start
+        # nothing in force to lift: no start sends it later either (user trial 43: "pending" forever)
+        assert unban_direct("198.51.100.30", s, store)["kafka"] == "not_needed"
         up = LiveDos(s, store, actions=[], publish=True)
         [ban] = up.process_stream(_flood_stream(s, "198.51.100.32", 1_760_000_000.0))
         up.close()
         out = unban_direct("198.51.100.32", s, store)
         assert out["kafka"] == "published" and out["action_errors"] == []
-        got = [json.loads(m.value) for m in broker.read_all(topic, expected=2)]
-        assert [(d["action"], d["value"]) for d in got] == [("ban", "198.51.100.32"), ("unban", "198.51.100.32")]
-        assert got[1]["evidence"]["ban_id"] == ban.id
+        got = [json.loads(m.value) for m in broker.read_all(topic, expected=3)]
+        # the pending unban went out at the owner's start, as the answer said it would
+        by_value: dict[str, list[str]] = {}
+        for d in got:  # per value in order (one key, one partition)
+            by_value.setdefault(d["value"], []).append(d["action"])
+        assert by_value == {"198.51.100.31": ["unban"], "198.51.100.32": ["ban", "unban"]}
+        assert [d["evidence"]["ban_id"] for d in got if d["value"] == "198.51.100.32" and d["action"] == "unban"] == [
+            ban.id]
         off = s.model_copy(deep=True)
         off.detectors["live"]["publish_decisions"] = False
         assert unban_direct("198.51.100.33", off, store)["kafka"] == "off"
-        assert broker.count(topic) == 2
+        assert broker.count(topic) == 3
     finally:
         store.close()
 
