@@ -912,7 +912,7 @@ def canonical_network(value: str) -> _Net:
     if isinstance(net, ipaddress.IPv6Network) and net.prefixlen == 128 and net.network_address.ipv4_mapped:
         net = ipaddress.ip_network(str(net.network_address.ipv4_mapped))
     if net.prefixlen == 0:
-        raise ValueError("refusing to ban a whole address family")
+        raise ValueError(f"{value.strip()!r} is a whole address family: never a ban value (so nothing to ban or unban)")
     return net
 
 

@@ -363,8 +363,8 @@ def test_restart_restores_active_bans_and_direct_unban(chdb_path: Path, settings
             "SELECT action FROM decisions WHERE value = '198.51.100.9' ORDER BY created_at")] == ["ban", "unban"]
     finally:
         store.close()
-    with pytest.raises(ValueError):
-        normalize_value("0.0.0.0/0")
+    with pytest.raises(ValueError, match="is a whole address family: never a ban value"):  # said for an unban too
+        normalize_value("0.0.0.0/0")  # (it said "refusing to ban", user trial 43)
     with pytest.raises(SystemExit):
         unban_command("no-such-address", config=None, owner="http://127.0.0.1:9", store=None, password_env=None,
                       reason="manual")
