@@ -848,6 +848,9 @@ class LiveDos:
                 # the same fan-out (and counts) as DecisionManager.unban for a ban this process does not hold
                 self.manager.dispatch(u)
             self.manager.flush()
+        # logged as bans are (user trial 43: a ban lifted through /fp/unban left no line in the owner's log)
+        log.info("dos decision: unban %s %s (%s, %s)", u.scope, v, reason,
+                 "a ban in force lifted" if held else "no ban held here: sinks and actions cleaned anyway")
         return {"unbanned": v, "held": held, "decision": u.to_json()}
 
     def _untaint(self, value: str) -> None:

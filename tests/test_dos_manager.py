@@ -223,7 +223,7 @@ def test_an_unban_written_on_the_store_resets_the_escalation_in_the_owner() -> N
     assert again is not None and (again.duration_s, again.evidence["offence"]) == (600, 1)
 
 
-def test_an_unban_lets_the_address_teach_its_baseline_again() -> None:
+def test_an_unban_lets_the_address_teach_its_baseline_again(caplog: pytest.LogCaptureFixture) -> None:
     """A ban stops its address (or range) teaching its learned rate until the ban's expiry; a manual unban -- the
     ban was wrong -- lifts that at once, through the owner and through an unban written on the store (from a
     review: a NAT banned by mistake kept not learning its rate and fell into repeated bans)."""
@@ -234,7 +234,9 @@ def test_an_unban_lets_the_address_teach_its_baseline_again() -> None:
                    clock=lambda: T0 / 1000 + 10)
     live.detector.baseline.tainted["198.51.100.7"] = T0 // 1000 + 600
     live.detector.prefix_rates.tainted["198.51.100.0/24"] = T0 // 1000 + 600
-    live.unban("198.51.100.7")
+    with caplog.at_level(logging.INFO, logger="forumpulse"):
+        live.unban("198.51.100.7")  # logged as a ban is (user trial 43: /fp/unban left no line)
+    assert "dos decision: unban ip 198.51.100.7 (manual, no ban held here" in caplog.text
     live.unban("198.51.100.0/24")
     assert "198.51.100.7" not in live.detector.baseline.tainted
     assert "198.51.100.0/24" not in live.detector.prefix_rates.tainted
