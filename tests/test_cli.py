@@ -427,6 +427,24 @@ def test_decisions_on_a_held_store_without_an_owner_says_both(tmp_path):
     assert "in use by another process (pid 4242)" in r.stderr and "No owner answers at http://127.0.0.1:9" in r.stderr
 
 
+def test_decisions_without_an_owner_says_when_none_are_in_force_and_when_spooled_ones_wait(tmp_path):
+    """No owner, a store without bans, two spooled decision files (the last owner stopped with the store away):
+    stdout stays JSON lines (none), stderr says the list is empty and that spooled decisions are not in it
+    (user trial 43: an empty answer without a word, the spooled bans missing silently)."""
+    spool = tmp_path / "data" / "spool"
+    spool.mkdir(parents=True)
+    for name in ("decisions-0000000000001-a.jsonl", "decisions-0000000000002-b.jsonl"):
+        (spool / name).write_text("{}\n")
+    m = subprocess.run([str(EXE), "db", "migrate", "--store", f"chdb:{tmp_path / 'st'}"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert m.returncode == 0, m.stderr
+    r = subprocess.run([str(EXE), "detect", "decisions", "--store", f"chdb:{tmp_path / 'st'}", "--owner",
+                        "http://127.0.0.1:9"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    assert "note: no bans in force" in r.stderr
+    assert "note: 2 spooled decision file(s) in data/spool are not in the store yet (not listed)" in r.stderr
+
+
 @pytest.mark.parametrize("cmd", ["consume", "run"])
 def test_long_running_commands_do_not_wait_for_a_store_url_that_cannot_work(tmp_path, cmd):
     r = subprocess.run([str(EXE), cmd, "--store", "foo:bar"], capture_output=True, text=True, timeout=60,
