@@ -394,13 +394,17 @@ class Settings(BaseSettings):
         return self
 
     def unconfigured_sites(self) -> list[tuple[str, str]]:
-        """Sites that sources or topic groups name but ``sites`` does not list, as (``key 'name'``, name):
+        """Sites that sources, topic groups or ``detectors.dos.site`` name but ``sites`` does not list, as
+        (``key 'name'``, name):
         allowed (such a site gets the defaults: UTC, no holiday calendar, every engine's rules), but often a typo;
         ``config check`` says so."""
         names = {site.name for site in self.sites}
         out = [(f"sources.{i}.site {x.site!r}", x.site) for i, x in enumerate(self.sources) if x.site not in names]
         out += [(f"topics.groups.{i}.site {g.site!r}", g.site) for i, g in enumerate(self.topics.groups)
                 if g.site not in names]
+        dos = (self.detectors or {}).get("dos")
+        if isinstance(dos, dict) and isinstance(dos.get("site"), str) and dos["site"] not in names:
+            out.append((f"detectors.dos.site {dos['site']!r}", dos["site"]))  # the site its decisions name
         return out
 
     def long_holiday_periods(self, days: int = LONG_HOLIDAY_DAYS) -> list[str]:

@@ -221,6 +221,10 @@ def test_misspelt_environment_section_and_unconfigured_site(tmp_path: Path) -> N
     cfg.write_text("sources:\n  - name: a\n    site: shop\n")  # another site altogether: a note
     r = _check(cfg)
     assert r.returncode == 0 and "note: sources.0.site 'shop' is not in sites" in r.stdout, (r.stdout, r.stderr)
+    cfg.write_text("detectors:\n  dos:\n    site: fourm\n")  # the site the DoS decisions name (user trial 43)
+    r = _check(cfg)
+    assert r.returncode == 0 and ("warning: detectors.dos.site 'fourm' is not in sites (did you mean 'forum'?)"
+                                  in r.stderr), (r.stdout, r.stderr)
 
 
 def test_one_run_reports_the_core_and_the_detector_sections_problems(tmp_path: Path) -> None:
