@@ -490,6 +490,16 @@ def config_check(config: ConfigOpt = None) -> None:
     elif waiting:
         typer.echo(f"note: detectors.live.spool_dir {spool}: {waiting} spooled decision file(s) wait for the next "
                    "owner start, which loads them into the store")
+    from forumpulse.detectors.dos_rules import ActionsConfig
+
+    jsonl = ActionsConfig.model_validate(s.actions or {}).jsonl_path
+    if jsonl:  # appended to by every decision: a path that cannot take it fails at the first ban (user trial 43)
+        jp = Path(jsonl)
+        problem = "a folder" if jp.is_dir() else spool_state(jp.parent)[0]
+        if problem:
+            where = "" if jp.is_dir() else f"its folder {jp.parent}: "
+            typer.echo(f"warning: actions.jsonl_path {jsonl}: {where}{problem}: decisions could not be appended to "
+                       "it", err=True)
 
 
 @config_app.command("show")

@@ -487,7 +487,8 @@ def test_config_check_warns_about_groups_without_members(tmp_path):
 
 def test_config_check_says_when_the_spool_folder_cannot_take_decisions(tmp_path):
     """detectors.live.spool_dir is checked with the configuration (read only: nothing is created), not found
-    unusable when an owner stops with decisions the store has not taken; spooled files waiting are said."""
+    unusable when an owner stops with decisions the store has not taken; spooled files waiting are said; so is
+    an actions.jsonl_path that could not be appended to."""
     blocker = tmp_path / "spool-is-a-file"
     blocker.write_text("x")
 
@@ -502,6 +503,14 @@ def test_config_check_says_when_the_spool_folder_cannot_take_decisions(tmp_path)
     assert f"warning: detectors.live.spool_dir {blocker}: not a folder: decisions the store" in r.stderr, r.stderr
     r = check(blocker / "spool")
     assert f"spool_dir {blocker / 'spool'}: cannot be created ({blocker} is not a folder)" in r.stderr, r.stderr
+    cfg = tmp_path / "fp.yaml"  # the decisions' JSON-lines file under a file, and as a folder (user trial 43)
+    cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\nactions:\n  jsonl_path: {blocker / 'd.jsonl'}\n")
+    r = subprocess.run([str(EXE), "config", "check", "-c", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and (f"warning: actions.jsonl_path {blocker / 'd.jsonl'}: its folder {blocker}: not a "
+                                  "folder: decisions could not be appended to it") in r.stderr, r.stderr
+    cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\nactions:\n  jsonl_path: {tmp_path}\n")
+    r = subprocess.run([str(EXE), "config", "check", "-c", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert f"warning: actions.jsonl_path {tmp_path}: a folder: decisions could not" in r.stderr, r.stderr
     fresh = tmp_path / "new" / "spool"
     r = check(fresh)
     assert "spool_dir" not in r.stderr + r.stdout and not (tmp_path / "new").exists()  # checked, not created
