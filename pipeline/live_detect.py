@@ -198,25 +198,33 @@ def _decision_from_row(row: Sequence[Any]) -> Any:
 
 def _latest_per_value(where: str = "") -> str:
     """SELECT of the latest ``decisions`` row per value (among rows matching ``where``, an SQL condition), in
-    :func:`_decision_from_row`'s order, ending in ``GROUP BY value``: add ``HAVING``/``ORDER BY`` after it."""
-    return ("SELECT argMax(id, created_at) AS last_id, toUnixTimestamp64Milli(max(created_at)) AS last_ms, "
-            "argMax(toUnixTimestamp64Milli(decided_at), created_at), argMax(toUnixTimestamp64Milli(first_seen), "
-            "created_at), argMax(toUnixTimestamp64Milli(expires_at), created_at), argMax(site, created_at), "
-            "argMax(action, created_at) AS last_action, value, argMax(scope, created_at), argMax(reason, created_at), "
-            "argMax(duration_s, created_at) AS dur, argMax(mode, created_at), argMax(origin, created_at), "
-            f"argMax(evidence, created_at) FROM decisions {f'WHERE {where} ' if where else ''}GROUP BY value")
+    :func:`_decision_from_row`'s order, ending in ``GROUP BY value``: add ``HAVING``/``ORDER BY`` after it.  Rows
+    of one value in the same millisecond: the unban is the latest (deterministic; a ban and its lifting written
+    together end lifted)."""
+    by = "(created_at, action = 'unban')"
+    return (f"SELECT argMax(id, {by}) AS last_id, toUnixTimestamp64Milli(max(created_at)) AS last_ms, "
+            f"argMax(toUnixTimestamp64Milli(decided_at), {by}), argMax(toUnixTimestamp64Milli(first_seen), {by}), "
+            f"argMax(toUnixTimestamp64Milli(expires_at), {by}), argMax(site, {by}), "
+            f"argMax(action, {by}) AS last_action, value, argMax(scope, {by}), argMax(reason, {by}), "
+            f"argMax(duration_s, {by}) AS dur, argMax(mode, {by}), argMax(origin, {by}), "
+            f"argMax(evidence, {by}) FROM decisions {f'WHERE {where} ' if where else ''}GROUP BY value")
+
+
+#: newest first; equal times: the unban first (it is the later word, as in :func:`_latest_per_value`), then by
+#: value, so that merging spellings (:func:`_by_canonical_value`) does not depend on the engine's tie order
+_NEWEST_FIRST = "ORDER BY last_ms DESC, last_action = 'unban' DESC, value"
 
 
 def active_from_store(store: Any, now: float | None = None, latest: list[Any] | None = None) -> list[Any]:
     """Bans still in force by the wall clock (``created_at + duration_s > now``) whose latest row per value is
     a ban (a later unban ends it), newest first, as :class:`~forumpulse.detectors.dos.Decision` objects.
-    ``latest``: :func:`latest_words` already read at ``now`` (its bans are these), else the table is read."""
+    ``latest``: :func:`latest_words` already read at ``now``, else read here: one way to decide, so a later
+    unban under another spelling of the address ends the ban whichever path asks (an earlier query that left
+    unbans out kept such a ban; from a review)."""
     now_ms = int((time.time() if now is None else now) * 1000)
-    if latest is not None:
-        return [d for d in latest if d.action == "ban" and d.created_at + d.duration_s * 1000 > now_ms]
-    rows = store.query_rows(f"{_latest_per_value()} HAVING last_action = 'ban' AND last_ms + dur * 1000 > {now_ms} "
-                            "ORDER BY last_ms DESC")
-    return _by_canonical_value(store, [_decision_from_row(r) for r in rows])
+    if latest is None:
+        latest = latest_words(store, 0, now_ms / 1000)
+    return [d for d in latest if d.action == "ban" and d.created_at + d.duration_s * 1000 > now_ms]
 
 
 def latest_words(store: Any, keep_unbans_s: float, now: float | None = None) -> list[Any]:
@@ -236,7 +244,7 @@ def latest_words(store: Any, keep_unbans_s: float, now: float | None = None) -> 
     recent = _latest_per_value(f"toUnixTimestamp64Milli(created_at) >= {since_ms}")
     return _by_canonical_value(store, [_decision_from_row(r) for r in store.query_rows(
         f"{recent} HAVING (last_action = 'ban' AND last_ms + dur * 1000 > {now_ms}) OR "
-        f"(last_action = 'unban' AND last_ms >= {since_ms}) ORDER BY last_ms DESC")])
+        f"(last_action = 'unban' AND last_ms >= {since_ms}) {_NEWEST_FIRST}")])
 
 
 def unpublished_from_store(store: Any, topic: str, keep_unbans_s: float, now: float | None = None,
@@ -523,13 +531,13 @@ class LiveDos:
             self.restore(latest)
             self.warm_prefixes()
 
-    def _latest_words(self) -> list[Any] | None:
-        """:func:`latest_words` at this moment, or None (the store failed: :meth:`republish` and :meth:`restore`
-        then read, and log, for themselves)."""
+    def _latest_words(self) -> list[Any] | Exception:
+        """:func:`latest_words` at this moment, or the store's error (:meth:`republish` and :meth:`restore` log
+        it; neither asks the store away again: one timeout at start, not three)."""
         try:
             return latest_words(self.store, self.registry.keep_deleted_s, self.clock())
-        except Exception:
-            return None
+        except Exception as exc:
+            return exc
 
     # -- the spool: decisions the store had not taken at shutdown ------------------------------------------
     def _spool(self, decisions: list[Any]) -> str:
@@ -662,7 +670,7 @@ class LiveDos:
     def _kafka_sink(self) -> _GuardedSink | None:
         return next((s for s in self.sinks if s.name == "kafka"), None)
 
-    def republish(self, latest: list[Any] | None = None) -> int:
+    def republish(self, latest: list[Any] | Exception | None = None) -> int:
         """Publish again, on the Kafka sink (when publishing), the decisions the topic never confirmed
         (:func:`unpublished_from_store`: the latest word per value, a ban in force or an unban while a ban of its
         value would still be in force; never a ban :meth:`restore` refuses): a decision still queued in the
@@ -671,12 +679,15 @@ class LiveDos:
         guarded sink (kept and sent again while the broker stays away) with their original ids and times; the
         first start after migration 0012 publishes every such decision once more (no confirmations recorded
         yet).  At least once: consumers must take a decision id twice.  Store errors are logged; nothing is
-        sent then.  ``latest``: :meth:`_latest_words` read at start (shared with :meth:`restore`).  Returns how
+        sent then.  ``latest``: :meth:`_latest_words` read at start (shared with :meth:`restore`; its error is
+        logged as the store's).  Returns how
         many were queued (also :attr:`republished`)."""
         kafka = self._kafka_sink()
         if kafka is None:
             return 0
         try:
+            if isinstance(latest, Exception):
+                raise latest
             again = unpublished_from_store(self.store, kafka.inner.topic, self.registry.keep_deleted_s,
                                            self.clock(), latest=latest)
         except Exception as exc:
@@ -740,7 +751,7 @@ class LiveDos:
         return self.warmed_prefixes
 
     # -- state ----------------------------------------------------------------------------------------
-    def restore(self, latest: list[Any] | None = None) -> int:
+    def restore(self, latest: list[Any] | Exception | None = None) -> int:
         """Put bans still in force (``decisions`` table, wall clock) back into the manager and the registry, and
         re-apply them, with the time they have left, to the actions that hold kernel state lost on a reboot
         (``reapply_on_restore``: nftables, ipset; re-adding is idempotent).  Webhooks are not called again: their
@@ -752,6 +763,8 @@ class LiveDos:
         the store, the decision stream (bouncers) and every action, so no firewall set keeps it.  ``latest``: as
         :meth:`republish`."""
         try:
+            if isinstance(latest, Exception):
+                raise latest
             active = active_from_store(self.store, self.clock(), latest=latest)
         except Exception as exc:
             log.warning("could not restore active decisions: %s", error_line(exc))

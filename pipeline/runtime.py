@@ -19,10 +19,14 @@ import os
 
 def error_line(exc: BaseException, limit: int = 200) -> str:
     """The first line of ``exc``'s message, at most ``limit`` characters, for a log line; an exception without a
-    message (``TimeoutError()``) by its type's name.  ``str(exc).splitlines()[0]`` raised IndexError there, inside
-    the handler that was logging the error."""
+    message (``TimeoutError()``, or a wrapper of one such as ``StoreError``) by that type's name.
+    ``str(exc).splitlines()[0]`` raised IndexError there, inside the handler that was logging the error."""
     lines = str(exc).splitlines()
-    return (lines[0] if lines and lines[0].strip() else type(exc).__name__)[:limit]
+    if lines and lines[0].strip():
+        return lines[0][:limit]
+    # a wrapper whose message starts with its cause's empty text (StoreError(f"{exc}\nSQL: ...")): the cause's type
+    cause = exc.__cause__ or exc.__context__
+    return type(cause if cause is not None and not str(cause).strip() else exc).__name__[:limit]
 
 
 _M_TRIM_THRESHOLD = -1

@@ -310,9 +310,21 @@ def test_a_store_failing_without_a_message_does_not_break_the_start(
     assert error_line(TimeoutError()) == "TimeoutError"
     assert error_line(ValueError("first\nsecond"), 3) == "fir"
     assert error_line(OSError(" \nsecond")) == "OSError"
+    from forumpulse.pipeline.store import StoreError
+
+    try:  # what every store method raises: the cause's empty text, then the SQL
+        try:
+            raise TimeoutError()
+        except TimeoutError as inner:
+            raise StoreError(f"{inner}\nSQL: SELECT 1") from inner
+    except StoreError as wrapped:
+        assert error_line(wrapped) == "TimeoutError"
+
+    asked: list[str] = []
 
     class Store:
         def query_rows(self, sql: str) -> list[tuple[object, ...]]:
+            asked.append(sql)
             raise TimeoutError()
 
     settings = load_settings(None)
@@ -322,6 +334,8 @@ def test_a_store_failing_without_a_message_does_not_break_the_start(
     live = LiveDos(settings, store=Store(), actions=[], publish=False)
     assert live.restored == 0 and not live.manager.active
     assert "could not restore active decisions: TimeoutError" in caplog.text
+    # the latest words are asked once at start; restore logs that error without asking the store away again
+    assert sum("max(duration_s)" in q for q in asked) == 1, asked
 
 
 # ------------------------------------------------------------------------------- an address inside a range ban

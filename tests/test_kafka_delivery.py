@@ -188,6 +188,28 @@ def test_an_unban_under_another_old_spelling_is_not_undone_by_the_older_ban(stor
     assert active_from_store(store, now, latest=latest_words(store, 7 * 86400, now)) == []
 
 
+def test_a_later_unban_under_another_spelling_ends_the_ban_on_every_path(store: Store) -> None:
+    """A ban of the canonical spelling, then an unban written under an old one (upper case): the ban is over for
+    active_from_store read alone (detect decisions, a direct unban's ``held``) as for the start's shared read --
+    they disagreed, from a review -- and a ban and an unban in the same millisecond end lifted, whatever order
+    the engine returns them in."""
+    now = 1_800_000_000.0
+    at = int((now - 300) * 1000)
+    rows = [replace(decision("2001:db8::1"), id="ban-1", created_at=at - 60_000, duration_s=3600),
+            replace(decision("2001:DB8::1"), id="unban-1", action="unban", created_at=at, duration_s=0),
+            replace(decision("2001:db8::2"), id="ban-2", created_at=at, duration_s=3600),  # same ms: lifted
+            replace(decision("2001:DB8::2"), id="unban-2", action="unban", created_at=at, duration_s=0),
+            replace(decision("198.51.100.3"), id="ban-3", created_at=at, duration_s=3600),  # one spelling, same ms
+            replace(decision("198.51.100.3"), id="unban-3", action="unban", created_at=at, duration_s=0),
+            replace(decision("2001:db8::4"), id="ban-4", created_at=at, duration_s=3600)]  # still in force
+    sink = StoreSink(store)
+    for d in rows:
+        sink.emit(d)
+    sink.close()
+    assert [d.id for d in active_from_store(store, now)] == ["ban-4"]
+    assert [d.id for d in active_from_store(store, now, latest=latest_words(store, 7 * 86400, now))] == ["ban-4"]
+
+
 def test_an_unban_counts_for_as_long_as_the_longest_ban_in_the_table(store: Store) -> None:
     """The rules now ban for at most a day, but a 30-day ban made before is still in force: its unban (8 days
     ago, never confirmed) is still sent -- the window is the longest ban in the table, not today's rules."""
