@@ -97,7 +97,12 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
     from forumpulse.detectors.actions import build_actions
     from forumpulse.detectors.dos import Decision, KafkaSink, StoreSink, published_recorder
     from forumpulse.detectors.dos_rules import ActionsConfig, DosConfig
-    from forumpulse.pipeline.live_detect import active_from_store, live_config, normalize_value
+    from forumpulse.pipeline.live_detect import (
+        active_from_store,
+        live_config,
+        normalize_value,
+        unexpired_ban_values,
+    )
     from forumpulse.pipeline.store import sql_string
 
     v = normalize_value(value)
@@ -123,9 +128,15 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
                 f"SELECT 1 FROM decisions_published WHERE topic = {sql_string(topic)} LIMIT 1"))
         except Exception:  # a store before migration 0012: nothing recorded
             in_use = False
-    # pending: the next owner start sends it -- only while a ban of the value is in force (unpublished_from_store);
-    # an unban of nothing in force is sent by no one later (user trial 43: "pending" that never resolved)
-    published = ("pending" if held else "not_needed") if owners_publish or acfg.kafka else "off"
+    # pending: the next owner start sends it -- only while a ban of the value has not run out, by the rule the start
+    # applies (unpublished_from_store); an unban of nothing unexpired is sent by no one later (user trial 43:
+    # "pending" that never resolved)
+    published = "off"
+    if owners_publish or acfg.kafka:
+        try:
+            published = "pending" if v in unexpired_ban_values(store) else "not_needed"
+        except Exception:  # the row is written; the answer only describes what happens next
+            published = "pending"
     if acfg.kafka or in_use:  # a broker away: an action error (actions.kafka) or a note; the actions still run
         try:
             # confirmed -> decisions_published; unconfirmed, the next owner start publishes it again
@@ -139,7 +150,8 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
             if acfg.kafka:
                 errors.append(f"kafka {topic}: {exc}")
             else:
-                print(f"note: kafka {topic}: {exc}; the next owner start publishes it", file=sys.stderr)
+                later = "; the next owner start publishes it" if published == "pending" else ""
+                print(f"note: kafka {topic}: {exc}{later}", file=sys.stderr)
     for a in build_actions(acfg):
         try:
             a.unban(u)

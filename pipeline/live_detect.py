@@ -262,20 +262,27 @@ def unpublished_from_store(store: Any, topic: str, keep_unbans_s: float, now: fl
         latest = latest_words(store, keep_unbans_s, now_ms / 1000)
     # an unban matters only while a ban of its value would still be in force (a 10-minute ban lifted a week
     # ago needs no unban on the topic; user trial 42)
-    from forumpulse.detectors.dos import canonical_value
-
-    unexpired: set[str] = set()
-    if any(d.action == "unban" for d in latest):
-        for (v,) in store.query_rows(
-                "SELECT DISTINCT value FROM decisions WHERE action = 'ban' AND "
-                f"toUnixTimestamp64Milli(created_at) + toInt64(duration_s) * 1000 > {now_ms}"):
-            try:
-                unexpired.add(canonical_value(str(v)))
-            except ValueError:
-                unexpired.add(str(v))
+    unexpired = unexpired_ban_values(store, now_ms / 1000) if any(d.action == "unban" for d in latest) else set()
     latest = [d for d in latest if d.action == "ban" or d.value in unexpired]
     confirmed = published_ids(store, topic, [d.id for d in latest])
     return [d for d in latest if d.id not in confirmed][::-1]
+
+
+def unexpired_ban_values(store: Any, now: float | None = None) -> set[str]:
+    """The values (canonical) of every ban row whose duration has not run out at ``now``, lifted or not: an unban
+    of one of them is still worth sending (:func:`unpublished_from_store`; ``detect unban``'s ``pending``)."""
+    from forumpulse.detectors.dos import canonical_value
+
+    now_ms = int((time.time() if now is None else now) * 1000)
+    out: set[str] = set()
+    for (v,) in store.query_rows(
+            "SELECT DISTINCT value FROM decisions WHERE action = 'ban' AND "
+            f"toUnixTimestamp64Milli(created_at) + toInt64(duration_s) * 1000 > {now_ms}"):
+        try:
+            out.add(canonical_value(str(v)))
+        except ValueError:
+            out.add(str(v))
+    return out
 
 
 def published_ids(store: Any, topic: str, ids: Sequence[str]) -> set[str]:

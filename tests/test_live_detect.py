@@ -435,6 +435,8 @@ def test_a_direct_unban_is_published_where_owners_publish(broker: Broker, chdb_p
         sink.close()
         out = unban_direct("198.51.100.31", s, store)
         assert (out["kafka"], out["held"]) == ("pending", True)  # nothing published there yet: the next start
+        again = unban_direct("198.51.100.31", s, store)  # lifted already, but the ban has not run out: the next
+        assert (again["kafka"], again["held"]) == ("pending", False)  # start sends this latest word (from a review)
         # nothing in force to lift: no start sends it later either (user trial 43: "pending" forever)
         assert unban_direct("198.51.100.30", s, store)["kafka"] == "not_needed"
         up = LiveDos(s, store, actions=[], publish=True)
