@@ -88,8 +88,8 @@ def unban_direct(value: str, settings: Any, store: Any, reason: str = "manual") 
     when owners publish (``detectors.live.publish_decisions``, the default) and the decisions topic has had
     deliveries recorded (``decisions_published``: Kafka is in use), it is sent too, and one not confirmed is
     only a note: the next owner start publishes it (``kafka`` in the result: ``published``, ``pending`` or
-    ``off``; ``not_needed`` when it was not sent and no ban of the value is in force: no later start sends it
-    either).  Before, a default configuration never sent a direct unban, so the topic said "banned" until an
+    ``off``; ``not_needed`` when it was not sent and no ban of the value is within its duration: no later start
+    sends it either).  Before, a default configuration never sent a direct unban, so the topic said "banned" until an
     owner started (user trial 42)."""
     import time
     import uuid
