@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -483,23 +484,35 @@ def config_check(config: ConfigOpt = None) -> None:
     from forumpulse.pipeline.live_detect import live_config, spool_state
 
     spool = live_config(s).spool_dir
+
+    def relative(path: str) -> str:  # a relative path is resolved by each process against its working directory
+        return "" if Path(path).is_absolute() else (f" (relative: checked as {Path(path).absolute()}; the owner "
+                                                    "resolves it against its own working directory)")
+
     problem, waiting = spool_state(spool)
     if problem:  # found when checked, not when an owner stops with decisions the store has not taken
-        typer.echo(f"warning: detectors.live.spool_dir {spool}: {problem}: decisions the store has not taken when "
-                   "a `run --dos` owner stops would be lost", err=True)
+        typer.echo(f"warning: detectors.live.spool_dir {spool}: {problem}{relative(spool)}: decisions the store has "
+                   "not taken when a `run --dos` owner stops would be lost", err=True)
     elif waiting:
         typer.echo(f"note: detectors.live.spool_dir {spool}: {waiting} spooled decision file(s) wait for the next "
-                   "owner start, which loads them into the store")
+                   f"owner start, which loads them into the store{relative(spool)}")
     from forumpulse.detectors.dos_rules import ActionsConfig
 
     jsonl = ActionsConfig.model_validate(s.actions or {}).jsonl_path
-    if jsonl:  # appended to by every decision: a path that cannot take it fails at the first ban (user trial 43)
+    if jsonl:  # opened when `run --dos` starts and appended to by every decision (user trial 43)
         jp = Path(jsonl)
-        problem = "a folder" if jp.is_dir() else spool_state(jp.parent)[0]
+        if jp.is_dir():
+            problem = "a folder"
+        elif jp.exists():  # a file made beforehand (under /var/log, say) needs only itself writable
+            problem = None if os.access(jp, os.W_OK) else "not writable"
+        elif not jp.parent.is_dir():
+            problem = f"its folder {jp.parent} " + ("is not a folder" if jp.parent.exists() else
+                                                     "does not exist (it is not created)")
+        else:
+            problem = None if os.access(jp.parent, os.W_OK | os.X_OK) else f"its folder {jp.parent} is not writable"
         if problem:
-            where = "" if jp.is_dir() else f"its folder {jp.parent}: "
-            typer.echo(f"warning: actions.jsonl_path {jsonl}: {where}{problem}: decisions could not be appended to "
-                       "it", err=True)
+            typer.echo(f"warning: actions.jsonl_path {jsonl}: {problem}{relative(jsonl)}: decisions could not be "
+                       "appended to it", err=True)
 
 
 @config_app.command("show")

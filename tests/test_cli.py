@@ -506,11 +506,26 @@ def test_config_check_says_when_the_spool_folder_cannot_take_decisions(tmp_path)
     cfg = tmp_path / "fp.yaml"  # the decisions' JSON-lines file under a file, and as a folder (user trial 43)
     cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\nactions:\n  jsonl_path: {blocker / 'd.jsonl'}\n")
     r = subprocess.run([str(EXE), "config", "check", "-c", str(cfg)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and (f"warning: actions.jsonl_path {blocker / 'd.jsonl'}: its folder {blocker}: not a "
-                                  "folder: decisions could not be appended to it") in r.stderr, r.stderr
-    cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\nactions:\n  jsonl_path: {tmp_path}\n")
+    assert r.returncode == 0 and (f"warning: actions.jsonl_path {blocker / 'd.jsonl'}: its folder {blocker} is not "
+                                  "a folder: decisions could not be appended to it") in r.stderr, r.stderr
+    for path, said in ((tmp_path, "a folder"),  # a folder, and a missing folder (it is not created, from a review)
+                       (tmp_path / "nope" / "d.jsonl", f"its folder {tmp_path / 'nope'} does not exist")):
+        cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\nactions:\n  jsonl_path: {path}\n")
+        r = subprocess.run([str(EXE), "config", "check", "-c", str(cfg)], capture_output=True, text=True,
+                           timeout=120)
+        assert f"warning: actions.jsonl_path {path}: {said}" in r.stderr, r.stderr
+    ready = tmp_path / "d.jsonl"  # a file made beforehand: fine (its folder's mode is not asked)
+    ready.write_text("")
+    cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\nactions:\n  jsonl_path: {ready}\n")
     r = subprocess.run([str(EXE), "config", "check", "-c", str(cfg)], capture_output=True, text=True, timeout=120)
-    assert f"warning: actions.jsonl_path {tmp_path}: a folder: decisions could not" in r.stderr, r.stderr
+    assert r.returncode == 0 and "jsonl_path" not in r.stderr, r.stderr
+    # a relative spool folder is checked from here, and said so (the owner resolves it from its own directory)
+    (tmp_path / "rel").write_text("x")
+    cfg.write_text(f"store:\n  url: chdb:{tmp_path / 'st'}\ndetectors:\n  live:\n    spool_dir: rel\n")
+    r = subprocess.run([str(EXE), "config", "check", "-c", str(cfg)], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert (f"spool_dir rel: not a folder (relative: checked as {tmp_path / 'rel'}; the owner resolves it against "
+            "its own working directory)") in r.stderr, r.stderr
     fresh = tmp_path / "new" / "spool"
     r = check(fresh)
     assert "spool_dir" not in r.stderr + r.stdout and not (tmp_path / "new").exists()  # checked, not created
