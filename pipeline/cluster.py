@@ -40,6 +40,10 @@ SHARDING_KEYS = {
     "prefix_minute": "cityHash64(prefix)",
     "prefix_hour": "cityHash64(prefix)",
     "quarantine": "cityHash64(raw)",
+    # a block of decisions inserted again (a spool file after a crash, an unchanged retry) splits across shards as
+    # the first time, so each shard's replicated table recognises its part by the insert token (with rand() a
+    # re-insert split differently and a shard that got none of it the first time took its part twice)
+    "decisions": "cityHash64(value)",
 }
 
 _CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\s*\n?\((.*)\)\s*ENGINE\s*=\s*(\w+)(\(([^)]*)\))?(.*)$", re.S)

@@ -305,7 +305,7 @@ PARTITION BY toYYYYMM(decided_at)
 ORDER BY (site, decided_at, value);
 
 CREATE TABLE IF NOT EXISTS forumpulse.decisions ON CLUSTER forum_cluster AS forumpulse.decisions_local
-ENGINE = Distributed(forum_cluster, forumpulse, decisions_local, rand());
+ENGINE = Distributed(forum_cluster, forumpulse, decisions_local, cityHash64(value));
 
 CREATE TABLE IF NOT EXISTS forumpulse.pipeline_stats_local ON CLUSTER forum_cluster
 (
