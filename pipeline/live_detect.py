@@ -511,7 +511,12 @@ class LiveDos:
                 flush_timeout_s=0.5, close_timeout_s=3.0,
                 on_delivered=published_recorder(store, settings.kafka.decisions_topic, clock)), "kafka"))
         if self.actions_cfg.jsonl_path:
-            self.sinks.append(_GuardedSink(JsonLinesSink(self.actions_cfg.jsonl_path), "jsonl"))
+            try:
+                jsonl = JsonLinesSink(self.actions_cfg.jsonl_path)
+            except OSError as exc:  # named by its key: "[Errno 2] No such file" alone did not say which file
+                raise OSError(exc.errno, f"actions.jsonl_path {self.actions_cfg.jsonl_path}: {exc.strerror} (config "
+                              "check says what is wrong with it)") from exc
+            self.sinks.append(_GuardedSink(jsonl, "jsonl"))
         self.manager = DecisionManager(self.cfg, sinks=self.sinks, actions=acts, wall_clock=clock,
                                        networks_file=settings.bots.networks_file,
                                        trusted_proxies=site_proxies(settings))

@@ -338,6 +338,17 @@ def test_a_store_failing_without_a_message_does_not_break_the_start(
     assert sum("max(duration_s)" in q for q in asked) == 1, asked
 
 
+def test_a_jsonl_path_that_cannot_be_opened_is_named_at_start(tmp_path: pathlib.Path) -> None:
+    """``run --dos`` said "cannot start the owner: [Errno 2] No such file or directory: '...'" without the key."""
+    from forumpulse.pipeline.config import load_settings
+    from forumpulse.pipeline.live_detect import LiveDos
+
+    settings = load_settings(None)
+    settings.actions = {"jsonl_path": str(tmp_path / "nope" / "d.jsonl"), "decision_api": {"enabled": False}}
+    with pytest.raises(OSError, match=r"actions\.jsonl_path .*nope/d\.jsonl: No such file or directory"):
+        LiveDos(settings, store=None, actions=[], publish=False, restore=False)
+
+
 # ------------------------------------------------------------------------------- an address inside a range ban
 
 
