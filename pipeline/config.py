@@ -395,9 +395,8 @@ class Settings(BaseSettings):
 
     def unconfigured_sites(self) -> list[tuple[str, str]]:
         """Sites that sources, topic groups or ``detectors.dos.site`` name but ``sites`` does not list, as
-        (``key 'name'``, name):
-        allowed (such a site gets the defaults: UTC, no holiday calendar, every engine's rules), but often a typo;
-        ``config check`` says so."""
+        (``key 'name'``, name): allowed (such a site gets the defaults: UTC, no holiday calendar, every engine's
+        rules), but often a typo; ``config check`` says so."""
         names = {site.name for site in self.sites}
         out = [(f"sources.{i}.site {x.site!r}", x.site) for i, x in enumerate(self.sources) if x.site not in names]
         out += [(f"topics.groups.{i}.site {g.site!r}", g.site) for i, g in enumerate(self.topics.groups)

@@ -331,7 +331,6 @@ def _pylist(col: pa.ChunkedArray) -> list[Any]:
         return col.cast(pa.binary()).to_pylist()
 
 
-
 class _DriverNoise(logging.Filter):
     """Drops what clickhouse-connect and its HTTP pool log about a failing request before they raise: every
     store error raised here carries the same text, so a store away (the owner's unban sync asks every 10 s) printed
@@ -345,7 +344,8 @@ class _DriverNoise(logging.Filter):
 
 
 _DRIVER_NOISE = _DriverNoise()
-#: the loggers that print those lines (clickhouse-connect 0.8+: the sync HTTP backend; urllib3's pool)
+#: the loggers that print those lines (clickhouse-connect's sync HTTP backend and client; urllib3's pool;
+#: tests/test_chhttp.py checks the backend's name against the installed driver)
 _NOISY_LOGGERS = ("clickhouse_connect.driver._backend.http_sync", "clickhouse_connect.driver.httpclient",
                   "urllib3.connectionpool")
 
@@ -365,7 +365,6 @@ class ClickHouseStore:
         import clickhouse_connect
 
         quiet_driver_noise()
-
         u = urlparse(url)
         self.url = url
         self.database = (u.path or "").strip("/") or DEFAULT_DATABASE
