@@ -692,8 +692,7 @@ class LiveDos:
         first start after migration 0012 publishes every such decision once more (no confirmations recorded
         yet).  At least once: consumers must take a decision id twice.  Store errors are logged; nothing is
         sent then.  ``latest``: :meth:`_latest_words` read at start (shared with :meth:`restore`; its error is
-        logged as the store's).  Returns how
-        many were queued (also :attr:`republished`)."""
+        logged as the store's).  Returns how many were queued (also :attr:`republished`)."""
         kafka = self._kafka_sink()
         if kafka is None:
             return 0
@@ -1630,5 +1629,5 @@ def owner_request(owner_url: str, method: str, path: str, params: dict[str, str]
 
 __all__ = ["DosCollector", "DosFeed", "DosHook", "EventsPublisher", "LiveConfig", "LiveDos", "LiveHandles", "OwnerNoAnswer",
            "TrafficCollector", "TrafficService", "active_from_store",
-           "decision_view", "dos_service", "latest_words", "live_config", "live_services", "normalize_value", "owner_request",
-           "spool_state", "traffic_service"]
+           "decision_view", "dos_service", "latest_words", "live_config", "live_services", "normalize_value",
+           "owner_request", "spool_state", "traffic_service", "unexpired_ban_values"]
