@@ -349,6 +349,52 @@ def test_a_jsonl_path_that_cannot_be_opened_is_named_at_start(tmp_path: pathlib.
         LiveDos(settings, store=None, actions=[], publish=False, restore=False)
 
 
+def test_a_failing_decision_sink_is_logged_when_it_starts_failing_then_sparingly_then_when_it_works(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store away: a flush follows every feed batch, and each failed one was a warning (user trial 43: 328
+    in 81 s for one pending decision).  Now one when it starts failing, one a minute with the count, one when it
+    works again; the decision is kept and stored once."""
+    import time as _time
+
+    from forumpulse.pipeline.live_detect import _GuardedSink
+
+    class Sink:
+        def __init__(self) -> None:
+            self.buf: list[str] = []
+            self.stored: list[str] = []
+            self.away = True
+
+        def emit(self, d: str) -> None:
+            self.buf.append(d)
+
+        def flush(self) -> None:
+            b, self.buf = self.buf, []
+            if self.away:
+                raise ConnectionError("Connection refused")
+            self.stored += b
+
+    inner = Sink()
+    sink = _GuardedSink(inner, "store")
+    t = [500.0]
+    monkeypatch.setattr(_time, "monotonic", lambda: t[0])
+    caplog.set_level(logging.INFO, logger="forumpulse")
+    sink.emit("ban-1")
+    for _ in range(300):  # 75 s of flushes, 4 a second
+        sink.flush()
+        t[0] += 0.25
+    said = [r.getMessage() for r in caplog.records if "decision sink" in r.getMessage()]
+    assert said == ["decision sink store: flush failed (1 kept for retry): Connection refused",
+                    "decision sink store: flush still failing (1 kept for retry; failing for 60 s, 241 attempt(s)): "
+                    "Connection refused"], said
+    caplog.clear()
+    inner.away = False
+    sink.flush()
+    sink.flush()
+    assert inner.stored == ["ban-1"] and sink.retrying == 0 and sink.errors == 300
+    assert [r.getMessage() for r in caplog.records] == [
+        "decision sink store: flushed again (it failed 300 time(s) over 75 s)"]
+
+
 # ------------------------------------------------------------------------------- an address inside a range ban
 
 
