@@ -350,6 +350,16 @@ _NOISY_LOGGERS = ("clickhouse_connect.driver._backend.http_sync", "clickhouse_co
                   "urllib3.connectionpool")
 
 
+def _driver_text(exc: BaseException) -> str:
+    """clickhouse-connect's error text with its cause first (``[Errno 111] Connection refused: ...``) and without
+    the request's query string (~250 characters of settings) or urllib3's object reprs: log lines show the
+    first 200 characters, and stopped mid-URL (user trial 43)."""
+    text = re.sub(r"(url: /)\?\S*", r"\1?...", str(exc))
+    text = re.sub(r"<urllib3\.[\w.]+ object at 0x[0-9a-f]+>: ", "", text)
+    cause = re.search(r"\[Errno -?\d+\] [^'\")\n]+", text)  # the socket's own words, first
+    return f"{cause.group(0)}: {text}" if cause and not text.startswith(cause.group(0)) else text
+
+
 def quiet_driver_noise() -> None:
     """Install :class:`_DriverNoise` on the loggers that print it (idempotent)."""
     for name in _NOISY_LOGGERS:
@@ -395,7 +405,7 @@ class ClickHouseStore:
                 autogenerate_session_id=False,
             )
         except Exception as exc:
-            raise StoreUnavailable(f"cannot reach ClickHouse at {u.hostname}:{u.port}: {exc}") from exc
+            raise StoreUnavailable(f"cannot reach ClickHouse at {u.hostname}:{u.port}: {_driver_text(exc)}") from exc
         finally:
             quiet.setLevel(level)
 
@@ -403,19 +413,19 @@ class ClickHouseStore:
         try:
             self._client.command(sql)
         except Exception as exc:
-            raise StoreError(f"{exc}\nSQL: {sql[:2000]}") from exc
+            raise StoreError(f"{_driver_text(exc)}\nSQL: {sql[:2000]}") from exc
 
     def query_arrow(self, sql: str) -> pa.Table:
         try:
             return self._client.query_arrow(sql, use_strings=True)
         except Exception as exc:
-            raise StoreError(f"{exc}\nSQL: {sql[:2000]}") from exc
+            raise StoreError(f"{_driver_text(exc)}\nSQL: {sql[:2000]}") from exc
 
     def query_rows(self, sql: str) -> list[tuple[Any, ...]]:
         try:
             return [tuple(r) for r in self._client.query(sql).result_rows]
         except Exception as exc:
-            raise StoreError(f"{exc}\nSQL: {sql[:2000]}") from exc
+            raise StoreError(f"{_driver_text(exc)}\nSQL: {sql[:2000]}") from exc
 
     def insert(self, table: str, data: pa.Table, dedup_token: str | None = None) -> None:
         if data.num_rows == 0:
@@ -427,7 +437,7 @@ class ClickHouseStore:
         try:
             self._client.insert_arrow(table, data, settings=settings)
         except Exception as exc:
-            raise StoreError(f"insert into {table} failed: {exc}") from exc
+            raise StoreError(f"insert into {table} failed: {_driver_text(exc)}") from exc
 
     def close(self) -> None:
         self._client.close()

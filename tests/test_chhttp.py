@@ -429,9 +429,14 @@ def test_a_store_gone_away_raises_one_error_without_the_drivers_log_lines(
     srv.server_close()
     cs._client.http.clear()  # type: ignore[attr-defined]  # its kept-alive connection would still be served
     caplog.set_level(logging.DEBUG)
+    from forumpulse.pipeline.runtime import error_line
+
     for _ in range(3):
-        with pytest.raises(StoreError, match=r"(?i)connection|refused"):
+        with pytest.raises(StoreError, match=r"(?i)connection|refused") as err:
             cs.query_rows("SELECT 1")
+    # the cause within a log line's 200 characters: the request's query string and urllib3 reprs are cut out
+    assert "Connection refused" in error_line(err.value), error_line(err.value)
+    assert "date_time_input_format" not in str(err.value) and "object at 0x" not in str(err.value)
     said = [r.getMessage() for r in caplog.records]
     assert not [m for m in said if "Unexpected Http Driver Exception" in m or m.startswith("Retrying (")], said
     logging.getLogger("urllib3.connectionpool").warning("Connection pool is full, discarding connection: x")
