@@ -1007,15 +1007,20 @@ class LiveConsumer:
                     errors: tuple[type[BaseException], ...] = (StoreError,), what: str = "store") -> Any:
         delay = self.opt.backoff_initial_s
         paused_here = False
+        failures, since = 0, time.monotonic()
         try:
             while True:
                 try:
-                    return fn()
+                    out = fn()
+                    if failures:  # said once it works again (user trial 43: only the failures were logged)
+                        log.info("%s answers again after %d failed attempt(s) over %.0f s", what, failures,
+                                 time.monotonic() - since)
+                    return out
                 except errors as exc:
+                    failures += 1
                     if isinstance(exc, StoreError):
                         self.metrics.record_store_error()
-                    log.warning("%s error (retrying in %.1f s): %s", what, delay,
-                                (str(exc).splitlines() or [repr(exc)])[0][:300])
+                    log.warning("%s error (retrying in %.1f s): %s", what, delay, error_line(exc, 300))
                     if not paused_here:
                         self._pause_all()
                         paused_here = True

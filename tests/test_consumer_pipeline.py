@@ -6,6 +6,7 @@ the recorded batch ranges tile each partition without gaps or overlaps and the c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,7 +48,7 @@ class FlakyStore:
 
 
 def test_store_errors_in_the_insert_thread_are_retried_exactly(broker: Broker, store: Store, settings: Settings,
-                                                               chdb_path: Any) -> None:
+                                                               chdb_path: Any, caplog: pytest.LogCaptureFixture) -> None:
     topic = "pipe.raw"
     create_topics(broker.bootstrap, 2, topic, "pipe.dlq")
     msgs = list(stream(24_000, seed=11))
@@ -57,8 +58,12 @@ def test_store_errors_in_the_insert_thread_are_retried_exactly(broker: Broker, s
                            group_id="g-pipe", instance_id="p1", batch_lines=3000, max_wait_s=0.3,
                            stats_interval_s=1.0, backoff_initial_s=0.01, backoff_max_s=0.05, pipeline_inserts=True)
     c = LiveConsumer(settings, flaky, opts)
-    summary = c.run(idle_exit_s=2)
+    with caplog.at_level(logging.INFO, logger="forumpulse"):
+        summary = c.run(idle_exit_s=2)
     assert flaky.failed == 6 and summary["store_errors"] >= 6
+    # each retried write says when the store took it (user trial 43: only the failures were logged)
+    back = [r.getMessage() for r in caplog.records if "answers again after" in r.getMessage()]
+    assert back and all(m.startswith("store answers again after ") for m in back), back
     assert summary["lag"] == 0
     diff = reference_diff(store, chdb_path, settings, msgs)
     assert_same_as_reference(diff)
