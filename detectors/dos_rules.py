@@ -237,6 +237,13 @@ def _network(v: str) -> str:
 class CrawlerConfig(_Strict):
     verify: Literal["dns", "ua", "off"] = Field(
         "dns", description="dns: UA match + reverse DNS + forward confirmation; ua: trust the UA; off: no exemption")
+
+    @field_validator("verify", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        # YAML 1.1 reads an unquoted `off` as false: `verify: off`, as the example writes it, was refused
+        # (user trial 43)
+        return "off" if v is False else v
     cache_ttl_s: int = Field(3600, ge=1)
     timeout_s: float = Field(2.0, gt=0)
     networks: bool = Field(True, description="a client whose requests carry no user agent (squid's native log) and "

@@ -185,3 +185,16 @@ def test_load_rules_raises_one_error_type_for_unusable_files(tmp_path: Path) -> 
     with pytest.raises(DosRulesError, match="unknown rule 'client_flood'") as info:
         load_rules(_no_client_flood(tmp_path), {"client_flood": {"threshold": 40}})
     assert info.value.key == "rule_overrides"
+
+
+def test_crawler_verify_off_may_be_written_unquoted_in_yaml() -> None:
+    """YAML reads `verify: off` as false; the example documents `dns | ua | off`, so false means off (user trial
+    43: refused with "Input should be 'dns', 'ua' or 'off'").  true is not a mode and stays refused."""
+    import yaml
+    from forumpulse.detectors.dos_rules import DosConfig
+    from pydantic import ValidationError
+
+    cfg = DosConfig.model_validate(yaml.safe_load("crawlers:\n  verify: off\n"))
+    assert cfg.crawlers.verify == "off"
+    with pytest.raises(ValidationError):
+        DosConfig.model_validate(yaml.safe_load("crawlers:\n  verify: on\n"))
