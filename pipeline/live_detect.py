@@ -373,6 +373,39 @@ def decision_view(d: Any, now: float | None = None) -> dict[str, Any]:
     return dict(out)
 
 
+class _FailureLog:
+    """When a call that keeps failing is worth a log line: its first failure, then at most once per ``every_s``
+    (with :attr:`count` and :meth:`for_s`), and its first success after (:meth:`recovered`)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.count = 0
+        self.since = self._logged = 0.0
+
+    def failed(self) -> bool:
+        """Count a failure; whether to log it."""
+        t = time.monotonic()
+        self.count += 1
+        if self.count == 1:
+            self.since = self._logged = t
+            return True
+        if t - self._logged >= self.every_s:
+            self._logged = t
+            return True
+        return False
+
+    def for_s(self) -> float:
+        return time.monotonic() - self.since
+
+    def recovered(self) -> tuple[int, float] | None:
+        """``(failures, seconds)`` when this success ends a run of failures (reset), else None."""
+        if not self.count:
+            return None
+        out = (self.count, self.for_s())
+        self.count = 0
+        return out
+
+
 class _GuardedSink:
     """Wraps a sink so one failing flush (store or Kafka away) is logged and counted instead of stopping
     detection; the failed decisions are kept and emitted again with the next flush, up to ``keep`` of them (the
@@ -386,7 +419,7 @@ class _GuardedSink:
         self.errors = 0
         self.dropped = 0
         self._retry: list[Any] = []
-        self._failing: list[float] | None = None  # [first failure, failures, last logged] (monotonic)
+        self._failing = _FailureLog(self.FAILURE_LOG_EVERY_S)
 
     @property
     def retrying(self) -> int:
@@ -423,23 +456,18 @@ class _GuardedSink:
             self.errors += 1
             lost = getattr(exc, "undelivered", None)
             self._keep(pending if lost is None else list(lost), before=True)
-            t = time.monotonic()
-            if self._failing is None:
-                self._failing = [t, 1, t]
-                log.warning("decision sink %s: flush failed (%d kept for retry): %s", self.name, len(self._retry),
-                            error_line(exc))
-            else:
-                self._failing[1] += 1
-                if t - self._failing[2] >= self.FAILURE_LOG_EVERY_S:
-                    self._failing[2] = t
+            if self._failing.failed():
+                if self._failing.count == 1:
+                    log.warning("decision sink %s: flush failed (%d kept for retry): %s", self.name,
+                                len(self._retry), error_line(exc))
+                else:
                     log.warning("decision sink %s: flush still failing (%d kept for retry; failing for %.0f s, %d "
-                                "attempt(s)): %s", self.name, len(self._retry), t - self._failing[0],
-                                self._failing[1], error_line(exc))
+                                "attempt(s)): %s", self.name, len(self._retry), self._failing.for_s(),
+                                self._failing.count, error_line(exc))
         else:
-            if self._failing is not None:
-                log.info("decision sink %s: flushed again (it failed %d time(s) over %.0f s)", self.name,
-                         self._failing[1], time.monotonic() - self._failing[0])
-                self._failing = None
+            back = self._failing.recovered()
+            if back is not None:
+                log.info("decision sink %s: flushed again (it failed %d time(s) over %.0f s)", self.name, *back)
 
     def flush(self) -> None:
         retry, self._retry = self._retry, []
@@ -552,7 +580,7 @@ class LiveDos:
         self.republished = 0
         self.unspooled = 0
         self._unbans_from_ms = self._unbans_seen_ms = int(clock() * 1000)  # sync_store_unbans: rows after this
-        self._query_failing: dict[str, list[float]] = {}
+        self._query_failing: dict[str, _FailureLog] = {}
         if restore:
             # spooled decisions first (into the table: republish and restore then see them); then what the topic
             # never confirmed: restore() may lift a ban (a trusted proxy), and that unban must follow the ban on
@@ -965,26 +993,17 @@ class LiveDos:
     def _query(self, sql: str, what: str) -> list[Any] | None:
         """Rows of a side query (warm start, unban sync); None, logged, when the store fails (repeats of a
         failure logged at most every :attr:`QUERY_FAILURE_LOG_EVERY_S`, with their count)."""
-        failing = self._query_failing.get(what)  # [first failure (monotonic), failures, last logged]
+        failing = self._query_failing.setdefault(what, _FailureLog(self.QUERY_FAILURE_LOG_EVERY_S))
         try:
             rows = list(self.store.query_rows(sql))
         except Exception as exc:
-            t = time.monotonic()
-            first_line = error_line(exc)
-            if failing is None:
-                self._query_failing[what] = [t, 1, t]
-                log.warning("could not %s: %s", what, first_line)
-            else:
-                failing[1] += 1
-                if t - failing[2] >= self.QUERY_FAILURE_LOG_EVERY_S:
-                    failing[2] = t
-                    log.warning("could not %s: %s (failing for %.0f s, %d attempt(s))", what, first_line,
-                                t - failing[0], failing[1])
+            if failing.failed():
+                log.warning("could not %s: %s%s", what, error_line(exc), "" if failing.count == 1 else
+                            f" (failing for {failing.for_s():.0f} s, {failing.count} attempt(s))")
             return None
-        if failing is not None:
-            del self._query_failing[what]
-            log.info("the store answers again: %s works (failed %d time(s) over %.0f s)", what, failing[1],
-                     time.monotonic() - failing[0])
+        back = failing.recovered()
+        if back is not None:
+            log.info("the store answers again: %s works (failed %d time(s) over %.0f s)", what, *back)
         return rows
 
     def _in_force(self, now: float) -> list[Any]:
