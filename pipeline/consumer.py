@@ -1483,14 +1483,13 @@ class LiveConsumer:
             if key in self._refused:
                 continue
             lag, pos = self._part_lag.get(key, (-1, -1)) if lag_known else (-1, -1)
-            # loaded_ts only with the offset it belongs to: a stored time written next to a position that is
-            # not its batch's end said the partition was loaded ~900 messages further than it was (a CI run)
-            nxt = self._next_offset.get(key)
-            loaded = self._loaded_ts.get(key, 0) if nxt is not None else 0
+            # _loaded_ts and _next_offset are set, and dropped, together (a log restart drops both): the time
+            # written is that of next_offset - 1
+            loaded = self._loaded_ts.get(key, 0)
             if lag != 0 and loaded == 0:
                 continue
             rows.append({"group_id": self.opt.group_id, "topic": key[0], "partition": key[1], "loaded_ts": loaded,
-                         "next_offset": max(0, pos if nxt is None else nxt), "lag": lag, "active": not final,
+                         "next_offset": max(0, self._next_offset.get(key, pos)), "lag": lag, "active": not final,
                          "instance": self.instance, "updated_at": now})
         if not rows:
             return
